@@ -1,0 +1,3 @@
+from fleet_trio.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,92 @@
+"""The values a supervised run takes and gives: ``JobSpec``, ``Result``, ``SweepReport``.
+
+Durations here are float seconds (trio's unit). Reason strings render them with
+:func:`fleet_trio.durations.go_duration_seconds`, exactly as Go would.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import attrs
+import trio
+
+from fleet_trio.proc.sinks import Sink
+
+DEFAULT_GRACE = 10.0
+"""SIGTERM → SIGKILL window when ``grace_ceiling <= 0``."""
+
+
+def _to_tuple(value: Sequence[str]) -> tuple[str, ...]:
+    return tuple(value)
+
+
+def _to_dict(value: Mapping[str, str] | None) -> dict[str, str]:
+    return dict(value or {})
+
+
+@attrs.frozen
+class JobSpec:
+    """What to run and under which limits (worker-process.md §2.1)."""
+
+    command: tuple[str, ...] = attrs.field(converter=_to_tuple)
+    cwd: str = ""
+    env: dict[str, str] = attrs.field(factory=dict, converter=_to_dict)
+    grace_ceiling: float = 0.0
+    max_runtime: float = 0.0
+    idle_timeout: float = 0.0
+    stderr_sink: Sink | None = None
+    stdin_source: trio.abc.ReceiveStream | None = None
+    sweep_job_id: str = ""
+
+    @property
+    def grace(self) -> float:
+        """The effective grace: ``grace_ceiling`` if positive, else the 10 s default."""
+        return self.grace_ceiling if self.grace_ceiling > 0 else DEFAULT_GRACE
+
+
+@attrs.frozen
+class SweepReport:
+    """What the RC_JOB_ID sweep saw and did (§3.5). A report only: it never changes a Result."""
+
+    scanned: bool = False
+    found: tuple[int, ...] = ()
+    remaining: tuple[int, ...] = ()
+    blind: bool = False
+
+    def clean(self) -> bool:
+        """``scanned and not blind and not remaining``; an empty ``found`` alone proves nothing."""
+        return self.scanned and not self.blind and not self.remaining
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "scanned": self.scanned,
+            "found": list(self.found),
+            "remaining": list(self.remaining),
+            "blind": self.blind,
+            "clean": self.clean(),
+        }
+
+
+@attrs.frozen
+class Result:
+    """How a supervised run ended (§2.2, §2.7)."""
+
+    exit_code: int
+    killed: bool = False
+    reason: str = ""
+    err: str | None = None
+    sweep: SweepReport = attrs.field(factory=SweepReport)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "exit_code": self.exit_code,
+            "killed": self.killed,
+            "reason": self.reason,
+            "error": self.err,
+            "sweep": self.sweep.to_json(),
+        }
+
+
+__all__ = ["DEFAULT_GRACE", "JobSpec", "Result", "SweepReport"]
