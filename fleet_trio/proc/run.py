@@ -1,0 +1,313 @@
+"""``run(spec, sink, stop) -> Result``: one supervised process group (worker-process.md §2).
+
+The child leads a new process group in the worker's session. It "finished" only when the
+leader has been reaped **and** every output pipe is at EOF (Go's ``cmd.Wait``). A stop request
+(the caller's :class:`StopToken`, or the watchdog) takes the cancellation path: SIGTERM the
+group, wait the grace, SIGKILL, reap stragglers. Every path ends in a ``Result``; nothing is
+ever left running on purpose.
+
+Trio cancellation of the calling task (program shutdown) is turned into the same cancellation
+path, run inside a shielded scope, and ``Cancelled`` is re-raised once the group is gone.
+
+Deliberate deviation (§15 Q1, option b): on the cancellation path, after SIGKILL the wait for
+pipe EOF is bounded by :data:`STRAGGLER_WAIT`; a ``setsid``'d process that still holds our
+stdout then no longer keeps ``run`` (and the device) forever: the read ends are closed, the
+straggler reap and the RC_JOB_ID sweep still run. The natural-exit path keeps waiting for EOF.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import subprocess
+from collections.abc import Callable
+
+import attrs
+import trio
+
+from fleet_trio.durations import signal_text
+from fleet_trio.errors import errno_text
+from fleet_trio.proc.sinks import Sink
+from fleet_trio.proc.spec import JobSpec, Result
+from fleet_trio.proc.stop import StopToken
+from fleet_trio.proc.sweep import sweep_job_survivors
+from fleet_trio.proc.target import GroupTarget, Target
+from fleet_trio.proc.watchdog import WATCHDOG_TICK, Watchdog
+
+log = logging.getLogger(__name__)
+
+STRAGGLER_WAIT = 2.0
+"""Seconds to wait for stragglers to go after SIGKILL (and, on cancel, for pipe EOF)."""
+STRAGGLER_POLL = 0.02
+"""Seconds between two straggler checks."""
+RACE_YIELDS = 200
+"""Scheduler yields allowed for a completion to be observed before signalling."""
+READ_CHUNK = 65536
+
+REASON_CANCELLED = "cancelled"
+REASON_SURVIVORS = "cancelled; survivors remained after SIGKILL"
+REASON_STRAGGLERS_REAPED = "stragglers reaped after exit"
+REASON_STRAGGLERS_REMAINED = "stragglers remained after exit"
+
+
+def finish(returncode: int | None) -> Result:
+    """Map a wait status to a Result (§2.6). ``None``: the leader could not be reaped."""
+    if returncode is None:
+        return Result(exit_code=-1)
+    if returncode < 0:
+        signo = -returncode
+        return Result(exit_code=128 + signo, killed=True, reason=f"signal: {signal_text(signo)}")
+    return Result(exit_code=returncode)
+
+
+def resolve_argv(command: tuple[str, ...]) -> tuple[list[str], str | None]:
+    """Resolve a bare command name against the *worker's* PATH (as Go does)."""
+    argv = list(command)
+    name = argv[0]
+    if "/" in name:
+        return argv, None
+    found = shutil.which(name, path=os.environ.get("PATH", os.defpath))
+    if found is None:
+        return argv, f'exec: "{name}": executable file not found in $PATH'
+    argv[0] = found
+    return argv, None
+
+
+def _spawn_error_text(exc: OSError, argv0: str, cwd: str) -> str:
+    text = errno_text(exc.errno) if exc.errno is not None else str(exc)
+    if cwd and exc.filename == cwd:
+        # CPython reports a failed chdir in the child with the cwd as the filename.
+        return f"chdir {cwd}: {text}"
+    return f"fork/exec {argv0}: {text}"
+
+
+async def run(spec: JobSpec, sink: Sink, stop: StopToken | None = None) -> Result:
+    """Run ``spec`` as its own process group and return how it ended (§2.5)."""
+    if not spec.command:
+        return Result(exit_code=-1, err="empty command")
+    argv, lookup_error = resolve_argv(spec.command)
+    if lookup_error is not None:
+        return Result(exit_code=-1, err=f"start: {lookup_error}")
+    env = dict(os.environ)
+    env.update(spec.env)
+    split = spec.stderr_sink is not None
+    sup = _Supervisor(spec, sink, stop if stop is not None else StopToken())
+    with trio.CancelScope(shield=True):
+        # Shielded: a pre-cancelled caller still spawns, then takes the cancellation path,
+        # so a stop before the spawn is a "cancelled" Result, never an error (§2.3.4, E8).
+        try:
+            proc = await trio.lowlevel.open_process(
+                argv,
+                stdin=subprocess.PIPE if spec.stdin_source is not None else subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE if split else subprocess.STDOUT,
+                process_group=0,
+                cwd=spec.cwd or None,
+                env=env,
+                close_fds=True,
+                restore_signals=True,
+            )
+        except OSError as exc:
+            return Result(exit_code=-1, err=f"start: {_spawn_error_text(exc, argv[0], spec.cwd)}")
+    async with trio.open_nursery() as outer:
+        # Trio cancellation of the caller becomes a stop of the shielded supervision below;
+        # ``Cancelled`` then propagates out of this nursery once the group is gone.
+        outer.start_soon(_translate_cancellation, sup.request_internal_stop)
+        with trio.CancelScope(shield=True):
+            result = await sup.supervise(proc)
+            if spec.sweep_job_id:
+                report = await sweep_job_survivors(spec.sweep_job_id, os.getpid())
+                result = attrs.evolve(result, sweep=report)
+        outer.cancel_scope.cancel()
+    return result
+
+
+async def _translate_cancellation(on_cancel: Callable[[], None]) -> None:
+    try:
+        await trio.sleep_forever()
+    finally:
+        on_cancel()
+
+
+class _Supervisor:
+    """The per-run state shared by the waiter, the pumps, the watchdog and the main path."""
+
+    def __init__(self, spec: JobSpec, sink: Sink, stop: StopToken) -> None:
+        self.spec = spec
+        self.sink = sink
+        self.stop = stop
+        self.last_output = trio.current_time()  # the idle clock starts just before the spawn
+        self.leader_done = trio.Event()
+        self.completed = trio.Event()
+        self.stopped = trio.Event()
+        self.wake = trio.Event()
+        self.open_pipes = 0
+        self.trip_reason: str | None = None
+        self.pump_scopes: list[trio.CancelScope] = []
+
+    # -- events -------------------------------------------------------------------------
+    def _maybe_complete(self) -> None:
+        if self.leader_done.is_set() and self.open_pipes == 0 and not self.completed.is_set():
+            self.completed.set()
+            self.wake.set()
+
+    def request_internal_stop(self) -> None:
+        if not self.stopped.is_set():
+            self.stopped.set()
+            self.wake.set()
+
+    # -- helper tasks ---------------------------------------------------------------------
+    async def _waiter(self, proc: trio.Process) -> None:
+        await proc.wait()
+        self.leader_done.set()
+        self._maybe_complete()
+
+    async def _pump(self, stream: trio.abc.ReceiveStream, sink: Sink) -> None:
+        broken_sink = False
+        scope = trio.CancelScope()
+        self.pump_scopes.append(scope)
+        with scope:
+            while True:
+                try:
+                    data = await stream.receive_some(READ_CHUNK)
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    data = b""
+                if not data:
+                    break
+                self.last_output = trio.current_time()
+                if broken_sink:
+                    continue
+                try:
+                    await sink.write(data)
+                except Exception:
+                    # A broken sink must not strand the child on a full pipe: keep draining.
+                    log.exception("output sink failed; discarding the rest of this stream")
+                    broken_sink = True
+            self.open_pipes -= 1
+            self._maybe_complete()
+
+    async def _relay(self, source: trio.abc.ReceiveStream, dest: trio.abc.SendStream) -> None:
+        try:
+            while True:
+                data = await source.receive_some(READ_CHUNK)
+                if not data:
+                    break
+                await dest.send_all(data)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            pass  # the child closed stdin or exited: not an error
+        finally:
+            with trio.move_on_after(1, shield=True):
+                await dest.aclose()
+
+    async def _forward_stop(self) -> None:
+        await self.stop.wait()
+        self.request_internal_stop()
+
+    async def _watchdog(self, dog: Watchdog) -> None:
+        while not self.stopped.is_set():
+            await trio.sleep(WATCHDOG_TICK)
+            reason = dog.check(trio.current_time(), self.last_output)
+            if reason is not None:
+                self.trip_reason = reason
+                self.request_internal_stop()
+                return
+
+    # -- supervision ----------------------------------------------------------------------
+    async def supervise(self, proc: trio.Process) -> Result:
+        target = GroupTarget(proc.pid)
+        dog = Watchdog(trio.current_time(), self.spec.max_runtime, self.spec.idle_timeout)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._waiter, proc)
+            assert proc.stdout is not None
+            self.open_pipes = 1
+            if self.spec.stderr_sink is not None:
+                assert proc.stderr is not None
+                self.open_pipes = 2
+                nursery.start_soon(self._pump, proc.stderr, self.spec.stderr_sink)
+            nursery.start_soon(self._pump, proc.stdout, self.sink)
+            if self.spec.stdin_source is not None and proc.stdin is not None:
+                nursery.start_soon(self._relay, self.spec.stdin_source, proc.stdin)
+            nursery.start_soon(self._forward_stop)
+            if dog.armed:
+                nursery.start_soon(self._watchdog, dog)
+
+            await self.wake.wait()
+            if self.completed.is_set() or await self._completed_after_yields():
+                result = await self._finish_clean(proc, target)
+            else:
+                result = await self._finish_cancelled(proc, target)
+            nursery.cancel_scope.cancel()  # stdin relay, watchdog, forwarder, stuck pumps
+        for stream in (proc.stdin, proc.stdout, proc.stderr):
+            if stream is not None:
+                with trio.move_on_after(1):
+                    await stream.aclose()
+        return result
+
+    async def _completed_after_yields(self) -> bool:
+        """The cancel-race re-check: never block, allow the waiter to observe an exit."""
+        for _ in range(RACE_YIELDS):
+            if self.completed.is_set():
+                return True
+            await trio.lowlevel.checkpoint()
+        return self.completed.is_set()
+
+    async def _finish_clean(self, proc: trio.Process, target: Target) -> Result:
+        result = finish(proc.returncode)
+        found, emptied = await reap_stragglers(target)
+        if found:
+            reason = REASON_STRAGGLERS_REAPED if emptied else REASON_STRAGGLERS_REMAINED
+            result = attrs.evolve(result, killed=True, reason=reason)
+        return result
+
+    async def _finish_cancelled(self, proc: trio.Process, target: Target) -> Result:
+        delivered = target.signal(signal.SIGTERM)  # unconditionally, no liveness probe first
+        with trio.move_on_after(self.spec.grace):
+            await self.completed.wait()
+        if not self.completed.is_set():
+            target.signal(signal.SIGKILL)
+            with trio.move_on_after(STRAGGLER_WAIT):
+                await self.completed.wait()
+            if not self.completed.is_set():
+                # §15 Q1 (b): something outside the group holds our pipes; stop reading.
+                for scope in self.pump_scopes:
+                    scope.cancel()
+                with trio.move_on_after(STRAGGLER_WAIT):
+                    await self.leader_done.wait()
+        result = finish(proc.returncode)
+        found, emptied = await reap_stragglers(target)
+        reason = REASON_SURVIVORS if found and not emptied else REASON_CANCELLED
+        if delivered or found:
+            result = attrs.evolve(result, killed=True, reason=reason)
+        if self.trip_reason is not None:
+            result = attrs.evolve(result, killed=True, reason=self.trip_reason)
+        return result
+
+
+async def reap_stragglers(target: Target) -> tuple[bool, bool]:
+    """``(found, emptied)``: SIGKILL live members left in ``target`` and wait ≤ 2 s for them."""
+    if not target.alive():
+        return False, True
+    target.signal(signal.SIGKILL)
+    deadline = trio.current_time() + STRAGGLER_WAIT
+    while True:
+        if not target.alive():
+            return True, True
+        if trio.current_time() >= deadline:
+            return True, False
+        await trio.sleep(STRAGGLER_POLL)
+
+
+__all__ = [
+    "REASON_CANCELLED",
+    "REASON_STRAGGLERS_REAPED",
+    "REASON_STRAGGLERS_REMAINED",
+    "REASON_SURVIVORS",
+    "STRAGGLER_POLL",
+    "STRAGGLER_WAIT",
+    "finish",
+    "reap_stragglers",
+    "resolve_argv",
+    "run",
+]

@@ -1,0 +1,57 @@
+"""run(): behaviour beyond the checklist (completion rule, Q1 bound, trio cancellation)."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import trio
+
+from fleet_trio.proc import BufferSink, JobSpec, StopToken
+from fleet_trio.proc.procfs import pid_alive
+from fleet_trio.proc.run import run
+from tests.acceptance.helpers import PidWatcher, gone_within, stop_when_output
+
+
+async def test_run_background_child_holding_stdout_keeps_job_running() -> None:
+    """§2.4: the job completes only when every holder of its stdout is gone."""
+    started = time.monotonic()
+    with trio.fail_after(10):
+        res = await run(JobSpec(command=["sh", "-c", "sleep 0.4 & exit 0"]), BufferSink())
+    assert res.exit_code == 0
+    assert res.killed is False
+    assert time.monotonic() - started >= 0.35
+
+
+async def test_run_setsid_pipe_holder_does_not_hang_stop() -> None:
+    """§15 Q1 (b): a setsid'd child keeping stdout open cannot hang run() after a stop."""
+    stop = StopToken()
+    sink = BufferSink()
+    watcher = PidWatcher(sink)
+    script = "setsid sh -c 'echo child:$$; exec sleep 300' & sleep 300"
+    started = time.monotonic()
+    with trio.fail_after(20):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(stop_when_output, watcher, stop)
+            res = await run(JobSpec(command=["sh", "-c", script], grace_ceiling=0.3), watcher, stop)
+    elapsed = time.monotonic() - started
+    try:
+        assert res.killed is True
+        assert res.reason.startswith("cancelled")
+        assert elapsed < 8
+    finally:
+        pid = watcher.pid()
+        if pid_alive(pid):
+            os.kill(pid, 9)
+
+
+async def test_run_trio_cancellation_still_tears_the_group_down() -> None:
+    """Program shutdown (trio cancellation) never leaks a live group."""
+    sink = BufferSink()
+    watcher = PidWatcher(sink)
+    script = "trap '' TERM; sleep 300 & echo child:$!; while :; do sleep 0.05; done"
+    with trio.fail_after(15):
+        with trio.move_on_after(0.5) as scope:
+            await run(JobSpec(command=["sh", "-c", script], grace_ceiling=0.2), watcher)
+        assert scope.cancelled_caught
+        assert await gone_within(watcher.pid(), 2)

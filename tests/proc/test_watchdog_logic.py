@@ -1,0 +1,80 @@
+"""The watchdog and stop-token logic without processes, under the autojump clock."""
+
+from __future__ import annotations
+
+import math
+
+import trio
+from hypothesis import given
+from hypothesis import strategies as st
+
+from fleet_trio.proc.stop import StopToken
+from fleet_trio.proc.watchdog import Watchdog
+
+
+def test_watchdog_disarmed_never_trips() -> None:
+    dog = Watchdog(started=0.0)
+    assert not dog.armed
+    assert dog.check(1e9, 0.0) is None
+
+
+def test_watchdog_checks_max_runtime_before_idle_and_is_strict() -> None:
+    dog = Watchdog(started=10.0, max_runtime=0.5, idle_timeout=0.7)
+    assert dog.check(10.5, 10.0) is None  # exactly at the limit: not yet
+    assert dog.check(10.6, 10.0) == "max_runtime exceeded (500ms)"
+    dog = Watchdog(started=10.0, idle_timeout=0.7)
+    assert dog.check(10.7, 10.0) is None
+    assert dog.check(10.71, 10.0) == "idle: no output for 700ms"
+    assert dog.check(100.0, 99.5) is None
+
+
+@given(
+    max_runtime=st.floats(min_value=0, max_value=1e5, allow_nan=False),
+    idle=st.floats(min_value=0, max_value=1e5, allow_nan=False),
+    elapsed=st.floats(min_value=0, max_value=2e5, allow_nan=False),
+    quiet=st.floats(min_value=0, max_value=2e5, allow_nan=False),
+)
+def test_watchdog_reason_matches_the_first_exceeded_limit(
+    max_runtime: float, idle: float, elapsed: float, quiet: float
+) -> None:
+    quiet = min(quiet, elapsed)
+    dog = Watchdog(started=0.0, max_runtime=max_runtime, idle_timeout=idle)
+    reason = dog.check(elapsed, elapsed - quiet)
+    if max_runtime > 0 and elapsed > max_runtime:
+        assert reason is not None
+        assert reason.startswith("max_runtime exceeded (")
+    elif idle > 0 and quiet > idle:
+        assert reason is not None
+        assert reason.startswith("idle: no output for ")
+    else:
+        assert reason is None
+
+
+async def test_stop_token_deadline_and_parent(autojump_clock: trio.testing.MockClock) -> None:
+    parent = StopToken()
+    budget = StopToken.after(5, parent=parent)
+    assert not budget.is_set()
+    with trio.fail_after(10):
+        await budget.wait()
+    assert budget.is_set()
+    assert budget.expired()
+    assert not budget.was_set
+    assert trio.current_time() >= 5
+
+    child = parent.child()
+    assert child.deadline == math.inf
+    parent.set()
+    assert child.is_set()
+    assert child.was_set
+    late = parent.child()
+    assert late.is_set()
+
+
+async def test_stop_token_child_inherits_the_earlier_deadline(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    parent = StopToken.after(1)
+    child = StopToken.after(100, parent=parent)
+    assert child.deadline == parent.deadline
+    with trio.fail_after(2):
+        await child.wait()
