@@ -99,7 +99,9 @@ def test_format_then_parse_round_trips(ns: int) -> None:
 
 @given(
     st.lists(
-        st.tuples(st.integers(min_value=0, max_value=10_000), st.sampled_from(["h", "m", "s", "ms"])),
+        st.tuples(
+            st.integers(min_value=0, max_value=10_000), st.sampled_from(["h", "m", "s", "ms"])
+        ),
         min_size=1,
         max_size=4,
     )

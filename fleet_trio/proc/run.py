@@ -171,9 +171,10 @@ class _Supervisor:
         with scope:
             while True:
                 try:
-                    data = await stream.receive_some(READ_CHUNK)
+                    chunk = await stream.receive_some(READ_CHUNK)
                 except (trio.BrokenResourceError, trio.ClosedResourceError):
-                    data = b""
+                    chunk = b""
+                data = chunk if isinstance(chunk, bytes) else bytes(chunk)
                 if not data:
                     break
                 self.last_output = trio.current_time()

@@ -20,7 +20,7 @@ class StopToken:
     def __init__(self, *, parent: StopToken | None = None, deadline: float = math.inf) -> None:
         self._event = trio.Event()
         self._children: weakref.WeakSet[StopToken] = weakref.WeakSet()
-        self.deadline = deadline if parent is None else min(deadline, parent.deadline)
+        self.deadline: float = deadline if parent is None else min(deadline, parent.deadline)
         if parent is not None:
             parent._children.add(self)
             if parent._event.is_set():
