@@ -55,3 +55,33 @@ async def test_run_trio_cancellation_still_tears_the_group_down() -> None:
             await run(JobSpec(command=["sh", "-c", script], grace_ceiling=0.2), watcher)
         assert scope.cancelled_caught
         assert await gone_within(watcher.pid(), 2)
+
+
+def test_finish_maps_wait_statuses() -> None:
+    from fleet_trio.proc.run import finish
+
+    assert finish(0).killed is False
+    assert finish(3).exit_code == 3
+    killed = finish(-9)
+    assert (killed.exit_code, killed.killed, killed.reason) == (137, True, "signal: killed")
+    assert finish(-15).reason == "signal: terminated"
+    assert finish(None).exit_code == -1
+
+
+class _BrokenSink:
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def write(self, data: bytes) -> None:
+        self.calls += 1
+        raise OSError("sink is gone")
+
+
+async def test_run_a_broken_sink_does_not_strand_the_child() -> None:
+    sink = _BrokenSink()
+    script = "i=0; while [ $i -lt 2000 ]; do echo line-$i; i=$((i+1)); done"
+    with trio.fail_after(10):
+        res = await run(JobSpec(command=["sh", "-c", script]), sink)
+    assert res.exit_code == 0
+    assert res.killed is False
+    assert sink.calls == 1
