@@ -1,0 +1,291 @@
+"""``fleet-trio``: the one console entry point.
+
+Subcommands call into the packages; nothing else lives here. Today: ``exec`` (run one command
+exactly as the worker runs a job, see ``docs/exec.md``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+
+import attrs
+import trio
+
+from fleet_trio import __version__
+from fleet_trio.durations import parse_duration_seconds
+from fleet_trio.errors import DurationError
+from fleet_trio.nursery import open_task_tree, serve_shutdown_signals
+from fleet_trio.proc.run import run
+from fleet_trio.proc.spec import JobSpec, Result
+from fleet_trio.proc.stop import StopToken
+
+log = logging.getLogger("fleet_trio.cli")
+
+PROG = "fleet-trio"
+EXIT_USAGE = 2
+"""Bad command line (argparse's own convention)."""
+EXIT_NOT_STARTED = 127
+"""The command could not be started (missing executable, bad cwd …), as a shell reports it."""
+EXIT_INTERNAL = 1
+"""A bug: the job task ended without a Result (its traceback is logged)."""
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+# -- terminal output without blocking the event loop ---------------------------------------------
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
+
+
+class FdWriter:
+    """A :class:`~fleet_trio.proc.sinks.Sink` onto one of our own file descriptors.
+
+    Writes run in a worker thread (one at a time: ``CapacityLimiter(1)``, so chunks keep their
+    order), because a terminal or a slow pipe reader blocks ``write(2)``; setting O_NONBLOCK on
+    a descriptor shared with the shell is not an option. The child feels back-pressure exactly
+    as with the worker's sinks. If the descriptor breaks (the reader went away: EPIPE), the rest
+    is discarded and the job keeps running, as it would under the worker.
+    """
+
+    def __init__(self, fd: int, name: str) -> None:
+        self.fd = fd
+        self.name = name
+        self.limiter = trio.CapacityLimiter(1)
+        self.broken = False
+        self.at_line_start = True
+
+    async def write(self, data: bytes) -> None:
+        if self.broken or not data:
+            return
+        try:
+            # abandon_on_cancel: a write stuck on a reader that never reads must not wedge the
+            # supervisor's teardown (the thread is a daemon; the process may exit under it).
+            await trio.to_thread.run_sync(
+                _write_all, self.fd, bytes(data), limiter=self.limiter, abandon_on_cancel=True
+            )
+        except OSError as exc:
+            self.broken = True
+            log.warning(
+                "our %s is gone (%s); discarding the rest of the job's output", self.name, exc
+            )
+            return
+        self.at_line_start = data.endswith(b"\n")
+
+
+# -- the parser -------------------------------------------------------------------------------
+
+
+def _add_exec(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "exec",
+        usage=(
+            "%(prog)s [-h] [--job-id ID] [--grace DUR] [--max-runtime DUR] [--idle-timeout DUR]"
+            " [--cwd DIR] [--json] -- CMD [ARG...]"
+        ),
+        help="run one command exactly as the worker runs a job",
+        description=(
+            "Run CMD as the worker runs a job: its own process group, stdin /dev/null, "
+            "SIGTERM -> grace -> SIGKILL on a stop, the max-runtime/idle watchdog, and (with "
+            "--job-id) the RC_JOB_ID sweep of escaped processes. The child's stdout and stderr "
+            "stream live to ours; the exit status is the job's (128+n for a death by signal n; "
+            "127 when it could not start; 2 for a bad command line). SIGINT/SIGTERM stop the "
+            "job the way `rc kill` does."
+        ),
+        epilog="Durations are Go-style: 300ms, 10s, 1m30s, 2h. See docs/exec.md.",
+    )
+    p.add_argument(
+        "--job-id",
+        metavar="ID",
+        default="",
+        help="set RC_JOB_ID=ID in the job's environment and sweep processes carrying it "
+        "after the job ends (escapees are killed and reported in sweep.found)",
+    )
+    p.add_argument(
+        "--grace",
+        metavar="DUR",
+        help="SIGTERM -> SIGKILL window when the job is stopped (default 10s; <= 0 means 10s)",
+    )
+    p.add_argument(
+        "--max-runtime",
+        metavar="DUR",
+        help="stop the job after DUR of wall-clock time (default: none)",
+    )
+    p.add_argument(
+        "--idle-timeout",
+        metavar="DUR",
+        help="stop the job after DUR without output on stdout or stderr (default: none)",
+    )
+    p.add_argument(
+        "--cwd",
+        metavar="DIR",
+        default="",
+        help="working directory of the job (default: ours)",
+    )
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print the Result as one JSON object on the last line of stdout, after all of "
+        "the job's stdout: exit_code, killed, reason, error, sweep",
+    )
+    p.add_argument(
+        "command",
+        nargs=argparse.REMAINDER,
+        metavar="-- CMD ARG...",
+        help="the command and its arguments; bare names are looked up on our PATH",
+    )
+    p.set_defaults(handler=_cmd_exec)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROG, description="A GPU fleet agent on Trio: fleet node and drop-in rc worker."
+    )
+    parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
+    parser.add_argument(
+        "--log-level",
+        default="WARNING",
+        type=str.upper,
+        choices=LOG_LEVELS,
+        help="log level on stderr (default WARNING)",
+    )
+    sub = parser.add_subparsers(dest="subcommand", metavar="COMMAND", title="commands")
+    _add_exec(sub)
+    return parser
+
+
+# -- fleet-trio exec ----------------------------------------------------------------------------
+
+
+class UsageError(Exception):
+    """A one-line command-line error; ``main`` prints it and exits 2."""
+
+
+def _duration(flag: str, text: str | None) -> float:
+    if text is None:
+        return 0.0
+    try:
+        return parse_duration_seconds(text)
+    except DurationError as exc:
+        raise UsageError(f"{flag}: {exc}") from None
+
+
+def exec_spec(args: argparse.Namespace, stderr_sink: FdWriter | None = None) -> JobSpec:
+    """The JobSpec for ``fleet-trio exec`` (raises :class:`UsageError` on bad input)."""
+    grace = _duration("--grace", args.grace)
+    max_runtime = _duration("--max-runtime", args.max_runtime)
+    idle_timeout = _duration("--idle-timeout", args.idle_timeout)
+    command = list(args.command)
+    if command[:1] == ["--"]:
+        command = command[1:]
+    if not command:
+        raise UsageError("empty command")
+    env = {"RC_JOB_ID": args.job_id} if args.job_id else {}
+    return JobSpec(
+        command=command,
+        cwd=args.cwd,
+        env=env,
+        grace_ceiling=grace,
+        max_runtime=max_runtime,
+        idle_timeout=idle_timeout,
+        stderr_sink=stderr_sink,
+        sweep_job_id=args.job_id,
+    )
+
+
+def exit_status(result: Result) -> int:
+    """The job's exit status; 127 when it never started (``exit_code == -1``)."""
+    return EXIT_NOT_STARTED if result.exit_code < 0 else result.exit_code
+
+
+EXEC_DRAIN_SLACK = 10.0
+"""Seconds beyond the grace the task tree's drain waits for the stopped job (straggler wait,
+bounded pipe wait and the RC_JOB_ID sweep all fit in it)."""
+
+
+@attrs.define
+class _JobBox:
+    """Where the job task leaves its Result for the body of the tree."""
+
+    result: Result | None = None
+    done: trio.Event = attrs.field(factory=trio.Event)
+
+
+async def _exec_job(spec: JobSpec, sink: FdWriter, stop: StopToken, box: _JobBox) -> None:
+    try:
+        # Shielded from the tree's cancel of the jobs scope (a second signal, an overrun
+        # drain): the stop token is always set first (on_stop_accepting), and run()'s teardown
+        # is the same SIGTERM → grace → SIGKILL path either way, already shielded inside run();
+        # the shield only keeps the Result, so it is always printed.
+        with trio.CancelScope(shield=True):
+            box.result = await run(spec, sink, stop)
+    finally:
+        box.done.set()
+
+
+async def _exec(args: argparse.Namespace) -> int:
+    out = FdWriter(sys.stdout.fileno(), "stdout")
+    err = FdWriter(sys.stderr.fileno(), "stderr")
+    spec = exec_spec(args, stderr_sink=err)
+    stop = StopToken()
+    box = _JobBox()
+    # SIGINT/SIGTERM → request_shutdown → on_stop_accepting sets the job's stop token, so the
+    # job takes run()'s cancellation path and still ends in an honest "cancelled" Result.
+    async with open_task_tree(
+        drain=spec.grace + EXEC_DRAIN_SLACK, kill_grace=spec.grace, on_stop_accepting=stop.set
+    ) as tree:
+        await tree.services.start(serve_shutdown_signals, tree)
+        tree.start_job(_exec_job, spec, out, stop, box, name="exec")
+        with trio.CancelScope() as waiting:
+            tree.cancel_on_shutdown(waiting)  # on a signal, the drain waits for the job
+            await box.done.wait()
+    result = box.result
+    if result is None:  # run() raised: already logged with its traceback by the tree
+        await err.write(f"{PROG} exec: internal error: the job ended without a result\n".encode())
+        return EXIT_INTERNAL
+    if result.err is not None:
+        await err.write(f"{PROG} exec: {result.err}\n".encode())
+    if args.json:
+        line = json.dumps(result.to_json(), separators=(", ", ": "))
+        prefix = "" if out.at_line_start else "\n"
+        await out.write(f"{prefix}{line}\n".encode())
+    return exit_status(result)
+
+
+def _cmd_exec(args: argparse.Namespace) -> int:
+    try:
+        # Validate before starting trio: usage errors never spawn anything.
+        exec_spec(args)
+    except UsageError as exc:
+        print(f"{PROG} exec: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    return trio.run(_exec, args)
+
+
+# -- main -------------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(list(argv) if argv is not None else None)
+    logging.basicConfig(
+        level=getattr(logging, args.log_level),
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    handler = getattr(args, "handler", None)
+    if handler is None:
+        parser.print_help(sys.stderr)
+        return EXIT_USAGE
+    status: int = handler(args)
+    return status
+
+
+__all__ = ["FdWriter", "UsageError", "build_parser", "exec_spec", "exit_status", "main"]

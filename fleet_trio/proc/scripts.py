@@ -1,0 +1,356 @@
+"""Run a directory of scripts under a budget (worker-process.md §5.1, §6.4, §14.3).
+
+The piece that verify passes, drop-in probes and hooks share. :func:`run_scripts` lists a
+folder, and runs every executable entry in bytewise name order through the supervisor
+(:func:`fleet_trio.proc.run.run`), each with its own ``max_runtime`` and the whole pass under one
+budget: a deadline :class:`StopToken` derived from an optional parent token, so an expiring
+budget flows through the ordinary SIGTERM → grace → SIGKILL path of the script that is running.
+stdout and stderr are captured separately, 64 KiB each (:class:`CappedBuffer`: the child is
+never blocked by a full buffer).
+
+The runner decides nothing about what a pass *means*: it reports, per entry, what happened
+(:class:`ScriptOutcome`), and for the pass whether the directory was missing, could not be
+listed, or whether the budget ran out (:class:`ScriptPass`). The callers turn that into
+``verify failed: …`` reasons, probe failures or hook errors, with the text helpers below
+(:func:`failure_detail`, :func:`stderr_tail`, :func:`stderr_head`).
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import os
+import stat
+from collections.abc import Mapping
+
+import attrs
+import trio
+
+from fleet_trio.durations import go_duration_seconds
+from fleet_trio.errors import go_os_error
+from fleet_trio.proc.run import run
+from fleet_trio.proc.sinks import STREAM_CAP, BufferSink, CappedBuffer, TailBuffer
+from fleet_trio.proc.spec import JobSpec, Result
+from fleet_trio.proc.stop import StopToken
+
+TEXT_LIMIT = 200
+"""Bytes of stderr quoted in a verify reason (the last) or a probe note (the first)."""
+TRUNCATED_MARK = "...(truncated)"
+OVERFLOW_SUFFIX = " (stderr itself was truncated)"
+
+
+class ScriptKind(enum.StrEnum):
+    """What happened to one directory entry."""
+
+    OK = "ok"
+    """Ran and passed: no error, not killed, exit 0."""
+    FAILED = "failed"
+    """Ran (or failed to start) and did not pass; see ``result``."""
+    SKIPPED = "skipped"
+    """Not executable (``mode & 0o111 == 0``); never run. Not a failure."""
+    STAT_ERROR = "stat_error"
+    """``stat`` (following symlinks) failed, e.g. a dangling symlink; never run."""
+
+
+@attrs.frozen
+class ScriptOutcome:
+    """One directory entry's fate in a pass."""
+
+    name: str
+    """The entry's name inside the directory."""
+    path: str
+    """``os.path.join(directory, name)``: what was stat'ed and executed."""
+    kind: ScriptKind
+    result: Result | None = None
+    """The supervisor's Result; ``None`` for ``skipped`` and ``stat_error``."""
+    stdout: bytes = b""
+    stdout_truncated: bool = False
+    stderr: bytes = b""
+    stderr_truncated: bool = False
+    error: str = ""
+    """``stat_error``: Go-shaped ``stat <path>: <errno text>``;
+    ``failed``: :func:`failure_detail` of the result."""
+    mode: str = ""
+    """``stat.filemode`` of the followed entry, e.g. ``-rw-r--r--`` (empty for a stat error)."""
+
+    @property
+    def ok(self) -> bool:
+        return self.kind is ScriptKind.OK
+
+    @property
+    def ran(self) -> bool:
+        return self.result is not None
+
+
+@attrs.frozen
+class ScriptPass:
+    """The whole pass over one directory."""
+
+    directory: str
+    budget: float
+    """The pass budget in seconds (``math.inf`` when unbounded)."""
+    missing: bool = False
+    """The directory does not exist: a pass with no scripts (callers decide it passes)."""
+    list_error: str | None = None
+    """Any other listing error, Go-shaped: ``open <dir>: permission denied``."""
+    outcomes: tuple[ScriptOutcome, ...] = ()
+    """In run order (bytewise by name); only the entries that were reached."""
+    budget_exhausted: bool = False
+    """The pass stop token fired (deadline passed, or the parent token was stopped) and the
+    loop stopped early: before an entry, or right after a script that then failed."""
+    not_run: tuple[str, ...] = ()
+    """Candidate names never reached because the loop stopped for the budget."""
+    stop_requested: bool = False
+    """The budget fired because the parent token was *set* (not merely a passed deadline)."""
+
+    @property
+    def budget_text(self) -> str:
+        """The budget as Go renders it, e.g. ``2m0s``, ``500ms`` (``unbounded`` for no budget)."""
+        return "unbounded" if math.isinf(self.budget) else go_duration_seconds(self.budget)
+
+    @property
+    def first_failure(self) -> ScriptOutcome | None:
+        """The first ``failed`` or ``stat_error`` outcome, in run order."""
+        for outcome in self.outcomes:
+            if outcome.kind in (ScriptKind.FAILED, ScriptKind.STAT_ERROR):
+                return outcome
+        return None
+
+
+# -- text helpers ---------------------------------------------------------------------------
+
+
+def _decode(data: bytes) -> str:
+    return data.decode("utf-8", errors="replace")
+
+
+def stderr_tail(data: bytes, truncated: bool, limit: int = TEXT_LIMIT) -> str:
+    """The verify reason's ``<tail>`` (§5.1): the *last* ``limit`` bytes of trimmed stderr.
+
+    Trimmed of surrounding ASCII whitespace; empty → ``""``; longer than ``limit`` bytes →
+    ``...(truncated)`` + the last ``limit`` bytes; `` (stderr itself was truncated)`` appended
+    when the capture buffer overflowed. Bytes are sliced first, then decoded with replacement.
+    """
+    trimmed = data.strip()
+    if not trimmed:
+        return ""
+    if len(trimmed) > limit:
+        text = TRUNCATED_MARK + _decode(trimmed[len(trimmed) - limit :])
+    else:
+        text = _decode(trimmed)
+    return text + OVERFLOW_SUFFIX if truncated else text
+
+
+def stderr_head(data: bytes, truncated: bool, limit: int = TEXT_LIMIT) -> str:
+    """The probe note's stderr text (§6.4): the *first* ``limit`` bytes of trimmed stderr.
+
+    Empty after trimming → ``""``; longer than ``limit`` bytes → first ``limit`` bytes +
+    ``...(truncated)``; plus `` (stderr itself was truncated)`` when the buffer overflowed.
+    The caller adds its own ``; stderr: `` prefix.
+    """
+    trimmed = data.strip()
+    if not trimmed:
+        return ""
+    text = _decode(trimmed[:limit]) + (TRUNCATED_MARK if len(trimmed) > limit else "")
+    return text + OVERFLOW_SUFFIX if truncated else text
+
+
+def failure_detail(result: Result) -> str:
+    """Why a run did not pass: ``run: <err>``, else ``<reason or "killed">`` when killed, else
+    ``exited <n>`` (§5.1 ``<detail>``). Meaningful for a result that did not pass."""
+    if result.err is not None:
+        return f"run: {result.err}"
+    if result.killed:
+        return result.reason or "killed"
+    return f"exited {result.exit_code}"
+
+
+def passed(result: Result) -> bool:
+    """``err is None and not killed and exit_code == 0``."""
+    return result.err is None and not result.killed and result.exit_code == 0
+
+
+# -- listing and stat (blocking; run in a worker thread) ----------------------------------------
+
+
+def _list_candidates(directory: str) -> list[str]:
+    """Non-directory entries by the entry's own type, dotfiles included, bytewise sorted."""
+    names: list[str] = []
+    with os.scandir(directory) as entries:
+        for entry in entries:
+            try:
+                is_dir = entry.is_dir(follow_symlinks=False)
+            except OSError:
+                is_dir = False  # cannot tell: a candidate; its stat will report the problem
+            if not is_dir:
+                names.append(entry.name)
+    names.sort(key=os.fsencode)
+    return names
+
+
+def _script_path(directory: str, name: str) -> str:
+    path = os.path.join(directory, name)
+    # A bare name would be looked up on PATH by run(); a path with a slash is run as is.
+    return path if "/" in path else os.path.join(".", path)
+
+
+# -- the runner ---------------------------------------------------------------------------------
+
+
+async def run_scripts(
+    directory: str,
+    *,
+    max_runtime: float,
+    budget: float,
+    env: Mapping[str, str] | None = None,
+    stop: StopToken | None = None,
+    cap: int = STREAM_CAP,
+    limiter: trio.CapacityLimiter | None = None,
+) -> ScriptPass:
+    """Run every executable entry of ``directory`` in bytewise name order (§5.1, §6.4).
+
+    ``max_runtime``: each script's own limit in seconds (≤ 0: none), i.e. the verify or probe
+    timeout. ``budget``: the whole pass, in seconds (≤ 0 or ``inf``: unbounded); the pass token is
+    ``StopToken.after(budget, parent=stop)``, so a stop of ``stop`` also ends the pass.
+    ``env`` goes on top of the worker's environment (``JobSpec.env``). Each script gets its own
+    process group, default grace, no sweep, stdin ``/dev/null``, and 64 KiB (``cap``) of
+    stdout and of stderr. Blocking listing/stat calls run in a thread (``limiter``: trio's
+    default when ``None``).
+
+    Trio cancellation of the caller is not a budget: the running script is torn down by
+    :func:`run` and ``Cancelled`` propagates.
+    """
+    bounded = budget > 0 and not math.isinf(budget)
+    pass_budget = budget if bounded else math.inf
+    if bounded:
+        pass_stop = StopToken.after(budget, parent=stop)
+    elif stop is not None:
+        pass_stop = stop.child()
+    else:
+        pass_stop = StopToken()
+    env_dict = dict(env or {})
+
+    try:
+        names = await trio.to_thread.run_sync(_list_candidates, directory, limiter=limiter)
+    except FileNotFoundError:
+        return ScriptPass(directory=directory, budget=pass_budget, missing=True)
+    except OSError as exc:
+        return ScriptPass(
+            directory=directory,
+            budget=pass_budget,
+            list_error=go_os_error("open", directory, exc),
+        )
+
+    outcomes: list[ScriptOutcome] = []
+    exhausted = False
+    not_run: tuple[str, ...] = ()
+    for index, name in enumerate(names):
+        if pass_stop.is_set():
+            exhausted = True
+            not_run = tuple(names[index:])
+            break
+        path = _script_path(directory, name)
+        try:
+            st = await trio.to_thread.run_sync(os.stat, path, limiter=limiter)
+        except OSError as exc:
+            outcomes.append(
+                ScriptOutcome(
+                    name=name,
+                    path=path,
+                    kind=ScriptKind.STAT_ERROR,
+                    error=go_os_error("stat", path, exc),
+                )
+            )
+            continue
+        mode = stat.filemode(st.st_mode)
+        if st.st_mode & 0o111 == 0:
+            outcomes.append(ScriptOutcome(name=name, path=path, kind=ScriptKind.SKIPPED, mode=mode))
+            continue
+        out, err = CappedBuffer(cap), CappedBuffer(cap)
+        spec = JobSpec(command=[path], env=env_dict, max_runtime=max_runtime, stderr_sink=err)
+        result = await run(spec, out, pass_stop)
+        ok = passed(result)
+        outcomes.append(
+            ScriptOutcome(
+                name=name,
+                path=path,
+                kind=ScriptKind.OK if ok else ScriptKind.FAILED,
+                result=result,
+                stdout=out.getvalue(),
+                stdout_truncated=out.truncated,
+                stderr=err.getvalue(),
+                stderr_truncated=err.truncated,
+                error="" if ok else failure_detail(result),
+                mode=mode,
+            )
+        )
+        if not ok and pass_stop.is_set():
+            # Attribute the failure to the budget, not to the script's half-finished output.
+            exhausted = True
+            not_run = tuple(names[index + 1 :])
+            break
+
+    return ScriptPass(
+        directory=directory,
+        budget=pass_budget,
+        outcomes=tuple(outcomes),
+        budget_exhausted=exhausted,
+        not_run=not_run,
+        stop_requested=exhausted and pass_stop.was_set,
+    )
+
+
+@attrs.frozen
+class ScriptRun:
+    """One script run with combined stdout+stderr (hooks, §4.2)."""
+
+    path: str
+    result: Result
+    output: bytes
+    """The combined output: everything, or the last ``output_tail`` bytes."""
+    truncated: bool = False
+    """Only with ``output_tail``: earlier output was dropped."""
+
+    @property
+    def ok(self) -> bool:
+        return passed(self.result)
+
+
+async def run_script(
+    path: str,
+    *,
+    env: Mapping[str, str] | None = None,
+    max_runtime: float = 0.0,
+    stop: StopToken | None = None,
+    output_tail: int | None = None,
+) -> ScriptRun:
+    """Run one executable directly (shebang or binary) the way a hook runs (§4.2).
+
+    Own process group, stdout and stderr combined into one pipe, ``max_runtime`` (the hook timeout),
+    default grace, no sweep. ``output_tail=None`` keeps all output (rc parity); an integer keeps
+    only the last that many bytes (e.g. 4096, what is sent to the controller).
+    """
+    if output_tail is None:
+        full = BufferSink()
+        result = await run(JobSpec(command=[path], env=env, max_runtime=max_runtime), full, stop)
+        return ScriptRun(path=path, result=result, output=full.getvalue())
+    tail = TailBuffer(output_tail)
+    result = await run(JobSpec(command=[path], env=env, max_runtime=max_runtime), tail, stop)
+    return ScriptRun(path=path, result=result, output=tail.getvalue(), truncated=tail.truncated)
+
+
+__all__ = [
+    "OVERFLOW_SUFFIX",
+    "TEXT_LIMIT",
+    "TRUNCATED_MARK",
+    "ScriptKind",
+    "ScriptOutcome",
+    "ScriptPass",
+    "ScriptRun",
+    "failure_detail",
+    "passed",
+    "run_script",
+    "run_scripts",
+    "stderr_head",
+    "stderr_tail",
+]

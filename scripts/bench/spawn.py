@@ -1,0 +1,100 @@
+"""Spawn overhead of ``run()`` against a bare ``trio.run_process`` (target ratio ≤ 1.3).
+
+Runs N trivial jobs (``true``) both ways in the same process, interleaved pair by pair (the
+order inside each pair alternates) so that machine noise hits both sides alike, and prints
+both medians in milliseconds and the ratio run/baseline.
+
+    .venv/bin/python scripts/bench/spawn.py [-n 200] [--warmup 10] [--profile]
+
+``--profile`` runs only the ``run()`` side under cProfile and prints the top entries.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import pstats
+import shutil
+import statistics
+import sys
+import time
+from collections.abc import Awaitable, Callable
+
+import trio
+
+from fleet_trio.proc.run import run
+from fleet_trio.proc.sinks import NullSink
+from fleet_trio.proc.spec import JobSpec
+
+TARGET_RATIO = 1.3
+
+TRUE = shutil.which("true") or "/bin/true"
+
+
+async def via_run() -> None:
+    result = await run(JobSpec(command=["true"]), NullSink())
+    assert result.exit_code == 0 and not result.killed, result
+
+
+async def via_run_process() -> None:
+    done = await trio.run_process([TRUE], check=False)
+    assert done.returncode == 0
+
+
+async def timed(fn: Callable[[], Awaitable[None]]) -> float:
+    start = time.perf_counter()
+    await fn()
+    return (time.perf_counter() - start) * 1000.0
+
+
+async def bench(n: int, warmup: int) -> tuple[list[float], list[float]]:
+    for _ in range(warmup):
+        await via_run()
+        await via_run_process()
+    ours: list[float] = []
+    base: list[float] = []
+    for i in range(n):
+        if i % 2 == 0:
+            ours.append(await timed(via_run))
+            base.append(await timed(via_run_process))
+        else:
+            base.append(await timed(via_run_process))
+            ours.append(await timed(via_run))
+    return ours, base
+
+
+async def profile_only(n: int) -> None:
+    for _ in range(n):
+        await via_run()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("-n", type=int, default=200, help="jobs per side (default 200)")
+    parser.add_argument("--warmup", type=int, default=10, help="untimed jobs per side first")
+    parser.add_argument("--profile", action="store_true", help="cProfile the run() side only")
+    args = parser.parse_args(argv)
+
+    if args.profile:
+        prof = cProfile.Profile()
+        prof.enable()
+        trio.run(profile_only, args.n)
+        prof.disable()
+        stats = pstats.Stats(prof, stream=sys.stdout).sort_stats("cumulative")
+        stats.print_stats(40)
+        return 0
+
+    ours, base = trio.run(bench, args.n, args.warmup)
+    m_ours = statistics.median(ours)
+    m_base = statistics.median(base)
+    ratio = m_ours / m_base
+    print(f"jobs per side      {args.n} (`true`, interleaved, {args.warmup} warm-up each)")
+    print(f"run() median       {m_ours:.3f} ms   (p90 {statistics.quantiles(ours, n=10)[-1]:.3f})")
+    print(f"run_process median {m_base:.3f} ms   (p90 {statistics.quantiles(base, n=10)[-1]:.3f})")
+    verdict = "ok" if ratio <= TARGET_RATIO else "ABOVE TARGET"
+    print(f"ratio run/baseline {ratio:.3f}   (target <= {TARGET_RATIO}: {verdict})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
