@@ -19,10 +19,9 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import signal
+import stat
 import subprocess
-from collections.abc import Callable
 
 import attrs
 import trio
@@ -62,13 +61,26 @@ def finish(returncode: int | None) -> Result:
     return Result(exit_code=returncode)
 
 
+def look_path(name: str, path: str | None = None) -> str | None:
+    """Go's ``exec.LookPath``: the first regular-ish, executable ``name`` on ``path``."""
+    for directory in (path if path is not None else os.defpath).split(os.pathsep):
+        candidate = os.path.join(directory or ".", name)
+        try:
+            st = os.stat(candidate)
+        except OSError:
+            continue
+        if not stat.S_ISDIR(st.st_mode) and st.st_mode & 0o111:
+            return candidate
+    return None
+
+
 def resolve_argv(command: tuple[str, ...]) -> tuple[list[str], str | None]:
     """Resolve a bare command name against the *worker's* PATH (as Go does)."""
     argv = list(command)
     name = argv[0]
     if "/" in name:
         return argv, None
-    found = shutil.which(name, path=os.environ.get("PATH", os.defpath))
+    found = look_path(name, os.environ.get("PATH", os.defpath))
     if found is None:
         return argv, f'exec: "{name}": executable file not found in $PATH'
     argv[0] = found
@@ -90,8 +102,10 @@ async def run(spec: JobSpec, sink: Sink, stop: StopToken | None = None) -> Resul
     argv, lookup_error = resolve_argv(spec.command)
     if lookup_error is not None:
         return Result(exit_code=-1, err=f"start: {lookup_error}")
-    env = dict(os.environ)
-    env.update(spec.env)
+    env: dict[str, str] | None = None
+    if spec.env:
+        env = dict(os.environ)
+        env.update(spec.env)
     split = spec.stderr_sink is not None
     sup = _Supervisor(spec, sink, stop if stop is not None else StopToken())
     with trio.CancelScope(shield=True):
@@ -111,77 +125,72 @@ async def run(spec: JobSpec, sink: Sink, stop: StopToken | None = None) -> Resul
             )
         except OSError as exc:
             return Result(exit_code=-1, err=f"start: {_spawn_error_text(exc, argv[0], spec.cwd)}")
-    async with trio.open_nursery() as outer:
-        # Trio cancellation of the caller becomes a stop of the shielded supervision below;
-        # ``Cancelled`` then propagates out of this nursery once the group is gone.
-        outer.start_soon(_translate_cancellation, sup.request_internal_stop)
-        with trio.CancelScope(shield=True):
-            result = await sup.supervise(proc)
-            if spec.sweep_job_id:
-                report = await sweep_job_survivors(spec.sweep_job_id, os.getpid())
-                result = attrs.evolve(result, sweep=report)
-        outer.cancel_scope.cancel()
-    return result
-
-
-async def _translate_cancellation(on_cancel: Callable[[], None]) -> None:
-    try:
-        await trio.sleep_forever()
-    finally:
-        on_cancel()
+    return await sup.supervise(proc)
 
 
 class _Supervisor:
-    """The per-run state shared by the waiter, the pumps, the watchdog and the main path."""
+    """The per-run state shared by the waiter, the pumps, the watchdog and the main path.
+
+    Helper tasks each run in their own shielded scope, so a trio cancellation of the caller
+    reaches only the main path, which turns it into an internal stop, tears the group down
+    (shielded) and re-raises. The helpers are cancelled by the main path when it is done.
+    """
 
     def __init__(self, spec: JobSpec, sink: Sink, stop: StopToken) -> None:
         self.spec = spec
         self.sink = sink
-        self.stop = stop
         self.last_output = trio.current_time()  # the idle clock starts just before the spawn
         self.leader_done = trio.Event()
         self.completed = trio.Event()
-        self.stopped = trio.Event()
         self.wake = trio.Event()
+        # Set by the caller's token (as its child), by the watchdog, or by trio cancellation.
+        self.internal = StopToken(parent=stop, on_set=self.wake.set)
         self.open_pipes = 0
         self.trip_reason: str | None = None
+        self.helper_scopes: list[trio.CancelScope] = []
         self.pump_scopes: list[trio.CancelScope] = []
+        self.helpers_stopped = False
 
-    # -- events -------------------------------------------------------------------------
+    def _helper_scope(self) -> trio.CancelScope:
+        scope = trio.CancelScope(shield=True)
+        self.helper_scopes.append(scope)
+        if self.helpers_stopped:
+            scope.cancel()
+        return scope
+
+    def _stop_helpers(self) -> None:
+        self.helpers_stopped = True
+        for scope in self.helper_scopes:
+            scope.cancel()
+
     def _maybe_complete(self) -> None:
         if self.leader_done.is_set() and self.open_pipes == 0 and not self.completed.is_set():
             self.completed.set()
             self.wake.set()
 
-    def request_internal_stop(self) -> None:
-        if not self.stopped.is_set():
-            self.stopped.set()
-            self.wake.set()
-
     # -- helper tasks ---------------------------------------------------------------------
     async def _waiter(self, proc: trio.Process) -> None:
-        await proc.wait()
-        self.leader_done.set()
-        self._maybe_complete()
+        with self._helper_scope():
+            await proc.wait()
+            self.leader_done.set()
+            self._maybe_complete()
 
     async def _pump(self, stream: trio.abc.ReceiveStream, sink: Sink) -> None:
         broken_sink = False
-        scope = trio.CancelScope()
-        self.pump_scopes.append(scope)
-        with scope:
+        with self._helper_scope() as scope:
+            self.pump_scopes.append(scope)
             while True:
                 try:
                     chunk = await stream.receive_some(READ_CHUNK)
                 except (trio.BrokenResourceError, trio.ClosedResourceError):
                     chunk = b""
-                data = chunk if isinstance(chunk, bytes) else bytes(chunk)
-                if not data:
+                if not chunk:
                     break
                 self.last_output = trio.current_time()
                 if broken_sink:
                     continue
                 try:
-                    await sink.write(data)
+                    await sink.write(chunk if isinstance(chunk, bytes) else bytes(chunk))
                 except Exception:
                     # A broken sink must not strand the child on a full pipe: keep draining.
                     log.exception("output sink failed; discarding the rest of this stream")
@@ -190,30 +199,28 @@ class _Supervisor:
             self._maybe_complete()
 
     async def _relay(self, source: trio.abc.ReceiveStream, dest: trio.abc.SendStream) -> None:
-        try:
-            while True:
-                data = await source.receive_some(READ_CHUNK)
-                if not data:
-                    break
-                await dest.send_all(data)
-        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-            pass  # the child closed stdin or exited: not an error
-        finally:
-            with trio.move_on_after(1, shield=True):
-                await dest.aclose()
-
-    async def _forward_stop(self) -> None:
-        await self.stop.wait()
-        self.request_internal_stop()
+        with self._helper_scope():
+            try:
+                while True:
+                    data = await source.receive_some(READ_CHUNK)
+                    if not data:
+                        break
+                    await dest.send_all(data)
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                pass  # the child closed stdin or exited: not an error
+            finally:
+                with trio.move_on_after(1, shield=True):
+                    await dest.aclose()
 
     async def _watchdog(self, dog: Watchdog) -> None:
-        while not self.stopped.is_set():
-            await trio.sleep(WATCHDOG_TICK)
-            reason = dog.check(trio.current_time(), self.last_output)
-            if reason is not None:
-                self.trip_reason = reason
-                self.request_internal_stop()
-                return
+        with self._helper_scope():
+            while not self.internal.was_set:
+                await trio.sleep(WATCHDOG_TICK)
+                reason = dog.check(trio.current_time(), self.last_output)
+                if reason is not None:
+                    self.trip_reason = reason
+                    self.internal.set()
+                    return
 
     # -- supervision ----------------------------------------------------------------------
     async def supervise(self, proc: trio.Process) -> Result:
@@ -230,20 +237,33 @@ class _Supervisor:
             nursery.start_soon(self._pump, proc.stdout, self.sink)
             if self.spec.stdin_source is not None and proc.stdin is not None:
                 nursery.start_soon(self._relay, self.spec.stdin_source, proc.stdin)
-            nursery.start_soon(self._forward_stop)
             if dog.armed:
                 nursery.start_soon(self._watchdog, dog)
+            try:
+                with trio.move_on_at(self.internal.deadline):
+                    await self.wake.wait()
+            except trio.Cancelled:
+                # Program shutdown: the same teardown as a stop, shielded, then go on.
+                self.internal.set()
+                with trio.CancelScope(shield=True):
+                    await self._conclude(proc, target)
+                raise
+            with trio.CancelScope(shield=True):
+                result = await self._conclude(proc, target)
+        return result
 
-            await self.wake.wait()
-            if self.completed.is_set() or await self._completed_after_yields():
-                result = await self._finish_clean(proc, target)
-            else:
-                result = await self._finish_cancelled(proc, target)
-            nursery.cancel_scope.cancel()  # stdin relay, watchdog, forwarder, stuck pumps
+    async def _conclude(self, proc: trio.Process, target: Target) -> Result:
+        if self.completed.is_set() or await self._completed_after_yields():
+            result = await self._finish_clean(proc, target)
+        else:
+            result = await self._finish_cancelled(proc, target)
+        self._stop_helpers()  # stdin relay, watchdog, pumps stuck behind an escaped holder
         for stream in (proc.stdin, proc.stdout, proc.stderr):
             if stream is not None:
-                with trio.move_on_after(1):
-                    await stream.aclose()
+                await stream.aclose()
+        if self.spec.sweep_job_id:
+            report = await sweep_job_survivors(self.spec.sweep_job_id, os.getpid())
+            result = attrs.evolve(result, sweep=report)
         return result
 
     async def _completed_after_yields(self) -> bool:
@@ -308,6 +328,7 @@ __all__ = [
     "STRAGGLER_POLL",
     "STRAGGLER_WAIT",
     "finish",
+    "look_path",
     "reap_stragglers",
     "resolve_argv",
     "run",

@@ -10,21 +10,34 @@ from __future__ import annotations
 
 import math
 import weakref
+from collections.abc import Callable
 
 import trio
 
 
 class StopToken:
-    """A settable, deadline-aware, hierarchical stop request."""
+    """A settable, deadline-aware, hierarchical stop request.
 
-    def __init__(self, *, parent: StopToken | None = None, deadline: float = math.inf) -> None:
+    ``on_set`` (optional) is called synchronously when the token is set, directly or through
+    its parent; a deadline passing does not call it (waiters use :meth:`wait` or the
+    ``deadline`` attribute for that).
+    """
+
+    def __init__(
+        self,
+        *,
+        parent: StopToken | None = None,
+        deadline: float = math.inf,
+        on_set: Callable[[], None] | None = None,
+    ) -> None:
         self._event = trio.Event()
         self._children: weakref.WeakSet[StopToken] = weakref.WeakSet()
+        self._on_set = on_set
         self.deadline: float = deadline if parent is None else min(deadline, parent.deadline)
         if parent is not None:
             parent._children.add(self)
             if parent._event.is_set():
-                self._event.set()
+                self.set()
 
     @classmethod
     def after(cls, seconds: float, *, parent: StopToken | None = None) -> StopToken:
@@ -39,6 +52,8 @@ class StopToken:
         if self._event.is_set():
             return
         self._event.set()
+        if self._on_set is not None:
+            self._on_set()
         for child in list(self._children):
             child.set()
 

@@ -37,9 +37,10 @@ def test_watchdog_checks_max_runtime_before_idle_and_is_strict() -> None:
 def test_watchdog_reason_matches_the_first_exceeded_limit(
     max_runtime: float, idle: float, elapsed: float, quiet: float
 ) -> None:
-    quiet = min(quiet, elapsed)
+    last_output = elapsed - min(quiet, elapsed)
+    quiet = elapsed - last_output  # what the watchdog computes, rounding included
     dog = Watchdog(started=0.0, max_runtime=max_runtime, idle_timeout=idle)
-    reason = dog.check(elapsed, elapsed - quiet)
+    reason = dog.check(elapsed, last_output)
     if max_runtime > 0 and elapsed > max_runtime:
         assert reason is not None
         assert reason.startswith("max_runtime exceeded (")
