@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import errno
 import os
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Collection
 
 import attrs
 
@@ -197,9 +198,227 @@ def pid_alive(pid: int) -> bool:
     return st is not None and st.state != "Z"
 
 
+# ----------------------------------------------------------------------------------------------
+# The sweep's marker scan (worker-process.md §3.3 step 3, §3.4).
+
+ENVIRON_CHUNK = 32768
+"""First read size for ``/proc/<pid>/environ``; a block this long is read on to EOF."""
+
+MARKER_MAX_LISTINGS = 16
+"""How many times one marker scan lists ``/proc`` while looking for processes forked mid-walk."""
+
+EMPTY_ENVIRON_RECHECK = 0.002
+"""Seconds after an environ read empty before it is read once more (a process caught inside
+``execve`` reads empty until the kernel has copied its environment onto the new stack)."""
+
+_GONE_ERRNOS = (errno.ENOENT, errno.ESRCH)
+
+
+def pause_since(started: float, seconds: float) -> None:
+    """Block (this is thread-side code) until ``seconds`` have passed since ``started``
+    (a ``time.monotonic()`` value)."""
+    left = started + seconds - time.monotonic()
+    if left > 0:
+        time.sleep(left)
+
+
+@attrs.frozen
+class MarkerScan:
+    """One sweep scan: live processes whose ``RC_JOB_ID`` equals a job id exactly.
+
+    ``scanned`` is False when ``/proc`` could not be listed (then nothing else is meaningful).
+    ``blind`` means at least one live process's environment could not be read. ``settled``
+    means the scan accounted for every process forked while it walked ``/proc`` (see
+    :func:`scan_job_marker`); an unsettled scan that found nothing proves nothing.
+    """
+
+    scanned: bool
+    pids: tuple[int, ...] = ()
+    blind: bool = False
+    settled: bool = True
+
+
+def read_proc_file(path: str) -> bytes:
+    """Read a whole ``/proc`` file with plain syscalls (no buffered-file object); may raise."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        data = os.read(fd, ENVIRON_CHUNK)
+        if len(data) < ENVIRON_CHUNK:
+            return data
+        chunks = [data]
+        while chunk := os.read(fd, ENVIRON_CHUNK):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def _live_stat(proc: str, name: str) -> bool:
+    """``/proc/<name>/stat`` is readable and its state is not ``Z``."""
+    try:
+        data = read_proc_file(f"{proc}/{name}/stat")
+    except OSError:
+        return False
+    st = parse_proc_stat(data)
+    return st is not None and st.state != "Z"
+
+
+def _list_pid_names(proc: str) -> list[str] | None:
+    """The all-digit entries of ``proc`` as strings; ``None`` when it cannot be listed."""
+    try:
+        names = os.listdir(proc)
+    except OSError:
+        return None
+    return [n for n in names if n.isdigit()]
+
+
+def _proc_is_ours(proc: str) -> bool:
+    """``proc`` is mounted for our own pid namespace (``<proc>/self`` names our pid)."""
+    try:
+        return os.readlink(f"{proc}/self") == str(os.getpid())
+    except OSError:
+        return False
+
+
+def _last_pid(proc: str) -> int | None:
+    """The last pid allocated in the reader's pid namespace (``/proc/loadavg``, last field)."""
+    try:
+        return int(read_proc_file(f"{proc}/loadavg").split()[-1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def scan_job_marker(
+    job_id: str,
+    protected: Collection[int] = frozenset(),
+    *,
+    proc: str = PROC,
+    max_listings: int = MARKER_MAX_LISTINGS,
+    recheck: float = EMPTY_ENVIRON_RECHECK,
+) -> MarkerScan:
+    """Every live process outside ``protected`` whose ``RC_JOB_ID`` equals ``job_id``.
+
+    Blocking (walks all of ``/proc``): run it in a thread.
+
+    **Reads.** The same answer as a ``scan_live_procs`` walk with a :func:`job_env_id`
+    predicate, at about one read per process: ``environ`` is read first, ``stat`` only when it
+    decides something — after a match (the process may have become a zombie since) or after a
+    read error (a zombie or a process that is gone is not *blind*). Protected pids are not read.
+
+    **Empty environments.** A kernel thread, a zombie and an exiting process read as an empty
+    environ for good; so, for a moment, does a process inside ``execve`` (between the switch to
+    its new memory and the kernel copying the environment onto its new stack), which is alive
+    and carries its marker again a moment later. Every empty one is read once more, at least
+    ``recheck`` seconds after the last empty read.
+
+    **Forks during the walk.** A process forked after ``/proc`` was listed is not in the
+    listing. Its parent was listed and read: if it was alive then, it either carried the marker
+    (a match: the sweep re-scans anyway) or did not (nor does the child). If it was not (zombie,
+    gone, read as empty), it forked before that read. So after a round of reads:
+
+    * if nothing read was doubtful (gone, a zombie, empty, matched-then-dead) and no pid was
+      allocated in our pid namespace since just before the listing (``/proc/loadavg``'s last
+      pid is unchanged; only trusted when ``proc`` is our own namespace's), no process was
+      forked during the walk: the scan is ``settled``;
+    * otherwise ``/proc`` is listed again and the pids not yet read are read (a new round),
+      until a listing brings nothing new (``settled``) or ``max_listings`` is reached.
+
+    A settled scan that found nothing means nothing carrying the marker was alive at its end
+    (pid reuse within one scan, and an ``execve`` stalled for longer than ``recheck``, aside).
+    """
+    target = JOB_ENV_KEY + job_id.encode("utf-8", errors="surrogateescape")
+    ours = _proc_is_ours(proc)
+    mark = _last_pid(proc) if ours else None
+    listed = _list_pid_names(proc)
+    if listed is None:
+        return MarkerScan(scanned=False, settled=False)
+    seen = {str(pid) for pid in protected}
+    matches: list[int] = []
+    blind = False
+    batch = [name for name in listed if name not in seen]
+    listings = 1
+    while True:
+        seen.update(batch)
+        empties: list[str] = []
+        round_blind, doubt, last_empty = _marker_batch(
+            proc, batch, target, job_id, matches, empties
+        )
+        if empties:
+            pause_since(last_empty, recheck)
+            again_blind, _doubt, _t = _marker_batch(proc, empties, target, job_id, matches, None)
+            round_blind |= again_blind
+        blind |= round_blind
+        if not doubt and mark is not None and _last_pid(proc) == mark:
+            return MarkerScan(scanned=True, pids=tuple(matches), blind=blind, settled=True)
+        if listings >= max_listings:
+            return MarkerScan(scanned=True, pids=tuple(matches), blind=blind, settled=False)
+        mark = _last_pid(proc) if ours else None
+        again = _list_pid_names(proc)
+        listings += 1
+        if again is None:
+            return MarkerScan(scanned=True, pids=tuple(matches), blind=blind, settled=False)
+        batch = [name for name in again if name not in seen]
+        if not batch:
+            return MarkerScan(scanned=True, pids=tuple(matches), blind=blind, settled=True)
+
+
+def _marker_batch(
+    proc: str,
+    names: list[str],
+    target: bytes,
+    job_id: str,
+    matches: list[int],
+    empties: list[str] | None,
+) -> tuple[bool, bool, float]:
+    """Read the environ of each of ``names``; append the live exact matches to ``matches``.
+
+    Names whose environ reads empty go to ``empties`` (when given; else they only count as
+    doubtful). Returns ``(blind, doubt, last_empty)``: some live process's environ could not
+    be read; some process read was gone, a zombie, or matched and then died; the
+    ``time.monotonic()`` of the last empty read (0.0 if none).
+    """
+    blind = doubt = False
+    last_empty = 0.0
+    open_, read, close = os.open, os.read, os.close
+    flags = os.O_RDONLY | os.O_CLOEXEC
+    for name in names:
+        try:
+            fd = open_(f"{proc}/{name}/environ", flags)
+            try:
+                data = read(fd, ENVIRON_CHUNK)
+                if len(data) >= ENVIRON_CHUNK:
+                    chunks = [data]
+                    while chunk := read(fd, ENVIRON_CHUNK):
+                        chunks.append(chunk)
+                    data = b"".join(chunks)
+            finally:
+                close(fd)
+        except OSError as exc:
+            if exc.errno not in _GONE_ERRNOS and _live_stat(proc, name):
+                blind = True
+            else:
+                doubt = True
+            continue
+        if not data:
+            doubt = True
+            if empties is not None:
+                empties.append(name)
+                last_empty = time.monotonic()
+        elif target in data and env_marker_value(data) == job_id:
+            if _live_stat(proc, name):
+                matches.append(int(name))
+            else:
+                doubt = True
+    return blind, doubt, last_empty
+
+
 __all__ = [
+    "EMPTY_ENVIRON_RECHECK",
+    "ENVIRON_CHUNK",
     "JOB_ENV_KEY",
+    "MARKER_MAX_LISTINGS",
     "PROC",
+    "MarkerScan",
     "Predicate",
     "ProcStat",
     "ScanFn",
@@ -212,8 +431,11 @@ __all__ = [
     "live_proc_exists",
     "live_proc_pids",
     "parse_proc_stat",
+    "pause_since",
     "pid_alive",
+    "read_proc_file",
     "read_proc_stat",
+    "scan_job_marker",
     "scan_live_procs",
     "session_alive",
     "session_pgids",

@@ -1,0 +1,344 @@
+"""worker-process.md §11, R — recovery and boot id (items 112–122, 125, 126).
+
+Items 123, 124 and 127 need the worker's registration and config and live with the worker
+tests. Fake scans stand in for ``scan_live_procs`` where the spec says so; the marker itself is
+always read from the real ``/proc``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+from pathlib import Path
+
+import pytest
+import trio
+
+from fleet_trio.proc.procfs import (
+    Predicate,
+    ProcStat,
+    ScanFn,
+    has_job_env,
+    job_env_id,
+    pid_alive,
+)
+from fleet_trio.proc.recovery import (
+    RecoveryProof,
+    boot_id,
+    gather_recovery_proof,
+    isolated_pid_namespace,
+    read_boot_id,
+    recovery_proof_for,
+    survivors_from_previous_run,
+)
+
+DEAD_BEEF = "00000000-dead-beef-0000-000000000000"
+
+
+class FakeScan:
+    """A scan over a fixed namespace; counts its calls."""
+
+    def __init__(self, *procs: ProcStat, scanned: bool = True) -> None:
+        self.procs = procs
+        self.scanned = scanned
+        self.calls = 0
+
+    def __call__(self, predicate: Predicate, stop_at_first: bool) -> tuple[list[int], bool]:
+        self.calls += 1
+        if not self.scanned:
+            return [], False
+        out: list[int] = []
+        for st in self.procs:
+            if st.state == "Z" or not predicate(st):
+                continue
+            out.append(st.pid)
+            if stop_at_first:
+                break
+        return out, True
+
+
+def marked_env(value: str) -> dict[str, str]:
+    return {**os.environ, "RC_JOB_ID": value}
+
+
+async def start_marked(value: str, *argv: str) -> trio.Process:
+    return await trio.lowlevel.open_process(
+        list(argv) or ["sleep", "60"], env=marked_env(value), process_group=0
+    )
+
+
+async def environ_ready(pid: int, value: str) -> None:
+    """A freshly spawned child is in ``execve`` when ``open_process`` returns; its environ
+    reads empty until the kernel has copied it onto the new stack."""
+    while job_env_id(pid) != (value, None):
+        await trio.sleep(0.001)
+
+
+async def stop(proc: trio.Process) -> None:
+    with trio.CancelScope(shield=True):
+        proc.send_signal(signal.SIGKILL)
+        await proc.wait()
+
+
+# -------------------------------------------------------------------------------- isolation
+
+
+def test_process_112_isolated_when_pid_one_is_alone_in_its_namespace() -> None:
+    assert isolated_pid_namespace(1, FakeScan(ProcStat(pid=1, state="S"))) is True
+
+
+def test_process_113_not_isolated_when_something_else_is_alive() -> None:
+    scan = FakeScan(ProcStat(pid=1, state="S"), ProcStat(pid=42, state="S"))
+    assert isolated_pid_namespace(1, scan) is False
+
+
+def test_process_114_not_isolated_when_not_pid_one() -> None:
+    scan = FakeScan(ProcStat(pid=4242, state="S"))
+    assert isolated_pid_namespace(4242, scan) is False
+    assert scan.calls == 0
+
+
+def test_process_115_not_isolated_when_proc_could_not_be_read() -> None:
+    assert isolated_pid_namespace(1, FakeScan(scanned=False)) is False
+
+
+def test_zombie_company_does_not_break_isolation() -> None:
+    scan = FakeScan(ProcStat(pid=1, state="S"), ProcStat(pid=77, state="Z"))
+    assert isolated_pid_namespace(1, scan) is True
+
+
+# ------------------------------------------------------------------------------- survivors
+
+
+async def test_process_116_survivor_check_finds_a_live_job_process() -> None:
+    with trio.fail_after(10):
+        proc = await start_marked(DEAD_BEEF)
+        try:
+            await environ_ready(proc.pid, DEAD_BEEF)
+            result = await trio.to_thread.run_sync(survivors_from_previous_run, os.getpid())
+            assert result == (True, True)
+        finally:
+            await stop(proc)
+
+
+async def test_process_117_survivor_check_is_clean_once_the_job_process_is_gone() -> None:
+    with trio.fail_after(10):
+        proc = await start_marked(DEAD_BEEF)
+        await stop(proc)  # killed and reaped
+        scan = FakeScan(ProcStat(pid=proc.pid, state="S"))
+        assert survivors_from_previous_run(os.getpid(), scan) == (True, False)
+
+
+async def test_process_118_survivor_check_ignores_the_workers_own_process() -> None:
+    with trio.fail_after(10):
+        proc = await start_marked(DEAD_BEEF)
+        try:
+            await environ_ready(proc.pid, DEAD_BEEF)
+            scan = FakeScan(ProcStat(pid=proc.pid, state="S"))
+            assert survivors_from_previous_run(proc.pid, scan) == (True, False)
+            # The same process seen by anyone else is a survivor.
+            assert survivors_from_previous_run(os.getpid(), scan) == (True, True)
+        finally:
+            await stop(proc)
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="non-root only: root can read every environ")
+def test_process_119_survivor_check_proves_nothing_when_a_process_cannot_be_inspected() -> None:
+    assert survivors_from_previous_run(os.getpid(), FakeScan(ProcStat(pid=1))) == (False, False)
+
+
+def test_process_120_survivor_check_proves_nothing_when_proc_could_not_be_read() -> None:
+    scan = FakeScan(scanned=False)
+    assert survivors_from_previous_run(os.getpid(), scan) == (False, False)
+
+
+async def test_process_121_empty_job_id_is_not_a_survivor() -> None:
+    with trio.fail_after(10):
+        proc = await start_marked("")
+        try:
+            assert pid_alive(proc.pid)
+            assert has_job_env(proc.pid) == (False, None)
+            scan = FakeScan(ProcStat(pid=proc.pid))
+            assert survivors_from_previous_run(os.getpid(), scan) == (True, False)
+        finally:
+            await stop(proc)
+
+
+async def test_process_122_exited_process_is_neither_survivor_nor_error() -> None:
+    with trio.fail_after(10):
+        proc = await trio.lowlevel.open_process(["true"], env=marked_env(DEAD_BEEF))
+        await proc.wait()
+        assert has_job_env(proc.pid) == (False, None)
+
+
+async def test_a_zombie_is_not_a_survivor() -> None:
+    with trio.fail_after(10):
+        proc = await start_marked(DEAD_BEEF, "true")
+        try:
+            while pid_alive(proc.pid):
+                await trio.sleep(0.01)  # exited, not yet reaped: a zombie
+            scan = FakeScan(ProcStat(pid=proc.pid, state="S"))  # even a scan that misses the Z
+            assert survivors_from_previous_run(os.getpid(), scan) == (True, False)
+        finally:
+            await proc.wait()
+
+
+def test_blind_survivor_check_claims_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Root reads every environ, so the error is injected: an unreadable marker is blindness."""
+    from fleet_trio.proc import recovery
+
+    def unreadable(pid: int) -> tuple[bool, OSError | None]:
+        return False, PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(recovery, "has_job_env", unreadable)
+    assert survivors_from_previous_run(os.getpid(), FakeScan(ProcStat(pid=5))) == (False, False)
+    proof = recovery_proof_for(os.getpid(), scan=FakeScan(ProcStat(pid=5)))
+    assert proof == RecoveryProof()
+    assert not proof.proves()
+
+
+def test_survivor_check_reads_an_empty_environ_once_more(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A process caught mid-``execve`` reads empty, then shows its marker: a survivor."""
+    from fleet_trio.proc import recovery
+
+    answers = [(False, None), (True, None)]
+    monkeypatch.setattr(recovery, "has_job_env", lambda pid: answers.pop(0))
+    monkeypatch.setattr(recovery, "_environ_reads_empty", lambda pid: True)
+    assert survivors_from_previous_run(os.getpid(), FakeScan(ProcStat(pid=5))) == (True, True)
+    assert answers == []
+
+
+async def test_survivor_check_catches_a_process_right_after_spawn() -> None:
+    """No waiting for the child's exec to finish: the check must still see it."""
+    with trio.fail_after(20):
+        for _ in range(20):
+            proc = await start_marked(DEAD_BEEF)
+            try:
+                scan = FakeScan(ProcStat(pid=proc.pid))
+                assert survivors_from_previous_run(os.getpid(), scan) == (True, True)
+            finally:
+                await stop(proc)
+
+
+def test_survivor_check_logs_at_the_spec_levels(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fleet_trio.proc import recovery
+
+    caplog.set_level(logging.DEBUG, logger="fleet_trio.proc.recovery")
+    survivors_from_previous_run(os.getpid(), FakeScan(scanned=False))
+    assert [r.levelno for r in caplog.records] == [logging.INFO]
+    caplog.clear()
+    monkeypatch.setattr(recovery, "has_job_env", lambda pid: (True, None))
+    survivors_from_previous_run(os.getpid(), FakeScan(ProcStat(pid=5)))
+    assert [r.levelno for r in caplog.records] == [logging.WARNING]
+    caplog.clear()
+    recovery_proof_for(1, require_manual_clear=True, scan=FakeScan(ProcStat(pid=1)))
+    assert [r.levelno for r in caplog.records] == [logging.INFO]
+
+
+# ---------------------------------------------------------------------------- the proof
+
+
+def test_process_125_require_manual_clear_suppresses_even_a_proven_isolation() -> None:
+    alone = FakeScan(ProcStat(pid=1, state="S"))
+    proof = recovery_proof_for(1, scan=alone)
+    assert proof == RecoveryProof(isolated=True)
+    assert proof.to_wire() == {"isolated": True}
+    assert proof.proves()
+    suppressed = recovery_proof_for(1, require_manual_clear=True, scan=alone)
+    assert suppressed == RecoveryProof()
+    assert not suppressed.proves()
+    assert suppressed.to_wire() is None
+
+
+def test_proof_from_the_survivor_check() -> None:
+    only_me = FakeScan(ProcStat(pid=os.getpid()))
+    proof = recovery_proof_for(os.getpid(), scan=only_me)
+    assert proof == RecoveryProof(survivors_checked=True)
+    assert proof.proves()
+    assert proof.to_wire() == {"survivors_checked": True}
+    assert recovery_proof_for(os.getpid(), scan=FakeScan(scanned=False)).to_wire() is None
+
+
+@pytest.mark.parametrize(
+    ("proof", "proves", "wire"),
+    [
+        (RecoveryProof(), False, None),
+        (RecoveryProof(isolated=True), True, {"isolated": True}),
+        (RecoveryProof(survivors_checked=True), True, {"survivors_checked": True}),
+        (
+            RecoveryProof(survivors_checked=True, survivors_found=True),
+            False,
+            {"survivors_checked": True, "survivors_found": True},
+        ),
+        (
+            RecoveryProof(isolated=True, survivors_checked=True, survivors_found=True),
+            True,
+            {"isolated": True, "survivors_checked": True, "survivors_found": True},
+        ),
+        (RecoveryProof(survivors_found=True), False, {"survivors_found": True}),
+    ],
+)
+def test_proves_and_wire(proof: RecoveryProof, proves: bool, wire: dict[str, bool] | None) -> None:
+    assert proof.proves() is proves
+    assert proof.to_wire() == wire
+
+
+async def test_gather_recovery_proof_runs_in_a_thread() -> None:
+    limiter = trio.CapacityLimiter(1)
+    borrowed: list[int] = []
+
+    def scan(predicate: Predicate, stop_at_first: bool) -> tuple[list[int], bool]:
+        borrowed.append(limiter.borrowed_tokens)
+        return [], True
+
+    fake: ScanFn = scan
+    proof = await gather_recovery_proof(4242, limiter=limiter, scan=fake)
+    assert proof == RecoveryProof(survivors_checked=True)
+    assert borrowed == [1]
+
+
+# ------------------------------------------------------------------------------- boot id
+
+
+def test_process_126_boot_id_is_stable_within_a_boot() -> None:
+    first = boot_id()
+    second = boot_id()
+    assert first == second
+    if first:
+        assert "\n" not in first
+        assert first == first.strip()
+
+
+def test_boot_id_reads_the_kernel_value_trimmed(tmp_path: Path) -> None:
+    path = tmp_path / "boot_id"
+    path.write_text("0b6c1f2e-1111-2222-3333-444455556666\n")
+    assert read_boot_id(str(path), str(tmp_path / "none")) == (
+        "0b6c1f2e-1111-2222-3333-444455556666"
+    )
+
+
+def test_boot_id_falls_back_to_btime(tmp_path: Path) -> None:
+    stat = tmp_path / "stat"
+    stat.write_text("cpu  1 2 3\nintr 5\nbtime 1700000000\nprocesses 9\n")
+    assert read_boot_id(str(tmp_path / "none"), str(stat)) == "btime-1700000000"
+
+
+def test_boot_id_is_empty_without_either(tmp_path: Path) -> None:
+    stat = tmp_path / "stat"
+    stat.write_text("cpu  1 2 3\n")
+    assert read_boot_id(str(tmp_path / "none"), str(stat)) == ""
+    assert read_boot_id(str(tmp_path / "none"), str(tmp_path / "none")) == ""
+
+
+def test_boot_id_matches_the_kernel() -> None:
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            expected = f.read().strip()
+    except OSError:
+        pytest.skip("no kernel boot id here")
+    assert boot_id() == expected

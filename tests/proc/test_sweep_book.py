@@ -1,0 +1,419 @@
+"""The sweep's bookkeeping (``SweepBook``) and its trio shell against fake scans.
+
+``SweepBook`` is driven by a Hypothesis ``RuleBasedStateMachine`` (plain, synchronous: the book
+has no I/O and no clock of its own). The shell is exercised with a scripted scan and a recording
+``kill`` under trio's autojump clock.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Iterator, Sequence
+
+import pytest
+import trio
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+)
+
+from fleet_trio.proc import sweep as sweep_mod
+from fleet_trio.proc.procfs import MarkerScan, ancestor_set
+from fleet_trio.proc.spec import SweepReport
+from fleet_trio.proc.sweep import Mode, Step, SweepBook, sweep_job_survivors
+
+PROTECTED = frozenset({1, 2})
+UNIVERSE = st.integers(min_value=1, max_value=12)
+
+
+def ok(*pids: int, blind: bool = False, settled: bool = True) -> MarkerScan:
+    return MarkerScan(scanned=True, pids=tuple(pids), blind=blind, settled=settled)
+
+
+FAILED = MarkerScan(scanned=False, settled=False)
+
+
+class SweepBookMachine(RuleBasedStateMachine):
+    """Random scans at random times; the book's promises hold after every step."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.book = SweepBook(PROTECTED)
+        self.now = 0.0
+        self.seen: set[int] = set()
+        self.discovered: set[int] = set()
+        self.last_scan: MarkerScan | None = None
+        self.first_scan: MarkerScan | None = None
+        self.phase_signals: set[int] = set()
+        self.phase_no = 0
+
+    @initialize(max_passes=st.integers(min_value=1, max_value=5))
+    def start(self, max_passes: int) -> None:
+        self.book = SweepBook(PROTECTED, max_passes=max_passes, term_bound=2.0, kill_bound=2.0)
+
+    @precondition(lambda self: not self.book.done)
+    @rule(
+        scanned=st.booleans(),
+        pids=st.lists(UNIVERSE, max_size=6, unique=True),
+        blind=st.booleans(),
+        settled=st.booleans(),
+        dt=st.floats(min_value=0.0, max_value=1.5),
+    )
+    def feed(self, scanned: bool, pids: list[int], blind: bool, settled: bool, dt: float) -> None:
+        self.now += dt
+        scan = MarkerScan(
+            scanned=scanned,
+            pids=tuple(pids) if scanned else (),
+            blind=blind and scanned,
+            settled=settled and scanned,
+        )
+        mode_before = self.book.mode
+        phase_before = self.book.phases
+        step = self.book.feed(scan, self.now)
+        if self.first_scan is None:
+            self.first_scan = scan
+        self.last_scan = scan
+        live = set(scan.pids) - PROTECTED
+        self.seen |= live
+        if mode_before is Mode.DISCOVER:
+            self.discovered |= live
+            if live:
+                assert live <= set(self.book.found)
+                assert self.book.mode is Mode.TERM
+            assert step == Step()
+        elif step.sig is None:  # the phase ended: a settled scan found nothing
+            assert step == Step()
+            assert scan.scanned and scan.settled and not live
+        else:
+            assert step.sig is (signal.SIGTERM if mode_before is Mode.TERM else signal.SIGKILL)
+        # Signals: never a protected pid, only pids this scan saw, never twice in one phase.
+        assert not set(step.pids) & PROTECTED
+        assert set(step.pids) <= live
+        if phase_before != self.phase_no:
+            self.phase_no = phase_before
+            self.phase_signals = set()
+        assert not set(step.pids) & self.phase_signals
+        self.phase_signals |= set(step.pids)
+
+    @rule()
+    def feed_after_done_is_refused(self) -> None:
+        if self.book.done:
+            with pytest.raises(RuntimeError):
+                self.book.feed(ok(), self.now)
+
+    @invariant()
+    def pass_count_is_bounded(self) -> None:
+        assert 0 <= self.book.passes <= self.book.max_passes
+
+    @invariant()
+    def found_is_unique_discovered_and_never_protected(self) -> None:
+        found = self.book.report().found
+        assert len(found) == len(set(found))
+        assert not set(found) & PROTECTED
+        assert set(found) <= self.discovered
+
+    @invariant()
+    def remaining_was_seen_by_some_scan(self) -> None:
+        rep = self.book.report()
+        assert set(rep.remaining) <= self.seen
+        assert not set(rep.remaining) & PROTECTED
+
+    @invariant()
+    def remaining_and_clean_exclude_each_other(self) -> None:
+        rep = self.book.report()
+        if rep.remaining:
+            assert not rep.clean()
+        if rep.clean():
+            assert rep.remaining == ()
+            assert rep.scanned
+
+    @invariant()
+    def remaining_only_once_done(self) -> None:
+        if not self.book.done:
+            assert self.book.report().remaining == ()
+
+    @invariant()
+    def a_clean_report_rests_on_a_settled_empty_last_scan(self) -> None:
+        if self.book.done and self.book.report().clean():
+            last = self.last_scan
+            assert last is not None
+            assert last.scanned and last.settled
+            assert not set(last.pids) - PROTECTED
+
+    @invariant()
+    def a_first_scan_that_could_not_look_claims_nothing(self) -> None:
+        if self.first_scan is not None and not self.first_scan.scanned:
+            assert self.book.done
+            assert self.book.report() == SweepReport()
+
+
+SweepBookMachine.TestCase.settings = settings(
+    max_examples=150, stateful_step_count=50, deadline=None
+)
+TestSweepBook = SweepBookMachine.TestCase
+
+
+# ----------------------------------------------------------------------- liveness (bounded)
+
+
+@given(
+    scans=st.lists(
+        st.builds(
+            MarkerScan,
+            scanned=st.booleans(),
+            pids=st.lists(UNIVERSE, max_size=4, unique=True).map(tuple),
+            blind=st.booleans(),
+            settled=st.booleans(),
+        ),
+        min_size=1,
+        max_size=50,
+    ),
+    max_passes=st.integers(min_value=1, max_value=4),
+)
+def test_sweep_ends_within_its_time_and_pass_bounds(
+    scans: list[MarkerScan], max_passes: int
+) -> None:
+    """With scans 20 ms apart, the book is done after at most
+    ``max_passes * (phases / poll + a few)`` scans, whatever the scans say."""
+    book = SweepBook(PROTECTED, max_passes=max_passes, term_bound=0.2, kill_bound=0.2)
+    now = 0.0
+    bound = max_passes * (2 * (0.2 / 0.02 + 2) + 1)
+    n = 0
+    while not book.done:
+        book.feed(scans[n % len(scans)], now)
+        n += 1
+        now += 0.02
+        assert n <= bound
+
+
+# ------------------------------------------------------------------------- example paths
+
+
+def drive(book: SweepBook, scans: Sequence[MarkerScan], dt: float = 0.02) -> list[Step]:
+    steps = []
+    now = 0.0
+    for scan in scans:
+        assert not book.done
+        steps.append(book.feed(scan, now))
+        now += dt
+    assert book.done
+    return steps
+
+
+def test_common_case_is_one_scan() -> None:
+    book = SweepBook(PROTECTED)
+    drive(book, [ok()])
+    assert book.passes == 1
+    assert book.report() == SweepReport(scanned=True)
+    assert book.report().clean()
+
+
+def test_unlistable_proc_is_not_scanned() -> None:
+    book = SweepBook(PROTECTED)
+    drive(book, [FAILED])
+    assert book.report() == SweepReport()
+
+
+def test_blind_initial_scan_is_reported() -> None:
+    book = SweepBook(PROTECTED)
+    drive(book, [ok(blind=True)])
+    assert book.report() == SweepReport(scanned=True, blind=True)
+    assert not book.report().clean()
+
+
+def test_protected_matches_are_ignored() -> None:
+    book = SweepBook(PROTECTED)
+    drive(book, [ok(1, 2)])
+    assert book.report() == SweepReport(scanned=True)
+
+
+def test_term_then_confirmation() -> None:
+    book = SweepBook(PROTECTED)
+    steps = drive(book, [ok(5), ok(5, 6), ok(5, 6, 7), ok(), ok()])
+    assert steps[1] == Step(signal.SIGTERM, (5, 6), sleep=True)
+    assert steps[2] == Step(signal.SIGTERM, (7,), sleep=True)  # already-signalled not re-sent
+    assert book.passes == 2  # initial + confirmation
+    assert book.report() == SweepReport(scanned=True, found=(5,))  # 6, 7: seen in a phase
+
+
+def test_unsettled_empty_scan_does_not_end_a_phase() -> None:
+    book = SweepBook(PROTECTED)
+    steps = drive(book, [ok(5), ok(settled=False), ok(), ok()])
+    assert steps[1] == Step(signal.SIGTERM, (), sleep=True)
+    assert book.report().clean()
+
+
+def test_term_ignored_escalates_and_remaining_is_reported() -> None:
+    book = SweepBook(PROTECTED, term_bound=0.1, kill_bound=0.1)
+    scans = [ok(5)] + [ok(5)] * 20
+    steps = []
+    now = 0.0
+    i = 0
+    while not book.done:
+        steps.append(book.feed(scans[i], now))
+        i += 1
+        now += 0.02
+    sigs = [(s.sig, s.pids) for s in steps if s.pids]
+    assert sigs == [(signal.SIGTERM, (5,)), (signal.SIGKILL, (5,))]
+    rep = book.report()
+    assert rep.remaining == (5,)
+    assert not rep.clean()
+
+
+def test_failed_phase_scans_keep_the_last_known_pids() -> None:
+    book = SweepBook(PROTECTED, term_bound=0.05, kill_bound=0.05)
+    now = 0.0
+    book.feed(ok(5), now)
+    while not book.done:
+        now += 0.02
+        book.feed(FAILED, now)
+    assert book.report().remaining == (5,)
+
+
+def test_confirmation_pass_adds_new_pids_to_found_and_runs_phases_again() -> None:
+    book = SweepBook(PROTECTED)
+    steps = drive(book, [ok(5), ok(5), ok(), ok(9), ok(9), ok(), ok()])
+    assert steps[4] == Step(signal.SIGTERM, (9,), sleep=True)
+    assert book.report() == SweepReport(scanned=True, found=(5, 9))
+    assert book.passes == 3
+
+
+def test_unsettled_initial_scan_is_repeated_then_finds_the_late_fork() -> None:
+    book = SweepBook(PROTECTED)
+    drive(book, [ok(settled=False), ok(8), ok(), ok()])
+    assert book.report() == SweepReport(scanned=True, found=(8,))
+
+
+def test_never_settling_scans_claim_nothing_at_the_pass_bound() -> None:
+    book = SweepBook(PROTECTED, max_passes=3)
+    drive(book, [ok(settled=False)] * 3)
+    rep = book.report()
+    assert rep.blind is True
+    assert not rep.clean()
+
+
+def test_failed_confirmation_scan_claims_nothing() -> None:
+    book = SweepBook(PROTECTED)
+    drive(book, [ok(5), ok(), FAILED])
+    rep = book.report()
+    assert rep.scanned and rep.blind and rep.found == (5,)
+    assert not rep.clean()
+
+
+def test_pass_bound_of_one_skips_the_confirmation() -> None:
+    book = SweepBook(PROTECTED, max_passes=1)
+    drive(book, [ok(5), ok()])
+    assert book.passes == 1
+    assert book.report().clean()
+
+
+def test_max_passes_must_be_positive() -> None:
+    with pytest.raises(ValueError):
+        SweepBook(PROTECTED, max_passes=0)
+
+
+# --------------------------------------------------------------------- the shell, fake scans
+
+
+class Script:
+    """A scripted scan: returns the given scans in order, then repeats the last one."""
+
+    def __init__(self, scans: Sequence[MarkerScan]) -> None:
+        self.scans = list(scans)
+        self.calls: list[tuple[str, frozenset[int]]] = []
+
+    def __call__(self, job_id: str, protected: frozenset[int]) -> MarkerScan:
+        self.calls.append((job_id, protected))
+        return self.scans[min(len(self.calls) - 1, len(self.scans) - 1)]
+
+
+class Kills:
+    def __init__(self, raise_for: dict[int, type[OSError]] | None = None) -> None:
+        self.sent: list[tuple[int, signal.Signals]] = []
+        self.raise_for = raise_for or {}
+
+    def __call__(self, pid: int, sig: signal.Signals) -> None:
+        self.sent.append((pid, sig))
+        if pid in self.raise_for:
+            raise self.raise_for[pid]()
+
+
+async def test_shell_empty_id_scans_nothing() -> None:
+    script = Script([ok(5)])
+    rep = await sweep_job_survivors("", os.getpid(), scan=script, kill=Kills())
+    assert rep == SweepReport()
+    assert script.calls == []
+
+
+async def test_shell_protects_self_and_ancestors() -> None:
+    script = Script([ok()])
+    await sweep_job_survivors("j", os.getpid(), scan=script, kill=Kills())
+    assert script.calls == [("j", frozenset(ancestor_set(os.getpid())))]
+
+
+async def test_shell_phases_and_timing(autojump_clock: trio.abc.Clock) -> None:
+    me = os.getpid()
+    script = Script([ok(50, 51), *[ok(50, 51)] * 300, ok()])
+    kills = Kills(raise_for={51: ProcessLookupError})
+    start = trio.current_time()
+    rep = await sweep_job_survivors("j", me, scan=script, kill=kills)
+    elapsed = trio.current_time() - start
+    assert kills.sent == [
+        (50, signal.SIGTERM),
+        (51, signal.SIGTERM),
+        (50, signal.SIGKILL),
+        (51, signal.SIGKILL),
+    ]
+    assert rep == SweepReport(scanned=True, found=(50, 51), remaining=(50, 51))
+    assert 4.0 <= elapsed < 4.2  # 2 s SIGTERM phase + 2 s SIGKILL phase
+
+
+async def test_shell_overrides_and_module_constants(
+    autojump_clock: trio.abc.Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sweep_mod, "SWEEP_GRACE", 0.5)
+    monkeypatch.setattr(sweep_mod, "SWEEP_POLL", 0.1)
+    script = Script([ok(7), *[ok(7)] * 1000])
+    start = trio.current_time()
+    rep = await sweep_job_survivors("j", os.getpid(), scan=script, kill=Kills(), kill_bound=0.3)
+    assert 0.8 <= trio.current_time() - start < 1.0
+    assert rep.remaining == (7,)
+    assert 8 <= len(script.calls) <= 14  # polls of 100 ms over 0.8 s
+
+
+async def test_shell_is_one_scan_when_nothing_matches() -> None:
+    script = Script([ok()])
+    kills = Kills()
+    rep = await sweep_job_survivors("j", os.getpid(), scan=script, kill=kills)
+    assert rep.clean() and rep.found == ()
+    assert len(script.calls) == 1
+    assert kills.sent == []
+
+
+async def test_shell_uses_the_given_limiter() -> None:
+    limiter = trio.CapacityLimiter(1)
+    seen: list[int] = []
+
+    def scan(job_id: str, protected: frozenset[int]) -> MarkerScan:
+        seen.append(limiter.borrowed_tokens)
+        return ok()
+
+    await sweep_job_survivors("j", os.getpid(), scan=scan, kill=Kills(), limiter=limiter)
+    assert seen == [1]
+
+
+async def test_shell_cancellation_propagates(autojump_clock: trio.abc.Clock) -> None:
+    def forever() -> Iterator[MarkerScan]:
+        while True:
+            yield ok(5)
+
+    it = forever()
+    with trio.move_on_after(0.5) as scope:
+        await sweep_job_survivors("j", os.getpid(), scan=lambda j, p: next(it), kill=Kills())
+    assert scope.cancelled_caught
