@@ -174,13 +174,21 @@ async def _escapee_case(shell: str) -> None:
 
 
 async def test_escaped_setsid_child_is_swept() -> None:
-    # The escapee's output is redirected: one holding our stdout would keep the job "running"
-    # until it exited (the natural-exit path waits for EOF, worker-process.md §2.4).
     await _escapee_case("setsid sleep 300 >/dev/null 2>&1 & echo $!; exit 0")
+
+
+async def test_escapee_still_holding_stdout_is_swept() -> None:
+    # The issue's own example: the escapee keeps our stdout open. Once only processes outside
+    # the job's group hold the pipes, a swept job lets them go and the sweep reaps the escapee.
+    await _escapee_case("setsid sleep 300 & echo $!; exit 0")
 
 
 async def test_double_forked_escapee_is_swept() -> None:
     await _escapee_case("setsid sh -c 'sleep 300 >/dev/null 2>&1 & echo $!'; exit 0")
+
+
+async def test_double_forked_escapee_holding_stdout_is_swept() -> None:
+    await _escapee_case("setsid sh -c 'sleep 300 & echo $!'; exit 0")
 
 
 # -- bad input --------------------------------------------------------------------------------

@@ -12,7 +12,13 @@ path, run inside a shielded scope, and ``Cancelled`` is re-raised once the group
 Deliberate deviation (§15 Q1, option b): on the cancellation path, after SIGKILL the wait for
 pipe EOF is bounded by :data:`STRAGGLER_WAIT`; a ``setsid``'d process that still holds our
 stdout then no longer keeps ``run`` (and the device) forever: the read ends are closed, the
-straggler reap and the RC_JOB_ID sweep still run. The natural-exit path keeps waiting for EOF.
+straggler reap and the RC_JOB_ID sweep still run. The natural-exit path keeps waiting for EOF
+while anything in the job's own process group is alive.
+
+Second deliberate deviation, for swept jobs only (``sweep_job_id`` set): when the leader has
+exited and the group is empty but the pipes are still open, only escapees hold them; after
+:data:`ESCAPED_EOF_WAIT` the run lets the pipes go and completes, so the sweep can kill the
+escapees (rc would wait for them to exit on their own, and never sweep).
 """
 
 from __future__ import annotations
@@ -41,6 +47,10 @@ STRAGGLER_WAIT = 2.0
 """Seconds to wait for stragglers to go after SIGKILL (and, on cancel, for pipe EOF)."""
 STRAGGLER_POLL = 0.02
 """Seconds between two straggler checks."""
+ESCAPED_EOF_WAIT = 2.0
+"""Seconds a swept job's pipes may stay open once only processes outside its group hold them."""
+ESCAPE_POLL_MAX = 1.0
+"""Longest pause between two checks of the group while the leader is gone but pipes are open."""
 RACE_YIELDS = 200
 """Scheduler yields allowed for a completion to be observed before signalling."""
 READ_CHUNK = 65536
@@ -212,6 +222,31 @@ class _Supervisor:
                 with trio.move_on_after(1, shield=True):
                     await dest.aclose()
 
+    async def _escape_watch(self, target: Target) -> None:
+        """Swept jobs only: end the wait for EOF when only escapees hold the pipes.
+
+        Once the leader is reaped and the group holds no live process, whatever still holds
+        the job's stdout/stderr left the group (``setsid``, a daemon). Waiting for it, as rc
+        does, would keep the job running until the escapee exits and the sweep, which exists
+        to kill it, would never run. After ``ESCAPED_EOF_WAIT`` the pipes are let go and the
+        run completes; the sweep then finds the escapee by its ``RC_JOB_ID``.
+        """
+        with self._helper_scope():
+            await self.leader_done.wait()
+            pause = 0.02
+            while not self.completed.is_set():
+                if not target.alive():
+                    with trio.move_on_after(ESCAPED_EOF_WAIT):
+                        await self.completed.wait()
+                    if not self.completed.is_set() and not target.alive():
+                        for scope in self.pump_scopes:
+                            scope.cancel()
+                        self.completed.set()
+                        self.wake.set()
+                        return
+                await trio.sleep(pause)
+                pause = min(pause * 2, ESCAPE_POLL_MAX)
+
     async def _watchdog(self, dog: Watchdog) -> None:
         with self._helper_scope():
             while not self.internal.was_set:
@@ -239,6 +274,8 @@ class _Supervisor:
                 nursery.start_soon(self._relay, self.spec.stdin_source, proc.stdin)
             if dog.armed:
                 nursery.start_soon(self._watchdog, dog)
+            if self.spec.sweep_job_id:
+                nursery.start_soon(self._escape_watch, target)
             try:
                 with trio.move_on_at(self.internal.deadline):
                     await self.wake.wait()
@@ -321,6 +358,7 @@ async def reap_stragglers(target: Target) -> tuple[bool, bool]:
 
 
 __all__ = [
+    "ESCAPED_EOF_WAIT",
     "REASON_CANCELLED",
     "REASON_STRAGGLERS_REAPED",
     "REASON_STRAGGLERS_REMAINED",
