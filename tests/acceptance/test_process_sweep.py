@@ -13,9 +13,8 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -47,7 +46,7 @@ def marked_pids(job_id: str) -> tuple[int, ...]:
     return scan_job_marker(job_id, ancestor_set(os.getpid())).pids
 
 
-def kill_marked(job_id: str) -> None:
+async def kill_marked(job_id: str) -> None:
     for _ in range(50):
         pids = marked_pids(job_id)
         if not pids:
@@ -55,18 +54,19 @@ def kill_marked(job_id: str) -> None:
         for pid in pids:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
-        time.sleep(0.02)
+        await trio.sleep(0.02)
 
 
 @pytest.fixture
-def job_id() -> Iterator[str]:
+async def job_id() -> AsyncIterator[str]:
     jid = f"sweep-test-{uuid.uuid4()}"
     try:
         yield jid
     finally:
-        kill_marked(jid)
-        kill_marked(jid + "-later")
-        kill_marked(jid[:-3])
+        with trio.move_on_after(5, shield=True):
+            await kill_marked(jid)
+            await kill_marked(jid + "-later")
+            await kill_marked(jid[:-3])
 
 
 def marked_env(value: str) -> dict[str, str]:

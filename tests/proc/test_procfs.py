@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
 import time
 import uuid
@@ -358,13 +357,12 @@ def test_empty_environ_recheck_waits(fake_proc: Path) -> None:
 # ---------------------------------------------------------------- the marker scan, real /proc
 
 
-def wait_for_marker(pid: int, value: str) -> None:
+async def wait_for_marker(pid: int, value: str) -> None:
     """``Popen`` returns once the child is in ``execve``; its environ reads empty until the
     kernel has copied it onto the new stack."""
-    deadline = time.monotonic() + 5
-    while procfs.job_env_id(pid) != (value, None):
-        assert time.monotonic() < deadline, "the child's environment never appeared"
-        time.sleep(0.001)
+    with trio.fail_after(5):
+        while procfs.job_env_id(pid) != (value, None):
+            await trio.sleep(0.001)
 
 
 async def test_real_scan_finds_a_marked_process_and_not_its_zombie() -> None:
@@ -374,7 +372,7 @@ async def test_real_scan_finds_a_marked_process_and_not_its_zombie() -> None:
         live = await trio.lowlevel.open_process(["sleep", "30"], env=marked)
         dead = await trio.lowlevel.open_process([sys.executable, "-c", "pass"], env=marked)
         try:
-            await trio.to_thread.run_sync(wait_for_marker, live.pid, job)
+            await wait_for_marker(live.pid, job)
             while read_proc_stat(dead.pid) is not None and pid_alive(dead.pid):
                 await trio.sleep(0.01)  # exits, stays a zombie: we do not wait() it yet
             assert read_proc_stat(dead.pid) is not None  # the zombie is still listed
@@ -398,14 +396,15 @@ def test_real_scan_for_an_unused_id_finds_nothing() -> None:
         assert res.blind is False
 
 
-def test_real_scan_decodes_non_utf8_ids_like_job_env_id() -> None:
+async def test_real_scan_decodes_non_utf8_ids_like_job_env_id() -> None:
     raw = b"id-\xff-" + uuid.uuid4().hex.encode()
     job = raw.decode("utf-8", errors="surrogateescape")
     marked = {**os.environb, b"RC_JOB_ID": raw}
-    proc = subprocess.Popen(["sleep", "30"], env=marked)
-    try:
-        wait_for_marker(proc.pid, job)
-        assert scan_job_marker(job).pids == (proc.pid,)
-    finally:
-        proc.kill()
-        proc.wait()
+    with trio.fail_after(10):
+        proc = await trio.lowlevel.open_process(["sleep", "30"], env=marked)
+        try:
+            await wait_for_marker(proc.pid, job)
+            assert scan_job_marker(job).pids == (proc.pid,)
+        finally:
+            proc.kill()
+            await proc.wait()
