@@ -1,0 +1,332 @@
+"""A fake GPU driven by real processes (no driver needed).
+
+The GPU is a directory:
+
+* ``device.json`` (optional): ``{"name": "Fake H200", "total_gib": 80, "base_used_gib": 0.5,
+  "per_process": true}``; every member is optional (defaults: ``"Fake GPU"``, 80, 0, true).
+  ``per_process: false`` makes :meth:`FakeGpu.process_used_bytes` answer ``None``, like NVML
+  under WDDM or MIG, so the global-delta fallback can be exercised.
+* one file per holding process, named after its pid, holding a size: ``2.5G``, ``512M``,
+  ``64K``, ``1T`` (binary units; ``GiB``/``MiB`` spellings too) or plain bytes.
+* ``fail`` (optional): while it exists every snapshot fails with its text (fault injection).
+
+Only files of **live** (non-zombie) pids count; a file left by a dead pid is removed on the
+next read. So a process that escaped its job and still "holds" memory stays visible in both
+the global used value and per-process attribution, which is what the fake is for.
+
+Job scripts use the helper command::
+
+    python -m fleet_trio.gpu.fake hold 2.5G [--dir D] [--for SECONDS] [--pid PID | --parent]
+    python -m fleet_trio.gpu.fake alloc SIZE --pid PID [--dir D]
+    python -m fleet_trio.gpu.fake free --pid PID [--dir D]
+    python -m fleet_trio.gpu.fake init [--dir D] [--name NAME] [--total-gib N]
+    python -m fleet_trio.gpu.fake fail [MESSAGE] [--dir D]   /   recover [--dir D]
+
+``--dir`` defaults to ``$FLEET_TRIO_FAKE_GPU_DIR``. ``hold`` writes its own pid's file (or
+``--pid``'s, or with ``--parent`` its parent's), holds until killed or ``--for`` runs out, and
+removes the file on a normal exit or SIGTERM/SIGINT/SIGHUP (a SIGKILL leaves it; the reader
+then ignores it once the pid is gone).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import re
+import signal
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from typing import Any, NoReturn
+
+import attrs
+import trio
+
+from fleet_trio.gpu.source import GIB, GpuError, VramSnapshot, check_memory
+from fleet_trio.proc.procfs import read_proc_stat
+
+ENV_DIR = "FLEET_TRIO_FAKE_GPU_DIR"
+DEVICE_FILE = "device.json"
+FAIL_FILE = "fail"
+DEFAULT_NAME = "Fake GPU"
+DEFAULT_TOTAL_GIB = 80.0
+
+_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([KMGT]?)(?:I?B)?\s*$", re.I)
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def parse_size(text: str) -> int:
+    """Bytes from ``2.5G`` / ``512M`` / ``512MiB`` / ``1024``; ValueError when malformed."""
+    m = _SIZE.match(text)
+    if m is None:
+        raise ValueError(f"bad size {text!r} (want e.g. 2.5G, 512M or a byte count)")
+    value = float(m.group(1)) * _UNITS[m.group(2).upper()]
+    if not math.isfinite(value):
+        raise ValueError(f"bad size {text!r}")
+    return int(value)
+
+
+def default_fake_dir() -> str:
+    return os.environ.get(ENV_DIR, "")
+
+
+@attrs.frozen
+class FakeDevice:
+    name: str = DEFAULT_NAME
+    total_gib: float = DEFAULT_TOTAL_GIB
+    base_used_gib: float = 0.0
+    per_process: bool = True
+
+
+def _num(obj: dict[str, Any], key: str, default: float) -> float:
+    value = obj.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise GpuError(f"fake gpu: {DEVICE_FILE}: {key} must be a number")
+    return float(value)
+
+
+def read_device(directory: str) -> FakeDevice:
+    """``device.json`` with defaults for what is missing (blocking)."""
+    path = os.path.join(directory, DEVICE_FILE)
+    try:
+        with open(path, "rb") as f:
+            data = json.loads(f.read() or b"{}")
+    except FileNotFoundError:
+        if not os.path.isdir(directory):
+            raise GpuError(f"fake gpu: no such directory {directory}") from None
+        return FakeDevice()
+    except (OSError, ValueError) as exc:
+        raise GpuError(f"fake gpu: {path}: {exc}") from exc
+    if not isinstance(data, dict):
+        raise GpuError(f"fake gpu: {path}: want a JSON object")
+    name = data.get("name", DEFAULT_NAME)
+    return FakeDevice(
+        name=name if isinstance(name, str) else DEFAULT_NAME,
+        total_gib=_num(data, "total_gib", DEFAULT_TOTAL_GIB),
+        base_used_gib=_num(data, "base_used_gib", 0.0),
+        per_process=bool(data.get("per_process", True)),
+    )
+
+
+def _alive(pid: int) -> bool:
+    st = read_proc_stat(pid)
+    return st is not None and st.state != "Z"
+
+
+def read_holdings(directory: str) -> dict[int, int]:
+    """pid → bytes for every live holder; removes the files of dead pids (blocking)."""
+    try:
+        names = os.listdir(directory)
+    except OSError as exc:
+        raise GpuError(f"fake gpu: {directory}: {exc.strerror or exc}") from exc
+    out: dict[int, int] = {}
+    for name in names:
+        if not name.isdigit():
+            continue
+        pid = int(name)
+        path = os.path.join(directory, name)
+        if pid <= 0 or not _alive(pid):
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+            continue
+        try:
+            with open(path, encoding="utf-8") as f:
+                nbytes = parse_size(f.read())
+        except (OSError, ValueError):
+            continue  # vanished or being rewritten: the next read sees it
+        if nbytes > 0:
+            out[pid] = nbytes
+    return out
+
+
+def write_holding(directory: str, pid: int, nbytes: int) -> None:
+    """Atomically set ``pid``'s holding to ``nbytes`` (blocking)."""
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".hold-", dir=directory)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(str(nbytes))
+        os.rename(tmp, os.path.join(directory, str(pid)))
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def remove_holding(directory: str, pid: int) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(os.path.join(directory, str(pid)))
+
+
+def _read_fail(directory: str) -> str | None:
+    try:
+        with open(os.path.join(directory, FAIL_FILE), encoding="utf-8") as f:
+            return f.read().strip() or "fake gpu: scripted failure"
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return f"fake gpu: {exc}"
+
+
+def _snapshot_sync(directory: str) -> tuple[float, float]:
+    failure = _read_fail(directory)
+    if failure is not None:
+        raise GpuError(failure)
+    dev = read_device(directory)
+    used = dev.base_used_gib + sum(read_holdings(directory).values()) / GIB
+    return check_memory(dev.total_gib, used)
+
+
+def _processes_sync(directory: str) -> dict[int, int] | None:
+    if not read_device(directory).per_process:
+        return None
+    return read_holdings(directory)
+
+
+class FakeGpu:
+    """A :class:`~fleet_trio.gpu.source.GpuSource` over a fake-GPU directory."""
+
+    name = "fake"
+
+    def __init__(self, directory: str, *, limiter: trio.CapacityLimiter | None = None) -> None:
+        self.directory = directory
+        self.limiter = limiter if limiter is not None else trio.CapacityLimiter(1)
+
+    async def snapshot(self) -> VramSnapshot:
+        total, used = await trio.to_thread.run_sync(
+            _snapshot_sync, self.directory, limiter=self.limiter
+        )
+        return VramSnapshot.now(total, used)
+
+    async def process_used_bytes(self) -> dict[int, int] | None:
+        try:
+            return await trio.to_thread.run_sync(
+                _processes_sync, self.directory, limiter=self.limiter
+            )
+        except GpuError:
+            return None
+
+    async def device_name(self) -> str:
+        try:
+            dev = await trio.to_thread.run_sync(read_device, self.directory, limiter=self.limiter)
+        except GpuError:
+            return ""
+        return dev.name
+
+    async def aclose(self) -> None:
+        await trio.lowlevel.checkpoint()
+
+
+def init_device(directory: str, name: str = DEFAULT_NAME, total_gib: float = 80.0) -> None:
+    """Create the directory and its ``device.json`` (blocking)."""
+    os.makedirs(directory, exist_ok=True)
+    with open(os.path.join(directory, DEVICE_FILE), "w", encoding="utf-8") as f:
+        json.dump({"name": name, "total_gib": total_gib}, f)
+
+
+# ----------------------------------------------------------------------------------------------
+# the helper command (a plain blocking program: it runs inside job scripts, not in trio)
+
+
+def _exit_on_signal(signum: int, frame: object) -> NoReturn:
+    raise SystemExit(128 + signum)
+
+
+def _hold(directory: str, pid: int, nbytes: int, seconds: float | None) -> int:
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, _exit_on_signal)
+    try:
+        write_holding(directory, pid, nbytes)
+        if seconds is None:
+            while True:
+                signal.pause()
+        else:
+            end = time.monotonic() + seconds
+            while (left := end - time.monotonic()) > 0:
+                time.sleep(left)
+    finally:
+        remove_holding(directory, pid)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m fleet_trio.gpu.fake")
+    sub = parser.add_subparsers(dest="verb", required=True)
+
+    def add_dir(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--dir", default=default_fake_dir(), help=f"default: ${ENV_DIR}")
+
+    hold = sub.add_parser("hold", help="hold SIZE until killed (or --for SECONDS)")
+    hold.add_argument("size")
+    hold.add_argument("--for", dest="seconds", type=float, default=None)
+    who = hold.add_mutually_exclusive_group()
+    who.add_argument("--pid", type=int, default=None)
+    who.add_argument("--parent", action="store_true")
+    add_dir(hold)
+    alloc = sub.add_parser("alloc", help="set PID's holding to SIZE and return")
+    alloc.add_argument("size")
+    alloc.add_argument("--pid", type=int, required=True)
+    add_dir(alloc)
+    free = sub.add_parser("free", help="drop PID's holding")
+    free.add_argument("--pid", type=int, required=True)
+    add_dir(free)
+    init = sub.add_parser("init", help="create the directory and device.json")
+    init.add_argument("--name", default=DEFAULT_NAME)
+    init.add_argument("--total-gib", type=float, default=DEFAULT_TOTAL_GIB)
+    add_dir(init)
+    fail = sub.add_parser("fail", help="make every snapshot fail")
+    fail.add_argument("message", nargs="?", default="")
+    add_dir(fail)
+    recover = sub.add_parser("recover", help="undo fail")
+    add_dir(recover)
+
+    args = parser.parse_args(argv)
+    directory: str = args.dir
+    if not directory:
+        parser.error(f"no fake GPU directory: pass --dir or set ${ENV_DIR}")
+    try:
+        if args.verb == "hold":
+            pid = os.getppid() if args.parent else (args.pid or os.getpid())
+            return _hold(directory, pid, parse_size(args.size), args.seconds)
+        if args.verb == "alloc":
+            write_holding(directory, args.pid, parse_size(args.size))
+        elif args.verb == "free":
+            remove_holding(directory, args.pid)
+        elif args.verb == "init":
+            init_device(directory, args.name, args.total_gib)
+        elif args.verb == "fail":
+            os.makedirs(directory, exist_ok=True)
+            with open(os.path.join(directory, FAIL_FILE), "w", encoding="utf-8") as f:
+                f.write(args.message)
+        elif args.verb == "recover":
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(directory, FAIL_FILE))
+    except ValueError as exc:
+        parser.error(str(exc))
+    except OSError as exc:
+        print(f"fake gpu: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+
+
+__all__ = [
+    "ENV_DIR",
+    "FakeDevice",
+    "FakeGpu",
+    "default_fake_dir",
+    "init_device",
+    "main",
+    "parse_size",
+    "read_device",
+    "read_holdings",
+    "remove_holding",
+    "write_holding",
+]

@@ -1,0 +1,162 @@
+"""The NVML source (node.md §5.6): the only module that imports ``pynvml`` (nvidia-ml-py).
+
+``pynvml`` is imported lazily, on first use, so the package imports on a machine without a
+GPU or driver. Every NVML call runs in a worker thread behind the source's
+``CapacityLimiter(1)``; calls are abandonable on cancel, so a hung driver (a reset, §10.4)
+cannot hold up shutdown; the caller's timeout turns it into a failed sample.
+
+Tests inject a ``pynvml``-like object through the ``nvml`` parameter.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import trio
+
+from fleet_trio.gpu.source import GIB, GpuError, VramSnapshot, check_memory
+
+T = TypeVar("T")
+
+
+def _load_pynvml() -> Any:
+    try:
+        import pynvml
+    except ImportError as exc:  # nvidia-ml-py is a dependency, but be clear if it is missing
+        raise GpuError(f"nvml: the nvidia-ml-py package is not installed ({exc})") from exc
+    return pynvml
+
+
+def _text(value: Any) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+class NvmlSource:
+    """A :class:`~fleet_trio.gpu.source.GpuSource` backed by NVML, for device ``index``."""
+
+    name = "nvml"
+
+    def __init__(
+        self,
+        *,
+        index: int = 0,
+        nvml: Any | None = None,
+        limiter: trio.CapacityLimiter | None = None,
+    ) -> None:
+        self.index = index
+        self.limiter = limiter if limiter is not None else trio.CapacityLimiter(1)
+        self._lib = nvml
+        self._handle: Any = None
+        self._initialised = False
+        self._closed = False
+
+    # -- thread side ----------------------------------------------------------------------
+    def _nvml(self) -> Any:
+        if self._lib is None:
+            self._lib = _load_pynvml()
+        return self._lib
+
+    def init_sync(self) -> None:
+        """``nvmlInit`` (once per source) and the device handle; :class:`GpuError` on failure.
+
+        Blocking: :func:`~fleet_trio.gpu.source.open_source` calls it directly; the async
+        methods call it in the worker thread when needed.
+        """
+        if self._closed:
+            raise GpuError("nvml: source is closed")
+        if self._initialised:
+            return
+        lib = self._nvml()
+        try:
+            lib.nvmlInit()
+        except Exception as exc:
+            raise GpuError(f"nvml: init failed: {exc}") from exc
+        try:
+            handle = lib.nvmlDeviceGetHandleByIndex(self.index)
+        except Exception as exc:
+            with contextlib.suppress(Exception):
+                lib.nvmlShutdown()
+            raise GpuError(f"nvml: no device at index {self.index}: {exc}") from exc
+        self._handle = handle
+        self._initialised = True
+
+    def _memory_sync(self) -> tuple[float, float]:
+        self.init_sync()
+        try:
+            info = self._nvml().nvmlDeviceGetMemoryInfo(self._handle)
+        except Exception as exc:
+            raise GpuError(f"nvml: memory query failed: {exc}") from exc
+        return check_memory(int(info.total) / GIB, int(info.used) / GIB)
+
+    def _not_supported(self, exc: Exception) -> bool:
+        code = getattr(self._nvml(), "NVML_ERROR_NOT_SUPPORTED", 3)
+        return getattr(exc, "value", None) == code
+
+    def _processes_sync(self) -> dict[int, int] | None:
+        self.init_sync()
+        lib = self._nvml()
+        try:
+            compute = list(lib.nvmlDeviceGetComputeRunningProcesses(self._handle))
+        except Exception as exc:
+            if self._not_supported(exc):
+                return None
+            raise GpuError(f"nvml: process query failed: {exc}") from exc
+        try:
+            graphics = list(lib.nvmlDeviceGetGraphicsRunningProcesses(self._handle))
+        except Exception:
+            graphics = []  # optional: compute processes are what jobs are
+        out: dict[int, int] = {}
+        unknown = 0
+        for proc in compute + graphics:
+            used = getattr(proc, "usedGpuMemory", None)
+            if used is None:  # NVML_VALUE_NOT_AVAILABLE (WDDM, MIG, no privilege)
+                unknown += 1
+                continue
+            pid = int(proc.pid)
+            # A process listed as both compute and graphics has one allocation: take the max.
+            out[pid] = max(out.get(pid, 0), int(used))
+        if unknown and not out:
+            return None
+        return out
+
+    def _name_sync(self) -> str:
+        self.init_sync()
+        return _text(self._nvml().nvmlDeviceGetName(self._handle)).strip()
+
+    def _shutdown_sync(self) -> None:
+        if self._initialised:
+            self._initialised = False
+            self._handle = None
+            self._nvml().nvmlShutdown()
+
+    async def _call(self, fn: Callable[[], T]) -> T:
+        return await trio.to_thread.run_sync(fn, limiter=self.limiter, abandon_on_cancel=True)
+
+    # -- the GpuSource API ----------------------------------------------------------------
+    async def snapshot(self) -> VramSnapshot:
+        total, used = await self._call(self._memory_sync)
+        return VramSnapshot.now(total, used)
+
+    async def process_used_bytes(self) -> dict[int, int] | None:
+        return await self._call(self._processes_sync)
+
+    async def device_name(self) -> str:
+        try:
+            return await self._call(self._name_sync)
+        except Exception:
+            return ""
+
+    async def aclose(self) -> None:
+        """``nvmlShutdown`` (once); later calls raise :class:`GpuError`."""
+        self._closed = True
+        with (
+            trio.CancelScope(shield=True),
+            trio.move_on_after(5),
+            contextlib.suppress(Exception),
+        ):
+            await trio.to_thread.run_sync(self._shutdown_sync, limiter=self.limiter)
+
+
+__all__ = ["NvmlSource"]

@@ -1,0 +1,258 @@
+"""VRAM samplers (node.md §5.2–§5.6): the global health sampler and the per-job peak sampler."""
+
+from __future__ import annotations
+
+import logging
+import math
+
+import trio
+
+from fleet_trio.gpu.source import GIB, GpuError, GpuSource, VramSnapshot
+from fleet_trio.proc.procfs import PROC, env_marker_value, read_proc_file, read_proc_stat
+
+log = logging.getLogger(__name__)
+
+DEFAULT_INTERVAL = 2.0
+DEFAULT_MAX_AGE = 30.0
+DEFAULT_SAMPLE_TIMEOUT = 10.0
+JOB_INTERVAL = 0.5
+NO_SNAPSHOT = "no vram snapshot yet"
+STALE_SNAPSHOT = "vram snapshot stale"
+SAMPLER_MODES = ("auto", "global", "nvml")
+
+
+class GlobalSampler:
+    """The health sampler (§5.2): one snapshot every ``interval`` seconds.
+
+    ``serve`` takes the first sample before ``task_status.started()``. A failed sample keeps the
+    previous snapshot exactly, timestamp included, so it ages into "stale". ``samples`` counts
+    successful samples, ``failures`` failed ones (a sample that overruns ``sample_timeout``
+    counts as failed).
+    """
+
+    def __init__(
+        self,
+        source: GpuSource,
+        *,
+        interval: float = DEFAULT_INTERVAL,
+        max_age: float = DEFAULT_MAX_AGE,
+        sample_timeout: float = DEFAULT_SAMPLE_TIMEOUT,
+    ) -> None:
+        if interval <= 0:
+            raise ValueError(f"sampler interval must be positive, got {interval!r}")
+        self.source = source
+        self.interval = interval
+        self.max_age = max_age
+        self.sample_timeout = sample_timeout
+        self.failures = 0
+        self.samples = 0
+        self.last_error: str | None = None
+        self._snapshot: VramSnapshot | None = None
+
+    def snapshot(self) -> VramSnapshot | None:
+        """The last good snapshot; ``None`` if no sample has ever succeeded. Never blocks."""
+        return self._snapshot
+
+    def status(self, now: float) -> tuple[VramSnapshot | None, str | None]:
+        """``(snapshot, None)`` when fresh, else ``(None, reason)``. Exactly ``max_age`` old is
+        still fresh; strictly older is stale (§0, checklist 108)."""
+        snap = self._snapshot
+        if snap is None:
+            return None, NO_SNAPSHOT
+        if now - snap.taken_at > self.max_age:
+            return None, STALE_SNAPSHOT
+        return snap, None
+
+    async def sample_once(self) -> bool:
+        """Take one sample now; True when it succeeded (and was published)."""
+        error: str | None = None
+        snap: VramSnapshot | None = None
+        with trio.move_on_after(self.sample_timeout) as scope:
+            try:
+                snap = await self.source.snapshot()
+            except GpuError as exc:
+                error = str(exc)
+        if scope.cancelled_caught:
+            error = f"vram sample timed out after {self.sample_timeout:g}s"
+        if snap is None:
+            if self.last_error is None:
+                log.warning("vram sampler: %s (keeping the last snapshot)", error)
+            self.failures += 1
+            self.last_error = error or "no snapshot"
+            return False
+        if self.last_error is not None:
+            log.info("vram sampler: sampling again after %d failure(s)", self.failures)
+        self.last_error = None
+        self.samples += 1
+        self._snapshot = snap
+        return True
+
+    async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Sample now, report started, then every ``interval`` until cancelled."""
+        await self.sample_once()
+        task_status.started()
+        deadline = trio.current_time()
+        while True:
+            deadline += self.interval
+            now = trio.current_time()
+            if deadline < now:  # a slow sample: skip the missed ticks, keep the phase
+                deadline += math.ceil((now - deadline) / self.interval) * self.interval
+            await trio.sleep_until(deadline)
+            await self.sample_once()
+
+
+async def serve_global_sampler(
+    sampler: GlobalSampler, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+) -> None:
+    """``nursery.start(serve_global_sampler, sampler)``: the service form of ``sampler.serve``."""
+    await sampler.serve(task_status=task_status)
+
+
+class GlobalDelta:
+    """The global-delta footprint source (§5.4 a): ``used - baseline`` GiB, clamped at 0.
+
+    The first successful call records the baseline and returns 0, unless a baseline snapshot
+    was given. A failed call raises :class:`GpuError` and does not set the baseline.
+    """
+
+    def __init__(self, source: GpuSource, baseline: VramSnapshot | None = None) -> None:
+        self.source = source
+        self.baseline: float | None = None if baseline is None else baseline.used_gb
+
+    async def sample(self) -> float:
+        snap = await self.source.snapshot()
+        if self.baseline is None:
+            self.baseline = snap.used_gb
+            return 0.0
+        return max(0.0, snap.used_gb - self.baseline)
+
+
+# ----------------------------------------------------------------------------------------------
+# per-process attribution (§5.6)
+
+
+def _marker_matches(pid: int, key: bytes, value: str) -> bool:
+    try:
+        environ = read_proc_file(f"{PROC}/{pid}/environ")
+    except OSError:
+        return False
+    return bool(value) and env_marker_value(environ, key) == value
+
+
+def job_pids(
+    candidates: list[int],
+    pgid: int,
+    marker: tuple[str, str] | None,
+) -> set[int]:
+    """Those ``candidates`` that belong to the job: in process group ``pgid``, descended from
+    a member of it, or carrying ``marker`` (``KEY=value``) in their environment. A ``pgid``
+    ≤ 0 disables the group rule (marker only).
+
+    Only the candidates (the processes the GPU reports) and their ancestors are read, never
+    all of ``/proc``. Blocking: run it in a thread.
+    """
+    key = marker[0].encode() + b"=" if marker else b""
+    value = marker[1] if marker else ""
+    verdict: dict[int, bool] = {}
+    out: set[int] = set()
+    for cand in candidates:
+        chain: list[int] = []
+        pid = cand
+        member = False
+        while pid > 0 and pid not in chain:
+            if pid in verdict:
+                member = verdict[pid]
+                break
+            chain.append(pid)
+            st = read_proc_stat(pid)
+            if st is None or st.state == "Z":
+                break
+            if pgid > 0 and st.pgid == pgid:
+                member = True
+                break
+            pid = st.ppid
+        for p in chain:
+            verdict[p] = member
+        if not member and marker is not None and _marker_matches(cand, key, value):
+            member = True
+        if member:
+            out.add(cand)
+    return out
+
+
+async def measure_job_peak(
+    source: GpuSource,
+    *,
+    pgid: int,
+    marker: tuple[str, str] | None,
+    interval: float = JOB_INTERVAL,
+    stop: trio.Event,
+    baseline: VramSnapshot | None = None,
+    mode: str = "auto",
+    limiter: trio.CapacityLimiter | None = None,
+) -> float | None:
+    """Sample a job's VRAM at once, then every ``interval`` until ``stop`` is set (§5.3).
+
+    Returns the largest successful sample in GiB, or ``None`` if none succeeded (failed samples
+    are ignored). Modes (§5.6):
+
+    * ``auto``: per-process attribution while ``source.process_used_bytes()`` is available; if
+      it answers ``None`` (no per-process accounting) the job switches to the global delta for
+      good. A per-process query that raises counts as a failed sample.
+    * ``global``: always the global delta (``used - baseline``; first sample is the baseline
+      unless ``baseline`` is given).
+    * ``nvml``: per-process only (a ``None`` answer is a failed sample).
+    """
+    if mode not in SAMPLER_MODES:
+        raise ValueError(f"unknown sampler mode {mode!r} (expected one of {SAMPLER_MODES})")
+    limiter = limiter if limiter is not None else trio.CapacityLimiter(1)
+    delta = GlobalDelta(source, baseline)
+    use_global = mode == "global"
+    peak: float | None = None
+
+    async def per_process() -> float | None:
+        nonlocal use_global
+        used = await source.process_used_bytes()
+        if used is None:
+            if mode == "auto":
+                log.debug("vram: %s: no per-process accounting; global delta", source.name)
+                use_global = True
+                return await delta.sample()
+            return None
+        if not used:
+            return 0.0
+        mine = await trio.to_thread.run_sync(job_pids, sorted(used), pgid, marker, limiter=limiter)
+        return sum(used[p] for p in mine) / GIB
+
+    deadline = trio.current_time()
+    while True:
+        value: float | None
+        try:
+            value = await delta.sample() if use_global else await per_process()
+        except GpuError:
+            value = None
+        if value is not None and (peak is None or value > peak):
+            peak = value
+        deadline += interval
+        now = trio.current_time()
+        if deadline < now:
+            deadline += math.ceil((now - deadline) / interval) * interval
+        with trio.move_on_at(deadline):
+            await stop.wait()
+        if stop.is_set():
+            return peak
+
+
+__all__ = [
+    "DEFAULT_INTERVAL",
+    "DEFAULT_MAX_AGE",
+    "JOB_INTERVAL",
+    "NO_SNAPSHOT",
+    "SAMPLER_MODES",
+    "STALE_SNAPSHOT",
+    "GlobalDelta",
+    "GlobalSampler",
+    "job_pids",
+    "measure_job_peak",
+    "serve_global_sampler",
+]

@@ -1,0 +1,145 @@
+"""The GPU source contract: one device's memory snapshot and per-process usage (node.md §5).
+
+Three sources implement :class:`GpuSource`: NVML (:mod:`fleet_trio.gpu.nvml`, preferred),
+``nvidia-smi`` (:mod:`fleet_trio.gpu.smi`, the contract's CLI path) and a fake GPU driven by
+real processes (:mod:`fleet_trio.gpu.fake`). :func:`open_source` chooses one.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Protocol, runtime_checkable
+
+import attrs
+import trio
+
+from fleet_trio.errors import FleetTrioError
+
+GIB = 1 << 30
+MIB = 1 << 20
+SOURCE_KINDS = ("auto", "nvml", "smi", "fake")
+
+
+class GpuError(FleetTrioError):
+    """A GPU query failed (driver missing, command failed, output unparseable, …)."""
+
+
+@attrs.frozen
+class VramSnapshot:
+    """One successful global sample of a device. Sizes are GiB (2^30 bytes)."""
+
+    total_gb: float
+    used_gb: float
+    free_gb: float
+    taken_at: float
+    """``trio.current_time()`` of the sample: measure staleness with this."""
+    wall_time: float
+    """``time.time()`` of the sample (for wire timestamps only)."""
+
+    @classmethod
+    def now(cls, total_gb: float, used_gb: float) -> VramSnapshot:
+        """A snapshot taken at this moment; ``free = total - used`` (not clamped, §11 M)."""
+        return cls(
+            total_gb=total_gb,
+            used_gb=used_gb,
+            free_gb=total_gb - used_gb,
+            taken_at=trio.current_time(),
+            wall_time=time.time(),
+        )
+
+
+def check_memory(total_gb: float, used_gb: float) -> tuple[float, float]:
+    """Reject what the contract counts as a failed probe: total ≤ 0, used < 0, non-finite."""
+    if not math.isfinite(total_gb) or not math.isfinite(used_gb):
+        raise GpuError(f"non-finite memory value (total {total_gb!r}, used {used_gb!r})")
+    if total_gb <= 0:
+        raise GpuError(f"non-positive total memory: {total_gb!r}")
+    if used_gb < 0:
+        raise GpuError(f"negative used memory: {used_gb!r}")
+    return total_gb, used_gb
+
+
+@runtime_checkable
+class GpuSource(Protocol):
+    """One device (index configurable, default 0)."""
+
+    name: str
+    """``"nvml"``, ``"smi"`` or ``"fake"``."""
+
+    async def snapshot(self) -> VramSnapshot:
+        """The device's memory now; raises :class:`GpuError` on failure."""
+        ...
+
+    async def process_used_bytes(self) -> dict[int, int] | None:
+        """pid → bytes on the device; ``None`` when per-process accounting is unavailable."""
+        ...
+
+    async def device_name(self) -> str:
+        """The product name, e.g. ``"NVIDIA H200"`` (``""`` when unknown)."""
+        ...
+
+
+def open_source(
+    kind: str = "auto",
+    *,
+    index: int = 0,
+    fake_dir: str | None = None,
+    smi_timeout: float = 5.0,
+) -> GpuSource:
+    """Open a source.
+
+    ``auto``: NVML if it initialises, else ``nvidia-smi`` if it is on ``PATH``, else
+    :class:`GpuError`. ``nvml`` / ``smi`` / ``fake`` force one. ``fake`` uses ``fake_dir``, or
+    ``$FLEET_TRIO_FAKE_GPU_DIR``.
+
+    This is synchronous and, for NVML, calls ``nvmlInit`` (usually a few ms, occasionally
+    more on a cold driver): call it before ``trio.run`` or through ``trio.to_thread.run_sync``.
+    """
+    if index < 0:
+        raise GpuError(f"gpu index must be >= 0, got {index}")
+    if kind == "fake":
+        from fleet_trio.gpu.fake import FakeGpu, default_fake_dir
+
+        directory = fake_dir or default_fake_dir()
+        if not directory:
+            raise GpuError("fake gpu: no directory (pass fake_dir or set FLEET_TRIO_FAKE_GPU_DIR)")
+        return FakeGpu(directory)
+    if kind == "smi":
+        from fleet_trio.gpu.smi import SmiSource
+
+        return SmiSource(index=index, timeout=smi_timeout)
+    if kind == "nvml":
+        from fleet_trio.gpu.nvml import NvmlSource
+
+        nvml_source = NvmlSource(index=index)
+        nvml_source.init_sync()
+        return nvml_source
+    if kind == "auto":
+        from fleet_trio.gpu.nvml import NvmlSource
+        from fleet_trio.gpu.smi import SmiSource, find_nvidia_smi
+
+        nvml_source = NvmlSource(index=index)
+        try:
+            nvml_source.init_sync()
+        except GpuError as nvml_error:
+            if find_nvidia_smi() is not None:
+                return SmiSource(index=index, timeout=smi_timeout)
+            raise GpuError(
+                f"no GPU source: NVML did not initialise ({nvml_error}) and nvidia-smi is not "
+                "on PATH; install the NVIDIA driver, or use the fake GPU (--gpu fake)"
+            ) from nvml_error
+        return nvml_source
+    raise GpuError(f"unknown gpu source {kind!r} (expected one of {', '.join(SOURCE_KINDS)})")
+
+
+__all__ = [
+    "GIB",
+    "MIB",
+    "SOURCE_KINDS",
+    "GpuError",
+    "GpuSource",
+    "VramSnapshot",
+    "check_memory",
+    "open_source",
+]

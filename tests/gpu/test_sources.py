@@ -1,0 +1,255 @@
+"""nvidia-smi (with a scripted ``nvidia-smi`` on PATH), NVML (with an injected fake module),
+``open_source`` and the extended ``gpu_arch`` rules."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import trio
+
+from fleet_trio.gpu import GIB, GpuError, gpu_arch, open_source
+from fleet_trio.gpu.nvml import NvmlSource
+from fleet_trio.gpu.smi import SmiSource, parse_compute_apps, parse_smi_name
+
+FAKE_SMI = r"""#!/bin/sh
+echo "$*" >> "{log}"
+case "$*" in
+  *memory.total*) printf '16384, 4096\r\n8192, 1\r\n' ;;
+  *compute-apps*) printf '1234, 2048\n5678, 512\n' ;;
+  *name*) printf 'NVIDIA H200\n' ;;
+esac
+"""
+
+
+def _install(tmp_path: Path, body: str) -> str:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    exe = bin_dir / "nvidia-smi"
+    exe.write_text(body)
+    exe.chmod(exe.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+    return str(exe)
+
+
+async def test_smi_source_queries(tmp_path: Path) -> None:
+    log = tmp_path / "calls.log"
+    exe = _install(tmp_path, FAKE_SMI.format(log=log))
+    smi = SmiSource(command=exe)
+    with trio.fail_after(20):
+        snap = await smi.snapshot()
+        assert (snap.total_gb, snap.used_gb, snap.free_gb) == (16.0, 4.0, 12.0)
+        assert await smi.process_used_bytes() == {1234: 2 * GIB, 5678: GIB // 2}
+        assert await smi.device_name() == "NVIDIA H200"
+    calls = log.read_text().splitlines()
+    assert calls[0] == "--query-gpu=memory.total,memory.used --format=csv,noheader,nounits"
+    assert calls[1] == "--query-compute-apps=pid,used_memory --format=csv,noheader,nounits"
+    assert calls[2] == "--query-gpu=name --format=csv,noheader"
+
+
+async def test_smi_source_selects_a_device(tmp_path: Path) -> None:
+    log = tmp_path / "calls.log"
+    exe = _install(tmp_path, FAKE_SMI.format(log=log))
+    with trio.fail_after(20):
+        await SmiSource(command=exe, index=1).snapshot()
+    assert log.read_text().split()[-1] == "--id=1"
+
+
+async def test_smi_timeout_kills_a_hung_query(tmp_path: Path) -> None:
+    exe = _install(tmp_path, "#!/bin/sh\nsleep 30\n")
+    smi = SmiSource(command=exe, timeout=0.3)
+    with trio.fail_after(10):
+        with pytest.raises(GpuError, match="nvidia-smi"):
+            await smi.snapshot()
+        assert await smi.process_used_bytes() is None
+        assert await smi.device_name() == ""
+
+
+async def test_smi_failure_carries_stderr(tmp_path: Path) -> None:
+    exe = _install(tmp_path, "#!/bin/sh\necho 'NVIDIA-SMI has failed' >&2\nexit 9\n")
+    with trio.fail_after(10), pytest.raises(GpuError, match="NVIDIA-SMI has failed"):
+        await SmiSource(command=exe).snapshot()
+
+
+async def test_smi_missing_binary(tmp_path: Path) -> None:
+    with trio.fail_after(10), pytest.raises(GpuError, match="not found"):
+        await SmiSource(command="nvidia-smi-does-not-exist").snapshot()
+
+
+def test_parse_compute_apps() -> None:
+    assert parse_compute_apps("") == {}
+    assert parse_compute_apps("No running processes found\n") == {}
+    assert parse_compute_apps("1, 1\r\n1, 1\n") == {1: 2 << 20}
+    assert parse_compute_apps("1234, [N/A]\n") is None
+    assert parse_compute_apps("garbage\n") is None
+    assert parse_smi_name("NVIDIA H200\r\nNVIDIA H200\n") == "NVIDIA H200"
+
+
+def test_open_source_auto_uses_smi_when_nvml_is_missing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    probe = NvmlSource()
+    try:
+        probe.init_sync()
+    except GpuError:
+        pass
+    else:
+        pytest.skip("NVML works here")
+    _install(tmp_path, FAKE_SMI.format(log=tmp_path / "log"))
+    monkeypatch.setenv("PATH", str(tmp_path / "bin"))
+    assert open_source("auto", smi_timeout=2.0).name == "smi"
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    with pytest.raises(GpuError, match="nvidia-smi is not on PATH"):
+        open_source("auto")
+    with pytest.raises(GpuError):
+        open_source("nvml")
+
+
+def test_open_source_kinds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert open_source("smi").name == "smi"
+    assert open_source("fake", fake_dir=str(tmp_path)).name == "fake"
+    monkeypatch.setenv("FLEET_TRIO_FAKE_GPU_DIR", str(tmp_path))
+    assert open_source("fake").name == "fake"
+    monkeypatch.delenv("FLEET_TRIO_FAKE_GPU_DIR")
+    with pytest.raises(GpuError, match="FLEET_TRIO_FAKE_GPU_DIR"):
+        open_source("fake")
+    with pytest.raises(GpuError, match="unknown gpu source"):
+        open_source("pdh")
+    with pytest.raises(GpuError):
+        open_source("smi", index=-1)
+
+
+# -- NVML with an injected module ------------------------------------------------------------
+
+
+class FakeNVMLError(Exception):
+    def __init__(self, value: int) -> None:
+        super().__init__(f"nvml error {value}")
+        self.value = value
+
+
+class FakeNvml:
+    """Just enough of ``pynvml`` for :class:`NvmlSource`."""
+
+    NVMLError = FakeNVMLError
+    NVML_ERROR_NOT_SUPPORTED = 3
+
+    def __init__(self) -> None:
+        self.inits = 0
+        self.shutdowns = 0
+        self.fail_init = False
+        self.compute: Any = [SimpleNamespace(pid=10, usedGpuMemory=GIB)]
+        self.graphics: Any = [SimpleNamespace(pid=10, usedGpuMemory=GIB)]
+        self.memory = SimpleNamespace(total=80 * GIB, used=3 * GIB, free=77 * GIB)
+
+    def nvmlInit(self) -> None:
+        if self.fail_init:
+            raise FakeNVMLError(12)
+        self.inits += 1
+
+    def nvmlShutdown(self) -> None:
+        self.shutdowns += 1
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> object:
+        if index != 0:
+            raise FakeNVMLError(2)
+        return ("handle", index)
+
+    def nvmlDeviceGetMemoryInfo(self, handle: object) -> Any:
+        return self.memory
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: object) -> Any:
+        if isinstance(self.compute, Exception):
+            raise self.compute
+        return self.compute
+
+    def nvmlDeviceGetGraphicsRunningProcesses(self, handle: object) -> Any:
+        if isinstance(self.graphics, Exception):
+            raise self.graphics
+        return self.graphics
+
+    def nvmlDeviceGetName(self, handle: object) -> bytes:
+        return b"NVIDIA H200"
+
+
+async def test_nvml_source_with_injected_module() -> None:
+    lib = FakeNvml()
+    src = NvmlSource(nvml=lib)
+    snap = await src.snapshot()
+    assert (snap.total_gb, snap.used_gb, snap.free_gb) == (80.0, 3.0, 77.0)
+    assert await src.device_name() == "NVIDIA H200"
+    assert await src.process_used_bytes() == {10: GIB}  # compute+graphics: counted once
+    lib.graphics = [SimpleNamespace(pid=11, usedGpuMemory=2 * GIB)]
+    assert await src.process_used_bytes() == {10: GIB, 11: 2 * GIB}
+    assert lib.inits == 1
+    await src.aclose()
+    assert lib.shutdowns == 1
+    with pytest.raises(GpuError, match="closed"):
+        await src.snapshot()
+
+
+async def test_nvml_per_process_unavailable() -> None:
+    lib = FakeNvml()
+    src = NvmlSource(nvml=lib)
+    lib.compute = [SimpleNamespace(pid=10, usedGpuMemory=None)]
+    lib.graphics = FakeNVMLError(3)
+    assert await src.process_used_bytes() is None
+    lib.compute = FakeNVMLError(3)
+    assert await src.process_used_bytes() is None
+    lib.compute = FakeNVMLError(15)  # a real failure, not "unsupported"
+    with pytest.raises(GpuError):
+        await src.process_used_bytes()
+    lib.compute = []
+    assert await src.process_used_bytes() == {}
+
+
+async def test_nvml_init_and_device_failures() -> None:
+    lib = FakeNvml()
+    lib.fail_init = True
+    with pytest.raises(GpuError, match="init failed"):
+        NvmlSource(nvml=lib).init_sync()
+    lib = FakeNvml()
+    with pytest.raises(GpuError, match="no device at index 1"):
+        NvmlSource(nvml=lib, index=1).init_sync()
+    assert lib.shutdowns == 1
+    lib.memory = SimpleNamespace(total=0, used=0, free=0)
+    with pytest.raises(GpuError):
+        await NvmlSource(nvml=lib).snapshot()
+
+
+@pytest.mark.skipif(not os.environ.get("FLEET_TRIO_LIVE_NVML"), reason="set FLEET_TRIO_LIVE_NVML=1")
+async def test_live_nvml_smoke() -> None:
+    """Checklist 62's NVML equivalent (opt-in, needs a GPU)."""
+    src = open_source("nvml")
+    snap = await src.snapshot()
+    assert snap.total_gb > 0 and 0 <= snap.used_gb <= snap.total_gb
+    assert await src.device_name()
+    used = await src.process_used_bytes()
+    assert used is None or all(v >= 0 for v in used.values())
+
+
+@pytest.mark.parametrize(
+    ("name", "arch"),
+    [
+        ("NVIDIA H200", "hopper"),
+        ("NVIDIA H100 80GB HBM3", "hopper"),
+        ("NVIDIA GH200 480GB", "hopper"),
+        ("NVIDIA A100-SXM4-80GB", "ampere"),
+        ("NVIDIA A10G", "ampere"),
+        ("NVIDIA RTX A6000", "ampere"),
+        ("NVIDIA B200", "blackwell"),
+        ("NVIDIA GB200", "blackwell"),
+        ("NVIDIA L4", "ada"),
+        ("NVIDIA L40S", "ada"),
+        ("NVIDIA RTX 6000 Ada Generation", "ada"),
+        ("Tesla T4", "turing"),
+        ("Quadro RTX 8000", "turing"),
+        ("NVIDIA TITAN V", "volta"),
+        ("Tesla P100-PCIE-16GB", "nvidia"),
+    ],
+)
+def test_gpu_arch_data_centre_names(name: str, arch: str) -> None:
+    assert gpu_arch(name) == arch
