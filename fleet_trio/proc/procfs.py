@@ -16,6 +16,9 @@ from collections.abc import Callable, Collection
 import attrs
 
 PROC = "/proc"
+PF_EXITING = 0x4
+"""Set by the kernel at the start of ``do_exit``, before the process closes its files: a
+process can hold no pipe any more yet not be a zombie yet. Such a process is not a straggler."""
 JOB_ENV_KEY = b"RC_JOB_ID="
 
 
@@ -28,6 +31,13 @@ class ProcStat:
     ppid: int = 0
     pgid: int = 0
     sid: int = 0
+    flags: int = attrs.field(default=0, eq=False)
+    """The kernel's per-task flags (``stat`` field 9); see :data:`PF_EXITING`."""
+
+    @property
+    def exiting(self) -> bool:
+        """The process has begun to exit (it is closing its files; a zombie a moment later)."""
+        return bool(self.flags & PF_EXITING)
 
 
 Predicate = Callable[[ProcStat], bool]
@@ -59,7 +69,13 @@ def parse_proc_stat(data: bytes) -> ProcStat | None:
     except ValueError:
         return None
     state = fields[0][:1].decode("ascii", errors="replace")
-    return ProcStat(pid=pid, state=state, ppid=ppid, pgid=pgid, sid=sid)
+    flags = 0
+    if len(fields) > 6:
+        try:
+            flags = int(fields[6])
+        except ValueError:
+            flags = 0
+    return ProcStat(pid=pid, state=state, ppid=ppid, pgid=pgid, sid=sid, flags=flags)
 
 
 def read_proc_stat(pid: int) -> ProcStat | None:
@@ -158,6 +174,25 @@ def group_alive(pgid: int, scan: ScanFn = scan_live_procs) -> bool:
         pass
     live, scanned = live_proc_exists(lambda st: st.pgid == pgid, scan)
     return live or not scanned
+
+
+def group_settling(pgid: int, scan: ScanFn = scan_live_procs) -> bool:
+    """Every live member of the group has already begun to exit (``PF_EXITING``).
+
+    Closes the window between a process closing its pipes (the job's completion) and its
+    becoming a zombie: such members are leaving by themselves and are not stragglers.
+    """
+    exiting = True
+
+    def member(st: ProcStat) -> bool:
+        nonlocal exiting
+        if st.pgid != pgid:
+            return False
+        exiting = exiting and st.exiting
+        return True
+
+    pids, scanned = scan(member, False)
+    return scanned and bool(pids) and exiting
 
 
 def session_pgids(sid: int) -> tuple[set[int], bool]:
@@ -417,6 +452,7 @@ __all__ = [
     "ENVIRON_CHUNK",
     "JOB_ENV_KEY",
     "MARKER_MAX_LISTINGS",
+    "PF_EXITING",
     "PROC",
     "MarkerScan",
     "Predicate",
@@ -425,6 +461,7 @@ __all__ = [
     "ancestor_set",
     "env_marker_value",
     "group_alive",
+    "group_settling",
     "has_job_env",
     "job_env_id",
     "list_pids",

@@ -7,7 +7,7 @@ from typing import Protocol
 
 import attrs
 
-from fleet_trio.proc.procfs import group_alive, session_alive, session_pgids
+from fleet_trio.proc.procfs import group_alive, group_settling, session_alive, session_pgids
 
 
 class Target(Protocol):
@@ -17,6 +17,10 @@ class Target(Protocol):
 
     def alive(self) -> bool:
         """Does the target hold a live (non-zombie) process?"""
+        ...
+
+    def settling(self) -> bool:
+        """Are all of its live processes already exiting by themselves?"""
         ...
 
 
@@ -35,6 +39,9 @@ class GroupTarget:
 
     def alive(self) -> bool:
         return group_alive(self.pgid)
+
+    def settling(self) -> bool:
+        return group_settling(self.pgid)
 
 
 @attrs.frozen
@@ -56,6 +63,9 @@ class SessionTarget:
 
     def alive(self) -> bool:
         return session_alive(self.sid)
+
+    def settling(self) -> bool:
+        return False
 
 
 __all__ = ["GroupTarget", "SessionTarget", "Target"]

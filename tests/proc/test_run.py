@@ -127,3 +127,52 @@ async def test_run_unswept_job_still_waits_for_a_background_child_in_its_group()
         )
     assert time.monotonic() - started >= 1.4
     assert (res.exit_code, res.killed, res.reason) == (0, False, "")
+
+
+def test_parse_proc_stat_reads_the_exiting_flag() -> None:
+    from fleet_trio.proc.procfs import PF_EXITING, parse_proc_stat
+
+    line = b"42 (sh) R 1 42 42 0 -1 %d 0 0" % (0x400000 | PF_EXITING)
+    st = parse_proc_stat(line)
+    assert st is not None and st.exiting
+    plain = parse_proc_stat(b"42 (sh) R 1 42 42 0 -1 4194304 0 0")
+    assert plain is not None and not plain.exiting
+    short = parse_proc_stat(b"42 (sh) S 1 42 42")
+    assert short is not None and short.flags == 0
+
+
+class _ExitingTarget:
+    """A group whose last member is already exiting and goes away by itself."""
+
+    def __init__(self, polls_until_gone: int, exiting: bool) -> None:
+        self.left = polls_until_gone
+        self.exiting = exiting
+        self.signals: list[int] = []
+
+    def signal(self, sig: int) -> bool:
+        self.signals.append(sig)
+        self.left = 0
+        return True
+
+    def alive(self) -> bool:
+        if self.left <= 0:
+            return False
+        self.left -= 1
+        return True
+
+    def settling(self) -> bool:
+        return self.exiting
+
+
+async def test_reap_stragglers_leaves_an_exiting_member_alone(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    from fleet_trio.proc.run import reap_stragglers
+
+    exiting = _ExitingTarget(polls_until_gone=3, exiting=True)
+    assert await reap_stragglers(exiting) == (False, True)
+    assert exiting.signals == []
+
+    live = _ExitingTarget(polls_until_gone=3, exiting=False)
+    assert await reap_stragglers(live) == (True, True)
+    assert live.signals == [9]
