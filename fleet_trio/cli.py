@@ -1,12 +1,14 @@
 """``fleet-trio``: the one console entry point.
 
 Subcommands call into the packages; nothing else lives here. Today: ``exec`` (run one command
-exactly as the worker runs a job, see ``docs/exec.md``).
+exactly as the worker runs a job, see ``docs/exec.md``) and ``node`` (serve CONTRACT v2, see
+``docs/node.md``).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import os
@@ -144,6 +146,50 @@ def _add_exec(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.set_defaults(handler=_cmd_exec)
 
 
+def _add_node(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "node",
+        help="serve the fleet-dispatcher CONTRACT v2 (health, dispatch, job status)",
+        description=(
+            "Serve GET /fleet/health, POST /fleet/dispatch and GET /fleet/jobs/{id} on "
+            "127.0.0.1:18811 (by default). Dispatched jobs run the commands declared under "
+            "tasks: in the YAML config. SIGTERM/SIGINT drain: new dispatches get 503, running "
+            "jobs get the drain timeout, survivors end error \"interrupted\". Refuses to "
+            "start without a working GPU unless --gpu fake."
+        ),
+        epilog="See docs/node.md.",
+    )
+    p.add_argument("-c", "--config", metavar="FILE", help="node YAML (node: and tasks:)")
+    p.add_argument("--listen", metavar="HOST:PORT", help="bind address (default 127.0.0.1:18811)")
+    p.add_argument(
+        "--listen-trusted-network",
+        action="store_true",
+        help="allow a non-loopback --listen (e.g. a tailnet address); the endpoints have no "
+        "authentication unless --token is set",
+    )
+    p.add_argument("--node-id", metavar="ID", help="node id (default: config, then hostname)")
+    p.add_argument(
+        "--gpu",
+        default="auto",
+        choices=("auto", "nvml", "smi", "fake"),
+        help="VRAM source (default auto: NVML, else nvidia-smi)",
+    )
+    p.add_argument(
+        "--fake-gpu-dir",
+        metavar="DIR",
+        help="state directory of the fake GPU (--gpu fake; default $FLEET_TRIO_FAKE_GPU_DIR)",
+    )
+    p.add_argument("--footprints", metavar="PATH", help="footprint store file")
+    p.add_argument(
+        "--token",
+        metavar="TOKEN",
+        default=None,
+        help="require 'Authorization: Bearer TOKEN' on the three routes (default: "
+        "$FLEET_TRIO_TOKEN; unset = no auth, as CONTRACT v2)",
+    )
+    p.set_defaults(handler=_cmd_node)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG, description="A GPU fleet agent on Trio: fleet node and drop-in rc worker."
@@ -158,6 +204,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="subcommand", metavar="COMMAND", title="commands")
     _add_exec(sub)
+    _add_node(sub)
     return parser
 
 
@@ -267,6 +314,35 @@ def _cmd_exec(args: argparse.Namespace) -> int:
         print(f"{PROG} exec: {exc}", file=sys.stderr)
         return EXIT_USAGE
     return trio.run(_exec, args)
+
+
+# -- fleet-trio node ----------------------------------------------------------------------------
+
+
+def _cmd_node(args: argparse.Namespace) -> int:
+    from fleet_trio.errors import ConfigError
+    from fleet_trio.node.config import NodeConfig, load_config
+    from fleet_trio.node.server import NodeOptions, NodeStartError, serve_node
+
+    def say(line: str) -> None:
+        print(f"{PROG} node: {line}", file=sys.stderr, flush=True)
+
+    try:
+        config = load_config(args.config) if args.config else NodeConfig()
+        options = NodeOptions(
+            listen=args.listen,
+            trusted_network=args.listen_trusted_network,
+            node_id=args.node_id,
+            gpu=args.gpu,
+            fake_gpu_dir=args.fake_gpu_dir,
+            footprints=args.footprints,
+            token=args.token if args.token is not None else os.environ.get("FLEET_TRIO_TOKEN"),
+        )
+        trio.run(functools.partial(serve_node, config, options, announce=say))
+    except (ConfigError, NodeStartError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    return 0
 
 
 # -- main -------------------------------------------------------------------------------------

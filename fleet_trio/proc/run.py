@@ -28,6 +28,7 @@ import os
 import signal
 import stat
 import subprocess
+from collections.abc import Callable
 
 import attrs
 import trio
@@ -105,8 +106,18 @@ def _spawn_error_text(exc: OSError, argv0: str, cwd: str) -> str:
     return f"fork/exec {argv0}: {text}"
 
 
-async def run(spec: JobSpec, sink: Sink, stop: StopToken | None = None) -> Result:
-    """Run ``spec`` as its own process group and return how it ended (§2.5)."""
+async def run(
+    spec: JobSpec,
+    sink: Sink,
+    stop: StopToken | None = None,
+    *,
+    on_spawn: Callable[[int], None] | None = None,
+) -> Result:
+    """Run ``spec`` as its own process group and return how it ended (§2.5).
+
+    ``on_spawn(pid)`` is called once, right after a successful spawn, with the child's pid
+    (which is also its process group id): the hook for per-job samplers.
+    """
     if not spec.command:
         return Result(exit_code=-1, err="empty command")
     argv, lookup_error = resolve_argv(spec.command)
@@ -135,6 +146,8 @@ async def run(spec: JobSpec, sink: Sink, stop: StopToken | None = None) -> Resul
             )
         except OSError as exc:
             return Result(exit_code=-1, err=f"start: {_spawn_error_text(exc, argv[0], spec.cwd)}")
+    if on_spawn is not None:
+        on_spawn(proc.pid)
     return await sup.supervise(proc)
 
 
@@ -344,11 +357,24 @@ class _Supervisor:
 
 
 async def reap_stragglers(target: Target) -> tuple[bool, bool]:
-    """``(found, emptied)``: SIGKILL live members left in ``target`` and wait ≤ 2 s for them."""
+    """``(found, emptied)``: SIGKILL live members left in ``target`` and wait ≤ 2 s for them.
+
+    Members that have already begun to exit (``PF_EXITING``: the job completed because they
+    closed their pipes on the way out) are not stragglers: they get the same 2 s to become
+    zombies by themselves, and only one that fails to is reported.
+    """
     if not target.alive():
         return False, True
-    target.signal(signal.SIGKILL)
     deadline = trio.current_time() + STRAGGLER_WAIT
+    if target.settling():
+        while trio.current_time() < deadline:
+            await trio.sleep(STRAGGLER_POLL)
+            if not target.alive():
+                return False, True
+            if not target.settling():
+                break
+        deadline = trio.current_time() + STRAGGLER_WAIT
+    target.signal(signal.SIGKILL)
     while True:
         if not target.alive():
             return True, True

@@ -1,0 +1,281 @@
+"""The CONTRACT v2 HTTP front end (node.md §2): a quart-trio app with three routes.
+
+None of the handlers does GPU work or waits on a job, a sampler or a process: health reads
+the sampler's cached snapshot (and stats the footprint file, §11 R), dispatch validates,
+registers and acks, polls read the job table.
+
+Status codes, bodies and the check order are §2's. Every non-2xx answer of the three routes
+is the error envelope ``{"status":"error","error":"<message>"}``; paths and methods outside
+the contract (404/405) get the same envelope (the design note of §2.1 allows it).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import hmac
+import logging
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
+
+import attrs
+import trio
+from quart import Response, request
+from quart_trio import QuartTrio
+from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
+
+from fleet_trio.errors import WireError
+from fleet_trio.node.jobs import JobState, JobStore, Registration
+from fleet_trio.node.tasks import TaskRegistry, TaskRunner
+from fleet_trio.node.wire import (
+    MAX_DISPATCH_BODY,
+    MSG_DRAINING,
+    MSG_SNAPSHOT_STALE,
+    MSG_SNAPSHOT_UNAVAILABLE,
+    MSG_TOO_LARGE,
+    MSG_UNAUTHORIZED,
+    MSG_UNKNOWN_JOB,
+    Health,
+    ack_body,
+    check_content_type,
+    dumps,
+    error_body,
+    footprint_from_wire,
+    job_body,
+    make_converter,
+    msg_previously_failed,
+    parse_dispatch,
+    snapshot_usable,
+)
+
+log = logging.getLogger(__name__)
+
+BODY_TIMEOUT = 30
+"""Quart's BODY_TIMEOUT: the whole request body must arrive within 30 s (§2.1 read)."""
+RESPONSE_TIMEOUT = 30
+"""Quart's RESPONSE_TIMEOUT: a response must be produced within 30 s (§2.1 write)."""
+
+
+class SnapshotLike(Protocol):
+    @property
+    def total_gb(self) -> float: ...
+    @property
+    def free_gb(self) -> float: ...
+    @property
+    def taken_at(self) -> float: ...
+
+
+class VramStatus(Protocol):
+    """The global sampler as health sees it (``fleet_trio.gpu.sampler.GlobalSampler``)."""
+
+    def status(self, now: float) -> tuple[SnapshotLike | None, str | None]: ...
+
+
+class FootprintEntryLike(Protocol):
+    def to_wire(self) -> Mapping[str, Any]: ...
+
+
+class FootprintSource(Protocol):
+    """The footprint store as health sees it (``fleet_trio.gpu.FootprintStore``)."""
+
+    async def reload_if_changed(self) -> bool: ...
+    def entries(self) -> Sequence[FootprintEntryLike]: ...
+
+
+@attrs.define
+class NodeContext:
+    """Everything the handlers read. Built once by ``server.py`` (or a test)."""
+
+    node_id: str
+    gpu_arch: str
+    registry: TaskRegistry
+    store: JobStore
+    runner: TaskRunner
+    sampler: VramStatus | None = None
+    footprints: FootprintSource | None = None
+    max_snapshot_age: float = 30.0
+    token: str | None = None
+    """Optional bearer token (opt-in; the v2 wire is unchanged without it)."""
+
+
+def _json(body: bytes, status: int, headers: Mapping[str, str] | None = None) -> Response:
+    return Response(
+        body, status=status, headers=dict(headers or {}), content_type="application/json"
+    )
+
+
+def _error(message: str, status: int, headers: Mapping[str, str] | None = None) -> Response:
+    return _json(error_body(message), status, headers)
+
+
+def _token_ok(ctx: NodeContext, header: str | None) -> bool:
+    if not ctx.token:
+        return True
+    presented = ""
+    if header and header[:7].lower() == "bearer ":
+        presented = header[7:].strip()
+    want = hashlib.sha256(ctx.token.encode()).digest()
+    got = hashlib.sha256(presented.encode()).digest()
+    return hmac.compare_digest(want, got)
+
+
+def _unauthorized() -> Response:
+    return _error(MSG_UNAUTHORIZED, 401, {"WWW-Authenticate": 'Bearer realm="fleet-trio"'})
+
+
+def snapshot_problem(
+    snap: SnapshotLike | None, reason: str | None, now: float, max_age: float
+) -> str | None:
+    """Health's checks 1–2 (+ the fifth guard): the 503 message, or ``None`` to serve.
+
+    An age of exactly ``max_age`` is still served; strictly older is stale (§0, item 108).
+    """
+    if snap is None:
+        stale = reason is not None and "stale" in reason
+        return MSG_SNAPSHOT_STALE if stale else MSG_SNAPSHOT_UNAVAILABLE
+    if now - snap.taken_at > max_age:
+        return MSG_SNAPSHOT_STALE
+    if not snapshot_usable(snap.total_gb, snap.free_gb):
+        return MSG_SNAPSHOT_UNAVAILABLE
+    return None
+
+
+async def health(ctx: NodeContext) -> Response:
+    """§2.2: 503 unavailable / 503 stale / 200 with exactly the ten fields."""
+    if not _token_ok(ctx, request.headers.get("Authorization")):
+        return _unauthorized()
+    now = trio.current_time()
+    snap: SnapshotLike | None = None
+    reason: str | None = None
+    if ctx.sampler is not None:
+        snap, reason = ctx.sampler.status(now)
+    message = snapshot_problem(snap, reason, now, ctx.max_snapshot_age)
+    if message is not None or snap is None:
+        return _error(message or MSG_SNAPSHOT_UNAVAILABLE, 503)
+    footprints = []
+    if ctx.footprints is not None:
+        try:
+            await ctx.footprints.reload_if_changed()
+        except Exception:
+            log.exception("footprints: reload failed; serving what is in memory")
+        for entry in ctx.footprints.entries():
+            fp = footprint_from_wire(entry.to_wire())
+            if fp.vram_peak_gb > 0 and math.isfinite(fp.vram_peak_gb):
+                footprints.append(fp)
+    body = Health(
+        node_id=ctx.node_id,
+        gpu_arch=ctx.gpu_arch,
+        vram_total_gb=snap.total_gb,
+        vram_free_gb=snap.free_gb,
+        supported_task_types=ctx.registry.supported,
+        loadable_model_families=ctx.registry.families,
+        model_footprints=sorted(footprints, key=lambda f: (f.model_family, f.quant, f.task_type)),
+        queue_depth=ctx.store.queue_depth,
+    )
+    return _json(dumps(make_converter().unstructure(body)), 200)
+
+
+async def _read_capped_body() -> bytes:
+    """The request body, at most 1 MiB (Quart enforces ``MAX_CONTENT_LENGTH``)."""
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.body:
+        size += len(chunk)
+        if size > MAX_DISPATCH_BODY:
+            raise WireError(MSG_TOO_LARGE)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def dispatch(ctx: NodeContext) -> Response:
+    """§2.3, in its exact order."""
+    if not _token_ok(ctx, request.headers.get("Authorization")):
+        return _unauthorized()
+    try:
+        check_content_type(request.headers.get("Content-Type"))  # 1
+        try:
+            body = await _read_capped_body()  # 2
+        except RequestEntityTooLarge:
+            raise WireError(MSG_TOO_LARGE) from None
+        req = parse_dispatch(body)  # 2 + 3
+        store = ctx.store
+        if store.draining:  # 4
+            return _error(MSG_DRAINING, 503)
+        prepared = ctx.registry.prepare(req.task_type, req.payload_raw, req.job_id)  # 5
+    except WireError as exc:
+        return _error(str(exc), exc.status)
+    # 6: no await between the lookup and the insert (exactly-once).
+    outcome = store.register(req.job_id, functools.partial(ctx.runner.execute, prepared))
+    if outcome is Registration.CREATED:
+        return _json(ack_body(req.job_id), 202)
+    prepared.cleanup()
+    existing = store.get(req.job_id)
+    if existing is None:
+        return _error(MSG_DRAINING, 503)  # drain began between step 4 and step 6
+    if existing.state is JobState.ERROR:
+        return _error(msg_previously_failed(existing.error or ""), 409)
+    return _json(ack_body(req.job_id), 202)
+
+
+async def job_status(ctx: NodeContext, job_id: str) -> Response:
+    """§2.4: 200 with ``state`` (+ ``data`` / ``error``), or 404 ``unknown job``."""
+    if not _token_ok(ctx, request.headers.get("Authorization")):
+        return _unauthorized()
+    view = ctx.store.get(job_id)
+    if view is None:
+        return _error(MSG_UNKNOWN_JOB, 404)
+    return _json(job_body(view.job_id, view.state.value, data=view.data, error=view.error), 200)
+
+
+def create_app(ctx: NodeContext) -> QuartTrio:
+    """The quart-trio app serving ``ctx``."""
+    app = QuartTrio(__name__)
+    app.config["MAX_CONTENT_LENGTH"] = MAX_DISPATCH_BODY
+    app.config["BODY_TIMEOUT"] = BODY_TIMEOUT
+    app.config["RESPONSE_TIMEOUT"] = RESPONSE_TIMEOUT
+    app.config["PROVIDE_AUTOMATIC_OPTIONS"] = False
+
+    async def _health() -> Response:
+        return await health(ctx)
+
+    async def _dispatch() -> Response:
+        return await dispatch(ctx)
+
+    async def _job(job_id: str) -> Response:
+        return await job_status(ctx, job_id)
+
+    app.add_url_rule("/fleet/health", "health", _health, methods=["GET"])
+    app.add_url_rule("/fleet/dispatch", "dispatch", _dispatch, methods=["POST"])
+    app.add_url_rule("/fleet/jobs/<job_id>", "job", _job, methods=["GET"])
+
+    async def _http_error(exc: HTTPException) -> Response:
+        headers: dict[str, str] = {}
+        if exc.code == 405:
+            allow = getattr(exc, "valid_methods", None)
+            if allow:
+                headers["Allow"] = ", ".join(allow)
+        message = (exc.name or "error").lower()
+        return _error(message, exc.code or 500, headers)
+
+    async def _internal(exc: Exception) -> Response:
+        log.exception("unhandled error in a handler", exc_info=exc)
+        return _error("internal error", 500)
+
+    app.register_error_handler(HTTPException, _http_error)
+    app.register_error_handler(Exception, _internal)
+    return app
+
+
+__all__ = [
+    "BODY_TIMEOUT",
+    "RESPONSE_TIMEOUT",
+    "FootprintSource",
+    "NodeContext",
+    "VramStatus",
+    "create_app",
+    "dispatch",
+    "health",
+    "job_status",
+    "snapshot_problem",
+]

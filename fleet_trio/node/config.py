@@ -1,0 +1,464 @@
+"""Node configuration (node.md §6.6, §7): the YAML file, identity and the listen guard.
+
+The YAML has two top-level keys, ``node:`` and ``tasks:``. Every timing is a Go duration
+(``500ms``, ``30s``, ``1h``). Errors are :class:`~fleet_trio.errors.ConfigError` naming the
+key and the file. One cattrs converter for this edge, configured by :func:`register_hooks`.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import socket
+from collections.abc import Callable, Mapping
+from typing import Any, NewType
+
+import attrs
+import cattrs
+import yaml
+
+from fleet_trio.durations import parse_duration_seconds
+from fleet_trio.errors import ConfigError, DurationError
+
+DEFAULT_LISTEN = "127.0.0.1:18811"
+FALLBACK_NODE_ID = "fleet-node"
+SAMPLER_MODES = ("auto", "nvml", "global", "pdh")
+FIELD_TYPES = ("string", "integer", "number", "boolean", "object", "array", "any")
+
+Duration = NewType("Duration", float)
+"""Float seconds, written in YAML as a Go duration string."""
+
+
+@attrs.frozen
+class GpuSettings:
+    vendor: str = "nvidia"
+    arch: str = "auto"
+    """``auto`` = the product-name mapping of §7.2, or a literal such as ``ampere``."""
+    index: int = 0
+
+
+@attrs.frozen
+class FootprintSettings:
+    path: str = "~/.local-offload/footprints.json"
+    margin: float = 1.2
+    """1.2 = CONTRACT v2; 1.0 = v2.1 raw peaks."""
+
+
+@attrs.frozen
+class Timings:
+    health_sample_interval: Duration = Duration(2.0)
+    max_snapshot_age: Duration = Duration(30.0)
+    render_sample_interval: Duration = Duration(0.5)
+    job_ttl: Duration = Duration(3600.0)
+    janitor_interval: Duration = Duration(300.0)
+    drain_timeout: Duration = Duration(30.0)
+    kill_grace: Duration = Duration(5.0)
+    smi_timeout: Duration = Duration(5.0)
+
+
+@attrs.frozen
+class NodeSettings:
+    listen: str = ""
+    """Empty: the built-in default (``127.0.0.1:18811``) unless ``--listen`` is given."""
+    node_id: str = ""
+    gpu: GpuSettings = attrs.Factory(GpuSettings)
+    sampler: str = "auto"
+    footprints: FootprintSettings = attrs.Factory(FootprintSettings)
+    gpu_lock_path: str = ""
+    timings: Timings = attrs.Factory(Timings)
+
+
+@attrs.frozen
+class FieldSpec:
+    """One declared payload member (§6.6 validation vocabulary)."""
+
+    type: str = "any"
+    required: bool = False
+    non_empty: bool = False
+    hint: str = ""
+
+
+@attrs.frozen
+class FamilyRule:
+    """``family: {from_payload: kind, map: {music: acestep}, default: chatterbox}``."""
+
+    from_payload: str
+    map: dict[str, str] = attrs.Factory(dict)
+    default: str = ""
+
+
+@attrs.frozen
+class FootprintSpec:
+    family: str | FamilyRule = ""
+    quant: str = ""
+
+
+@attrs.frozen
+class TaskDef:
+    """One task type declared in YAML: a command fed the payload on stdin."""
+
+    name: str
+    command: tuple[str, ...]
+    family: str = ""
+    footprint: FootprintSpec | None = None
+    env: dict[str, str] = attrs.Factory(dict)
+    cwd: str = ""
+    timeout: Duration = Duration(0.0)
+    """0 = no limit."""
+    gpu: bool = False
+    expect_file: str = ""
+    payload: dict[str, FieldSpec] = attrs.Factory(dict)
+    materialize: dict[str, str] = attrs.Factory(dict)
+    probe: dict[str, Any] | None = None
+    enabled: bool = True
+
+
+@attrs.frozen
+class NodeConfig:
+    node: NodeSettings = attrs.Factory(NodeSettings)
+    tasks: tuple[TaskDef, ...] = ()
+    path: str = ""
+    """The file it came from ("" when built in code)."""
+    base_dir: str = ""
+    """Where relative paths in ``command`` and ``cwd`` resolve (the YAML file's folder)."""
+
+
+# --------------------------------------------------------------------------------------------
+# The converter
+# --------------------------------------------------------------------------------------------
+
+
+class _KeyedError(ValueError):
+    def __init__(self, message: str, key: str) -> None:
+        super().__init__(message)
+        self.key = key
+
+
+def _structure_duration(value: object, _: type) -> Duration:
+    if isinstance(value, bool) or not isinstance(value, str):
+        raise ValueError(f"expected a Go duration such as 10s or 500ms, got {value!r}")
+    try:
+        seconds = parse_duration_seconds(value)
+    except DurationError as exc:
+        raise ValueError(str(exc)) from None
+    if seconds < 0:
+        raise ValueError(f"duration must not be negative, got {value!r}")
+    return Duration(seconds)
+
+
+def _strict_str(value: object, _: type) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"expected a string, got {value!r}")
+    return value
+
+
+def _strict_bool(value: object, _: type) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"expected true or false, got {value!r}")
+    return value
+
+
+def _strict_int(value: object, _: type) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"expected an integer, got {value!r}")
+    return value
+
+
+def _strict_float(value: object, _: type) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"expected a number, got {value!r}")
+    return float(value)
+
+
+def register_hooks(converter: cattrs.Converter) -> None:
+    """The YAML config edge: Go durations, strict scalars, ``footprint: false``, families."""
+    converter.register_structure_hook(Duration, _structure_duration)
+    converter.register_structure_hook(str, _strict_str)
+    converter.register_structure_hook(bool, _strict_bool)
+    converter.register_structure_hook(int, _strict_int)
+    converter.register_structure_hook(float, _strict_float)
+
+    def family(value: object, _: type) -> str | FamilyRule:
+        if isinstance(value, str):
+            return value
+        if isinstance(value, Mapping):
+            return converter.structure(value, FamilyRule)
+        raise ValueError(f"expected a family name or a from_payload rule, got {value!r}")
+
+    converter.register_structure_hook_func(lambda t: t == (str | FamilyRule), family)
+
+    def footprint(value: object, _: type) -> FootprintSpec | None:
+        if value is None or value is False:
+            return None
+        if value is True:
+            return FootprintSpec()
+        if isinstance(value, Mapping):
+            return converter.structure(value, FootprintSpec)
+        raise ValueError(f"expected false or a mapping, got {value!r}")
+
+    converter.register_structure_hook_func(lambda t: t == (FootprintSpec | None), footprint)
+
+    def command(value: object, _: type) -> tuple[str, ...]:
+        if isinstance(value, str):
+            raise ValueError("expected a list of strings (argv), got a string")
+        if not isinstance(value, list) or not value:
+            raise ValueError("expected a non-empty list of strings")
+        if not all(isinstance(a, str) for a in value):
+            raise ValueError("every element must be a string")
+        return tuple(value)
+
+    converter.register_structure_hook_func(lambda t: t == tuple[str, ...], command)
+
+
+def make_converter() -> cattrs.Converter:
+    converter = cattrs.Converter(forbid_extra_keys=True)
+    register_hooks(converter)
+    return converter
+
+
+def _format_exception(exc: BaseException, type_: type | None) -> str:
+    if isinstance(exc, ValueError) and str(exc) and type(exc) is ValueError:
+        return str(exc)
+    return cattrs.v.format_exception(exc, type_)
+
+
+def _first_error(exc: BaseException, prefix: str) -> tuple[str, str]:
+    """``(message, dotted key)`` from a cattrs error."""
+    try:
+        messages = cattrs.transform_error(
+            exc,
+            path="$",
+            format_exception=_format_exception,
+        )
+    except Exception:
+        return str(exc), prefix
+    if not messages:
+        return str(exc), prefix
+    text = messages[0]
+    message, _, where = text.rpartition(" @ ")
+    if not message:
+        message, where = text, "$"
+    key = where.removeprefix("$").lstrip(".")
+    # cattrs writes mapping keys as ['name']; turn them into dotted parts.
+    key = key.replace("['", ".").replace("']", "").lstrip(".")
+    return message, ".".join(p for p in (prefix, key) if p)
+
+
+def _structure(converter: cattrs.Converter, value: object, cls: type[Any], key: str) -> Any:
+    try:
+        return converter.structure(value, cls)
+    except (cattrs.BaseValidationError, ValueError, TypeError) as exc:
+        message, where = _first_error(exc, key)
+        raise _KeyedError(message, where) from None
+
+
+def _check_task(task: TaskDef, key: str) -> None:
+    for member, spec in task.payload.items():
+        if spec.type not in FIELD_TYPES:
+            raise _KeyedError(
+                f"unknown type {spec.type!r} (one of {', '.join(FIELD_TYPES)})",
+                f"{key}.payload.{member}.type",
+            )
+    for name, filename in task.materialize.items():
+        if not filename or "/" in filename or filename in (".", ".."):
+            raise _KeyedError(
+                f"must be a plain file name, got {filename!r}", f"{key}.materialize.{name}"
+            )
+
+
+def config_from_mapping(raw: object, *, path: str = "", base_dir: str = "") -> NodeConfig:
+    """Build a :class:`NodeConfig` from parsed YAML. Raises :class:`ConfigError`."""
+    converter = make_converter()
+    try:
+        if raw is None:
+            raw = {}
+        if not isinstance(raw, Mapping):
+            raise _KeyedError("the file must hold a mapping with node: and tasks:", "")
+        extra = sorted(set(raw) - {"node", "tasks"})
+        if extra:
+            raise _KeyedError("unknown top-level key (expected node: and tasks:)", str(extra[0]))
+        node = _structure(converter, raw.get("node") or {}, NodeSettings, "node")
+        if node.sampler not in SAMPLER_MODES:
+            raise _KeyedError(
+                f"unknown sampler {node.sampler!r} (one of auto, nvml, global)", "node.sampler"
+            )
+        if not node.footprints.margin > 0:
+            raise _KeyedError("must be > 0", "node.footprints.margin")
+        if node.timings.kill_grace <= 0:
+            raise _KeyedError("must be > 0", "node.timings.kill_grace")
+        raw_tasks = raw.get("tasks") or {}
+        if not isinstance(raw_tasks, Mapping):
+            raise _KeyedError("expected a mapping of task type -> definition", "tasks")
+        tasks: list[TaskDef] = []
+        for name, body in raw_tasks.items():
+            key = f"tasks.{name}"
+            if not isinstance(name, str) or not name:
+                raise _KeyedError("a task type must be a non-empty string", key)
+            if not isinstance(body, Mapping):
+                raise _KeyedError("expected a mapping", key)
+            if "name" in body:
+                raise _KeyedError("extra fields found (name)", key)
+            if "command" not in body:
+                raise _KeyedError("required field missing", f"{key}.command")
+            task = _structure(converter, {**body, "name": name}, TaskDef, key)
+            _check_task(task, key)
+            tasks.append(task)
+    except _KeyedError as exc:
+        raise ConfigError(str(exc), key=exc.key or None, path=path or None) from None
+    return NodeConfig(node=node, tasks=tuple(tasks), path=path, base_dir=base_dir)
+
+
+def load_config(path: str | os.PathLike[str]) -> NodeConfig:
+    """Read and validate a node YAML file. Raises :class:`ConfigError` naming key and file."""
+    path = os.fspath(path)
+    try:
+        with open(path, encoding="utf-8") as f:
+            raw = yaml.safe_load(f)
+    except OSError as exc:
+        raise ConfigError(f"cannot read: {exc.strerror or exc}", path=path) from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"invalid YAML: {exc}", path=path) from None
+    base_dir = os.path.dirname(os.path.abspath(path))
+    return config_from_mapping(raw, path=path, base_dir=base_dir)
+
+
+# --------------------------------------------------------------------------------------------
+# Identity (§7.1) and the listen guard (§7.3)
+# --------------------------------------------------------------------------------------------
+
+
+def os_hostname() -> str:
+    return socket.gethostname()
+
+
+def resolve_node_id(
+    flag: str | None, configured: str, hostname: Callable[[], str] = os_hostname
+) -> str:
+    """``--node-id`` > config ``node_id`` > the OS hostname > ``"fleet-node"``."""
+    if flag:
+        return flag
+    if configured:
+        return configured
+    try:
+        name = hostname()
+    except Exception:
+        name = ""
+    return name.strip() if name and name.strip() else FALLBACK_NODE_ID
+
+
+def resolve_listen(flag: str | None, configured: str) -> str:
+    """``--listen`` > config ``listen`` > ``127.0.0.1:18811``."""
+    if flag:
+        return flag
+    if configured:
+        return configured
+    return DEFAULT_LISTEN
+
+
+class ListenRefused(ConfigError):
+    """The listen guard refused the address."""
+
+
+def split_host_port(addr: str) -> tuple[str, str]:
+    """Go's ``net.SplitHostPort``. Raises ``ValueError`` with Go's messages."""
+    if addr.startswith("["):
+        end = addr.find("]")
+        if end < 0:
+            raise ValueError("missing ']' in address")
+        host, rest = addr[1:end], addr[end + 1 :]
+        if not rest:
+            raise ValueError("missing port in address")
+        if not rest.startswith(":"):
+            raise ValueError("unexpected characters after ']' in address")
+        port = rest[1:]
+        if ":" in port:
+            raise ValueError("too many colons in address")
+        return host, port
+    i = addr.rfind(":")
+    if i < 0:
+        raise ValueError("missing port in address")
+    host, port = addr[:i], addr[i + 1 :]
+    if ":" in host:
+        raise ValueError("too many colons in address")
+    if "[" in host or "]" in host or "[" in port or "]" in port:
+        raise ValueError("unexpected '[' or ']' in address")
+    return host, port
+
+
+def is_loopback_host(host: str) -> bool:
+    """``localhost`` (any case), 127.0.0.0/8, ``::1`` and IPv4-mapped loopback."""
+    if host.lower() == "localhost":
+        return True
+    host = host.removeprefix("[").removesuffix("]")
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        return ip.ipv4_mapped.is_loopback
+    return ip.is_loopback
+
+
+def check_listen(addr: str, allow_non_local: bool) -> None:
+    """The guard (§7.3), before any socket exists. The override skips even the parse."""
+    if allow_non_local:
+        return
+    try:
+        host, _port = split_host_port(addr)
+    except ValueError as exc:
+        raise ListenRefused(f"cannot parse --listen {_q(addr)}: address {addr}: {exc}") from None
+    if not is_loopback_host(host):
+        raise ListenRefused(
+            f"refusing to bind --listen {_q(addr)}: the fleet endpoints have no "
+            "authentication; use a loopback address (127.0.0.1, ::1, localhost) or pass "
+            "--listen-trusted-network to bind a trusted network such as a tailnet address"
+        )
+
+
+TRUSTED_NETWORK_WARNING = (
+    "WARNING: --listen-trusted-network: binding {addr} with no authentication on the fleet "
+    "endpoints; any host that can reach this port can start jobs on this GPU"
+)
+
+
+def _q(text: str) -> str:
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def expand_path(path: str, base_dir: str) -> str:
+    """``~`` expanded; a relative path resolved against ``base_dir`` (if given)."""
+    path = os.path.expanduser(path)
+    if base_dir and not os.path.isabs(path):
+        path = os.path.join(base_dir, path)
+    return path
+
+
+__all__ = [
+    "DEFAULT_LISTEN",
+    "FALLBACK_NODE_ID",
+    "FIELD_TYPES",
+    "SAMPLER_MODES",
+    "TRUSTED_NETWORK_WARNING",
+    "Duration",
+    "FamilyRule",
+    "FieldSpec",
+    "FootprintSettings",
+    "FootprintSpec",
+    "GpuSettings",
+    "ListenRefused",
+    "NodeConfig",
+    "NodeSettings",
+    "TaskDef",
+    "Timings",
+    "check_listen",
+    "config_from_mapping",
+    "expand_path",
+    "is_loopback_host",
+    "load_config",
+    "make_converter",
+    "os_hostname",
+    "register_hooks",
+    "resolve_listen",
+    "resolve_node_id",
+    "split_host_port",
+]

@@ -1,0 +1,445 @@
+"""The YAML task registry and executor (node.md §6.6).
+
+A task is a command. It reads the dispatched ``payload`` (its exact raw bytes, or ``{}``) on
+stdin and prints one JSON object on stdout, which becomes the job's ``data``.
+
+- :class:`TaskRegistry` is built once from the config: what is advertised (supported tasks,
+  families, in declaration order), payload validation with §6.6's messages, and
+  :meth:`TaskRegistry.prepare`, which at ack time validates, creates the per-job work dir and
+  materializes raw members into files. Nothing here awaits: ack stays on the hot path.
+- :class:`TaskRunner` executes a :class:`PreparedJob` through :func:`fleet_trio.proc.run.run`
+  (own process group, SIGTERM → grace → SIGKILL on cancel, ``timeout`` as ``max_runtime``),
+  under the single-slot GPU lock for ``gpu: true`` tasks (taken *before* the spawn), maps the
+  result to a job :data:`~fleet_trio.node.jobs.Outcome`, and removes the work dir whatever
+  happens.
+
+The child's environment gains ``FLEET_JOB_ID`` (the job's marker), ``FLEET_TASK_TYPE``,
+``FLEET_WORK_DIR``, ``FLEET_FAMILY``, ``FLEET_QUANT`` and ``FLEET_FILE_<NAME>``. The RC_JOB_ID
+sweep of ``fleet_trio.proc`` is not used (``sweep_job_id`` stays off): it looks for
+``RC_JOB_ID``, a worker concern, and the node's process-group kill already covers its jobs.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any
+
+import attrs
+import trio
+
+from fleet_trio.durations import go_duration_seconds
+from fleet_trio.errors import WireError
+from fleet_trio.node.config import FamilyRule, FieldSpec, TaskDef
+from fleet_trio.node.jobs import Done, Failed, Outcome
+from fleet_trio.node.wire import JsonSyntaxError, msg_unsupported, scan_object
+from fleet_trio.proc.run import run
+from fleet_trio.proc.sinks import CappedBuffer, TailBuffer
+from fleet_trio.proc.spec import JobSpec, Result
+
+log = logging.getLogger(__name__)
+
+TAIL_BYTES = 400
+"""Failure messages carry the last 400 bytes of the child's output (§0)."""
+RESULT_CAP = 16 << 20
+"""Most stdout kept for the result (16 MiB); a longer result is an error."""
+WORK_DIR_PREFIX = "fleet-job-"
+
+_PLACEHOLDER = re.compile(r"\{(job_id|task_type|work_dir|family|quant|file\.[A-Za-z0-9_.-]+)\}")
+_TYPE_CHECKS: dict[str, Callable[[object], bool]] = {
+    "string": lambda v: isinstance(v, str),
+    "integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
+    "number": lambda v: isinstance(v, int | float) and not isinstance(v, bool),
+    "boolean": lambda v: isinstance(v, bool),
+    "object": lambda v: isinstance(v, dict),
+    "array": lambda v: isinstance(v, list),
+    "any": lambda v: True,
+}
+
+
+def payload_error(task: str, detail: str) -> WireError:
+    return WireError(f"{task} payload: {detail}", status=400)
+
+
+def validate_payload(
+    task: str, schema: Mapping[str, FieldSpec], payload_raw: str | None
+) -> dict[str, tuple[Any, str]]:
+    """§6.6 validation at ack time. Returns ``{member: (value, raw)}`` of the payload object.
+
+    ``payload_raw`` is the member's exact text (``None`` when absent). Absent or ``null`` is
+    ``{}``. Undeclared members are ignored; ``null`` members count as absent.
+    """
+    members: dict[str, tuple[Any, str]] = {}
+    if payload_raw is not None:
+        try:
+            scanned = scan_object(payload_raw)
+        except JsonSyntaxError as exc:
+            raise payload_error(task, str(exc)) from None
+        if scanned is None:
+            if json.loads(payload_raw) is not None:
+                raise payload_error(task, "must be a JSON object")
+        else:
+            members = scanned
+    for name, spec in schema.items():
+        value = members.get(name, (None, ""))[0]
+        if value is None or (spec.required and value == ""):
+            if spec.required:
+                hint = f" ({spec.hint})" if spec.hint else ""
+                raise payload_error(task, f"{name} required{hint}")
+            continue
+        if not _TYPE_CHECKS[spec.type](value):
+            raise payload_error(task, f"{name} must be a JSON {spec.type}")
+        if spec.type == "object" and spec.non_empty and not value:
+            raise payload_error(task, f"{name} must be a non-empty JSON object")
+    return members
+
+
+def _family_for(task: TaskDef, members: Mapping[str, tuple[Any, str]]) -> tuple[str, str]:
+    """The footprint (family, quant) of one job, from the node's bindings (§5.3)."""
+    spec = task.footprint
+    if spec is None:
+        return task.family, ""
+    family = spec.family
+    if isinstance(family, FamilyRule):
+        value = members.get(family.from_payload, (None, ""))[0]
+        if isinstance(value, str) and value:
+            chosen = family.map.get(value, family.default) if family.map else value
+        else:
+            chosen = family.default
+        return chosen, spec.quant
+    return (family or task.family), spec.quant
+
+
+def advertised_family(task: TaskDef) -> str:
+    if task.family:
+        return task.family
+    if task.footprint is not None and isinstance(task.footprint.family, str):
+        return task.footprint.family
+    return ""
+
+
+def _executable(argv0: str) -> bool:
+    if "/" in argv0:
+        return os.path.isfile(argv0) and os.access(argv0, os.X_OK)
+    return shutil.which(argv0) is not None
+
+
+@attrs.define
+class PreparedJob:
+    """A validated dispatch, ready to run: the argv, env, stdin and its work dir."""
+
+    job_id: str
+    task: TaskDef
+    argv: tuple[str, ...]
+    env: dict[str, str]
+    cwd: str
+    stdin: bytes
+    work_dir: str
+    files: dict[str, str]
+    family: str
+    quant: str
+    _cleaned: bool = False
+
+    def cleanup(self) -> None:
+        """Remove the work dir. Idempotent; safe even when there is nothing to remove."""
+        if self._cleaned:
+            return
+        self._cleaned = True
+        if self.work_dir:
+            shutil.rmtree(self.work_dir, ignore_errors=True)
+
+
+class TaskRegistry:
+    """The configured tasks: advertising and ack-time preparation."""
+
+    def __init__(
+        self,
+        tasks: Sequence[TaskDef],
+        *,
+        base_dir: str = "",
+        work_root: str | None = None,
+        check_executables: bool = True,
+    ) -> None:
+        self.base_dir = base_dir
+        self.work_root = work_root
+        self._tasks: dict[str, TaskDef] = {}
+        for task in tasks:
+            if not task.enabled:
+                continue
+            task = attrs.evolve(task, command=self._resolve_command(task.command))
+            if check_executables and not _executable(task.command[0]):
+                log.warning(
+                    "task %s: %s is not an executable; not advertised", task.name, task.command[0]
+                )
+                continue
+            self._tasks[task.name] = task
+        self.supported: tuple[str, ...] = tuple(self._tasks)
+        families: list[str] = []
+        for task in self._tasks.values():
+            fam = advertised_family(task)
+            if fam and fam not in families:
+                families.append(fam)
+        self.families: tuple[str, ...] = tuple(families)
+
+    def _resolve(self, path: str) -> str:
+        return os.path.normpath(os.path.join(self.base_dir, path)) if self.base_dir else path
+
+    def _resolve_command(self, command: tuple[str, ...]) -> tuple[str, ...]:
+        """Relative paths resolve against the YAML file's folder (§6.6, §10.15)."""
+        if not self.base_dir:
+            return command
+        out = list(command)
+        if "/" in out[0] and not os.path.isabs(out[0]):
+            out[0] = self._resolve(out[0])
+        for i in range(1, len(out)):
+            arg = out[i]
+            if (
+                "/" in arg
+                and not os.path.isabs(arg)
+                and not arg.startswith("-")
+                and "{" not in arg
+                and os.path.exists(self._resolve(arg))
+            ):
+                out[i] = self._resolve(arg)
+        return tuple(out)
+
+    def get(self, task_type: str) -> TaskDef | None:
+        return self._tasks.get(task_type)
+
+    def probes(self) -> list[tuple[TaskDef, dict[str, Any]]]:
+        return [(t, t.probe) for t in self._tasks.values() if t.probe is not None]
+
+    def prepare(self, task_type: str, payload_raw: str | None, job_id: str) -> PreparedJob:
+        """Validate and materialize (§2.3 step 5). Raises :class:`WireError` (400).
+
+        On success the caller owns the work dir: it must call :meth:`PreparedJob.cleanup`
+        if the job is not registered.
+        """
+        task = self._tasks.get(task_type)
+        if task is None:
+            raise WireError(msg_unsupported(task_type, self.supported), status=400)
+        members = validate_payload(task.name, task.payload, payload_raw)
+        family, quant = _family_for(task, members)
+        work_dir = tempfile.mkdtemp(prefix=WORK_DIR_PREFIX, dir=self.work_root)
+        files: dict[str, str] = {}
+        try:
+            for name, filename in task.materialize.items():
+                value, raw = members.get(name, (None, ""))
+                if value is None:
+                    files[name] = ""
+                    continue
+                path = os.path.join(work_dir, filename)
+                try:
+                    with open(path, "wb") as f:
+                        f.write(raw.encode())
+                except OSError as exc:
+                    raise payload_error(task.name, f"{name}: {exc}") from None
+                files[name] = path
+        except BaseException:
+            shutil.rmtree(work_dir, ignore_errors=True)
+            raise
+        values = {
+            "job_id": job_id,
+            "task_type": task.name,
+            "work_dir": work_dir,
+            "family": family,
+            "quant": quant,
+            **{f"file.{k}": v for k, v in files.items()},
+        }
+        argv = tuple(
+            _PLACEHOLDER.sub(lambda m: values.get(m.group(1), m.group(0)), a) for a in task.command
+        )
+        env = dict(task.env)
+        env.update(
+            FLEET_JOB_ID=job_id,
+            FLEET_TASK_TYPE=task.name,
+            FLEET_WORK_DIR=work_dir,
+            FLEET_FAMILY=family,
+            FLEET_QUANT=quant,
+        )
+        for name, path in files.items():
+            env[f"FLEET_FILE_{re.sub(r'[^A-Za-z0-9]', '_', name).upper()}"] = path
+        cwd = self._resolve(task.cwd) if task.cwd else (self.base_dir or "")
+        # Exactly the raw bytes of the payload member; `{}` when it is absent or null.
+        absent = payload_raw is None or payload_raw.strip() == "null"
+        stdin = b"{}" if payload_raw is None or absent else payload_raw.encode()
+        return PreparedJob(
+            job_id=job_id,
+            task=task,
+            argv=argv,
+            env=env,
+            cwd=cwd,
+            stdin=stdin,
+            work_dir=work_dir,
+            files=files,
+            family=family,
+            quant=quant,
+        )
+
+
+class BytesReceiveStream(trio.abc.ReceiveStream):
+    """A receive stream over fixed bytes (the payload on the child's stdin), then EOF."""
+
+    def __init__(self, data: bytes) -> None:
+        self._data = memoryview(data)
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes:
+        await trio.lowlevel.checkpoint()
+        n = max_bytes if max_bytes else 65536
+        chunk, self._data = self._data[:n], self._data[n:]
+        return bytes(chunk)
+
+    async def aclose(self) -> None:
+        self._data = memoryview(b"")
+        await trio.lowlevel.checkpoint()
+
+
+PeakSampler = Callable[[PreparedJob, trio.Event, int], Awaitable[float | None]]
+"""``sample(job, stop, pgid)``: started as soon as the child is spawned (``pgid`` = its pid)."""
+"""Samples a job's VRAM peak until the event is set (the render-sampling hook, §5.3)."""
+PeakRecorder = Callable[[PreparedJob, float], Awaitable[None]]
+"""Records a successful job's peak in the footprint store."""
+
+
+def _tail_text(data: bytes) -> str:
+    return data[-TAIL_BYTES:].decode("utf-8", errors="replace").strip()
+
+
+def _with_tail(message: str, tail: str) -> str:
+    return f"{message} ({tail})" if tail else message
+
+
+def outcome_of(task: TaskDef, result: Result, stdout: CappedBuffer, stderr: TailBuffer) -> Outcome:
+    """Map a finished child to a job outcome (§6.6 "Result")."""
+    name = task.name
+    err_tail = _tail_text(stderr.getvalue())
+    if result.err is not None:
+        return Failed(_with_tail(f"{name} failed: {result.err}", err_tail))
+    if result.reason.startswith("max_runtime exceeded"):
+        return Failed(f"{name} failed: timed out after {go_duration_seconds(task.timeout)}")
+    if result.exit_code != 0 or (result.killed and result.reason.startswith("signal")):
+        what = result.reason if result.reason.startswith("signal") else None
+        what = what or f"exit status {result.exit_code}"
+        return Failed(_with_tail(f"{name} failed: {what}", err_tail))
+    raw = stdout.getvalue()
+    try:
+        text = raw.decode("utf-8").strip(" \t\r\n")
+        members = None if stdout.truncated else scan_object(text)
+    except (UnicodeDecodeError, JsonSyntaxError):
+        members = None
+    if members is None:
+        tail = _tail_text(raw) or err_tail
+        return Failed(_with_tail(f"{name} failed: result is not a JSON object", tail))
+    if members.get("deferred", (None, ""))[0] is True:
+        code = members.get("code", (None, ""))[0]
+        detail = members.get("detail", (None, ""))[0]
+        reason = members.get("reason", (None, ""))[0]
+        if isinstance(code, str) and code:
+            return Failed(f"{code}: {detail if isinstance(detail, str) else ''}")
+        if isinstance(reason, str) and reason:
+            return Failed(reason)
+        return Failed("deferred")
+    if task.expect_file:
+        path = members.get(task.expect_file, (None, ""))[0]
+        ok = isinstance(path, str) and bool(path)
+        if ok:
+            try:
+                ok = os.path.getsize(str(path)) > 0
+            except OSError:
+                ok = False
+        if not ok:
+            return Failed(
+                f"{name} failed: expected file {task.expect_file}={path!r} is missing or empty"
+            )
+    return Done(text.encode())
+
+
+class TaskRunner:
+    """Runs prepared jobs: GPU slot, process group, outcome, cleanup, optional footprint."""
+
+    def __init__(
+        self,
+        *,
+        kill_grace: float,
+        gpu_slot: trio.Lock | None = None,
+        sample_peak: PeakSampler | None = None,
+        record_peak: PeakRecorder | None = None,
+    ) -> None:
+        self.kill_grace = kill_grace
+        self.gpu_slot = gpu_slot if gpu_slot is not None else trio.Lock()
+        self.sample_peak = sample_peak
+        self.record_peak = record_peak
+
+    async def execute(self, job: PreparedJob) -> Outcome:
+        try:
+            if job.task.gpu:
+                async with self.gpu_slot:
+                    return await self._run(job)
+            return await self._run(job)
+        finally:
+            job.cleanup()
+
+    async def _run(self, job: PreparedJob) -> Outcome:
+        stdout = CappedBuffer(RESULT_CAP)
+        stderr = TailBuffer(TAIL_BYTES)
+        spec = JobSpec(
+            command=job.argv,
+            cwd=job.cwd,
+            env=job.env,
+            grace_ceiling=self.kill_grace,
+            max_runtime=job.task.timeout,
+            stderr_sink=stderr,
+            stdin_source=BytesReceiveStream(job.stdin),
+        )
+        sampling = self.sample_peak is not None and job.task.footprint is not None
+        peaks: list[float | None] = []
+        if not sampling or self.sample_peak is None:
+            result = await run(spec, stdout)
+            return outcome_of(job.task, result, stdout, stderr)
+        sampler = self.sample_peak
+        stop = trio.Event()
+
+        async def sample(pgid: int) -> None:
+            try:
+                peaks.append(await sampler(job, stop, pgid))
+            except Exception:
+                log.exception("job %s: VRAM sampling failed; no footprint", job.job_id)
+
+        async with trio.open_nursery() as nursery:
+            try:
+                # the first sample is taken as soon as the child exists (§5.3)
+                result = await run(
+                    spec, stdout, on_spawn=lambda pid: nursery.start_soon(sample, pid)
+                )
+            finally:
+                stop.set()
+        outcome = outcome_of(job.task, result, stdout, stderr)
+        peak = peaks[0] if peaks else None
+        recorder = self.record_peak
+        if isinstance(outcome, Done) and peak is not None and peak > 0 and recorder is not None:
+            try:
+                await recorder(job, peak)
+            except Exception:
+                log.exception("job %s: recording the footprint failed", job.job_id)
+        return outcome
+
+
+__all__ = [
+    "RESULT_CAP",
+    "TAIL_BYTES",
+    "BytesReceiveStream",
+    "PeakRecorder",
+    "PeakSampler",
+    "PreparedJob",
+    "TaskRegistry",
+    "TaskRunner",
+    "advertised_family",
+    "outcome_of",
+    "payload_error",
+    "validate_payload",
+]

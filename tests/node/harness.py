@@ -1,0 +1,208 @@
+"""A node started in-process on 127.0.0.1 (port 0) with a fake GPU, and an httpx client."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import signal
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import attrs
+import httpx
+import trio
+
+from fleet_trio.node.config import NodeConfig, config_from_mapping, load_config
+from fleet_trio.node.server import GpuServices, NodeOptions, RunningNode, serve_node
+from tests.node.conftest import PY, TASK_SCRIPT
+
+REPO = Path(__file__).resolve().parents[2]
+REFERENCE_YAML = REPO / "examples" / "node-reference.yaml"
+
+
+@attrs.define
+class FakeSnapshot:
+    total_gb: float
+    used_gb: float
+    free_gb: float
+    taken_at: float
+    wall_time: float = 0.0
+
+
+class FakeSampler:
+    """Quacks like ``GlobalSampler``: ``serve`` publishes ``initial`` (if any) at start."""
+
+    def __init__(self, total: float | None = 16.0, used: float = 3.5) -> None:
+        self.total = total
+        self.used = used
+        self.snap: FakeSnapshot | None = None
+        self.max_age = 30.0
+
+    def publish(self, total: float, used: float, *, age: float = 0.0) -> None:
+        now = trio.current_time()
+        self.snap = FakeSnapshot(total, used, total - used, now - age)
+
+    def status(self, now: float) -> tuple[FakeSnapshot | None, str | None]:
+        if self.snap is None:
+            return None, "no vram snapshot yet"
+        if now - self.snap.taken_at > self.max_age:
+            return None, "vram snapshot stale"
+        return self.snap, None
+
+    async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        if self.total is not None:
+            self.publish(self.total, self.used)
+        task_status.started()
+        await trio.sleep_forever()
+
+
+@attrs.define
+class FakeEntry:
+    wire: dict[str, Any]
+
+    def to_wire(self) -> dict[str, Any]:
+        return dict(self.wire)
+
+
+class FakeFootprints:
+    def __init__(self, entries: Sequence[dict[str, Any]] = ()) -> None:
+        self._entries = [FakeEntry(dict(e)) for e in entries]
+        self.reloads = 0
+
+    async def reload_if_changed(self) -> bool:
+        self.reloads += 1
+        await trio.lowlevel.checkpoint()
+        return False
+
+    def entries(self) -> list[FakeEntry]:
+        return list(self._entries)
+
+
+def echo_task(tmp_path: Path, **extra: Any) -> dict[str, Any]:
+    """A task running the test script (see conftest.TASK_SCRIPT); counts runs per job id."""
+    script = tmp_path / "task.py"
+    script.write_text(
+        TASK_SCRIPT + "\n"  # the counter is written at the end only for successful runs, so:
+    )
+    counter = tmp_path / "runs"
+    counter.mkdir(exist_ok=True)
+    env = {"RUNS_DIR": str(counter), **extra.pop("env", {})}
+    return {
+        "command": [PY, "-c", _COUNTING_PRELUDE, str(script), "{work_dir}"],
+        "env": env,
+        **extra,
+    }
+
+
+_COUNTING_PRELUDE = (
+    "import os, runpy, sys; "
+    "d = os.environ['RUNS_DIR']; j = os.environ['FLEET_JOB_ID'].replace('/', '_'); "
+    "open(os.path.join(d, j), 'a').write('x'); "
+    "sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')"
+)
+
+
+def runs(tmp_path: Path, job_id: str) -> int:
+    path = tmp_path / "runs" / job_id.replace("/", "_")
+    return len(path.read_text()) if path.exists() else 0
+
+
+def reference_config(tmp_path: Path, only: Sequence[str] | None = None) -> NodeConfig:
+    """The five reference tasks with their commands replaced by the echo task."""
+    ref = load_config(REFERENCE_YAML)
+    tasks = {}
+    for task in ref.tasks:
+        if only is not None and task.name not in only:
+            continue
+        tasks[task.name] = {
+            **echo_task(tmp_path),
+            "family": task.family,
+            "payload": {
+                k: {
+                    "type": v.type,
+                    "required": v.required,
+                    "non_empty": v.non_empty,
+                    "hint": v.hint,
+                }
+                for k, v in task.payload.items()
+            },
+            "materialize": dict(task.materialize),
+        }
+    return node_config(tmp_path, tasks)
+
+
+def node_config(tmp_path: Path, tasks: dict[str, Any], **node: Any) -> NodeConfig:
+    timings = {"drain_timeout": "2s", "kill_grace": "500ms", **node.pop("timings", {})}
+    raw = {"node": {"listen": "127.0.0.1:0", "timings": timings, **node}, "tasks": tasks}
+    return config_from_mapping(raw, path=str(tmp_path / "node.yaml"), base_dir=str(tmp_path))
+
+
+@attrs.define
+class Harness:
+    node: RunningNode
+    client: httpx.AsyncClient
+    sampler: FakeSampler
+    footprints: FakeFootprints
+    tmp_path: Path
+
+    async def dispatch(
+        self, job_id: str, task_type: str, payload: Any = None, **extra: Any
+    ) -> httpx.Response:
+        body: dict[str, Any] = {"job_id": job_id, "task_type": task_type, **extra}
+        if payload is not None:
+            body["payload"] = payload
+        return await self.client.post("/fleet/dispatch", content=json.dumps(body).encode())
+
+    async def poll(self, job_id: str) -> httpx.Response:
+        return await self.client.get(f"/fleet/jobs/{job_id}")
+
+    async def wait_terminal(self, job_id: str, within: float = 10.0) -> dict[str, Any]:
+        with trio.fail_after(within):
+            while True:
+                r = await self.poll(job_id)
+                body: dict[str, Any] = r.json()
+                if body.get("state") in ("done", "error"):
+                    return body
+                await trio.sleep(0.02)
+
+
+@asynccontextmanager
+async def running_node(
+    tmp_path: Path,
+    config: NodeConfig,
+    *,
+    node_id: str = "node-a",
+    arch: str = "blackwell",
+    sampler: FakeSampler | None = None,
+    footprints: FakeFootprints | None = None,
+    signals: Sequence[signal.Signals] = (),
+    token: str | None = None,
+) -> AsyncIterator[Harness]:
+    sampler = sampler if sampler is not None else FakeSampler()
+    footprints = footprints if footprints is not None else FakeFootprints()
+    gpu = GpuServices(sampler=sampler, footprints=footprints, arch=arch)
+    work_root = tmp_path / "work"
+    work_root.mkdir(exist_ok=True)
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            start = functools.partial(
+                serve_node,
+                config,
+                NodeOptions(node_id=node_id, token=token),
+                gpu=gpu,
+                signals=signals,
+                work_root=str(work_root),
+                announce=lambda line: None,
+            )
+            node: RunningNode = await nursery.start(start)
+            async with httpx.AsyncClient(base_url=node.url, timeout=10) as client:
+                yield Harness(node, client, sampler, footprints, tmp_path)
+            node.request_shutdown("test over")
+
+
+def work_dirs(tmp_path: Path) -> list[str]:
+    root = tmp_path / "work"
+    return sorted(os.listdir(root)) if root.exists() else []

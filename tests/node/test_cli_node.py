@@ -1,0 +1,97 @@
+"""``fleet-trio node`` on the command line: refusals, and a real run with the fake GPU."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+import trio
+
+from fleet_trio.cli import main
+from fleet_trio.gpu.fake import init_device
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_refuses_non_loopback(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["node", "--listen", "0.0.0.0:18811"]) == 1
+    assert 'refusing to bind --listen "0.0.0.0:18811"' in capsys.readouterr().err
+
+
+def test_refuses_without_gpu(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    env_dir = os.environ.pop("FLEET_TRIO_FAKE_GPU_DIR", None)
+    try:
+        assert main(["node", "--gpu", "fake", "--listen", "127.0.0.1:0"]) == 1
+    finally:
+        if env_dir is not None:
+            os.environ["FLEET_TRIO_FAKE_GPU_DIR"] = env_dir
+    assert "error: GPU probe failed" in capsys.readouterr().err
+
+
+def test_bad_config_names_key_and_file(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    cfg = tmp_path / "n.yaml"
+    cfg.write_text("node:\n  timings:\n    drain_timeout: 30\n")
+    assert main(["node", "-c", str(cfg)]) == 1
+    err = capsys.readouterr().err
+    assert str(cfg) in err and "node.timings.drain_timeout" in err
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def test_real_process_with_fake_gpu(tmp_path: Path) -> None:
+    gpu_dir = tmp_path / "gpu"
+    init_device(str(gpu_dir))
+    port = _free_port()
+    env = {**os.environ, "FLEET_TRIO_FAKE_GPU_DIR": str(gpu_dir)}
+    argv = [
+        sys.executable,
+        "-m",
+        "fleet_trio",
+        "node",
+        "-c",
+        str(REPO / "examples" / "node.yaml"),
+        "--gpu",
+        "fake",
+        "--listen",
+        f"127.0.0.1:{port}",
+        "--node-id",
+        "cli-node",
+        "--footprints",
+        str(tmp_path / "fp.json"),
+    ]
+    with trio.fail_after(30):
+        proc = await trio.lowlevel.open_process(argv, env=env)
+        try:
+            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
+                while True:
+                    try:
+                        r = await client.get("/fleet/health")
+                        break
+                    except httpx.TransportError:
+                        await trio.sleep(0.05)
+                assert r.status_code == 200
+                body = r.json()
+                assert body["node_id"] == "cli-node" and body["supported_task_types"] == ["sleepy"]
+                r = await client.post(
+                    "/fleet/dispatch",
+                    json={"job_id": "j1", "task_type": "sleepy", "payload": {"seconds": 0.3}},
+                )
+                assert r.status_code == 202
+                while (await client.get("/fleet/jobs/j1")).json()["state"] not in ("done", "error"):
+                    await trio.sleep(0.05)
+                assert (await client.get("/fleet/jobs/j1")).json()["state"] == "done"
+            proc.send_signal(signal.SIGTERM)
+            assert await proc.wait() == 0
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()

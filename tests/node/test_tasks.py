@@ -1,0 +1,145 @@
+"""The task registry and runner (node.md §6.6), with real child processes."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import trio
+
+from fleet_trio.errors import WireError
+from fleet_trio.node.config import config_from_mapping
+from fleet_trio.node.jobs import Done, Failed
+from fleet_trio.node.tasks import TaskRegistry, TaskRunner
+from tests.node.conftest import PY, TASK_SCRIPT
+
+
+def registry(tmp_path: Path, **tasks: dict[str, object]) -> TaskRegistry:
+    (tmp_path / "task.py").write_text(TASK_SCRIPT)
+    cfg = config_from_mapping(
+        {"tasks": tasks}, path=str(tmp_path / "n.yaml"), base_dir=str(tmp_path)
+    )
+    return TaskRegistry(cfg.tasks, base_dir=cfg.base_dir, work_root=str(tmp_path))
+
+
+def echo_task(**extra: object) -> dict[str, object]:
+    return {"command": [PY, "task.py", "--dir", "{work_dir}", "{job_id}"], **extra}
+
+
+def test_advertising_in_declaration_order(tmp_path: Path) -> None:
+    reg = registry(
+        tmp_path,
+        **{
+            "b-task": echo_task(family="wan2.2"),
+            "a-task": echo_task(family="wan2.2"),
+            "c-task": echo_task(family="sdxl"),
+            "off": echo_task(enabled=False),
+            "missing": {"command": ["./no-such-binary"]},
+        },
+    )
+    assert reg.supported == ("b-task", "a-task", "c-task")
+    assert reg.families == ("wan2.2", "sdxl")
+
+
+@pytest.mark.parametrize(
+    ("payload", "message"),
+    [
+        ('"x"', "t payload: must be a JSON object"),
+        ("[1]", "t payload: must be a JSON object"),
+        (None, "t payload: graph required (a graph)"),
+        ('{"graph": null}', "t payload: graph required (a graph)"),
+        ('{"graph": "s"}', "t payload: graph must be a JSON object"),
+        ('{"graph": {}}', "t payload: graph must be a non-empty JSON object"),
+        ('{"graph": {"a": 1}, "n": 1.5}', "t payload: n must be a JSON integer"),
+        ('{"graph": {"a": 1}, "n": true}', "t payload: n must be a JSON integer"),
+        ('{"graph": {"a": 1}, "s": 3}', "t payload: s must be a JSON string"),
+        ('{"graph": {"a": 1}, "b": "true"}', "t payload: b must be a JSON boolean"),
+    ],
+)
+def test_validation_messages(tmp_path: Path, payload: str | None, message: str) -> None:
+    reg = registry(
+        tmp_path,
+        t=echo_task(
+            payload={
+                "graph": {"type": "object", "required": True, "non_empty": True, "hint": "a graph"},
+                "n": {"type": "integer"},
+                "s": {"type": "string"},
+                "b": {"type": "boolean"},
+            }
+        ),
+    )
+    with pytest.raises(WireError) as info:
+        reg.prepare("t", payload, "j")
+    assert str(info.value) == message and info.value.status == 400
+    assert [p for p in tmp_path.iterdir() if p.name.startswith("fleet-job-")] == []
+
+
+def test_unsupported_lists_supported(tmp_path: Path) -> None:
+    reg = registry(tmp_path, **{"image-gen": echo_task(), "run-graph": echo_task()})
+    with pytest.raises(WireError) as info:
+        reg.prepare("llm", None, "j")
+    assert str(info.value) == 'unsupported task_type "llm" (supported: image-gen, run-graph)'
+
+
+async def test_runs_with_raw_stdin_env_placeholders_and_cleans_up(tmp_path: Path) -> None:
+    reg = registry(
+        tmp_path,
+        t=echo_task(materialize={"graph": "graph.json"}, family="fam", env={"X": "1"}),
+    )
+    raw = '{"graph" : {"b":1.50,  "a":[1]}, "n": 1}'
+    job = reg.prepare("t", raw, "job-1")
+    graph = Path(job.files["graph"])
+    assert graph.read_text() == '{"b":1.50,  "a":[1]}'
+    with trio.fail_after(10):
+        outcome = await TaskRunner(kill_grace=1).execute(job)
+    assert isinstance(outcome, Done)
+    data = json.loads(outcome.data)
+    assert data["stdin"] == raw
+    assert data["argv"] == ["--dir", job.work_dir, "job-1"]
+    env = data["env"]
+    assert env["FLEET_JOB_ID"] == "job-1" and env["FLEET_TASK_TYPE"] == "t"
+    assert env["FLEET_FAMILY"] == "fam" and env["FLEET_FILE_GRAPH"] == str(graph)
+    assert not os.path.exists(job.work_dir)
+    job.cleanup()  # item 77: can always be called
+
+
+async def test_failures_map_to_messages(tmp_path: Path) -> None:
+    reg = registry(tmp_path, t=echo_task(timeout="300ms"))
+    runner = TaskRunner(kill_grace=0.5)
+    cases = [
+        ('{"exit": 3, "stderr": "boom"}', "t failed: exit status 3 (boom)"),
+        ('{"stdout": "not json"}', "t failed: result is not a JSON object (not json)"),
+        ('{"stdout": ""}', "t failed: result is not a JSON object"),
+        ('{"sleep": 5}', "t failed: timed out after 300ms"),
+        ('{"result": {"deferred": true, "code": "C", "detail": "d"}}', "C: d"),
+        ('{"result": {"deferred": true, "reason": "gpu_busy: x"}}', "gpu_busy: x"),
+        ('{"result": {"deferred": true}}', "deferred"),
+    ]
+    with trio.fail_after(20):
+        for raw, message in cases:
+            outcome = await runner.execute(reg.prepare("t", raw, "j"))
+            assert outcome == Failed(message), raw
+
+
+async def test_stderr_tail_is_last_400_bytes(tmp_path: Path) -> None:
+    reg = registry(tmp_path, t=echo_task())
+    err = "x" * 1000 + "END"
+    with trio.fail_after(10):
+        outcome = await TaskRunner(kill_grace=1).execute(
+            reg.prepare("t", json.dumps({"exit": 1, "stderr": err}), "j")
+        )
+    assert isinstance(outcome, Failed)
+    assert outcome.message == f"t failed: exit status 1 ({err[-400:]})"
+
+
+async def test_gpu_tasks_run_one_at_a_time(tmp_path: Path) -> None:
+    reg = registry(tmp_path, t=echo_task(gpu=True))
+    runner = TaskRunner(kill_grace=1)
+    t0 = trio.current_time()
+    with trio.fail_after(10):
+        async with trio.open_nursery() as n:
+            for i in range(2):
+                n.start_soon(runner.execute, reg.prepare("t", '{"sleep": 0.3}', f"j{i}"))
+    assert trio.current_time() - t0 >= 0.6
