@@ -548,8 +548,11 @@ class FootprintStore:
         new inode, so two writes within one mtime tick are both seen. The gate advances only
         after a successful parse (§11 B); a half-written or corrupt file is retried next time.
         """
-        sig = await trio.to_thread.run_sync(stat_sig, self.path, limiter=self.limiter)
+        # One stat, inline: health calls this on every request and must never queue behind a
+        # record's fsync on the store's limiter. Only a changed file is read in a thread.
+        sig = stat_sig(self.path)
         if sig is None or sig == self._seen:
+            await trio.lowlevel.checkpoint()
             return False
         try:
             loaded = await trio.to_thread.run_sync(read_file, self.path, limiter=self.limiter)
