@@ -1,0 +1,106 @@
+"""Issue acceptance: SIGTERM with jobs in flight, against a real ``fleet-trio node`` process.
+
+Every poller sees a terminal state before the process exits, and the exit comes within
+drain + grace + 1 s of the signal.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import trio
+
+from fleet_trio.gpu.fake import init_device
+
+DRAIN = 1.0
+GRACE = 1.0
+
+# A job that ignores SIGTERM: only the SIGKILL after the grace ends it.
+STUBBORN = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _config(tmp_path: Path) -> Path:
+    cfg = tmp_path / "node.yaml"
+    cfg.write_text(
+        "node:\n"
+        "  timings:\n"
+        f"    drain_timeout: {int(DRAIN * 1000)}ms\n"
+        f"    kill_grace: {int(GRACE * 1000)}ms\n"
+        "tasks:\n"
+        "  stubborn:\n"
+        f"    command: [{sys.executable!r}, '-c', {STUBBORN!r}]\n"
+        "  quick:\n"
+        f"    command: [{sys.executable!r}, '-c', 'print(1)']\n"
+    )
+    return cfg
+
+
+async def test_sigterm_with_jobs_in_flight_every_poller_sees_a_terminal_state(
+    tmp_path: Path,
+) -> None:
+    gpu_dir = tmp_path / "gpu"
+    init_device(str(gpu_dir))
+    port = _free_port()
+    argv = [
+        sys.executable, "-m", "fleet_trio", "node", "-c", str(_config(tmp_path)),
+        "--gpu", "fake", "--fake-gpu-dir", str(gpu_dir), "--listen", f"127.0.0.1:{port}",
+        "--footprints", str(tmp_path / "fp.json"),
+    ]  # fmt: skip
+    jobs = [f"stubborn-{i}" for i in range(4)]
+    last_seen: dict[str, str] = {}
+    with trio.fail_after(40):
+        proc = await trio.lowlevel.open_process(argv, env=dict(os.environ))
+        try:
+            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
+                while True:
+                    try:
+                        if (await client.get("/fleet/health")).status_code == 200:
+                            break
+                    except httpx.TransportError:
+                        pass
+                    await trio.sleep(0.05)
+                for job in jobs:
+                    body = {"job_id": job, "task_type": "stubborn", "payload": {}}
+                    assert (await client.post("/fleet/dispatch", json=body)).status_code == 202
+                for job in jobs:
+                    while (await client.get(f"/fleet/jobs/{job}")).json()["state"] != "running":
+                        await trio.sleep(0.05)
+
+                async def poll(job: str) -> None:
+                    # Poll until the listener goes away; remember the last state seen.
+                    while True:
+                        try:
+                            r = await client.get(f"/fleet/jobs/{job}")
+                        except httpx.TransportError:
+                            return
+                        last_seen[job] = r.json()["state"] + ":" + str(r.json().get("error"))
+                        await trio.sleep(0.02)
+
+                async with trio.open_nursery() as nursery:
+                    for job in jobs:
+                        nursery.start_soon(poll, job)
+                    await trio.sleep(0.2)
+                    signalled = time.monotonic()
+                    proc.send_signal(signal.SIGTERM)
+                    code = await proc.wait()
+                    exited = time.monotonic() - signalled
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+    assert code == 0
+    assert exited <= DRAIN + GRACE + 1.0, exited
+    assert last_seen == {job: "error:interrupted" for job in jobs}
