@@ -1,8 +1,8 @@
 """``fleet-trio``: the one console entry point.
 
 Subcommands call into the packages; nothing else lives here. Today: ``exec`` (run one command
-exactly as the worker runs a job, see ``docs/exec.md``) and ``node`` (serve CONTRACT v2, see
-``docs/node.md``).
+exactly as the worker runs a job, see ``docs/exec.md``), ``node`` (serve CONTRACT v2, see
+``docs/node.md``) and ``measure`` (seed the footprint store from the tasks' probes).
 """
 
 from __future__ import annotations
@@ -190,6 +190,44 @@ def _add_node(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.set_defaults(handler=_cmd_node)
 
 
+def _add_measure(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "measure",
+        help="seed the footprint store: run each task's probe once with VRAM sampling",
+        description=(
+            "Run the probe: payload of every configured task (or of each --task), in "
+            "declaration order, through the node's executor with footprint sampling on, and "
+            "record the peaks in the footprint store. Progress (one line per task) goes to "
+            "stderr; the store's entries (health's model_footprints shape) are printed as "
+            "JSON on stdout. Tasks without a probe are skipped with a note; a failure does "
+            "not stop the others. Exit 0 if every probed task succeeded, 1 otherwise. "
+            "Refuses to run without a working GPU unless --gpu fake."
+        ),
+        epilog="Do not measure while a node serves jobs on the same GPU. See docs/node.md.",
+    )
+    p.add_argument("-c", "--config", metavar="FILE", help="node YAML (node: and tasks:)")
+    p.add_argument(
+        "--gpu",
+        default="auto",
+        choices=("auto", "nvml", "smi", "fake"),
+        help="VRAM source (default auto: NVML, else nvidia-smi)",
+    )
+    p.add_argument(
+        "--fake-gpu-dir",
+        metavar="DIR",
+        help="state directory of the fake GPU (--gpu fake; default $FLEET_TRIO_FAKE_GPU_DIR)",
+    )
+    p.add_argument("--footprints", metavar="PATH", help="footprint store file")
+    p.add_argument(
+        "--task",
+        metavar="NAME",
+        action="append",
+        default=[],
+        help="measure only this task (repeatable; default: every configured task)",
+    )
+    p.set_defaults(handler=_cmd_measure)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG, description="A GPU fleet agent on Trio: fleet node and drop-in rc worker."
@@ -205,6 +243,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="subcommand", metavar="COMMAND", title="commands")
     _add_exec(sub)
     _add_node(sub)
+    _add_measure(sub)
     return parser
 
 
@@ -343,6 +382,37 @@ def _cmd_node(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     return 0
+
+
+# -- fleet-trio measure -------------------------------------------------------------------------
+
+
+def _cmd_measure(args: argparse.Namespace) -> int:
+    from fleet_trio.errors import ConfigError
+    from fleet_trio.node.config import NodeConfig, load_config
+    from fleet_trio.node.measure import MeasureOptions, MeasureUsageError, measure
+    from fleet_trio.node.server import NodeStartError
+
+    def say(line: str) -> None:
+        print(f"[{PROG} measure] {line}", file=sys.stderr, flush=True)
+
+    try:
+        config = load_config(args.config) if args.config else NodeConfig()
+        options = MeasureOptions(
+            gpu=args.gpu,
+            fake_gpu_dir=args.fake_gpu_dir,
+            footprints=args.footprints,
+            tasks=tuple(args.task),
+        )
+        report = trio.run(functools.partial(measure, config, options, say=say, handle_signals=True))
+    except MeasureUsageError as exc:
+        print(f"{PROG} measure: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except (ConfigError, NodeStartError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(report.entries_json(), flush=True)
+    return 0 if report.ok else 1
 
 
 # -- main -------------------------------------------------------------------------------------

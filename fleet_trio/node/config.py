@@ -80,17 +80,44 @@ class FieldSpec:
 
 @attrs.frozen
 class FamilyRule:
-    """``family: {from_payload: kind, map: {music: acestep}, default: chatterbox}``."""
+    """``family: {from_payload: kind, map: {music: acestep}, default: chatterbox}``.
 
-    from_payload: str
+    The source value is the payload member ``from_payload`` (a non-empty string) or, without
+    ``from_payload``, the task's own ``family``; it goes through ``map`` when ``map`` is given
+    (unmapped values take ``default``). No usable source value: ``default``. So
+    ``{default: sdxl}`` reads "the task's family, or ``sdxl`` when it is empty" (§5.3).
+    """
+
+    from_payload: str = ""
     map: dict[str, str] = attrs.Factory(dict)
+    default: str = ""
+
+
+QUANT_SOURCES = ("family", "env.")
+
+
+@attrs.frozen
+class QuantRule:
+    """``quant: {source: [family], starts_with: {hidream-o1: bf16}}``, or
+    ``quant: {source: [env.VIDEOGEN_UNET_HIGH, env.VIDEOGEN_UNET_LOW], contains: {Q8_0: q8_0}}``.
+
+    Derives the footprint quant from the node's bindings (§5.3), never from the payload.
+    ``source`` names the texts looked at, in order: ``family`` (the job's footprint family)
+    or ``env.NAME`` (the task's ``env:`` value, else the node's environment). The first text
+    that starts with a ``starts_with`` key (case-sensitive), or contains a ``contains`` key
+    (case-insensitive), gives that key's value; nothing matches: ``default``.
+    """
+
+    source: tuple[str, ...]
+    starts_with: dict[str, str] = attrs.Factory(dict)
+    contains: dict[str, str] = attrs.Factory(dict)
     default: str = ""
 
 
 @attrs.frozen
 class FootprintSpec:
     family: str | FamilyRule = ""
-    quant: str = ""
+    quant: str | QuantRule = ""
 
 
 @attrs.frozen
@@ -187,6 +214,15 @@ def register_hooks(converter: cattrs.Converter) -> None:
 
     converter.register_structure_hook_func(lambda t: t == (str | FamilyRule), family)
 
+    def quant(value: object, _: type) -> str | QuantRule:
+        if isinstance(value, str):
+            return value
+        if isinstance(value, Mapping):
+            return converter.structure(value, QuantRule)
+        raise ValueError(f"expected a quant or a source rule, got {value!r}")
+
+    converter.register_structure_hook_func(lambda t: t == (str | QuantRule), quant)
+
     def footprint(value: object, _: type) -> FootprintSpec | None:
         if value is None or value is False:
             return None
@@ -259,6 +295,13 @@ def _check_task(task: TaskDef, key: str) -> None:
                 f"unknown type {spec.type!r} (one of {', '.join(FIELD_TYPES)})",
                 f"{key}.payload.{member}.type",
             )
+    quant = task.footprint.quant if task.footprint is not None else ""
+    if isinstance(quant, QuantRule):
+        for source in quant.source:
+            if source != "family" and not (source.startswith("env.") and len(source) > 4):
+                raise _KeyedError(
+                    f"unknown source {source!r} (family or env.NAME)", f"{key}.footprint.quant"
+                )
     for name, filename in task.materialize.items():
         if not filename or "/" in filename or filename in (".", ".."):
             raise _KeyedError(
@@ -448,6 +491,7 @@ __all__ = [
     "ListenRefused",
     "NodeConfig",
     "NodeSettings",
+    "QuantRule",
     "TaskDef",
     "Timings",
     "check_listen",

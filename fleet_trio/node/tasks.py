@@ -35,7 +35,7 @@ import trio
 
 from fleet_trio.durations import go_duration_seconds
 from fleet_trio.errors import WireError
-from fleet_trio.node.config import FamilyRule, FieldSpec, TaskDef
+from fleet_trio.node.config import FamilyRule, FieldSpec, QuantRule, TaskDef
 from fleet_trio.node.jobs import Done, Failed, Outcome
 from fleet_trio.node.wire import JsonSyntaxError, msg_unsupported, scan_object
 from fleet_trio.proc.run import run
@@ -106,20 +106,48 @@ def _family_for(task: TaskDef, members: Mapping[str, tuple[Any, str]]) -> tuple[
         return task.family, ""
     family = spec.family
     if isinstance(family, FamilyRule):
-        value = members.get(family.from_payload, (None, ""))[0]
+        if family.from_payload:
+            value = members.get(family.from_payload, (None, ""))[0]
+        else:
+            value = task.family
         if isinstance(value, str) and value:
             chosen = family.map.get(value, family.default) if family.map else value
         else:
             chosen = family.default
-        return chosen, spec.quant
-    return (family or task.family), spec.quant
+    else:
+        chosen = family or task.family
+    return chosen, _quant_for(task, spec.quant, chosen)
+
+
+def _quant_for(task: TaskDef, rule: str | QuantRule, family: str) -> str:
+    """A plain quant, or the first :class:`QuantRule` match over its source texts."""
+    if isinstance(rule, str):
+        return rule
+    for source in rule.source:
+        if source == "family":
+            text = family
+        else:
+            name = source.removeprefix("env.")
+            text = task.env.get(name, os.environ.get(name, ""))
+        for prefix, quant in rule.starts_with.items():
+            if text.startswith(prefix):
+                return quant
+        upper = text.upper()
+        for needle, quant in rule.contains.items():
+            if needle.upper() in upper:
+                return quant
+    return rule.default
 
 
 def advertised_family(task: TaskDef) -> str:
     if task.family:
         return task.family
-    if task.footprint is not None and isinstance(task.footprint.family, str):
-        return task.footprint.family
+    if task.footprint is not None:
+        family = task.footprint.family
+        if isinstance(family, str):
+            return family
+        if not family.from_payload:
+            return family.default  # "the task's family, else <default>"
     return ""
 
 

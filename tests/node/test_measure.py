@@ -1,0 +1,151 @@
+"""``fleet-trio measure`` as a real subprocess with the fake GPU (node.md §8)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import trio
+import yaml
+
+from fleet_trio.gpu.fake import init_device
+from tests.node.conftest import PY
+
+# A probe that holds 2 GiB of fake VRAM for 0.6 s (its own pid, in the job's process
+# group), then prints a JSON result.
+HOLD_2G = (
+    "import subprocess, sys; "
+    "subprocess.run([sys.executable, '-m', 'fleet_trio.gpu.fake', 'hold', '2G', '--for', '0.6'],"
+    " check=True); "
+    'print(\'{"held": "2G"}\')'
+)
+
+
+def write_config(tmp_path: Path, tasks: dict[str, Any]) -> Path:
+    cfg = tmp_path / "node.yaml"
+    raw = {
+        "node": {
+            "footprints": {"path": "fp.json", "margin": 1.2},  # relative: next to the YAML
+            "timings": {"render_sample_interval": "100ms", "kill_grace": "1s"},
+        },
+        "tasks": tasks,
+    }
+    cfg.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return cfg
+
+
+HOLDER = {
+    "family": "sdxl",
+    "footprint": {"family": "sdxl", "quant": "bf16"},
+    "command": [PY, "-c", HOLD_2G],
+    "gpu": True,
+    "payload": {"prompt": {"type": "string", "required": True}},
+    "probe": {"prompt": "fleet-measure probe"},
+}
+
+
+async def run_measure(
+    tmp_path: Path, *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[bytes]:
+    gpu_dir = tmp_path / "gpu"
+    if not gpu_dir.exists():
+        init_device(str(gpu_dir))
+    full_env = {**os.environ, "FLEET_TRIO_FAKE_GPU_DIR": str(gpu_dir), **(env or {})}
+    argv = [sys.executable, "-m", "fleet_trio", "measure", *args]
+    with trio.fail_after(30):
+        return await trio.run_process(
+            argv, env=full_env, capture_stdout=True, capture_stderr=True, check=False
+        )
+
+
+def fake_args(tmp_path: Path) -> list[str]:
+    return ["--gpu", "fake", "--fake-gpu-dir", str(tmp_path / "gpu")]
+
+
+async def test_measure_records_the_probe_peak_with_margin(tmp_path: Path) -> None:
+    cfg = write_config(tmp_path, {"image-gen": HOLDER})
+    proc = await run_measure(tmp_path, "-c", str(cfg), *fake_args(tmp_path))
+    err = proc.stderr.decode()
+    assert proc.returncode == 0, err
+    assert json.loads(proc.stdout) == [
+        {"model_family": "sdxl", "quant": "bf16", "task_type": "image-gen", "vram_peak_gb": 2.4}
+    ]
+    lines = err.splitlines()
+    assert "[fleet-trio measure] image-gen: started (footprint key sdxl/bf16/image-gen)" in lines
+    assert any(
+        line.startswith("[fleet-trio measure] image-gen: done (")
+        and "peak 2.00 GiB, footprint now 2.4 GiB" in line
+        for line in lines
+    ), err
+    stored = json.loads((tmp_path / "fp.json").read_text())
+    assert [(r["observed_peak_gb"], r["vram_peak_gb"]) for r in stored] == [(2, 2.4)]
+
+
+async def test_measure_skips_fails_and_keeps_going(tmp_path: Path) -> None:
+    tasks = {
+        "broken": {**HOLDER, "command": [PY, "-c", "import sys; sys.exit(3)"]},
+        "no-probe": {"family": "x", "command": [PY, "-c", "print('{}')"]},
+        "unsampled": {**HOLDER, "footprint": False},
+        "image-gen": HOLDER,
+    }
+    cfg = write_config(tmp_path, tasks)
+    proc = await run_measure(
+        tmp_path,
+        "-c",
+        str(cfg),
+        *fake_args(tmp_path),
+        "--footprints",
+        str(tmp_path / "elsewhere.json"),
+    )
+    err = proc.stderr.decode()
+    assert proc.returncode == 1, err
+    assert "[fleet-trio measure] broken: failed (broken failed: exit status 3)" in err
+    assert "[fleet-trio measure] no-probe: skipped (no probe configured)" in err
+    assert "[fleet-trio measure] unsampled: skipped (footprint: false, never sampled)" in err
+    order = [line.split(":")[0].split("] ")[1] for line in err.splitlines() if "] " in line]
+    assert order.index("broken") < order.index("no-probe") < order.index("image-gen")
+    # the failure did not stop the task declared after it; --footprints chose the store
+    assert [e["vram_peak_gb"] for e in json.loads(proc.stdout)] == [2.4]
+    assert (tmp_path / "elsewhere.json").exists() and not (tmp_path / "fp.json").exists()
+
+
+async def test_measure_task_selection(tmp_path: Path) -> None:
+    tasks = {"broken": {**HOLDER, "command": [PY, "-c", "import sys; sys.exit(3)"]}, "ok": HOLDER}
+    cfg = write_config(tmp_path, tasks)
+    proc = await run_measure(tmp_path, "-c", str(cfg), *fake_args(tmp_path), "--task", "ok")
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert "broken" not in proc.stderr.decode()
+    assert [e["task_type"] for e in json.loads(proc.stdout)] == ["ok"]
+    proc = await run_measure(tmp_path, "-c", str(cfg), *fake_args(tmp_path), "--task", "nope")
+    assert proc.returncode == 2
+    assert "--task nope: not a configured task (configured: broken, ok)" in proc.stderr.decode()
+
+
+async def test_measure_nothing_to_probe_prints_the_store(tmp_path: Path) -> None:
+    cfg = write_config(tmp_path, {"stt": {"command": [PY, "-c", "print('{}')"]}})
+    proc = await run_measure(tmp_path, "-c", str(cfg), *fake_args(tmp_path))
+    assert proc.returncode == 0
+    assert json.loads(proc.stdout) == []
+    assert "stt: skipped (no probe configured)" in proc.stderr.decode()
+
+
+async def test_measure_refuses_without_a_gpu(tmp_path: Path) -> None:
+    cfg = write_config(tmp_path, {"image-gen": HOLDER})
+    # nvidia-smi cannot be found on an empty PATH: the probe fails, nothing runs.
+    empty = tmp_path / "empty-path"
+    empty.mkdir()
+    proc = await run_measure(tmp_path, "-c", str(cfg), "--gpu", "smi", env={"PATH": str(empty)})
+    err = proc.stderr.decode()
+    assert proc.returncode == 1 and "error: GPU probe failed" in err, err
+    assert proc.stdout == b"" and "started" not in err
+    # --gpu fake without a fake GPU directory is refused too
+    env = {k: v for k, v in os.environ.items() if k != "FLEET_TRIO_FAKE_GPU_DIR"}
+    argv = [sys.executable, "-m", "fleet_trio", "measure", "-c", str(cfg), "--gpu", "fake"]
+    with trio.fail_after(30):
+        proc = await trio.run_process(argv, env=env, capture_stderr=True, check=False)
+    assert proc.returncode == 1 and "error: GPU probe failed" in proc.stderr.decode()
+    assert not (tmp_path / "fp.json").exists()
