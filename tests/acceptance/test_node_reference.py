@@ -154,28 +154,33 @@ async def test_node_064_families(tmp_path: Path) -> None:
 # -- 65–68: required members ----------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    ("task", "member", "payload"),
-    [
-        ("image-gen", "prompt", {"width": 512}),
-        ("image-gen", "prompt", {"prompt": ""}),
-        ("video-gen", "prompt", {"frames": 9}),
-        ("video-gen", "prompt", {"prompt": None}),
-        ("stt", "audio", {"language": "en"}),
-        ("audio-gen", "text", {"kind": "music"}),
-    ],
-    ids=["065-image", "065-image-empty", "066-video", "066-video-null", "067-stt", "068-audio"],
-)
-async def test_node_065_068_required_member_400(
-    tmp_path: Path, task: str, member: str, payload: dict[str, Any]
+async def check_required_member(
+    tmp_path: Path, task: str, member: str, payloads: list[dict[str, Any]]
 ) -> None:
     async with running_node(tmp_path, reference(tmp_path)) as h:
-        r = await h.dispatch("j", task, payload)
-        assert r.status_code == 400
-        error = r.json()["error"]
-        assert error.startswith(f"{task} payload: ") and member in error
-        assert (await h.poll("j")).status_code == 404
+        for payload in payloads:
+            r = await h.dispatch("j", task, payload)
+            assert r.status_code == 400
+            error = r.json()["error"]
+            assert error.startswith(f"{task} payload: ") and member in error
+            assert (await h.poll("j")).status_code == 404
     assert work_dirs(tmp_path) == []
+
+
+async def test_node_065_image_without_prompt_is_400(tmp_path: Path) -> None:
+    await check_required_member(tmp_path, "image-gen", "prompt", [{"width": 512}, {"prompt": ""}])
+
+
+async def test_node_066_video_without_prompt_is_400(tmp_path: Path) -> None:
+    await check_required_member(tmp_path, "video-gen", "prompt", [{"frames": 9}, {"prompt": None}])
+
+
+async def test_node_067_stt_without_audio_is_400(tmp_path: Path) -> None:
+    await check_required_member(tmp_path, "stt", "audio", [{"language": "en"}])
+
+
+async def test_node_068_audio_without_text_is_400(tmp_path: Path) -> None:
+    await check_required_member(tmp_path, "audio-gen", "text", [{"kind": "music"}])
 
 
 # -- 69–72: run-graph -----------------------------------------------------------------------
@@ -267,35 +272,7 @@ async def test_node_072_run_graph_validation(tmp_path: Path, payload: str, subst
 # -- 78–81 [opt]: fleet-trio passes payloads raw --------------------------------------------
 
 
-@pytest.mark.parametrize(
-    ("task", "full", "minimal"),
-    [
-        (
-            "image-gen",
-            '{"prompt":"a cat","negative":"blur","out":"/tmp/cat.png","width":768,'
-            '"height":512,"steps":20,"seed":7}',
-            '{"prompt":"a cat"}',
-        ),
-        (
-            "video-gen",
-            '{"prompt":"waves","still":"/s.png","model":"wan","negative":"n","out":"/v.mp4",'
-            '"frames":33,"width":832,"height":480,"steps":6,"seed":3,"reserve_vram":2.5,'
-            '"fast":true,"hero":false,"upscale":true}',
-            '{"prompt":"waves"}',
-        ),
-        ("stt", '{"audio":"/a.wav","language":"de","hq":true}', '{"audio":"/a.wav"}'),
-        (
-            "audio-gen",
-            '{"text":"hi","kind":"voice","voice":"v1","clone":"/c.wav","lang":"en",'
-            '"out":"/o.wav","seconds":5,"seed":9,"reserve_vram":1.5}',
-            '{"text":"hi"}',
-        ),
-    ],
-    ids=["078-image", "079-video", "080-stt", "081-audio"],
-)
-async def test_node_078_081_payload_passed_raw(
-    tmp_path: Path, task: str, full: str, minimal: str
-) -> None:
+async def check_payload_passed_raw(tmp_path: Path, task: str, full: str, minimal: str) -> None:
     async with running_node(tmp_path, reference(tmp_path, (task,))) as h:
         data = await run_done(h, "full", task, full)
         assert data["stdin"] == full  # every member as given, nothing renamed or converted
@@ -307,6 +284,36 @@ async def test_node_078_081_payload_passed_raw(
         assert not any(str(v) in data["argv"] for v in sent.values() if v not in (True, False))
         data = await run_done(h, "min", task, minimal)
         assert data["stdin"] == minimal  # nothing added
+
+
+async def test_node_078_image_payload_passed_raw(tmp_path: Path) -> None:
+    full = (
+        '{"prompt":"a cat","negative":"blur","out":"/tmp/cat.png","width":768,'
+        '"height":512,"steps":20,"seed":7}'
+    )
+    await check_payload_passed_raw(tmp_path, "image-gen", full, '{"prompt":"a cat"}')
+
+
+async def test_node_079_video_payload_passed_raw(tmp_path: Path) -> None:
+    full = (
+        '{"prompt":"waves","still":"/s.png","model":"wan","negative":"n","out":"/v.mp4",'
+        '"frames":33,"width":832,"height":480,"steps":6,"seed":3,"reserve_vram":2.5,'
+        '"fast":true,"hero":false,"upscale":true}'
+    )
+    await check_payload_passed_raw(tmp_path, "video-gen", full, '{"prompt":"waves"}')
+
+
+async def test_node_080_stt_payload_passed_raw(tmp_path: Path) -> None:
+    full = '{"audio":"/a.wav","language":"de","hq":true}'
+    await check_payload_passed_raw(tmp_path, "stt", full, '{"audio":"/a.wav"}')
+
+
+async def test_node_081_audio_payload_passed_raw(tmp_path: Path) -> None:
+    full = (
+        '{"text":"hi","kind":"voice","voice":"v1","clone":"/c.wav","lang":"en",'
+        '"out":"/o.wav","seconds":5,"seed":9,"reserve_vram":1.5}'
+    )
+    await check_payload_passed_raw(tmp_path, "audio-gen", full, '{"text":"hi"}')
 
 
 # -- 96–98, 100: footprint keys -------------------------------------------------------------
