@@ -85,11 +85,18 @@ def look_path(name: str, path: str | None = None) -> str | None:
     return None
 
 
-def resolve_argv(command: tuple[str, ...]) -> tuple[list[str], str | None]:
-    """Resolve a bare command name against the *worker's* PATH (as Go does)."""
+def resolve_argv(
+    command: tuple[str, ...], env: dict[str, str] | None = None
+) -> tuple[list[str], str | None]:
+    """Resolve a bare command name against the *worker's* PATH (as Go does).
+
+    Popen resolves a bare name against the PATH of the environment it is given. When the job's
+    own ``env`` does not set PATH, that is the worker's PATH, and the lookup is left to the
+    spawn (one less walk over PATH per job); a job that sets its own PATH is resolved here.
+    """
     argv = list(command)
     name = argv[0]
-    if "/" in name:
+    if "/" in name or not (env and "PATH" in env):
         return argv, None
     found = look_path(name, os.environ.get("PATH", os.defpath))
     if found is None:
@@ -103,6 +110,8 @@ def _spawn_error_text(exc: OSError, argv0: str, cwd: str) -> str:
     if cwd and exc.filename == cwd:
         # CPython reports a failed chdir in the child with the cwd as the filename.
         return f"chdir {cwd}: {text}"
+    if "/" not in argv0 and isinstance(exc, FileNotFoundError):
+        return f'exec: "{argv0}": executable file not found in $PATH'
     return f"fork/exec {argv0}: {text}"
 
 
@@ -120,7 +129,7 @@ async def run(
     """
     if not spec.command:
         return Result(exit_code=-1, err="empty command")
-    argv, lookup_error = resolve_argv(spec.command)
+    argv, lookup_error = resolve_argv(spec.command, spec.env)
     if lookup_error is not None:
         return Result(exit_code=-1, err=f"start: {lookup_error}")
     env: dict[str, str] | None = None

@@ -176,3 +176,14 @@ async def test_reap_stragglers_leaves_an_exiting_member_alone(
     live = _ExitingTarget(polls_until_gone=3, exiting=False)
     assert await reap_stragglers(live) == (True, True)
     assert live.signals == [9]
+
+
+async def test_run_bare_name_is_looked_up_on_the_workers_path() -> None:
+    """§2.3.2: a job that sets its own PATH still finds a bare command on the worker's PATH."""
+    sink = BufferSink()
+    with trio.fail_after(10):
+        res = await run(JobSpec(command=["sh", "-c", "echo $PATH"], env={"PATH": "/nowhere"}), sink)
+        missing = await run(JobSpec(command=["no-such-cmd-ft"], env={"PATH": "/usr/bin"}), sink)
+    assert res.exit_code == 0
+    assert sink.text().startswith("/nowhere")
+    assert missing.err == 'start: exec: "no-such-cmd-ft": executable file not found in $PATH'
