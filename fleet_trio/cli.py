@@ -228,6 +228,33 @@ def _add_measure(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p.set_defaults(handler=_cmd_measure)
 
 
+def _add_worker(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "worker",
+        help="run as an rc worker (drop-in replacement for the Go `rc worker`)",
+        description=(
+            "Register with the rc controller named in the config, heartbeat, long-poll for "
+            "assignments and run them. SIGTERM/SIGINT: stop polling, kill running jobs, "
+            "wait up to 45 s for their final logs and reports, exit 0. --check validates "
+            "the config and prints the resolved settings (JSON) without connecting."
+        ),
+        epilog="See docs/worker.md and docs/worker-config.md.",
+    )
+    p.add_argument(
+        "-c",
+        "--config",
+        metavar="FILE",
+        default="/etc/rc/worker.yaml",
+        help="worker YAML (default /etc/rc/worker.yaml)",
+    )
+    p.add_argument(
+        "--check",
+        action="store_true",
+        help="validate the config, print the resolved settings and exit (no connection)",
+    )
+    p.set_defaults(handler=_cmd_worker)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG, description="A GPU fleet agent on Trio: fleet node and drop-in rc worker."
@@ -244,6 +271,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_exec(sub)
     _add_node(sub)
     _add_measure(sub)
+    _add_worker(sub)
     return parser
 
 
@@ -413,6 +441,34 @@ def _cmd_measure(args: argparse.Namespace) -> int:
         return 1
     print(report.entries_json(), flush=True)
     return 0 if report.ok else 1
+
+
+# -- fleet-trio worker --------------------------------------------------------------------------
+
+
+def _cmd_worker(args: argparse.Namespace) -> int:
+    from fleet_trio.errors import ConfigError
+    from fleet_trio.worker.config import load_worker_config
+    from fleet_trio.worker.worker import Worker, serve_worker
+
+    try:
+        config = load_worker_config(args.config)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    if args.check:
+        print(json.dumps(config.to_summary(), indent=2), flush=True)
+        return 0
+    worker = Worker(config)
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(serve_shutdown_signals, worker)
+            await serve_worker(worker)
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+    return 0
 
 
 # -- main -------------------------------------------------------------------------------------

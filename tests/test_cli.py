@@ -312,8 +312,9 @@ async def test_help_lists_only_existing_subcommands() -> None:
     done = await fleet("--help")
     assert done.returncode == 0
     text = done.stdout.decode()
-    assert "exec" in text and "node" in text and "measure" in text and "--version" in text
-    for future in ("worker", "tail", "demo"):
+    for present in ("exec", "node", "measure", "worker", "--version"):
+        assert present in text
+    for future in ("tail", "demo"):
         assert f"    {future} " not in text
 
 

@@ -1,0 +1,722 @@
+"""The rc controller client of ``fleet-trio worker`` (worker-protocol.md §1–§3, §5.4, §8.1).
+
+Every worker-side request/response endpoint (E1–E7) with the reference's exact paths, bodies
+and headers (``Authorization: Bearer``, ``Content-Type: application/json`` everywhere, path
+segments unescaped), the ``Rc-Controller-Instance`` tracking of every exchange
+(:class:`ContactTracker`, a plain synchronous class), the retry rules, and the log batching.
+
+One deliberate difference from the reference: terminal reports and log chunks are *kept*
+through a controller outage and delivered, in order, once it answers again
+(:meth:`ControllerClient.deliver`), unless the controller has meanwhile written the worker
+off (no contact for ``Timings.patience``, the controller's 5-minute ``worker_lost`` horizon,
+after which it has declared the job ``lost``). The reference gives up after 5 tries × 5 s.
+
+cattrs is used only at the wire edge (:data:`converter`, :func:`register_hooks`); the worker
+never imports ``fleet_trio.sim``: these are its own wire types.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+from collections import deque
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any
+
+import attrs
+import cattrs
+import httpx
+import trio
+
+from fleet_trio.durations import go_duration_seconds
+from fleet_trio.errors import WireError
+
+log = logging.getLogger(__name__)
+
+INSTANCE_HEADER = "Rc-Controller-Instance"
+"""The controller identity header, read from every response (§1.4, §5.4)."""
+
+MAX_LOG_CHUNK = 1 << 20
+"""§3.6: the controller refuses a chunk over 1 MiB with 413; no chunk we send exceeds it."""
+LOG_FLUSH_BYTES = 65536
+"""§8.1: flush once the buffer holds this many bytes."""
+MAX_REASON_BYTES = 65536
+"""A terminal report's reason is cut to this many bytes (the kept report stays bounded)."""
+
+Labels = dict[str, dict[str, str]]
+
+
+# --------------------------------------------------------------------------------------------
+# Timings (every one overridable, so tests can shrink them)
+# --------------------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class Timings:
+    """Client-side constants of worker-protocol.md §13, in float seconds."""
+
+    request_timeout: float = 120.0
+    """Request/response calls (the long poll adds its own wait on top)."""
+    report_attempt_timeout: float = 5.0
+    """One attempt of a terminal report, fault report or log chunk."""
+    report_backoff: tuple[float, ...] = (0.2, 0.4, 0.8, 1.6)
+    """Sleeps between attempts; the last value repeats (the kept outbox keeps trying)."""
+    report_attempts_4xx: int = 5
+    """A terminal report refused with a 4xx this many times is given up (reference parity)."""
+    report_attempts_5xx: int = 20
+    """A message answered with a 5xx this many times is given up: the controller is up, so this
+    is not an outage (e.g. 500 ``log_error`` for a job id it cannot store)."""
+    fault_attempts: int = 5
+    """Fault reports: at most this many attempts; only transport errors and 5xx retry."""
+    patience: float = 300.0
+    """No contact for this long ⇒ the controller has written us off (jobs ``lost``): drop
+    what is kept for delivery."""
+    outbox_max_age: float = 1800.0
+    """A kept report/chunk is dropped after this long even while the controller answers 5xx."""
+    log_flush_bytes: int = LOG_FLUSH_BYTES
+    log_flush_delay: float = 1.0
+    log_outbox_limit: int = 16 << 20
+    """Bytes of unsent output kept per job; output beyond it is dropped (logged)."""
+
+
+# --------------------------------------------------------------------------------------------
+# The contact tracker (§5.4): sans-IO
+# --------------------------------------------------------------------------------------------
+
+
+class ContactTracker:
+    """Instance changes, last contact and the "re-register when idle" debt (§5.4).
+
+    ``observe`` after every completed exchange (any HTTP status; not failed connections).
+    ``due(now, busy=...)`` is consulted by the poll loop after an idle poll; when it says yes
+    the caller calls ``attempt(now)`` then ``succeeded()`` or nothing (a failure stays owed,
+    paced by ``retry_pacing``).
+    """
+
+    def __init__(
+        self,
+        *,
+        silence: float = 300.0,
+        jitter_window: float = 30.0,
+        retry_pacing: float = 60.0,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.silence = silence
+        self.jitter_window = jitter_window
+        self.retry_pacing = retry_pacing
+        self._rng = rng if rng is not None else random.Random()
+        self.last_contact: float | None = None
+        self.instance = ""
+        self.due_at: float | None = None
+
+    def jitter(self) -> float:
+        """A fresh draw in ``[0, jitter_window)``."""
+        if self.jitter_window <= 0:
+            return 0.0
+        return min(self._rng.random() * self.jitter_window, self.jitter_window)
+
+    def observe(self, now: float, instance: str | None) -> bool:
+        """Record one completed exchange; return True when it armed a re-registration."""
+        arm = False
+        if self.last_contact is not None and now - self.last_contact >= self.silence:
+            arm = True
+        if instance and self.instance and instance != self.instance:
+            arm = True
+        if instance:
+            self.instance = instance
+        if self.last_contact is None or now > self.last_contact:
+            self.last_contact = now
+        if arm and self.due_at is None:
+            self.due_at = now + self.jitter()
+            return True
+        return False
+
+    @property
+    def owed(self) -> bool:
+        return self.due_at is not None
+
+    def due(self, now: float, *, busy: bool) -> bool:
+        """True when a re-registration should be sent now (owed, due, and nothing supervised)."""
+        return self.due_at is not None and now >= self.due_at and not busy
+
+    def attempt(self, now: float) -> None:
+        """A re-registration is being sent: pace the next try (kept if this one fails)."""
+        self.due_at = now + self.retry_pacing
+
+    def succeeded(self) -> None:
+        """The re-registration was accepted: nothing is owed."""
+        self.due_at = None
+
+    def silent_for(self, now: float) -> float | None:
+        """Seconds since the last contact, ``None`` before the first."""
+        return None if self.last_contact is None else now - self.last_contact
+
+
+# --------------------------------------------------------------------------------------------
+# Wire types (attrs values; cattrs only through ``converter``)
+# --------------------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class DeviceDecl:
+    name: str
+    max_runtime_seconds: int = 0
+
+
+@attrs.frozen
+class Registration:
+    """E1 body (§3.1). ``recovery`` is the wire dict (``None`` = omitted)."""
+
+    host: str
+    devices: tuple[DeviceDecl, ...] = ()
+    boot_id: str = ""
+    recovery: dict[str, bool] | None = None
+    labels: Labels | None = None
+    declared_labels: dict[str, dict[str, str] | None] = attrs.Factory(dict)
+    sheet: str | None = ""
+    device_sheets: dict[str, str] = attrs.Factory(dict)
+
+
+@attrs.frozen
+class Assignment:
+    """One E4 assignment (§3.4)."""
+
+    job_id: str
+    device_id: str
+    command: tuple[str, ...] = ()
+    cwd: str = ""
+    env: dict[str, str] = attrs.Factory(dict)
+    max_runtime_seconds: int = 0
+    idle_timeout_seconds: int = 0
+    submitter: str = ""
+    kind: str = ""
+    stdio: str = ""
+
+    @property
+    def is_hold(self) -> bool:
+        return self.kind == "hold"
+
+
+@attrs.frozen
+class PollAnswer:
+    """An E4 answer; a 204 is the empty answer."""
+
+    assignments: tuple[Assignment, ...] = ()
+    kills: tuple[str, ...] = ()
+
+
+@attrs.frozen
+class StatusReport:
+    """E5 body (§3.5). ``exit_code`` ``None`` = key absent."""
+
+    worker_id: str
+    state: str
+    exit_code: int | None = None
+    reason: str = ""
+
+
+def _omit_empty(d: dict[str, Any], keys: Sequence[str]) -> dict[str, Any]:
+    for key in keys:
+        if key in d and not d[key]:
+            del d[key]
+    return d
+
+
+def register_hooks(conv: cattrs.Converter) -> None:
+    """Teach ``conv`` the omitempty rules of §3 (unstructure) and lenient decoding (structure)."""
+
+    def unstructure_registration(r: Registration) -> dict[str, Any]:
+        body: dict[str, Any] = {"host": r.host}
+        if r.boot_id:
+            body["boot_id"] = r.boot_id
+        if r.recovery:
+            body["recovery"] = dict(r.recovery)
+        body["devices"] = [
+            _omit_empty(
+                {"name": d.name, "max_runtime_seconds": d.max_runtime_seconds},
+                ["max_runtime_seconds"],
+            )
+            for d in r.devices
+        ]
+        body["labels"] = r.labels
+        body["declared_labels"] = dict(r.declared_labels)
+        if r.sheet is not None:
+            body["sheet"] = r.sheet
+        if r.device_sheets:
+            body["device_sheets"] = dict(r.device_sheets)
+        return body
+
+    def unstructure_status(s: StatusReport) -> dict[str, Any]:
+        body: dict[str, Any] = {"worker_id": s.worker_id, "state": s.state}
+        if s.exit_code is not None:
+            body["exit_code"] = s.exit_code
+        if s.reason:
+            body["reason"] = s.reason
+        return body
+
+    def structure_assignment(data: Any, _: type) -> Assignment:
+        if not isinstance(data, Mapping):
+            raise WireError("assignment is not an object")
+        env = data.get("env") or {}
+        command = data.get("command") or []
+        if not isinstance(env, Mapping) or not isinstance(command, list):
+            raise WireError("assignment env/command have the wrong type")
+        return Assignment(
+            job_id=str(data.get("job_id") or ""),
+            device_id=str(data.get("device_id") or ""),
+            command=tuple(str(c) for c in command),
+            cwd=str(data.get("cwd") or ""),
+            env={str(k): str(v) for k, v in env.items()},
+            max_runtime_seconds=int(data.get("max_runtime_seconds") or 0),
+            idle_timeout_seconds=int(data.get("idle_timeout_seconds") or 0),
+            submitter=str(data.get("submitter") or ""),
+            kind=str(data.get("kind") or ""),
+            stdio=str(data.get("stdio") or ""),
+        )
+
+    def structure_poll(data: Any, _: type) -> PollAnswer:
+        if not isinstance(data, Mapping):
+            raise WireError("poll answer is not an object")
+        raw = data.get("assignments") or []
+        kills = data.get("kills") or []
+        if not isinstance(raw, list) or not isinstance(kills, list):
+            raise WireError("poll answer has the wrong shape")
+        return PollAnswer(
+            assignments=tuple(conv.structure(a, Assignment) for a in raw),
+            kills=tuple(str(k) for k in kills),
+        )
+
+    conv.register_unstructure_hook(Registration, unstructure_registration)
+    conv.register_unstructure_hook(StatusReport, unstructure_status)
+    conv.register_structure_hook(Assignment, structure_assignment)
+    conv.register_structure_hook(PollAnswer, structure_poll)
+
+
+def make_converter() -> cattrs.Converter:
+    conv = cattrs.Converter()
+    register_hooks(conv)
+    return conv
+
+
+def encode(conv: cattrs.Converter, value: object) -> bytes:
+    return json.dumps(conv.unstructure(value), separators=(",", ":")).encode()
+
+
+# --------------------------------------------------------------------------------------------
+# The client
+# --------------------------------------------------------------------------------------------
+
+
+class ControllerError(Exception):
+    """A request that got no usable answer: transport failure or an unexpected status."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def _ok(status: int | None) -> bool:
+    return status is not None and 200 <= status < 300
+
+
+class ControllerClient:
+    """httpx (on trio) client of the controller's worker routes.
+
+    Use as ``async with ControllerClient(...) as client``. Every completed exchange is fed to
+    ``tracker``; transport failures are not contact.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        token: str,
+        *,
+        tracker: ContactTracker | None = None,
+        timings: Timings | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self.base_url = base_url.rstrip("/") if base_url.strip("/") else base_url
+        self.token = token
+        self.tracker = tracker if tracker is not None else ContactTracker()
+        self.timings = timings if timings is not None else Timings()
+        self.converter = make_converter()
+        self._http = httpx.AsyncClient(
+            transport=transport,
+            timeout=httpx.Timeout(self.timings.request_timeout),
+            headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+        )
+
+    async def __aenter__(self) -> ControllerClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        with trio.CancelScope(shield=True), trio.move_on_after(2.0):
+            await self._http.aclose()
+
+    # -- one exchange ----------------------------------------------------------------------
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        content: bytes | None = None,
+        params: Mapping[str, str] | None = None,
+        http_timeout: float | None = None,
+    ) -> httpx.Response:
+        """One exchange. Raises :class:`ControllerError` on a transport failure only."""
+        url = self.base_url + path
+        try:
+            response = await self._http.request(
+                method,
+                url,
+                content=content,
+                params=params,
+                timeout=http_timeout if http_timeout is not None else self.timings.request_timeout,
+            )
+        except httpx.HTTPError as exc:
+            raise ControllerError(f"{method} {path}: {type(exc).__name__}: {exc}") from exc
+        self.tracker.observe(trio.current_time(), response.headers.get(INSTANCE_HEADER))
+        return response
+
+    async def _attempt(
+        self, method: str, path: str, content: bytes | None, limit: float
+    ) -> int | None:
+        """One bounded, shielded attempt (a shutdown cannot cut it in half, so a retry never
+        duplicates a chunk the controller already took). ``None`` = no answer."""
+        with trio.CancelScope(shield=True):
+            with trio.move_on_after(limit + 1.0):
+                try:
+                    response = await self.request(method, path, content=content, http_timeout=limit)
+                except ControllerError as exc:
+                    log.debug("%s", exc)
+                    return None
+                return response.status_code
+        return None
+
+    # -- E1 / E2 / E3 / E4 -------------------------------------------------------------------
+    async def register(self, registration: Registration) -> str:
+        """E1. Returns the worker id; raises :class:`ControllerError` on any non-200."""
+        response = await self.request(
+            "POST", "/v1/workers/register", content=encode(self.converter, registration)
+        )
+        if response.status_code != 200:
+            raise ControllerError(
+                f"register: HTTP {response.status_code}: {response.text.strip()}",
+                response.status_code,
+            )
+        try:
+            worker_id = response.json()["worker_id"]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ControllerError(f"register: undecodable answer: {exc}", 200) from exc
+        if not isinstance(worker_id, str) or not worker_id:
+            raise ControllerError("register: empty worker_id", 200)
+        return worker_id
+
+    async def push_labels(self, worker_id: str, registration: Registration) -> bool:
+        """E2 (labels/sheets refresh): no retry; failures are logged and dropped."""
+        body = self.converter.unstructure(registration)
+        body.pop("boot_id", None)
+        body.pop("recovery", None)
+        body["devices"] = [d.name for d in registration.devices]
+        try:
+            response = await self.request(
+                "POST",
+                f"/v1/workers/{worker_id}/labels",
+                content=json.dumps(body, separators=(",", ":")).encode(),
+            )
+        except ControllerError as exc:
+            log.warning("labels push failed: %s", exc)
+            return False
+        if not _ok(response.status_code):
+            log.warning("labels push: HTTP %d %s", response.status_code, response.text.strip())
+            return False
+        return True
+
+    async def heartbeat(self, worker_id: str, running_job_ids: Sequence[str]) -> bool:
+        """E3: ``{}`` when idle. The answer is not inspected; failures are logged."""
+        body: dict[str, Any] = {}
+        if running_job_ids:
+            body["running_job_ids"] = list(running_job_ids)
+        try:
+            response = await self.request(
+                "POST",
+                f"/v1/workers/{worker_id}/heartbeat",
+                content=json.dumps(body, separators=(",", ":")).encode(),
+            )
+        except ControllerError as exc:
+            log.warning("heartbeat failed: %s", exc)
+            return False
+        return _ok(response.status_code)
+
+    async def poll(self, worker_id: str, wait: float) -> PollAnswer:
+        """E4 long poll. 204 ⇒ empty answer; anything else unusable ⇒ :class:`ControllerError`."""
+        response = await self.request(
+            "GET",
+            f"/v1/workers/{worker_id}/assignments",
+            params={"wait": go_duration_seconds(wait)},
+            http_timeout=self.timings.request_timeout + wait,
+        )
+        if response.status_code == 204:
+            return PollAnswer()
+        if response.status_code != 200:
+            raise ControllerError(
+                f"poll: HTTP {response.status_code}: {response.text.strip()}",
+                response.status_code,
+            )
+        try:
+            answer: PollAnswer = self.converter.structure(response.json(), PollAnswer)
+        except (ValueError, TypeError, WireError, cattrs.BaseValidationError) as exc:
+            raise ControllerError(f"poll: undecodable answer: {exc}", 200) from exc
+        return answer
+
+    # -- E5 / E6 / E7 ------------------------------------------------------------------------
+    async def report_running(self, job_id: str, worker_id: str) -> bool:
+        """E5 ``running``: exactly one attempt, result only logged (§3.5, §17.3)."""
+        body = encode(self.converter, StatusReport(worker_id=worker_id, state="running"))
+        status = await self._attempt(
+            "POST", f"/v1/jobs/{job_id}/status", body, self.timings.report_attempt_timeout
+        )
+        if not _ok(status):
+            log.warning("job %s: running report not accepted (%s)", job_id, status)
+        return _ok(status)
+
+    async def report_terminal(self, job_id: str, report: StatusReport) -> bool:
+        """E5 terminal report, kept until delivered (see :meth:`deliver`)."""
+        reason = report.reason
+        if len(reason.encode()) > MAX_REASON_BYTES:
+            reason = reason.encode()[:MAX_REASON_BYTES].decode("utf-8", errors="ignore")
+            report = attrs.evolve(report, reason=reason)
+        body = encode(self.converter, report)
+        return await self.deliver(
+            f"job {job_id} {report.state} report", "POST", f"/v1/jobs/{job_id}/status", body
+        )
+
+    async def send_log_chunk(self, job_id: str, chunk: bytes) -> bool:
+        """E6, one chunk (≤ 1 MiB), kept until delivered (see :meth:`deliver`)."""
+        if len(chunk) > MAX_LOG_CHUNK:
+            raise ValueError("log chunk over 1 MiB")
+        return await self.deliver(
+            f"job {job_id} log chunk ({len(chunk)} B)", "POST", f"/v1/jobs/{job_id}/logs", chunk
+        )
+
+    async def report_fault(self, device_id: str, reason: str) -> bool:
+        """E7: up to ``fault_attempts``; only transport errors and 5xx are retried (§3.7)."""
+        body = json.dumps({"reason": reason}, separators=(",", ":")).encode()
+        status: int | None = None
+        for attempt in range(self.timings.fault_attempts):
+            if attempt:
+                await trio.sleep(self._backoff(attempt - 1))
+            status = await self._attempt(
+                "POST", f"/v1/devices/{device_id}/fault", body, self.timings.report_attempt_timeout
+            )
+            if _ok(status):
+                return True
+            if status is not None and 400 <= status < 500:
+                break
+        log.error(
+            "fault report for %s NOT delivered (last status %s): %s", device_id, status, reason
+        )
+        return False
+
+    def _backoff(self, index: int) -> float:
+        seq = self.timings.report_backoff
+        if not seq:
+            return 0.0
+        return seq[min(index, len(seq) - 1)]
+
+    async def deliver(self, what: str, method: str, path: str, body: bytes) -> bool:
+        """Send until a 2xx, keeping the message through an outage.
+
+        Gives up when: a 4xx came back ``report_attempts_4xx`` times (the controller refuses
+        it for good), or a 5xx ``report_attempts_5xx`` times; or nothing answered for
+        ``patience`` (the controller has written this worker off and declared its jobs lost);
+        or the message is older than ``outbox_max_age``. Between attempts it backs off 200,
+        400, 800, 1600 ms, … (the last value repeats).
+        """
+        t = self.timings
+        first = trio.current_time()
+        refused = 0
+        errors = 0
+        attempt = 0
+        while True:
+            status = await self._attempt(method, path, body, t.report_attempt_timeout)
+            if _ok(status):
+                if attempt:
+                    log.info("%s delivered after %d retries", what, attempt)
+                return True
+            now = trio.current_time()
+            if status is not None and 400 <= status < 500:
+                refused += 1
+                if refused >= t.report_attempts_4xx:
+                    log.error("%s refused (HTTP %d) %d times: giving up", what, status, refused)
+                    return False
+            elif status is not None:
+                errors += 1
+                if errors >= t.report_attempts_5xx:
+                    log.error("%s failed (HTTP %d) %d times: giving up", what, status, errors)
+                    return False
+            if status is None:
+                last = self.tracker.last_contact
+                silent = now - (first if last is None else last)
+                if silent >= t.patience:
+                    log.error(
+                        "%s: no answer from the controller for %.0fs (it has written this "
+                        "worker off and declared the job lost): giving up",
+                        what,
+                        silent,
+                    )
+                    return False
+            if now - first >= t.outbox_max_age:
+                log.error("%s: still undelivered after %.0fs: giving up", what, now - first)
+                return False
+            if attempt == 0:
+                log.warning("%s not accepted (%s); keeping it and retrying", what, status)
+            await trio.sleep(self._backoff(attempt))
+            attempt += 1
+
+
+# --------------------------------------------------------------------------------------------
+# Log batching (§8.1) with a bounded, ordered outbox
+# --------------------------------------------------------------------------------------------
+
+SendChunk = Callable[[bytes], Awaitable[bool]]
+
+
+class LogShipper:
+    """The job's output sink: batches, then ships chunks in order through ``send``.
+
+    Flush when the buffer reaches ``flush_bytes`` or ``flush_delay`` after the first unflushed
+    byte; every chunk ≤ 1 MiB. Writes never block on the network: sealed chunks wait in an
+    ordered outbox (at most ``limit`` bytes; output beyond it is dropped and counted).
+    ``serve`` is the sender task; ``close`` seals the rest and waits until the outbox is empty.
+    """
+
+    def __init__(
+        self,
+        send: SendChunk,
+        *,
+        flush_bytes: int = LOG_FLUSH_BYTES,
+        flush_delay: float = 1.0,
+        limit: int = 16 << 20,
+        label: str = "job",
+    ) -> None:
+        self._send = send
+        self.flush_bytes = min(flush_bytes, MAX_LOG_CHUNK)
+        self.flush_delay = flush_delay
+        self.limit = limit
+        self.label = label
+        self._buf = bytearray()
+        self._first_at: float | None = None
+        self._outbox: deque[bytes] = deque()
+        self._pending = 0
+        self._wake = trio.Event()
+        self._closing = False
+        self._lock = trio.Lock()
+        self.dropped = 0
+        self.sent_chunks = 0
+        self.lost_chunks = 0
+
+    @property
+    def pending_bytes(self) -> int:
+        return self._pending + len(self._buf)
+
+    async def write(self, data: bytes) -> None:
+        if not data:
+            return
+        room = self.limit - self.pending_bytes
+        if room <= 0:
+            self._drop(len(data))
+            return
+        if len(data) > room:
+            self._drop(len(data) - room)
+            data = data[:room]
+        if not self._buf:
+            self._first_at = trio.current_time()
+            self._poke()
+        self._buf += data
+        if len(self._buf) >= self.flush_bytes:
+            self._seal()
+
+    def _drop(self, n: int) -> None:
+        if not self.dropped:
+            log.error("%s: log outbox full (%d B kept): dropping output", self.label, self.limit)
+        self.dropped += n
+
+    def _poke(self) -> None:
+        self._wake.set()
+
+    def _seal(self) -> None:
+        while self._buf:
+            chunk = bytes(self._buf[:MAX_LOG_CHUNK])
+            del self._buf[:MAX_LOG_CHUNK]
+            self._outbox.append(chunk)
+            self._pending += len(chunk)
+        self._first_at = None
+        self._poke()
+
+    async def _ship_ready(self) -> None:
+        async with self._lock:
+            while self._outbox:
+                chunk = self._outbox[0]
+                ok = await self._send(chunk)
+                self._outbox.popleft()
+                self._pending -= len(chunk)
+                if ok:
+                    self.sent_chunks += 1
+                else:
+                    self.lost_chunks += 1
+
+    async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """The sender: one flush at a time, in order. Returns once closed and empty."""
+        task_status.started()
+        while True:
+            if self._outbox:
+                await self._ship_ready()
+                continue
+            if self._closing and not self._buf:
+                return
+            if self._buf and self._first_at is not None:
+                due = self._first_at + self.flush_delay
+                if trio.current_time() >= due:
+                    self._seal()
+                    continue
+                self._wake = trio.Event()
+                with trio.move_on_at(due):
+                    await self._wake.wait()
+            else:
+                self._wake = trio.Event()
+                await self._wake.wait()
+
+    def seal(self) -> None:
+        """Stop batching: everything written so far becomes a chunk."""
+        self._closing = True
+        self._seal()
+
+    async def close(self) -> None:
+        """The final flush (§7.3 step 7): seal and ship everything left, in order."""
+        self.seal()
+        await self._ship_ready()
+
+
+__all__ = [
+    "INSTANCE_HEADER",
+    "LOG_FLUSH_BYTES",
+    "MAX_LOG_CHUNK",
+    "Assignment",
+    "ContactTracker",
+    "ControllerClient",
+    "ControllerError",
+    "DeviceDecl",
+    "LogShipper",
+    "PollAnswer",
+    "Registration",
+    "StatusReport",
+    "Timings",
+    "encode",
+    "make_converter",
+    "register_hooks",
+]

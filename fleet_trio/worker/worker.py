@@ -1,0 +1,569 @@
+"""``fleet-trio worker``: the rc worker lifecycle as a task tree (worker-protocol.md §4–§7).
+
+::
+
+    task tree
+    ├─ services   (none yet)
+    ├─ role       heartbeat loop, labels push loop, poll loop (cancelled first at shutdown)
+    └─ jobs       one task per assignment: acquire → running → run → final log flush →
+                  verify → terminal report → release (hooks are seams with no-op defaults)
+
+Shutdown (§4.3): stop polling, set every job's stop token (SIGTERM → 10 s → SIGKILL through
+``fleet_trio.proc``), drain up to 45 s while the final flushes and terminal reports go out
+(heartbeats keep naming the jobs during the drain, §17.9), then cancel. Reports run in a
+shielded scope that is only hurried (bounded) once the drain is over.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import random
+from typing import Protocol
+
+import attrs
+import trio
+
+from fleet_trio import proc
+from fleet_trio.durations import SECOND
+from fleet_trio.nursery import TaskTree, TaskTreeClosed, open_task_tree
+from fleet_trio.proc.recovery import gather_recovery_proof
+from fleet_trio.worker.client import (
+    Assignment,
+    ContactTracker,
+    ControllerClient,
+    ControllerError,
+    DeviceDecl,
+    LogShipper,
+    PollAnswer,
+    Registration,
+    StatusReport,
+    Timings,
+)
+from fleet_trio.worker.config import WorkerConfig, cuda_device_index
+
+log = logging.getLogger(__name__)
+
+HOLD_COMMAND = ("sleep", "2147483647")
+"""§7.4: what a hold runs (the assignment's ``["hold"]`` is never executed)."""
+PRE_KILLED_REASON = "killed before this worker started it"
+MAX_SHEET = 65536
+
+
+@attrs.frozen
+class WorkerTimings:
+    """Lifecycle constants of §13 in float seconds (tests shrink them)."""
+
+    idle_poll_floor: float = 0.25
+    poll_error_delay: float = 2.0
+    shutdown_drain: float = 45.0
+    kill_grace: float = 10.0
+    hurry_budget: float = 10.0
+    """Once the drain is over (or the worker is cancelled), each job's final flush and
+    terminal report get this long."""
+    register_backoff: tuple[float, ...] = (1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 60.0)
+    """Startup registration retries (§17.1 decision: retry, capped, never exit)."""
+    reregister_silence: float = 300.0
+    reregister_jitter: float = 30.0
+    reregister_pacing: float = 60.0
+    heartbeat_interval: float | None = None
+    """``None``: the config's ``heartbeat_interval``."""
+    poll_wait: float | None = None
+    probe_interval: float | None = None
+
+
+# --------------------------------------------------------------------------------------------
+# Hook seams (a later issue fills them: hooks, verify, probes)
+# --------------------------------------------------------------------------------------------
+
+
+class WorkerHooks(Protocol):
+    async def acquire(self, device_id: str, job: Assignment, stop: proc.StopToken) -> str | None:
+        """Run the device's ``on_acquire``; a failure reason, or ``None`` when it passed."""
+        ...
+
+    async def verify(self, device_id: str, job: Assignment) -> str | None:
+        """The post-job verify pass; a failure text (sent as ``verify failed: …``) or ``None``."""
+        ...
+
+    async def release(self, device_id: str, job: Assignment) -> None:
+        """Arm the device's release linger after the terminal report."""
+        ...
+
+
+class NoHooks:
+    """The default: nothing to acquire, verify or release."""
+
+    async def acquire(self, device_id: str, job: Assignment, stop: proc.StopToken) -> str | None:
+        return None
+
+    async def verify(self, device_id: str, job: Assignment) -> str | None:
+        return None
+
+    async def release(self, device_id: str, job: Assignment) -> None:
+        return None
+
+
+# --------------------------------------------------------------------------------------------
+# Pure helpers
+# --------------------------------------------------------------------------------------------
+
+
+def job_environment(job: Assignment) -> dict[str, str]:
+    """§7.3 step 4: assignment env, then RC_JOB_ID/RC_DEVICE, then the derived CUDA index."""
+    env = dict(job.env)
+    env["RC_JOB_ID"] = job.job_id
+    env["RC_DEVICE"] = job.device_id
+    if "CUDA_VISIBLE_DEVICES" not in job.env:
+        index = cuda_device_index(job.device_id)
+        if index is not None:
+            env["CUDA_VISIBLE_DEVICES"] = index
+    return env
+
+
+def effective_max_runtime(job: Assignment, ceiling_seconds: int) -> int:
+    """§17.7 decision: the configured device ceiling caps a missing or larger limit."""
+    if ceiling_seconds > 0 and (
+        job.max_runtime_seconds <= 0 or job.max_runtime_seconds > ceiling_seconds
+    ):
+        return ceiling_seconds
+    return job.max_runtime_seconds
+
+
+def terminal_report(worker_id: str, result: proc.Result) -> StatusReport:
+    """§7.2 precedence: killed, else failed (error or non-zero), else succeeded."""
+    if result.killed:
+        return StatusReport(worker_id, "killed", result.exit_code, result.err or result.reason)
+    if result.err is not None:
+        return StatusReport(worker_id, "failed", -1, result.err)
+    if result.exit_code != 0:
+        return StatusReport(worker_id, "failed", result.exit_code, result.reason)
+    return StatusReport(worker_id, "succeeded", 0, "")
+
+
+def host_facts() -> dict[str, str]:
+    """Built-in host facts for ``labels[""]`` (probes beyond these come later)."""
+    uname = os.uname()
+    return {"cpus": str(os.cpu_count() or 0), "kernel": uname.release, "arch": uname.machine}
+
+
+def _truncate_sheet(data: bytes) -> str:
+    if len(data) > MAX_SHEET:
+        data = data[:MAX_SHEET]
+    return data.decode("utf-8", errors="ignore")
+
+
+async def read_sheets(cfg: WorkerConfig) -> tuple[str | None, dict[str, str]]:
+    """``host.md`` (missing ⇒ ``""``, unreadable ⇒ ``None``) and ``host.d/<dev>.md``."""
+
+    async def one(path: trio.Path) -> str | None:
+        try:
+            return _truncate_sheet(await path.read_bytes())
+        except FileNotFoundError:
+            return ""
+        except OSError as exc:
+            log.warning("usage sheet %s unreadable: %s", path, exc)
+            return None
+
+    base = trio.Path(cfg.sheet_dir)
+    sheet = await one(base / "host.md")
+    devices: dict[str, str] = {}
+    for d in cfg.devices:
+        text = await one(base / "host.d" / f"{d.name}.md")
+        if text is not None:
+            devices[d.name] = text
+    return sheet, devices
+
+
+# --------------------------------------------------------------------------------------------
+# The worker
+# --------------------------------------------------------------------------------------------
+
+
+@attrs.define(eq=False)
+class _Job:
+    assignment: Assignment
+    stop: proc.StopToken
+    process_done: trio.Event = attrs.Factory(trio.Event)
+    finish_scope: trio.CancelScope | None = None
+
+
+class Worker:
+    """One worker process's state: supervised jobs, the never-cleared started set, the
+    contact tracker and the registration. Run it with :func:`serve_worker`."""
+
+    def __init__(
+        self,
+        config: WorkerConfig,
+        *,
+        timings: WorkerTimings | None = None,
+        client_timings: Timings | None = None,
+        hooks: WorkerHooks | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.config = config
+        self.timings = timings if timings is not None else WorkerTimings()
+        self.client_timings = client_timings if client_timings is not None else Timings()
+        self.hooks: WorkerHooks = hooks if hooks is not None else NoHooks()
+        self.tracker = ContactTracker(
+            silence=self.timings.reregister_silence,
+            jitter_window=self.timings.reregister_jitter,
+            retry_pacing=self.timings.reregister_pacing,
+            rng=rng,
+        )
+        self.worker_id = ""
+        self.registrations = 0
+        self.jobs: dict[str, _Job] = {}
+        self.started: set[str] = set()
+        self._hurry = False
+        self._tree: TaskTree | None = None
+        self._client: ControllerClient | None = None
+        self._register_lock = trio.Lock()
+
+    # -- settings ------------------------------------------------------------------------------
+    @property
+    def heartbeat_interval(self) -> float:
+        t = self.timings.heartbeat_interval
+        return t if t is not None else self.config.heartbeat_interval / SECOND
+
+    @property
+    def poll_wait(self) -> float:
+        t = self.timings.poll_wait
+        return t if t is not None else self.config.poll_wait / SECOND
+
+    @property
+    def probe_interval(self) -> float:
+        t = self.timings.probe_interval
+        return t if t is not None else self.config.probe_interval / SECOND
+
+    @property
+    def client(self) -> ControllerClient:
+        assert self._client is not None, "the worker is not running"
+        return self._client
+
+    def supervised(self) -> list[str]:
+        """The jobs heartbeats name (§6.1)."""
+        return sorted(self.jobs)
+
+    def request_shutdown(self, reason: str = "shutdown requested") -> None:
+        if self._tree is not None:
+            self._tree.request_shutdown(reason)
+
+    # -- registration ----------------------------------------------------------------------------
+    async def build_registration(self, *, with_proof: bool = True) -> Registration:
+        """A full registration (§3.1): boot id, fresh recovery proof, ceilings, labels, sheets.
+
+        ``with_proof=False`` (the E2 labels push, which sends no proof) skips the /proc walk.
+        """
+        cfg = self.config
+        recovery = proc.RecoveryProof()
+        if with_proof:
+            recovery = await gather_recovery_proof(
+                os.getpid(), require_manual_clear=cfg.require_manual_clear
+            )
+        sheet, device_sheets = await read_sheets(cfg)
+        labels: dict[str, dict[str, str]] = {"": host_facts()}
+        for d in cfg.devices:
+            labels[d.name] = {}
+        return Registration(
+            host=cfg.host,
+            devices=tuple(DeviceDecl(d.name, d.max_runtime_seconds) for d in cfg.devices),
+            boot_id=proc.boot_id(),
+            recovery=recovery.to_wire(),
+            labels=labels,
+            declared_labels={d.name: (dict(d.labels) or None) for d in cfg.devices},
+            sheet=sheet,
+            device_sheets=device_sheets,
+        )
+
+    async def register(self) -> None:
+        """One registration; raises :class:`ControllerError` on failure."""
+        async with self._register_lock:
+            registration = await self.build_registration()
+            self.worker_id = await self.client.register(registration)
+            self.registrations += 1
+            log.info("registered with %s as worker %s", self.config.controller_url, self.worker_id)
+
+    async def register_at_startup(self) -> None:
+        """§4.1 step 2, retried with capped exponential backoff (§17.1 decision)."""
+        backoff = self.timings.register_backoff
+        attempt = 0
+        while True:
+            try:
+                await self.register()
+                return
+            except ControllerError as exc:
+                delay = backoff[min(attempt, len(backoff) - 1)] if backoff else 1.0
+                log.error(
+                    "registration with %s failed (%s); retrying in %gs",
+                    self.config.controller_url,
+                    exc,
+                    delay,
+                )
+                attempt += 1
+                await trio.sleep(delay)
+
+    async def maybe_reregister(self) -> None:
+        """§5.4: after an idle poll, re-register if owed, due and nothing is supervised."""
+        now = trio.current_time()
+        if not self.tracker.due(now, busy=bool(self.jobs)):
+            return
+        self.tracker.attempt(now)
+        log.info("controller changed or was out of contact: re-registering")
+        try:
+            await self.register()
+        except ControllerError as exc:
+            log.warning(
+                "re-registration failed (%s); retrying in %gs", exc, self.tracker.retry_pacing
+            )
+            return
+        self.tracker.succeeded()
+
+    # -- loops -------------------------------------------------------------------------------------
+    async def heartbeat_loop(
+        self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        task_status.started()
+        while True:
+            await trio.sleep(self.heartbeat_interval)
+            await self.client.heartbeat(self.worker_id, self.supervised())
+
+    async def labels_loop(
+        self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        task_status.started()
+        while True:
+            await trio.sleep(self.probe_interval)
+            async with self._register_lock:
+                registration = await self.build_registration(with_proof=False)
+                await self.client.push_labels(self.worker_id, registration)
+
+    async def poll_loop(
+        self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        task_status.started()
+        while True:
+            try:
+                answer = await self.client.poll(self.worker_id, self.poll_wait)
+            except ControllerError as exc:
+                log.warning(
+                    "poll failed: %s; polling again in %gs", exc, self.timings.poll_error_delay
+                )
+                await trio.sleep(self.timings.poll_error_delay)
+                continue
+            if self.handle_answer(answer):
+                continue
+            await self.maybe_reregister()
+            await trio.sleep(self.timings.idle_poll_floor)
+
+    def handle_answer(self, answer: PollAnswer) -> bool:
+        """Kills first, then assignments (§3.4). Returns True when a job was started."""
+        kills = set(answer.kills)
+        for job_id in answer.kills:
+            job = self.jobs.get(job_id)
+            if job is not None and not job.stop.was_set:
+                log.info("job %s: kill received", job_id)
+                job.stop.set()
+        started = False
+        for a in answer.assignments:
+            if a.job_id in self.started or a.job_id in self.jobs:
+                log.debug("job %s: delivered again, ignored", a.job_id)
+                continue
+            self.started.add(a.job_id)
+            tree = self._tree
+            assert tree is not None
+            try:
+                if a.job_id in kills:
+                    tree.start_job(self._pre_killed, a, name=f"job {a.job_id} (pre-killed)")
+                else:
+                    self.jobs[a.job_id] = _Job(a, proc.StopToken())
+                    tree.start_job(self.run_job, a, name=f"job {a.job_id}")
+                    started = True
+            except TaskTreeClosed:
+                self.jobs.pop(a.job_id, None)
+                log.warning("job %s arrived during shutdown: not started", a.job_id)
+        return started
+
+    # -- one job ---------------------------------------------------------------------------------
+    async def _pre_killed(self, a: Assignment) -> None:
+        report = StatusReport(self.worker_id, "killed", None, PRE_KILLED_REASON)
+        with self._finish_scope(None):
+            await self.client.report_terminal(a.job_id, report)
+
+    def _finish_scope(self, job: _Job | None) -> trio.CancelScope:
+        scope = trio.CancelScope(shield=True)
+        if self._hurry:
+            scope.deadline = trio.current_time() + self.timings.hurry_budget
+        if job is not None:
+            job.finish_scope = scope
+        return scope
+
+    def _spec(self, a: Assignment) -> proc.JobSpec:
+        device = self.config.device_by_id(a.device_id)
+        ceiling = device.max_runtime_seconds if device is not None else 0
+        limit = effective_max_runtime(a, ceiling)
+        if limit != a.max_runtime_seconds:
+            log.info("job %s: applying the device ceiling of %ds", a.job_id, limit)
+        return proc.JobSpec(
+            command=HOLD_COMMAND if a.is_hold else a.command,
+            cwd="" if a.is_hold else a.cwd,
+            env=job_environment(a),
+            grace_ceiling=self.timings.kill_grace,
+            max_runtime=float(limit),
+            idle_timeout=float(a.idle_timeout_seconds),
+            sweep_job_id="" if a.is_hold else a.job_id,
+        )
+
+    async def run_job(self, a: Assignment) -> None:
+        """§7.3, steps 2–11 (step 1, dedup and the supervised set, is done by the caller)."""
+        job = self.jobs[a.job_id]
+        client = self.client
+        try:
+            failure = await self.hooks.acquire(a.device_id, a, job.stop)
+            if failure is not None:
+                with self._finish_scope(job):
+                    state = "killed" if job.stop.was_set else "failed"
+                    prefix = (
+                        "cancelled during acquire hook"
+                        if job.stop.was_set
+                        else "acquire hook failed"
+                    )
+                    reason = f"{prefix}: {failure}"
+                    await client.report_terminal(
+                        a.job_id, StatusReport(self.worker_id, state, None, reason)
+                    )
+                    if state == "failed":
+                        await client.report_fault(a.device_id, reason)
+                return
+            await client.report_running(a.job_id, self.worker_id)
+            if a.stdio:
+                # §8.2 relay modes belong to a later issue: fail like a relay dial failure
+                # (§7.2) rather than run an interactive job with nobody attached.
+                reason = (
+                    f"attach {a.stdio} stdio: open output stream: "
+                    "relay not supported by this fleet-trio worker yet"
+                )
+                with self._finish_scope(job):
+                    await self._conclude(a, proc.Result(exit_code=-1, err=reason))
+                return
+            shipper = LogShipper(
+                lambda chunk: client.send_log_chunk(a.job_id, chunk),
+                flush_bytes=self.client_timings.log_flush_bytes,
+                flush_delay=self.client_timings.log_flush_delay,
+                limit=self.client_timings.log_outbox_limit,
+                label=f"job {a.job_id}",
+            )
+            result: proc.Result | None = None
+            try:
+                async with trio.open_nursery() as nursery:
+                    await nursery.start(shipper.serve)
+                    try:
+                        result = await proc.run(self._spec(a), shipper, job.stop)
+                    except Exception as exc:
+                        result = proc.Result(exit_code=-1, err=f"worker error: {exc}")
+                        raise
+                    finally:
+                        job.process_done.set()
+                        shipper.seal()
+            finally:
+                with self._finish_scope(job):
+                    await shipper.close()
+                    if result is None:
+                        result = proc.Result(exit_code=-1, killed=True, reason="cancelled")
+                    await self._conclude(a, result)
+        finally:
+            job.process_done.set()
+            self.jobs.pop(a.job_id, None)
+
+    async def _conclude(self, a: Assignment, result: proc.Result) -> None:
+        """Steps 8–10: verify (fault first), terminal report, release."""
+        client = self.client
+        failure = await self.hooks.verify(a.device_id, a)
+        if failure is not None:
+            await client.report_fault(a.device_id, f"verify failed: {failure}")
+        report = terminal_report(self.worker_id, result)
+        if result.sweep.found:
+            log.info("job %s: sweep found %s", a.job_id, list(result.sweep.found))
+        log.info("job %s: %s (exit %s) %s", a.job_id, report.state, report.exit_code, report.reason)
+        await client.report_terminal(a.job_id, report)
+        await self.hooks.release(a.device_id, a)
+
+    # -- shutdown ----------------------------------------------------------------------------
+    def _stop_accepting(self) -> None:
+        """Shutdown step 1 (the poll loop's scope is cancelled by the tree): stop every job."""
+        for job in self.jobs.values():
+            job.stop.set()
+
+    async def _interrupt(self) -> None:
+        """After the drain: hurry the final reports, wait (bounded) for the processes."""
+        self._hurry = True
+        log.warning("drain over: %d job(s) still finishing: %s", len(self.jobs), self.supervised())
+        deadline = trio.current_time() + self.timings.hurry_budget
+        for job in list(self.jobs.values()):
+            job.stop.set()
+            if job.finish_scope is not None:
+                job.finish_scope.deadline = min(job.finish_scope.deadline, deadline)
+        for job in list(self.jobs.values()):
+            await job.process_done.wait()
+
+
+async def serve_worker(
+    worker: Worker,
+    *,
+    task_status: trio.TaskStatus[Worker] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Run ``worker`` until :meth:`Worker.request_shutdown` (or a cancel), per §4.1 / §4.3.
+
+    ``started`` (with the worker) once the startup registration succeeded and the loops run.
+    """
+    t = worker.timings
+    async with ControllerClient(
+        worker.config.controller_url,
+        worker.config.token,
+        tracker=worker.tracker,
+        timings=worker.client_timings,
+    ) as client:
+        worker._client = client
+        async with open_task_tree(
+            drain=t.shutdown_drain,
+            kill_grace=t.kill_grace,
+            on_stop_accepting=worker._stop_accepting,
+            on_interrupt=worker._interrupt,
+            interrupt_budget=t.kill_grace + 5.0,
+        ) as tree:
+            worker._tree = tree
+            with trio.CancelScope() as body:
+                tree.cancel_on_shutdown(body)
+                await worker.register_at_startup()
+                await tree.role.start(worker.heartbeat_loop, name="heartbeat")
+                if math.isfinite(worker.probe_interval) and worker.probe_interval > 0:
+                    await tree.role.start(worker.labels_loop, name="labels")
+                # §4.1 step 5: the startup release pass belongs to the hooks issue.
+                poll_scope = trio.CancelScope()
+                tree.cancel_on_shutdown(poll_scope)
+
+                async def poll(
+                    *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+                ) -> None:
+                    with poll_scope:
+                        await worker.poll_loop(task_status=task_status)
+
+                await tree.role.start(poll, name="poll")
+                task_status.started(worker)
+                await tree.wait_shutdown()
+        worker._tree = None
+
+
+__all__ = [
+    "HOLD_COMMAND",
+    "NoHooks",
+    "Worker",
+    "WorkerHooks",
+    "WorkerTimings",
+    "effective_max_runtime",
+    "host_facts",
+    "job_environment",
+    "serve_worker",
+    "terminal_report",
+]

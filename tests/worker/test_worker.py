@@ -1,0 +1,501 @@
+"""The real worker as a trio task against the simulated controller, with real job processes.
+
+Timers are shrunk (heartbeat 0.1 s, poll wait 0.5 s); every test runs under ``trio.fail_after``.
+Helpers here are shared with ``tests/acceptance/test_protocol_worker.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import sys
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+
+import attrs
+import pytest
+import trio
+
+from fleet_trio.sim import SimController, serve_controller
+from fleet_trio.worker.client import Assignment, StatusReport, Timings
+from fleet_trio.worker.config import DeviceConfig, WorkerConfig
+from fleet_trio.worker.worker import (
+    Worker,
+    WorkerTimings,
+    effective_max_runtime,
+    job_environment,
+    serve_worker,
+)
+
+PY = sys.executable
+HOST = "gpubox"
+FAST = WorkerTimings(
+    idle_poll_floor=0.05,
+    poll_error_delay=0.1,
+    shutdown_drain=5.0,
+    kill_grace=2.0,
+    hurry_budget=2.0,
+    register_backoff=(0.05, 0.1),
+    reregister_silence=300.0,
+    reregister_jitter=0.0,
+    reregister_pacing=0.5,
+    heartbeat_interval=0.1,
+    poll_wait=0.5,
+    probe_interval=float("inf"),
+)
+FAST_CLIENT = Timings(
+    request_timeout=5.0,
+    report_attempt_timeout=1.0,
+    report_backoff=(0.05, 0.1, 0.2),
+    log_flush_delay=0.1,
+)
+
+
+def sim(**kw: float) -> SimController:
+    defaults: dict[str, float] = {
+        "reaper_interval": 0.05,
+        "heartbeat_timeout": 30.0,
+        "worker_lost_after": 300.0,
+        "startup_grace": 0.0,
+    }
+    defaults.update(kw)
+    return SimController(token="wtok", **defaults)  # type: ignore[arg-type]
+
+
+def config(
+    url: str,
+    devices: Sequence[str | DeviceConfig] = ("gpu0", "gpu1"),
+    *,
+    manual_clear: bool = False,
+) -> WorkerConfig:
+    """``manual_clear``: no recovery proof, so two registrations compare equal even while other
+    test runs' jobs (carrying RC_JOB_ID) come and go on this machine."""
+    devs = tuple(d if isinstance(d, DeviceConfig) else DeviceConfig(name=d) for d in devices)
+    return WorkerConfig(
+        controller_url=url,
+        token="wtok",
+        host=HOST,
+        devices=devs,
+        sheet_dir="/nonexistent",
+        require_manual_clear=manual_clear,
+    )
+
+
+@asynccontextmanager
+async def running(
+    ctrl: SimController | None = None,
+    *,
+    devices: Sequence[str | DeviceConfig] = ("gpu0", "gpu1"),
+    timings: WorkerTimings = FAST,
+    client_timings: Timings = FAST_CLIENT,
+    manual_clear: bool = False,
+) -> AsyncIterator[tuple[SimController, Worker]]:
+    """A sim controller and a started worker; the worker is shut down (gracefully) at exit."""
+    ctrl = ctrl if ctrl is not None else sim()
+    async with trio.open_nursery() as nursery:
+        url = await nursery.start(serve_controller, ctrl)
+        worker = Worker(
+            config(url, devices, manual_clear=manual_clear),
+            timings=timings,
+            client_timings=client_timings,
+        )
+        done = trio.Event()
+
+        async def run_worker() -> None:
+            try:
+                await serve_worker(worker)
+            finally:
+                done.set()
+
+        nursery.start_soon(run_worker)
+        await ctrl.wait_for(lambda: worker.registrations >= 1 and ctrl.polls(), timeout=5)
+        yield ctrl, worker
+        worker.request_shutdown("test over")
+        with trio.fail_after(15):
+            await done.wait()
+        nursery.cancel_scope.cancel()
+
+
+def dev(name: str) -> str:
+    return f"{HOST}:{name}"
+
+
+async def until_terminal(ctrl: SimController, job_id: str, within: float = 10.0) -> list[str]:
+    terminal = {"succeeded", "failed", "killed", "lost"}
+    await ctrl.wait_for(lambda: any(s in terminal for s in ctrl.statuses(job_id)), within)
+    return ctrl.statuses(job_id)
+
+
+# --------------------------------------------------------------------------------------------
+# Pure helpers
+# --------------------------------------------------------------------------------------------
+
+
+def test_job_environment_sets_markers_and_cuda_index() -> None:
+    a = Assignment(job_id="j1", device_id="gpubox:gpu1", command=("x",), env={"FOO": "bar"})
+    env = job_environment(a)
+    assert env == {
+        "FOO": "bar",
+        "RC_JOB_ID": "j1",
+        "RC_DEVICE": "gpubox:gpu1",
+        "CUDA_VISIBLE_DEVICES": "1",
+    }
+    assert "CUDA_VISIBLE_DEVICES" not in job_environment(attrs.evolve(a, device_id="h:mydevice"))
+    kept = job_environment(attrs.evolve(a, env={"CUDA_VISIBLE_DEVICES": "0,1"}))
+    assert kept["CUDA_VISIBLE_DEVICES"] == "0,1"
+    forced = job_environment(attrs.evolve(a, env={"RC_JOB_ID": "evil"}))
+    assert forced["RC_JOB_ID"] == "j1"
+
+
+@pytest.mark.parametrize(
+    ("requested", "ceiling", "expected"),
+    [(0, 0, 0), (10, 0, 10), (0, 60, 60), (100, 60, 60), (30, 60, 30)],
+)
+def test_device_ceiling_caps_the_assignment(requested: int, ceiling: int, expected: int) -> None:
+    a = Assignment(job_id="j", device_id="h:gpu0", max_runtime_seconds=requested)
+    assert effective_max_runtime(a, ceiling) == expected
+
+
+# --------------------------------------------------------------------------------------------
+# Lifecycle against the sim
+# --------------------------------------------------------------------------------------------
+
+
+async def test_register_heartbeat_and_successful_job() -> None:
+    with trio.fail_after(20):
+        async with running() as (ctrl, worker):
+            reg = ctrl.registrations()[0]
+            assert reg["host"] == HOST
+            assert [d["name"] for d in reg["devices"]] == ["gpu0", "gpu1"]
+            assert reg["labels"][""]["cpus"]
+            await ctrl.wait_for(lambda: ctrl.heartbeats(), timeout=5)
+            assert ctrl.heartbeats()[0] == {}
+            job = ctrl.submit(dev("gpu0"), [PY, "-c", "print('one'); print('two')"])
+            assert await until_terminal(ctrl, job) == ["running", "succeeded"]
+            report = ctrl.status_reports(job)[-1]
+            assert report.exit_code == 0
+            assert report.worker_id == worker.worker_id
+            assert ctrl.logs(job) == b"one\ntwo\n"
+            await ctrl.wait_for(lambda: worker.supervised() == [])
+
+
+async def test_failing_job_reports_failed_with_exit_code() -> None:
+    with trio.fail_after(20):
+        async with running() as (ctrl, _):
+            job = ctrl.submit(dev("gpu0"), ["sh", "-c", "echo oops; exit 3"])
+            assert await until_terminal(ctrl, job) == ["running", "failed"]
+            assert ctrl.status_reports(job)[-1].exit_code == 3
+            assert ctrl.logs(job) == b"oops\n"
+
+
+async def test_start_failure_reports_failed_minus_one() -> None:
+    with trio.fail_after(20):
+        async with running() as (ctrl, _):
+            job = ctrl.submit(dev("gpu0"), ["/nonexistent/binary"])
+            assert await until_terminal(ctrl, job) == ["running", "failed"]
+            report = ctrl.status_reports(job)[-1]
+            assert report.exit_code == -1
+            assert report.reason
+
+
+async def test_kill_running_job() -> None:
+    with trio.fail_after(20):
+        async with running() as (ctrl, worker):
+            job = ctrl.submit(dev("gpu0"), ["sleep", "30"])
+            await ctrl.wait_for(lambda: job in worker.supervised() and ctrl.statuses(job))
+            await trio.sleep(0.2)
+            ctrl.kill(job)
+            assert await until_terminal(ctrl, job) == ["running", "killed"]
+            assert ctrl.status_reports(job)[-1].reason == "cancelled"
+
+
+async def test_heartbeats_name_running_jobs_only() -> None:
+    with trio.fail_after(20):
+        async with running() as (ctrl, _):
+            job = ctrl.submit(dev("gpu1"), ["sleep", "1"])
+            await ctrl.wait_for(
+                lambda: any(h.get("running_job_ids") == [job] for h in ctrl.heartbeats())
+            )
+            await until_terminal(ctrl, job)
+            n = len(ctrl.heartbeats())
+            await ctrl.wait_for(lambda: len(ctrl.heartbeats()) > n + 1)
+            assert ctrl.heartbeats()[-1] == {}
+            assert all(len(h.get("running_job_ids", [])) <= 1 for h in ctrl.heartbeats())
+
+
+async def test_cuda_visible_devices_and_env() -> None:
+    with trio.fail_after(20):
+        async with running(devices=("gpu1", "mydevice")) as (ctrl, _):
+            script = (
+                "import os; "
+                "print(os.environ.get('CUDA_VISIBLE_DEVICES', '-'), os.environ['RC_JOB_ID'])"
+            )
+            j1 = ctrl.submit(dev("gpu1"), [PY, "-c", script])
+            j2 = ctrl.submit(dev("mydevice"), [PY, "-c", script])
+            await until_terminal(ctrl, j1)
+            await until_terminal(ctrl, j2)
+            assert ctrl.logs(j1) == f"1 {j1}\n".encode()
+            assert ctrl.logs(j2) == f"- {j2}\n".encode()
+
+
+async def test_hold_runs_the_sleeper() -> None:
+    with trio.fail_after(20):
+        async with running() as (ctrl, _):
+            job = ctrl.submit(dev("gpu0"), kind="hold", max_runtime_seconds=1)
+            assert await until_terminal(ctrl, job) == ["running", "killed"]
+            assert ctrl.status_reports(job)[-1].reason.startswith("max_runtime exceeded (1s)")
+
+
+async def test_device_ceiling_applied_locally() -> None:
+    ceiling = DeviceConfig(name="gpu0", max_runtime=1_000_000_000)
+    with trio.fail_after(20):
+        async with running(devices=(ceiling,)) as (ctrl, _):
+            job = ctrl.submit(dev("gpu0"), ["sleep", "30"])
+            assert await until_terminal(ctrl, job) == ["running", "killed"]
+            assert "max_runtime exceeded" in ctrl.status_reports(job)[-1].reason
+
+
+async def test_shutdown_with_running_job_reports_killed_and_returns() -> None:
+    with trio.fail_after(20):
+        ctrl = sim()
+        async with trio.open_nursery() as nursery:
+            url = await nursery.start(serve_controller, ctrl)
+            worker = Worker(config(url), timings=FAST, client_timings=FAST_CLIENT)
+            done = trio.Event()
+
+            async def run_worker() -> None:
+                await serve_worker(worker)
+                done.set()
+
+            nursery.start_soon(run_worker)
+            job = ""
+            await ctrl.wait_for(lambda: worker.registrations >= 1)
+            job = ctrl.submit(dev("gpu0"), ["sleep", "30"])
+            await ctrl.wait_for(lambda: job in worker.supervised() and ctrl.statuses(job))
+            t0 = trio.current_time()
+            worker.request_shutdown("test")
+            await done.wait()
+            assert trio.current_time() - t0 < 4.0
+            assert ctrl.statuses(job) == ["running", "killed"]
+            assert ctrl.status_reports(job)[-1].reason == "cancelled"
+            nursery.cancel_scope.cancel()
+
+
+async def test_cancelled_worker_still_reports_killed() -> None:
+    with trio.fail_after(20):
+        ctrl = sim()
+        async with trio.open_nursery() as nursery:
+            url = await nursery.start(serve_controller, ctrl)
+            worker = Worker(config(url), timings=FAST, client_timings=FAST_CLIENT)
+            with trio.CancelScope() as scope:
+                nursery.start_soon(ctrl.wait_for, lambda: False, 30.0)
+                inner = trio.CancelScope()
+
+                async def run_worker() -> None:
+                    with inner:
+                        await serve_worker(worker)
+
+                nursery.start_soon(run_worker)
+                await ctrl.wait_for(lambda: worker.registrations >= 1)
+                job = ctrl.submit(dev("gpu0"), ["sleep", "5"])
+                await ctrl.wait_for(lambda: job in worker.supervised() and ctrl.statuses(job))
+                inner.cancel()
+                await ctrl.wait_for(lambda: len(ctrl.statuses(job)) >= 2, timeout=10)
+                scope.cancel()
+            assert ctrl.statuses(job) == ["running", "killed"]
+            nursery.cancel_scope.cancel()
+
+
+async def test_startup_registration_is_retried() -> None:
+    ctrl = sim()
+    ctrl.fail_next("register", status=503, count=2)
+    with trio.fail_after(20):
+        async with running(ctrl) as (ctrl, worker):
+            assert worker.registrations == 1
+            assert len(ctrl.requests("register")) == 3
+
+
+async def test_controller_restart_mid_job_reports_then_reregisters_when_idle() -> None:
+    with trio.fail_after(30):
+        async with running(manual_clear=True) as (ctrl, worker):
+            job = ctrl.submit(dev("gpu0"), ["sh", "-c", "echo start; sleep 1.5; echo end"])
+            await ctrl.wait_for(lambda: job in worker.supervised() and ctrl.statuses(job))
+            ctrl.restart(down_for=0.3)
+            await until_terminal(ctrl, job)
+            assert ctrl.statuses(job) == ["running", "succeeded"]
+            assert ctrl.logs(job) == b"start\nend\n"
+            await ctrl.wait_for(lambda: len(ctrl.registrations()) >= 2, timeout=10)
+            second = [r for r in ctrl.requests("register") if r.outcome == "handled"][-1]
+            # The second registration came after the terminal report: the worker was idle.
+            report_at = [r for r in ctrl.requests("status") if r.outcome == "handled"][-1].at
+            assert second.at > report_at
+            first, again = ctrl.registrations()[0], ctrl.registrations()[-1]
+            for key in ("host", "boot_id", "recovery", "devices"):
+                assert first.get(key) == again.get(key)
+            job2 = ctrl.submit(dev("gpu0"), ["true"])
+            assert await until_terminal(ctrl, job2) == ["running", "succeeded"]
+
+
+async def test_outage_during_terminal_report_loses_nothing() -> None:
+    with trio.fail_after(30):
+        async with running() as (ctrl, worker):
+            job = ctrl.submit(dev("gpu0"), ["sh", "-c", "echo a; sleep 0.6; echo b"])
+            await ctrl.wait_for(lambda: job in worker.supervised() and ctrl.statuses(job))
+            await ctrl.wait_for(lambda: ctrl.logs(job) == b"a\n")
+            ctrl.fail_next("logs", status=503, count=3)
+            ctrl.fail_next("status", status=503, count=3)
+            assert await until_terminal(ctrl, job) == ["running", "succeeded"]
+            assert ctrl.logs(job) == b"a\nb\n"
+
+
+def test_cli_check_prints_resolved_settings(
+    tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from fleet_trio.cli import main
+
+    path = tmp_path / "worker.yaml"
+    path.write_text("controller_url: http://127.0.0.1:1/\ntoken: secret\ndevices:\n  - gpu3\n")
+    assert main(["worker", "-c", str(path), "--check"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["controller_url"] == "http://127.0.0.1:1"
+    assert summary["token"] == "(redacted)"
+    assert summary["devices"][0]["cuda_visible_devices"] == "3"
+    assert main(["worker", "-c", str(path) + ".missing", "--check"]) == 1
+
+
+def test_cli_worker_default_config_path() -> None:
+    from fleet_trio.cli import build_parser
+
+    args = build_parser().parse_args(["worker"])
+    assert args.config == "/etc/rc/worker.yaml"
+    assert not args.check
+
+
+def test_terminal_report_precedence() -> None:
+    from fleet_trio.proc import Result
+    from fleet_trio.worker.worker import terminal_report
+
+    assert terminal_report("w", Result(exit_code=0)) == StatusReport("w", "succeeded", 0, "")
+    assert terminal_report("w", Result(exit_code=7)) == StatusReport("w", "failed", 7, "")
+    assert terminal_report("w", Result(exit_code=-1, err="start: x")) == StatusReport(
+        "w", "failed", -1, "start: x"
+    )
+    killed = Result(exit_code=143, killed=True, reason="cancelled")
+    assert terminal_report("w", killed) == StatusReport("w", "killed", 143, "cancelled")
+
+
+class FakeHooks:
+    """Hook seam double: records calls, fails acquire/verify on demand."""
+
+    def __init__(self, *, acquire_fails: str | None = None, verify_fails: str | None = None):
+        self.acquire_fails = acquire_fails
+        self.verify_fails = verify_fails
+        self.calls: list[tuple[str, str]] = []
+
+    async def acquire(self, device_id: str, job: Assignment, stop: object) -> str | None:
+        self.calls.append(("acquire", job.job_id))
+        return self.acquire_fails
+
+    async def verify(self, device_id: str, job: Assignment) -> str | None:
+        self.calls.append(("verify", job.job_id))
+        return self.verify_fails
+
+    async def release(self, device_id: str, job: Assignment) -> None:
+        self.calls.append(("release", job.job_id))
+
+
+@asynccontextmanager
+async def running_with_hooks(hooks: FakeHooks) -> AsyncIterator[tuple[SimController, Worker]]:
+    ctrl = sim()
+    async with trio.open_nursery() as nursery:
+        url = await nursery.start(serve_controller, ctrl)
+        worker = Worker(config(url), timings=FAST, client_timings=FAST_CLIENT, hooks=hooks)
+        nursery.start_soon(serve_worker, worker)
+        await ctrl.wait_for(lambda: worker.registrations >= 1)
+        yield ctrl, worker
+        worker.request_shutdown("test over")
+        nursery.cancel_scope.cancel()
+
+
+async def test_hook_seams_in_execute_order() -> None:
+    hooks = FakeHooks()
+    with trio.fail_after(20):
+        async with running_with_hooks(hooks) as (ctrl, _):
+            job = ctrl.submit(dev("gpu0"), ["true"])
+            assert await until_terminal(ctrl, job) == ["running", "succeeded"]
+            await ctrl.wait_for(lambda: len(hooks.calls) == 3 or None, timeout=5)
+            assert hooks.calls == [("acquire", job), ("verify", job), ("release", job)]
+
+
+async def test_failed_acquire_reports_failed_only_then_fault() -> None:
+    hooks = FakeHooks(acquire_fails="exit status 3")
+    with trio.fail_after(20):
+        async with running_with_hooks(hooks) as (ctrl, _):
+            job = ctrl.submit(dev("gpu0"), ["sh", "-c", "echo RAN"])
+            await ctrl.wait_for(lambda: ctrl.statuses(job) and ctrl.faults(dev("gpu0")))
+            reports = ctrl.status_reports(job)
+            assert [(r.state, r.exit_code) for r in reports] == [("failed", None)]
+            assert reports[0].reason == "acquire hook failed: exit status 3"
+            assert ctrl.faults(dev("gpu0")) == ["acquire hook failed: exit status 3"]
+            assert ctrl.logs(job) == b""
+
+
+async def test_failed_verify_faults_before_terminal_report() -> None:
+    hooks = FakeHooks(verify_fails="gpu-check: ecc errors")
+    with trio.fail_after(20):
+        async with running_with_hooks(hooks) as (ctrl, _):
+            job = ctrl.submit(dev("gpu0"), ["true"])
+            assert await until_terminal(ctrl, job) == ["running", "succeeded"]
+            fault = next(r for r in ctrl.requests("fault") if r.outcome == "handled")
+            final = [r for r in ctrl.requests("status") if r.outcome == "handled"][-1]
+            assert fault.seq < final.seq
+            assert ctrl.faults(dev("gpu0")) == ["verify failed: gpu-check: ecc errors"]
+
+
+async def test_relay_job_fails_clearly() -> None:
+    with trio.fail_after(20):
+        async with running() as (ctrl, _):
+            job = ctrl.submit(dev("gpu0"), ["sh"], stdio="tty")
+            assert await until_terminal(ctrl, job) == ["running", "failed"]
+            report = ctrl.status_reports(job)[-1]
+            assert report.exit_code == -1
+            assert report.reason.startswith("attach tty stdio: open output stream: ")
+
+
+async def test_job_ending_during_outage_delivers_everything_after() -> None:
+    with trio.fail_after(30):
+        async with running() as (ctrl, worker):
+            job = ctrl.submit(dev("gpu0"), ["sh", "-c", "echo one; sleep 0.5; echo two"])
+            await ctrl.wait_for(lambda: ctrl.logs(job) == b"one\n")
+            await trio.sleep(0.1)  # let its answer arrive (a lost answer means one resend)
+            ctrl.restart(down_for=1.5)
+            await trio.sleep(1.0)  # the job has ended; the controller is still down
+            assert job in worker.supervised()  # still named in heartbeats, report kept
+            assert await until_terminal(ctrl, job, within=15) == ["running", "succeeded"]
+            assert ctrl.logs(job) == b"one\ntwo\n"
+            await ctrl.wait_for(lambda: not worker.supervised())
+            await ctrl.wait_for(lambda: len(ctrl.registrations()) >= 2, timeout=10)
+
+
+async def test_outage_beyond_patience_gives_up_and_frees_the_worker() -> None:
+    client_timings = attrs.evolve(FAST_CLIENT, patience=0.8)
+    with trio.fail_after(30):
+        async with running(client_timings=client_timings) as (ctrl, worker):
+            job = ctrl.submit(dev("gpu0"), ["sh", "-c", "sleep 0.3; echo late"])
+            await ctrl.wait_for(lambda: job in worker.supervised() and ctrl.statuses(job))
+            ctrl.restart(down_for=2.5)
+            await trio.sleep(2.0)
+            assert job not in worker.supervised()  # given up: the controller wrote us off
+            await ctrl.wait_for(lambda: len(ctrl.registrations()) >= 2, timeout=10)
+            assert ctrl.statuses(job) == ["running"]
+
+
+async def test_wiped_controller_gets_a_new_registration_and_runs_jobs() -> None:
+    with trio.fail_after(30):
+        async with running() as (ctrl, worker):
+            ctrl.restart(wipe=True)
+            await ctrl.wait_for(lambda: len(ctrl.registrations()) >= 2, timeout=10)
+            await ctrl.wait_for(lambda: ctrl.device(dev("gpu0")) is not None, timeout=5)
+            job = ctrl.submit(dev("gpu0"), ["true"])
+            assert await until_terminal(ctrl, job) == ["running", "succeeded"]
+            assert worker.registrations == 2
