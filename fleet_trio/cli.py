@@ -146,6 +146,22 @@ def _add_exec(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.set_defaults(handler=_cmd_exec)
 
 
+def _add_gpu_args(p: argparse.ArgumentParser) -> None:
+    """The VRAM source and footprint-store flags shared by ``node`` and ``measure``."""
+    p.add_argument(
+        "--gpu",
+        default="auto",
+        choices=("auto", "nvml", "smi", "fake"),
+        help="VRAM source (default auto: NVML, else nvidia-smi)",
+    )
+    p.add_argument(
+        "--fake-gpu-dir",
+        metavar="DIR",
+        help="state directory of the fake GPU (--gpu fake; default $FLEET_TRIO_FAKE_GPU_DIR)",
+    )
+    p.add_argument("--footprints", metavar="PATH", help="footprint store file")
+
+
 def _add_node(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "node",
@@ -168,18 +184,7 @@ def _add_node(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "authentication unless --token is set",
     )
     p.add_argument("--node-id", metavar="ID", help="node id (default: config, then hostname)")
-    p.add_argument(
-        "--gpu",
-        default="auto",
-        choices=("auto", "nvml", "smi", "fake"),
-        help="VRAM source (default auto: NVML, else nvidia-smi)",
-    )
-    p.add_argument(
-        "--fake-gpu-dir",
-        metavar="DIR",
-        help="state directory of the fake GPU (--gpu fake; default $FLEET_TRIO_FAKE_GPU_DIR)",
-    )
-    p.add_argument("--footprints", metavar="PATH", help="footprint store file")
+    _add_gpu_args(p)
     p.add_argument(
         "--token",
         metavar="TOKEN",
@@ -206,18 +211,7 @@ def _add_measure(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         epilog="Do not measure while a node serves jobs on the same GPU. See docs/node.md.",
     )
     p.add_argument("-c", "--config", metavar="FILE", help="node YAML (node: and tasks:)")
-    p.add_argument(
-        "--gpu",
-        default="auto",
-        choices=("auto", "nvml", "smi", "fake"),
-        help="VRAM source (default auto: NVML, else nvidia-smi)",
-    )
-    p.add_argument(
-        "--fake-gpu-dir",
-        metavar="DIR",
-        help="state directory of the fake GPU (--gpu fake; default $FLEET_TRIO_FAKE_GPU_DIR)",
-    )
-    p.add_argument("--footprints", metavar="PATH", help="footprint store file")
+    _add_gpu_args(p)
     p.add_argument(
         "--task",
         metavar="NAME",

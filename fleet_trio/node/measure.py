@@ -32,7 +32,7 @@ from fleet_trio.node.server import (
     GpuServices,
     NodeOptions,
     NodeStartError,
-    _footprint_hooks,
+    footprint_hooks,
     open_gpu,
 )
 from fleet_trio.node.tasks import PreparedJob, TaskRegistry, TaskRunner
@@ -143,7 +143,7 @@ async def measure(
     await check_gpu(gpu)
     footprints = gpu.footprints
     assert footprints is not None
-    sample, record = _footprint_hooks(gpu)
+    sample, record = footprint_hooks(gpu)
     assert sample is not None and record is not None
     peaks: dict[str, float] = {}
 

@@ -201,7 +201,7 @@ async def open_gpu(config: NodeConfig, options: NodeOptions) -> GpuServices:
     )
 
 
-def _footprint_hooks(
+def footprint_hooks(
     gpu: GpuServices,
 ) -> tuple[
     Callable[[PreparedJob, trio.Event, int], Any] | None, Callable[[PreparedJob, float], Any] | None
@@ -257,7 +257,7 @@ async def serve_node(
     if gpu is None:
         gpu = await open_gpu(config, options)
     registry = TaskRegistry(config.tasks, base_dir=config.base_dir, work_root=work_root)
-    sample, record = _footprint_hooks(gpu)
+    sample, record = footprint_hooks(gpu)
     runner = TaskRunner(kill_grace=t.kill_grace, sample_peak=sample, record_peak=record)
     store = JobStore(ttl=t.job_ttl, janitor_interval=t.janitor_interval)
     ctx = NodeContext(

@@ -26,7 +26,7 @@ import yaml
 from fleet_trio.gpu import FootprintKey, FootprintStore
 from fleet_trio.node.config import NodeConfig
 from fleet_trio.node.jobs import Done
-from fleet_trio.node.server import GpuServices, _footprint_hooks
+from fleet_trio.node.server import GpuServices, footprint_hooks
 from fleet_trio.node.tasks import PreparedJob, TaskRegistry, TaskRunner
 from tests.node.conftest import PY
 from tests.node.harness import REFERENCE_YAML, Harness, node_config, running_node, work_dirs
@@ -391,14 +391,14 @@ def test_node_098_run_graph_family(tmp_path: Path) -> None:
 
 
 def fixed_sample_runner(store: FootprintStore, peak: float) -> TaskRunner:
-    """The real recorder of the node (``_footprint_hooks``) fed a fixed sampled peak."""
+    """The real recorder of the node (``footprint_hooks``) fed a fixed sampled peak."""
 
     async def sample(job: PreparedJob, stop: trio.Event, pgid: int) -> float | None:
         await stop.wait()
         return peak
 
     gpu = GpuServices(sampler=None, footprints=store, source=object())  # type: ignore[arg-type]
-    _, record = _footprint_hooks(gpu)
+    _, record = footprint_hooks(gpu)
     return TaskRunner(kill_grace=1, sample_peak=sample, record_peak=record)
 
 

@@ -89,7 +89,7 @@ async def test_node_095_sampling_on_without_callbacks(tmp_path: Path) -> None:
 
 async def test_node_099_hook_records_exact_key_with_margin(tmp_path: Path) -> None:
     from fleet_trio.gpu import FootprintKey, FootprintStore
-    from fleet_trio.node.server import GpuServices, _footprint_hooks
+    from fleet_trio.node.server import GpuServices, footprint_hooks
 
     store = await FootprintStore.open(str(tmp_path / "fp.json"), margin=1.2)
 
@@ -101,7 +101,7 @@ async def test_node_099_hook_records_exact_key_with_margin(tmp_path: Path) -> No
             task_status.started()
 
     gpu = GpuServices(sampler=Sampler(), footprints=store, source=object())
-    sample, record = _footprint_hooks(gpu)
+    sample, record = footprint_hooks(gpu)
     assert sample is not None and record is not None
     job = registry(tmp_path).prepare("image-gen", "{}", "j")
     await record(job, 3.0)
