@@ -380,6 +380,13 @@ def _cmd_exec(args: argparse.Namespace) -> int:
 # -- fleet-trio node ----------------------------------------------------------------------------
 
 
+def _export_fake_gpu_dir(args: argparse.Namespace) -> None:
+    """With ``--gpu fake --fake-gpu-dir DIR``, jobs see the same fake GPU through
+    ``FLEET_TRIO_FAKE_GPU_DIR`` (the variable its helper command and job scripts read)."""
+    if args.gpu == "fake" and args.fake_gpu_dir:
+        os.environ["FLEET_TRIO_FAKE_GPU_DIR"] = os.path.abspath(args.fake_gpu_dir)
+
+
 def _cmd_node(args: argparse.Namespace) -> int:
     from fleet_trio.errors import ConfigError
     from fleet_trio.node.config import NodeConfig, load_config
@@ -388,6 +395,7 @@ def _cmd_node(args: argparse.Namespace) -> int:
     def say(line: str) -> None:
         print(f"{PROG} node: {line}", file=sys.stderr, flush=True)
 
+    _export_fake_gpu_dir(args)
     try:
         config = load_config(args.config) if args.config else NodeConfig()
         options = NodeOptions(
@@ -418,6 +426,7 @@ def _cmd_measure(args: argparse.Namespace) -> int:
     def say(line: str) -> None:
         print(f"[{PROG} measure] {line}", file=sys.stderr, flush=True)
 
+    _export_fake_gpu_dir(args)
     try:
         config = load_config(args.config) if args.config else NodeConfig()
         options = MeasureOptions(

@@ -7,7 +7,6 @@ Payload: {"seconds": 0.5, "hold": "1G", "fail": false}
 
 import json
 import os
-import subprocess
 import sys
 import time
 
@@ -18,16 +17,20 @@ if payload.get("fail"):
     print("sleepy: asked to fail", file=sys.stderr)
     sys.exit(3)
 
+# Fake GPU memory: the fake GPU counts a file named after a live pid in its directory as that
+# process's allocation (docs/gpu.md), so this needs nothing but the directory. The per-job
+# sampler attributes it to this job's process group.
 holder = None
-if os.environ.get("FLEET_TRIO_FAKE_GPU_DIR") and hold:
-    # Fake GPU memory, attributed to this job's process tree by the per-job sampler.
-    holder = subprocess.Popen(
-        [sys.executable, "-m", "fleet_trio.gpu.fake", "hold", str(hold), "--for", str(seconds + 1)]
-    )
-time.sleep(seconds)
-if holder is not None:
-    holder.terminate()
-    holder.wait()
+fake_dir = os.environ.get("FLEET_TRIO_FAKE_GPU_DIR")
+if fake_dir and hold:
+    holder = os.path.join(fake_dir, str(os.getpid()))
+    with open(holder, "w") as f:
+        f.write(str(hold))
+try:
+    time.sleep(seconds)
+finally:
+    if holder is not None:
+        os.unlink(holder)
 
 out_path = os.path.join(os.environ.get("FLEET_WORK_DIR", "."), "out.txt")
 print(
