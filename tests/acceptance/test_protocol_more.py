@@ -146,7 +146,7 @@ async def test_protocol_029_unreadable_proc_claims_nothing() -> None:
         assert "recovery" not in await _registered_recovery(proof)
 
 
-async def test_protocol_030_031_live_marked_process_is_a_survivor_until_reaped() -> None:
+async def _scenario_030_031() -> None:
     with trio.fail_after(10):
         proc = await start_marked(DEAD_BEEF)
         scan = FakeScan(ProcStat(pid=proc.pid, state="S"))
@@ -272,7 +272,7 @@ async def test_protocol_041_fault_survives_reboot_reregistration() -> None:
             assert ctrl.device(dev("gpu1")).state == "ready"
 
 
-async def test_protocol_042_044_isolated_reregistration_recovers_device() -> None:
+async def _scenario_042_044() -> None:
     with trio.fail_after(10):
         async with _with_running_job() as (ctrl, client, _, job):
             ctrl.restart()  # mid-lease controller restart; the worker comes back isolated
@@ -360,7 +360,7 @@ async def test_protocol_068_job_handed_out_once_and_running() -> None:
             assert ctrl.polls()[-1].query.startswith("wait=")
 
 
-async def test_protocol_076_077_kill_ends_poll_then_next_poll_is_204() -> None:
+async def _scenario_076_077() -> None:
     with trio.fail_after(10):
         async with _with_running_job() as (ctrl, client, worker_id, job):
             path = f"/v1/workers/{worker_id}/assignments?wait=5s"
@@ -606,3 +606,33 @@ async def test_protocol_101_no_limits_job_runs_to_completion() -> None:
                 "state": "succeeded",
                 "exit_code": 0,
             }
+
+
+async def test_protocol_030_live_marked_process_is_a_survivor() -> None:
+    """One scenario covers this item and its neighbour: ``_scenario_030_031``."""
+    await _scenario_030_031()
+
+
+async def test_protocol_031_reaped_process_is_no_longer_a_survivor() -> None:
+    """One scenario covers this item and its neighbour: ``_scenario_030_031``."""
+    await _scenario_030_031()
+
+
+async def test_protocol_042_isolated_reregistration_frees_the_device() -> None:
+    """One scenario covers this item and its neighbour: ``_scenario_042_044``."""
+    await _scenario_042_044()
+
+
+async def test_protocol_044_recovery_emits_one_device_recovered_event() -> None:
+    """One scenario covers this item and its neighbour: ``_scenario_042_044``."""
+    await _scenario_042_044()
+
+
+async def test_protocol_076_kill_ends_a_parked_poll() -> None:
+    """One scenario covers this item and its neighbour: ``_scenario_076_077``."""
+    await _scenario_076_077()
+
+
+async def test_protocol_077_next_poll_after_the_kill_is_204() -> None:
+    """One scenario covers this item and its neighbour: ``_scenario_076_077``."""
+    await _scenario_076_077()

@@ -297,7 +297,7 @@ async def test_protocol_071_pre_killed_assignment_never_runs() -> None:
             assert ctrl.logs(job) == b""
 
 
-async def test_protocol_072_073_failing_job_output_and_worker_id() -> None:
+async def _scenario_072_073() -> None:
     with trio.fail_after(20):
         async with running() as (ctrl, worker):
             job = ctrl.submit(dev("gpu0"), ["sh", "-c", "echo hello; exit 7"])
@@ -458,7 +458,7 @@ async def test_protocol_129_labels_pushed_to_the_labels_route() -> None:
             assert len(ctrl.registrations()) == 1
 
 
-async def test_protocol_104_105_cli_sigterm_kills_job_reports_and_exits_zero(
+async def _scenario_104_105(
     tmp_path: pathlib.Path,
 ) -> None:
     import os
@@ -527,3 +527,27 @@ async def test_protocol_102_device_ceiling_kills_overrunning_job() -> None:
             assert await until_terminal(ctrl, job) == ["running", "killed"]
             assert "max_runtime" in (ctrl.job(job).kill_reason or "")
             await ctrl.wait_for(lambda: ctrl.device(dev("gpu0")).state == "ready")
+
+
+async def test_protocol_072_failing_job_output() -> None:
+    """One scenario covers this item and its neighbour: ``_scenario_072_073``."""
+    await _scenario_072_073()
+
+
+async def test_protocol_073_reports_carry_worker_id() -> None:
+    """One scenario covers this item and its neighbour: ``_scenario_072_073``."""
+    await _scenario_072_073()
+
+
+async def test_protocol_104_sigterm_kills_the_running_job_and_reports_it(
+    tmp_path: pathlib.Path,
+) -> None:
+    """One scenario covers this item and its neighbour: ``_scenario_104_105``."""
+    await _scenario_104_105(tmp_path)
+
+
+async def test_protocol_105_worker_exits_zero_after_sigterm(
+    tmp_path: pathlib.Path,
+) -> None:
+    """One scenario covers this item and its neighbour: ``_scenario_104_105``."""
+    await _scenario_104_105(tmp_path)
