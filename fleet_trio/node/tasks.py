@@ -327,6 +327,9 @@ class BytesReceiveStream(trio.abc.ReceiveStream):
         await trio.lowlevel.checkpoint()
 
 
+CLEANUP_BOUND = 10.0
+"""Seconds a finished job's work-dir removal may hold up its terminal state."""
+
 PeakSampler = Callable[[PreparedJob, trio.Event, int], Awaitable[float | None]]
 """``sample(job, stop, pgid)``: started as soon as the child is spawned (``pgid`` = its pid)."""
 """Samples a job's VRAM peak until the event is set (the render-sampling hook, §5.3)."""
@@ -410,7 +413,10 @@ class TaskRunner:
                     return await self._run(job)
             return await self._run(job)
         finally:
-            job.cleanup()
+            # The work dir's rmtree is file I/O: off the event loop, bounded, never lost to a
+            # cancel (abandoned after the bound, the thread still finishes the removal).
+            with trio.move_on_after(CLEANUP_BOUND, shield=True):
+                await trio.to_thread.run_sync(job.cleanup, abandon_on_cancel=True)
 
     async def _run(self, job: PreparedJob) -> Outcome:
         stdout = CappedBuffer(RESULT_CAP)
