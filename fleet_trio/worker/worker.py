@@ -148,10 +148,23 @@ def host_facts() -> dict[str, str]:
     return {"cpus": str(os.cpu_count() or 0), "kernel": uname.release, "arch": uname.machine}
 
 
-def _truncate_sheet(data: bytes) -> str:
-    if len(data) > MAX_SHEET:
-        data = data[:MAX_SHEET]
-    return data.decode("utf-8", errors="ignore")
+SHEET_MARKER = "\n...(truncated: sheet exceeds 64KB)\n"
+
+
+def truncate_sheet(data: bytes) -> str:
+    """A sheet as sent (§9.2): at most 64 KiB of valid UTF-8, cut on a character boundary.
+
+    Invalid bytes become U+FFFD first, so the cap holds for what is actually sent (the
+    reference once produced invalid UTF-8 that grew past 64 KiB when encoded).
+    """
+    text = data.decode("utf-8", errors="replace")
+    encoded = text.encode("utf-8")
+    if len(encoded) <= MAX_SHEET:
+        return text
+    cut = MAX_SHEET - len(SHEET_MARKER.encode("utf-8"))
+    while cut > 0 and (encoded[cut] & 0xC0) == 0x80:  # never end inside a character
+        cut -= 1
+    return encoded[:cut].decode("utf-8") + SHEET_MARKER
 
 
 async def read_sheets(cfg: WorkerConfig) -> tuple[str | None, dict[str, str]]:
@@ -159,7 +172,7 @@ async def read_sheets(cfg: WorkerConfig) -> tuple[str | None, dict[str, str]]:
 
     async def one(path: trio.Path) -> str | None:
         try:
-            return _truncate_sheet(await path.read_bytes())
+            return truncate_sheet(await path.read_bytes())
         except FileNotFoundError:
             return ""
         except OSError as exc:
