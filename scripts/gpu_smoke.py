@@ -8,6 +8,9 @@ Sections (each prints a ``==`` header):
    ``auto``, its pid as the process group, a ``FLEET_JOB_ID`` marker): per-process attribution
    (pid → bytes) and the peak. Skipped, with a note, when torch is not importable.
 3. The peak recorded into a temporary ``FootprintStore``; the record as health lists it.
+4. End to end: ``fleet-trio node --gpu auto`` with a one-task config (``examples/tasks/
+   torch_alloc.py``), a dispatch, polls until ``done``, and the ``model_footprints`` that health
+   then advertises (the node's own per-job sampler measured it).
 
 Exit status: 0 when every step that must work did; 1 when one failed (no GPU source, a failed
 snapshot, a torch child that failed or was not attributed); 2 on usage errors.
@@ -15,13 +18,17 @@ snapshot, a torch child that failed or was not attributed); 2 on usage errors.
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
 import uuid
+from pathlib import Path
 from typing import Any
 
+import httpx
 import trio
 
 from fleet_trio.gpu import (
@@ -47,6 +54,12 @@ TORCH_CHILD = (
 CHILD_TIMEOUT = 120.0
 
 
+NODE_PORT = 18899
+NODE_TASK = "torch-alloc"
+NODE_TIMEOUT = 180.0
+TASK_SCRIPT = Path(__file__).resolve().parent.parent / "examples" / "tasks" / "torch_alloc.py"
+
+
 def header(text: str) -> None:
     print(f"== {text}", flush=True)
 
@@ -70,21 +83,32 @@ def open_gpu() -> GpuSource | None:
             return None
 
 
-def torch_available() -> bool:
-    probe = subprocess.run(
-        [sys.executable, "-c", "import torch; print(torch.cuda.is_available())"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    if probe.returncode != 0:
-        print(f"torch is not importable by {sys.executable}; skipping the allocation check")
-        return False
-    if probe.stdout.strip() != "True":
-        print("torch is importable but torch.cuda.is_available() is False; skipping")
-        return False
-    return True
+def torch_python() -> str | None:
+    """The interpreter the allocating child runs under, or None when none has CUDA torch.
+
+    ``GPU_SMOKE_TORCH_PYTHON`` if set; else this interpreter; else ``python3`` on PATH (a GPU
+    box's system Python often holds torch while the project's venv does not).
+    """
+    override = os.environ.get("GPU_SMOKE_TORCH_PYTHON")
+    candidates = [override] if override else [sys.executable, shutil.which("python3")]
+    for candidate in dict.fromkeys(c for c in candidates if c):
+        probe = subprocess.run(
+            [candidate, "-c", "import torch; print(torch.cuda.is_available())"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        if probe.returncode != 0:
+            print(f"torch is not importable by {candidate}")
+            continue
+        if probe.stdout.strip() != "True":
+            print(f"{candidate}: torch is importable but torch.cuda.is_available() is False")
+            continue
+        print(f"torch child interpreter: {candidate}")
+        return candidate
+    print("no interpreter with CUDA torch; skipping the allocation check")
+    return None
 
 
 async def snapshot_section(source: GpuSource) -> bool:
@@ -103,7 +127,7 @@ async def snapshot_section(source: GpuSource) -> bool:
     return True
 
 
-async def measure_section(source: GpuSource) -> float | None:
+async def measure_section(source: GpuSource, python: str) -> float | None:
     """Run the torch child, sampled; returns the peak (GiB) or None on failure."""
     header(f"per-job sampling: a child allocating {ALLOC_BYTES / GIB:g} GiB with torch")
     job_id = f"gpu-smoke-{uuid.uuid4().hex[:8]}"
@@ -132,7 +156,7 @@ async def measure_section(source: GpuSource) -> float | None:
                 await stop.wait()
 
     proc = await trio.lowlevel.open_process(
-        [sys.executable, "-c", TORCH_CHILD], env=env, start_new_session=True
+        [python, "-c", TORCH_CHILD], env=env, start_new_session=True
     )
     print(f"child pid {proc.pid} (its own process group), marker FLEET_JOB_ID={job_id}")
     with trio.move_on_after(CHILD_TIMEOUT) as scope:
@@ -181,6 +205,93 @@ async def store_section(peak: float) -> bool:
     return True
 
 
+def node_config(python: str) -> str:
+    return (
+        "node:\n"
+        "  node_id: gpu-smoke\n"
+        "tasks:\n"
+        f"  {NODE_TASK}:\n"
+        "    family: gpu-smoke\n"
+        '    footprint: { family: gpu-smoke, quant: "" }\n'
+        f"    command: [{json.dumps(python)}, {json.dumps(str(TASK_SCRIPT))}]\n"
+        "    timeout: 2m\n"
+        "    gpu: true\n"
+    )
+
+
+async def node_section(python: str) -> bool:
+    header("end to end: fleet-trio node --gpu auto, a dispatched torch job, health's footprints")
+    base = f"http://127.0.0.1:{NODE_PORT}"
+    with tempfile.TemporaryDirectory(prefix="gpu-smoke-node-") as tmp:
+        cfg = Path(tmp) / "node.yaml"
+        cfg.write_text(node_config(python))
+        argv = [
+            sys.executable,
+            "-m",
+            "fleet_trio",
+            "node",
+            "-c",
+            str(cfg),
+            "--gpu",
+            "auto",
+            "--listen",
+            f"127.0.0.1:{NODE_PORT}",
+            "--footprints",
+            f"{tmp}/fp.json",
+        ]
+        node = await trio.lowlevel.open_process(argv)
+        try:
+            with trio.fail_after(NODE_TIMEOUT):
+                async with httpx.AsyncClient(base_url=base, timeout=10) as client:
+                    while True:
+                        try:
+                            health = await client.get("/fleet/health")
+                            if health.status_code == 200:
+                                break
+                        except httpx.TransportError:
+                            pass
+                        await trio.sleep(0.2)
+                    body = health.json()
+                    print(
+                        f"health before: vram_total_gb={body['vram_total_gb']} "
+                        f"vram_free_gb={body['vram_free_gb']} gpu_arch={body['gpu_arch']}"
+                    )
+                    job = {
+                        "job_id": f"smoke-{uuid.uuid4().hex[:8]}",
+                        "task_type": NODE_TASK,
+                        "payload": {"gib": ALLOC_BYTES / GIB, "seconds": HOLD_SECONDS},
+                    }
+                    t0 = trio.current_time()
+                    ack = await client.post("/fleet/dispatch", json=job)
+                    ack_ms = (trio.current_time() - t0) * 1000
+                    print(f"dispatch: {ack.status_code} {ack.text.strip()} ({ack_ms:.1f} ms)")
+                    while True:
+                        status = (await client.get(f"/fleet/jobs/{job['job_id']}")).json()
+                        if status["state"] in ("done", "error"):
+                            break
+                        await trio.sleep(0.5)
+                    print(f"job: {json.dumps(status)}")
+                    body = (await client.get("/fleet/health")).json()
+                    print(f"health after: model_footprints={body['model_footprints']}")
+        except trio.TooSlowError:
+            fail(f"the node check did not finish within {NODE_TIMEOUT:g}s")
+            return False
+        finally:
+            node.terminate()
+            with trio.move_on_after(40, shield=True):
+                await node.wait()
+            if node.returncode is None:
+                node.kill()
+    if status["state"] != "done":
+        fail("the dispatched torch job did not end done")
+        return False
+    fps = [f for f in body["model_footprints"] if f.get("task_type") == NODE_TASK]
+    if not fps or fps[0]["vram_peak_gb"] < ALLOC_BYTES / GIB:
+        fail("health does not advertise a footprint at least the allocated size")
+        return False
+    return True
+
+
 async def amain() -> int:
     header("GPU source: NVML (fleet_trio.gpu.open_source)")
     source = await trio.to_thread.run_sync(open_gpu)
@@ -192,9 +303,12 @@ async def amain() -> int:
         if not await snapshot_section(source):
             return 1
         header("torch")
-        if await trio.to_thread.run_sync(torch_available):
-            peak = await measure_section(source)
+        python = await trio.to_thread.run_sync(torch_python)
+        if python is not None:
+            peak = await measure_section(source, python)
             if peak is None or not await store_section(peak):
+                status = 1
+            if not await node_section(python):
                 status = 1
         else:
             header("footprint record: skipped (no peak without torch)")
