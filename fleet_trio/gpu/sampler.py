@@ -4,11 +4,19 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Mapping
 
+import attrs
 import trio
 
 from fleet_trio.gpu.source import GIB, GpuError, GpuSource, VramSnapshot
-from fleet_trio.proc.procfs import PROC, env_marker_value, read_proc_file, read_proc_stat
+from fleet_trio.proc.procfs import (
+    PROC,
+    ProcStat,
+    env_marker_value,
+    read_proc_file,
+    read_proc_stat,
+)
 
 log = logging.getLogger(__name__)
 
@@ -131,31 +139,52 @@ class GlobalDelta:
 # per-process attribution (§5.6)
 
 
-def _marker_matches(pid: int, key: bytes, value: str) -> bool:
-    try:
-        environ = read_proc_file(f"{PROC}/{pid}/environ")
-    except OSError:
-        return False
-    return bool(value) and env_marker_value(environ, key) == value
+@attrs.frozen
+class ProcessView:
+    """One reading of the GPU's per-process usage, with what attribution needs from ``/proc``.
 
-
-def job_pids(
-    candidates: list[int],
-    pgid: int,
-    marker: tuple[str, str] | None,
-) -> set[int]:
-    """Those ``candidates`` that belong to the job: in process group ``pgid``, descended from
-    a member of it, or carrying ``marker`` (``KEY=value``) in their environment. A ``pgid``
-    ≤ 0 disables the group rule (marker only).
-
-    Only the candidates (the processes the GPU reports) and their ancestors are read, never
-    all of ``/proc``. Blocking: run it in a thread.
+    ``used``: pid → bytes, as the source reports it. ``stats``: the ``/proc`` stat of every
+    candidate and of its ancestors (``None`` where it could not be read). ``markers``: each
+    candidate's value of the marker variable (``None`` when absent or unreadable).
     """
-    key = marker[0].encode() + b"=" if marker else b""
-    value = marker[1] if marker else ""
+
+    used: Mapping[int, int]
+    stats: Mapping[int, ProcStat | None]
+    markers: Mapping[int, str | None]
+
+
+def read_process_view(used: Mapping[int, int], marker_key: str | None) -> ProcessView:
+    """Read the ``/proc`` side of a view: each candidate's ancestry and marker, once.
+
+    Only the candidates (the processes the GPU reports) and their ancestors are read, never all
+    of ``/proc``. Blocking: run it in a thread.
+    """
+    stats: dict[int, ProcStat | None] = {}
+    markers: dict[int, str | None] = {}
+    key = marker_key.encode() + b"=" if marker_key else b""
+    for cand in sorted(used):
+        pid = cand
+        while pid > 0 and pid not in stats:
+            st = read_proc_stat(pid)
+            stats[pid] = st
+            if st is None or st.state == "Z":
+                break
+            pid = st.ppid
+        if key:
+            try:
+                markers[cand] = env_marker_value(read_proc_file(f"{PROC}/{cand}/environ"), key)
+            except OSError:
+                markers[cand] = None
+    return ProcessView(used=dict(used), stats=stats, markers=markers)
+
+
+def attribute(view: ProcessView, pgid: int, marker_value: str | None) -> set[int]:
+    """The view's candidates that belong to the job: in process group ``pgid``, descended from
+    a member of it, or carrying the marker with ``marker_value``. A ``pgid`` ≤ 0 disables the
+    group rule (marker only). Pure: no I/O."""
     verdict: dict[int, bool] = {}
     out: set[int] = set()
-    for cand in candidates:
+    for cand in view.used:
         chain: list[int] = []
         pid = cand
         member = False
@@ -164,7 +193,7 @@ def job_pids(
                 member = verdict[pid]
                 break
             chain.append(pid)
-            st = read_proc_stat(pid)
+            st = view.stats.get(pid)
             if st is None or st.state == "Z":
                 break
             if pgid > 0 and st.pgid == pgid:
@@ -173,11 +202,70 @@ def job_pids(
             pid = st.ppid
         for p in chain:
             verdict[p] = member
-        if not member and marker is not None and _marker_matches(cand, key, value):
+        if not member and marker_value and view.markers.get(cand) == marker_value:
             member = True
         if member:
             out.add(cand)
     return out
+
+
+def job_pids(
+    candidates: list[int],
+    pgid: int,
+    marker: tuple[str, str] | None,
+) -> set[int]:
+    """Those ``candidates`` that belong to the job (``attribute`` over a fresh view).
+    Blocking: run it in a thread."""
+    view = read_process_view(dict.fromkeys(candidates, 0), marker[0] if marker else None)
+    return attribute(view, pgid, marker[1] if marker else None)
+
+
+class SharedProcessView:
+    """Per-process usage shared by every job sampler of a node.
+
+    Each job sampler asks for a view every 500 ms; with many jobs running, querying the GPU and
+    reading ``/proc`` once per job per tick costs a thread hop and a ``/proc`` walk each, which
+    the event loop (health, acks) feels. A view younger than ``max_age`` is handed to every
+    caller, and concurrent callers share one query in flight. ``None`` means the source has no
+    per-process accounting. A failed query raises ``GpuError`` to its callers and is not kept.
+    """
+
+    def __init__(
+        self,
+        source: GpuSource,
+        marker_key: str | None,
+        *,
+        max_age: float = JOB_INTERVAL / 2,
+        limiter: trio.CapacityLimiter | None = None,
+    ) -> None:
+        self.source = source
+        self.marker_key = marker_key
+        self.max_age = max_age
+        self.limiter = limiter if limiter is not None else trio.CapacityLimiter(1)
+        self.queries = 0
+        self._lock = trio.Lock()
+        self._view: ProcessView | None = None
+        self._taken = -math.inf
+
+    def _fresh(self) -> bool:
+        return trio.current_time() - self._taken < self.max_age
+
+    async def view(self) -> ProcessView | None:
+        if self._fresh():
+            await trio.lowlevel.checkpoint()
+            return self._view
+        async with self._lock:
+            if self._fresh():  # another caller refreshed it while this one waited
+                return self._view
+            self.queries += 1
+            used = await self.source.process_used_bytes()
+            view = None
+            if used is not None:
+                view = await trio.to_thread.run_sync(
+                    read_process_view, used, self.marker_key, limiter=self.limiter
+                )
+            self._view, self._taken = view, trio.current_time()
+            return view
 
 
 async def measure_job_peak(
@@ -190,6 +278,7 @@ async def measure_job_peak(
     baseline: VramSnapshot | None = None,
     mode: str = "auto",
     limiter: trio.CapacityLimiter | None = None,
+    shared: SharedProcessView | None = None,
 ) -> float | None:
     """Sample a job's VRAM at once, then every ``interval`` until ``stop`` is set (§5.3).
 
@@ -202,27 +291,32 @@ async def measure_job_peak(
     * ``global``: always the global delta (``used - baseline``; first sample is the baseline
       unless ``baseline`` is given).
     * ``nvml``: per-process only (a ``None`` answer is a failed sample).
+
+    ``shared`` (a node's ``SharedProcessView``, whose marker key must be ``marker``'s) lets
+    concurrent jobs share one per-process query per tick; without it the job queries alone.
     """
     if mode not in SAMPLER_MODES:
         raise ValueError(f"unknown sampler mode {mode!r} (expected one of {SAMPLER_MODES})")
-    limiter = limiter if limiter is not None else trio.CapacityLimiter(1)
+    if shared is None:
+        shared = SharedProcessView(
+            source, marker[0] if marker else None, max_age=0.0, limiter=limiter
+        )
+    marker_value = marker[1] if marker else None
     delta = GlobalDelta(source, baseline)
     use_global = mode == "global"
     peak: float | None = None
 
     async def per_process() -> float | None:
         nonlocal use_global
-        used = await source.process_used_bytes()
-        if used is None:
+        view = await shared.view()
+        if view is None:
             if mode == "auto":
                 log.debug("vram: %s: no per-process accounting; global delta", source.name)
                 use_global = True
                 return await delta.sample()
             return None
-        if not used:
-            return 0.0
-        mine = await trio.to_thread.run_sync(job_pids, sorted(used), pgid, marker, limiter=limiter)
-        return sum(used[p] for p in mine) / GIB
+        mine = attribute(view, pgid, marker_value)
+        return sum(view.used[p] for p in mine) / GIB
 
     deadline = trio.current_time()
     while True:
@@ -252,7 +346,11 @@ __all__ = [
     "STALE_SNAPSHOT",
     "GlobalDelta",
     "GlobalSampler",
+    "ProcessView",
+    "SharedProcessView",
+    "attribute",
     "job_pids",
     "measure_job_peak",
+    "read_process_view",
     "serve_global_sampler",
 ]

@@ -41,7 +41,7 @@ from fleet_trio.node.config import (
     resolve_node_id,
 )
 from fleet_trio.node.jobs import JobStore
-from fleet_trio.node.tasks import PreparedJob, TaskRegistry, TaskRunner
+from fleet_trio.node.tasks import JOB_MARKER, PreparedJob, TaskRegistry, TaskRunner
 from fleet_trio.nursery import DEFAULT_SIGNALS, TaskTree, open_task_tree, serve_shutdown_signals
 
 log = logging.getLogger(__name__)
@@ -210,18 +210,21 @@ def footprint_hooks(
     if gpu.source is None or gpu.footprints is None:
         return None, None
     from fleet_trio.gpu import FootprintKey
-    from fleet_trio.gpu.sampler import measure_job_peak
+    from fleet_trio.gpu.sampler import SharedProcessView, measure_job_peak
 
     source, store = gpu.source, gpu.footprints
+    # one per-process query per tick for all running jobs, not one per job
+    shared = SharedProcessView(source, JOB_MARKER, max_age=gpu.render_interval / 2)
 
     async def sample(job: PreparedJob, stop: trio.Event, pgid: int) -> float | None:
         return await measure_job_peak(
             source,
             pgid=pgid,
-            marker=("FLEET_JOB_ID", job.job_id),
+            marker=(JOB_MARKER, job.job_id),
             interval=gpu.render_interval,
             stop=stop,
             mode=gpu.sampler_mode,
+            shared=shared,
         )
 
     async def record(job: PreparedJob, peak: float) -> None:

@@ -284,7 +284,7 @@ class TaskRegistry:
         )
         env = dict(task.env)
         env.update(
-            FLEET_JOB_ID=job_id,
+            **{JOB_MARKER: job_id},
             FLEET_TASK_TYPE=task.name,
             FLEET_WORK_DIR=work_dir,
             FLEET_FAMILY=family,
@@ -390,6 +390,13 @@ def outcome_of(task: TaskDef, result: Result, stdout: CappedBuffer, stderr: Tail
     return Done(text.encode())
 
 
+JOB_MARKER = "FLEET_JOB_ID"
+"""The environment variable that marks a job's processes (the per-job sampler reads it)."""
+
+SPAWN_CONCURRENCY = 2
+"""How many job spawns (and, separately, work-dir removals) run in threads at once."""
+
+
 class TaskRunner:
     """Runs prepared jobs: GPU slot, process group, outcome, cleanup, optional footprint."""
 
@@ -400,8 +407,14 @@ class TaskRunner:
         gpu_slot: trio.Lock | None = None,
         sample_peak: PeakSampler | None = None,
         record_peak: PeakRecorder | None = None,
+        spawn_concurrency: int = SPAWN_CONCURRENCY,
     ) -> None:
         self.kill_grace = kill_grace
+        # Spawns and work-dir removals run in worker threads; unbounded, a burst of dispatches
+        # puts dozens of threads on the GIL at once and the event loop (the acks, health)
+        # waits behind them. Bounded, a burst starts at the rate the machine forks.
+        self.spawn_limiter = trio.CapacityLimiter(spawn_concurrency)
+        self.cleanup_limiter = trio.CapacityLimiter(spawn_concurrency)
         self.gpu_slot = gpu_slot if gpu_slot is not None else trio.Lock()
         self.sample_peak = sample_peak
         self.record_peak = record_peak
@@ -416,7 +429,9 @@ class TaskRunner:
             # The work dir's rmtree is file I/O: off the event loop, bounded, never lost to a
             # cancel (abandoned after the bound, the thread still finishes the removal).
             with trio.move_on_after(CLEANUP_BOUND, shield=True):
-                await trio.to_thread.run_sync(job.cleanup, abandon_on_cancel=True)
+                await trio.to_thread.run_sync(
+                    job.cleanup, abandon_on_cancel=True, limiter=self.cleanup_limiter
+                )
 
     async def _run(self, job: PreparedJob) -> Outcome:
         stdout = CappedBuffer(RESULT_CAP)
@@ -433,7 +448,7 @@ class TaskRunner:
         sampling = self.sample_peak is not None and job.task.footprint is not None
         peaks: list[float | None] = []
         if not sampling or self.sample_peak is None:
-            result = await run(spec, stdout)
+            result = await run(spec, stdout, spawn_limiter=self.spawn_limiter)
             return outcome_of(job.task, result, stdout, stderr)
         sampler = self.sample_peak
         stop = trio.Event()
@@ -448,7 +463,10 @@ class TaskRunner:
             try:
                 # the first sample is taken as soon as the child exists (§5.3)
                 result = await run(
-                    spec, stdout, on_spawn=lambda pid: nursery.start_soon(sample, pid)
+                    spec,
+                    stdout,
+                    on_spawn=lambda pid: nursery.start_soon(sample, pid),
+                    spawn_limiter=self.spawn_limiter,
                 )
             finally:
                 stop.set()
@@ -464,7 +482,9 @@ class TaskRunner:
 
 
 __all__ = [
+    "JOB_MARKER",
     "RESULT_CAP",
+    "SPAWN_CONCURRENCY",
     "TAIL_BYTES",
     "BytesReceiveStream",
     "PeakRecorder",

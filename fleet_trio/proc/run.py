@@ -23,12 +23,13 @@ escapees (rc would wait for them to exit on their own, and never sweep).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
 import stat
 import subprocess
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 
 import attrs
 import trio
@@ -121,11 +122,17 @@ async def run(
     stop: StopToken | None = None,
     *,
     on_spawn: Callable[[int], None] | None = None,
+    spawn_limiter: trio.CapacityLimiter | None = None,
 ) -> Result:
     """Run ``spec`` as its own process group and return how it ended (§2.5).
 
     ``on_spawn(pid)`` is called once, right after a successful spawn, with the child's pid
     (which is also its process group id): the hook for per-job samplers.
+
+    ``spawn_limiter`` bounds how many spawns (fork + exec, done in a worker thread) are in
+    flight at once across the callers that share it; a burst of jobs then starts at the rate
+    the machine forks instead of all at once, and the event loop stays free for its other
+    work (the node's acks). Only the spawn is limited, not the run.
     """
     if not spec.command:
         return Result(exit_code=-1, err="empty command")
@@ -142,22 +149,32 @@ async def run(
         # Shielded: a pre-cancelled caller still spawns, then takes the cancellation path,
         # so a stop before the spawn is a "cancelled" Result, never an error (§2.3.4, E8).
         try:
-            proc = await trio.lowlevel.open_process(
-                argv,
-                stdin=subprocess.PIPE if spec.stdin_source is not None else subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE if split else subprocess.STDOUT,
-                process_group=0,
-                cwd=spec.cwd or None,
-                env=env,
-                close_fds=True,
-                restore_signals=True,
-            )
+            async with _maybe(spawn_limiter):
+                proc = await trio.lowlevel.open_process(
+                    argv,
+                    stdin=subprocess.PIPE if spec.stdin_source is not None else subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE if split else subprocess.STDOUT,
+                    process_group=0,
+                    cwd=spec.cwd or None,
+                    env=env,
+                    close_fds=True,
+                    restore_signals=True,
+                )
         except OSError as exc:
             return Result(exit_code=-1, err=f"start: {_spawn_error_text(exc, argv[0], spec.cwd)}")
     if on_spawn is not None:
         on_spawn(proc.pid)
     return await sup.supervise(proc)
+
+
+@contextlib.asynccontextmanager
+async def _maybe(limiter: trio.CapacityLimiter | None) -> AsyncIterator[None]:
+    if limiter is None:
+        yield
+    else:
+        async with limiter:
+            yield
 
 
 class _Supervisor:

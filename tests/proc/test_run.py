@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import os
 import time
+from typing import Any
 
+import pytest
 import trio
 
-from fleet_trio.proc import BufferSink, JobSpec, StopToken
+from fleet_trio.proc import BufferSink, JobSpec, Result, StopToken
 from fleet_trio.proc.procfs import pid_alive
 from fleet_trio.proc.run import run
 from tests.acceptance.helpers import PidWatcher, gone_within, stop_when_output
@@ -187,3 +189,36 @@ async def test_run_bare_name_is_looked_up_on_the_workers_path() -> None:
     assert res.exit_code == 0
     assert sink.text().startswith("/nowhere")
     assert missing.err == 'start: exec: "no-such-cmd-ft": executable file not found in $PATH'
+
+
+async def test_spawn_limiter_bounds_spawns_in_flight(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Runs that share a spawn limiter of 1 never have two spawns in flight; all still run."""
+    real_open = trio.lowlevel.open_process
+    in_flight = 0
+    most = 0
+
+    async def counting_open(*args: Any, **kwargs: Any) -> Any:
+        nonlocal in_flight, most
+        in_flight += 1
+        most = max(most, in_flight)
+        try:
+            await trio.sleep(0.01)  # widen the window a concurrent spawn would overlap in
+            return await real_open(*args, **kwargs)
+        finally:
+            in_flight -= 1
+
+    monkeypatch.setattr(trio.lowlevel, "open_process", counting_open)
+    limiter = trio.CapacityLimiter(1)
+    results: list[Result] = []
+
+    async def one() -> None:
+        results.append(
+            await run(JobSpec(command=("sh", "-c", "true")), BufferSink(), spawn_limiter=limiter)
+        )
+
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            for _ in range(6):
+                nursery.start_soon(one)
+    assert most == 1
+    assert [r.exit_code for r in results] == [0] * 6
