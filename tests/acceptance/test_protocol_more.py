@@ -636,3 +636,35 @@ async def test_protocol_076_kill_ends_a_parked_poll() -> None:
 async def test_protocol_077_next_poll_after_the_kill_is_204() -> None:
     """One scenario covers this item and its neighbour: ``_scenario_076_077``."""
     await _scenario_076_077()
+
+
+async def test_protocol_098_wall_clock_watchdog_kills_overrunning_job() -> None:
+    with trio.fail_after(20):
+        async with running() as (ctrl, worker):
+            job = ctrl.submit(dev("gpu1"), ["sleep", "30"], max_runtime_seconds=1)
+            assert await until_terminal(ctrl, job) == ["running", "killed"]
+            final = _status_bodies(ctrl, job)[-1]
+            assert final["worker_id"] == worker.worker_id
+            assert "max_runtime" in str(final.get("reason", ""))
+            assert "max_runtime" in (ctrl.job(job).kill_reason or "")
+
+
+async def test_protocol_099_idle_watchdog_kills_silent_job_keeping_output() -> None:
+    with trio.fail_after(20):
+        async with running() as (ctrl, _):
+            job = ctrl.submit(
+                dev("gpu1"), ["sh", "-c", "echo before-silence; sleep 30"], idle_timeout_seconds=1
+            )
+            assert await until_terminal(ctrl, job) == ["running", "killed"]
+            assert "idle" in (ctrl.job(job).kill_reason or "")
+            assert ctrl.logs(job) == b"before-silence\n"
+
+
+async def test_protocol_100_chatty_job_is_never_idle_tripped() -> None:
+    chatty = ["sh", "-c", "for i in 1 2 3 4 5 6 7 8 9 10; do echo tick $i; sleep 0.3; done"]
+    with trio.fail_after(20):
+        async with running() as (ctrl, _):
+            job = ctrl.submit(dev("gpu1"), chatty, idle_timeout_seconds=1)
+            assert await until_terminal(ctrl, job) == ["running", "succeeded"]
+            assert _status_bodies(ctrl, job)[-1]["exit_code"] == 0
+            assert ctrl.logs(job).count(b"tick") == 10
