@@ -177,6 +177,7 @@ class SimController:
         lease_no_limit: float = 300.0,
         lease_margin: float = 600.0,
         lease_renewal: float = 900.0,
+        retain_disconnected_jobs: bool = False,
     ) -> None:
         self.tokens: dict[str, str] = {token: "worker"} if token else {}
         self.tokens.update(tokens or {})
@@ -188,6 +189,9 @@ class SimController:
         self.lease_no_limit = lease_no_limit
         self.lease_margin = lease_margin
         self.lease_renewal = lease_renewal
+        self.retain_disconnected_jobs = retain_disconnected_jobs
+        """``--retain-disconnected-jobs`` (§5.5): a lost worker's jobs stay assigned/running,
+        job leases never expire, and ``rc kill`` on a disconnected device finalizes at once."""
         self.converter = make_converter()
         self.instance = str(uuid.uuid4())
         self.instances: list[str] = [self.instance]
@@ -281,12 +285,32 @@ class SimController:
             return False
         if job.state == "queued":
             self._finish(job, "killed", None, "cancelled")
+        elif self.retain_disconnected_jobs and self._disconnected(job.device_id):
+            # finalized on the spot, the device kept out of the pool, the kill flag kept for a
+            # returning worker (§5.5); a heartbeat that stops naming the job clears the flag
+            self._finish(job, "killed", None, "cancelled", free_device=False)
+            job.kill_flag = True
+            job.kill_delivered_at = None
+            self._poke(job.worker_id)
         else:
             job.kill_flag = True
             job.kill_delivered_at = None
             self._poke(job.worker_id)
         self._notify()
         return True
+
+    def silence(self, worker_id: str, seconds: float) -> None:
+        """Pretend ``worker_id`` has not been heard from for ``seconds`` and run one reaper
+        sweep: a disconnection, without waiting for one. Its next heartbeat undoes it."""
+        worker = self._workers[worker_id]
+        worker.last_heartbeat = min(worker.last_heartbeat, trio.current_time() - seconds)
+        self.reap()
+
+    def _disconnected(self, device_id: str) -> bool:
+        dev = self._devices.get(device_id)
+        return dev is not None and (
+            dev.state == "unknown" or (dev.state == "unhealthy" and dev.reason == "worker_lost")
+        )
 
     def clear(self, device_id: str) -> None:
         """``rc clear`` (admin): only an ``unhealthy`` device with no live lease (else 409)."""
@@ -430,11 +454,15 @@ class SimController:
                     if d.state != "unhealthy":
                         d.state, d.reason, d.detail = "unhealthy", "worker_lost", ""
                 for job in self._jobs.values():
+                    if self.retain_disconnected_jobs:
+                        break  # retained: the jobs stay assigned/running
                     if job.worker_id == worker.worker_id and job.state in ACTIVE:
                         self._finish(job, "lost", None, "worker lost", free_device=False)
         if not in_grace:
             for job in self._jobs.values():
                 if job.lease_expires is not None and now > job.lease_expires:
+                    if self.retain_disconnected_jobs and job.kind == "job":
+                        continue  # retention exempts job-kind leases; holds still expire
                     job.lease_expires = None
                     dev = self._devices.get(job.device_id)
                     if dev is not None and dev.state != "unhealthy":
@@ -709,9 +737,24 @@ class SimController:
         for dev in self._devices.values():
             if dev.worker_id != worker_id or dev.state != "unknown":
                 continue
-            if self._leased(dev.device_id):
+            if self.retain_disconnected_jobs:
+                # "retained job proof": only a named job with a live lease promotes it
+                proven = any(
+                    j.device_id == dev.device_id
+                    and j.job_id in named
+                    and j.state in ACTIVE
+                    and j.lease_expires is not None
+                    for j in self._jobs.values()
+                )
+                if proven:
+                    dev.state = "busy"
+                    continue
+                if self._leased(dev.device_id):
+                    continue  # a retained job not named: the device stays unknown
+            elif self._leased(dev.device_id):
                 dev.state = "busy"
-            elif not any(
+                continue
+            if not any(
                 j.device_id == dev.device_id and j.state == "killed" and j.kill_flag
                 for j in self._jobs.values()
             ):

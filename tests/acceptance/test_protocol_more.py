@@ -668,3 +668,55 @@ async def test_protocol_100_chatty_job_is_never_idle_tripped() -> None:
             assert await until_terminal(ctrl, job) == ["running", "succeeded"]
             assert _status_bodies(ctrl, job)[-1]["exit_code"] == 0
             assert ctrl.logs(job).count(b"tick") == 10
+
+
+async def test_protocol_064_retention_unnamed_job_keeps_device_unknown_and_kill_finalizes() -> None:
+    with trio.fail_after(10):
+        async with _with_running_job(retain_disconnected_jobs=True, heartbeat_timeout=0.2) as (
+            ctrl,
+            client,
+            worker_id,
+            job,
+        ):
+            gpu0 = dev("gpu0")
+            await ctrl.wait_for(lambda: ctrl.device(gpu0).state == "unknown")
+            assert await client.heartbeat(worker_id, [])  # back, but not naming the job
+            assert ctrl.device(gpu0).state == "unknown"  # not promoted: no retained-job proof
+            assert ctrl.job(job).state == "running"
+            assert ctrl.kill(job)
+            finalized = ctrl.job(job)
+            assert finalized.state == "killed"  # finalized on the spot, no worker report
+            assert ctrl.status_reports(job) == []
+            assert ctrl.device(gpu0).state == "unknown"  # kept out of the pool
+
+
+async def test_protocol_066_named_finalized_kill_stays_deliverable_until_unnamed() -> None:
+    with trio.fail_after(10):
+        async with _with_running_job(
+            retain_disconnected_jobs=True, heartbeat_timeout=0.2, kill_redelivery=0.1
+        ) as (ctrl, client, worker_id, job):
+            gpu0 = dev("gpu0")
+            await ctrl.wait_for(lambda: ctrl.device(gpu0).state == "unknown")
+            assert ctrl.kill(job) and ctrl.job(job).state == "killed"
+            # the worker returns still naming the job: the device stays out, the kill is offered
+            assert await client.heartbeat(worker_id, [job])
+            assert ctrl.device(gpu0).state == "unknown"
+            assert (await client.poll(worker_id, 0.05)).kills == (job,)
+            await trio.sleep(0.12)
+            assert await client.heartbeat(worker_id, [job])
+            assert (await client.poll(worker_id, 0.05)).kills == (job,)  # re-delivered
+            # it stops naming the job: the flag is cleared, the device returns to the pool
+            assert await client.heartbeat(worker_id, [])
+            assert ctrl.device(gpu0).state == "ready"
+            await trio.sleep(0.12)
+            assert (await client.poll(worker_id, 0.05)).kills == ()
+
+
+async def test_protocol_103_watchdog_kill_emits_one_watchdog_trip_event() -> None:
+    with trio.fail_after(20):
+        async with running() as (ctrl, _):
+            job = ctrl.submit(dev("gpu1"), ["sleep", "30"], max_runtime_seconds=1)
+            assert await until_terminal(ctrl, job) == ["running", "killed"]
+            trips = [e for e in ctrl.events() if e.kind == "watchdog_trip"]
+            assert len(trips) == 1
+            assert (trips[0].job_id, trips[0].device_id) == (job, dev("gpu1"))

@@ -499,3 +499,22 @@ async def test_wiped_controller_gets_a_new_registration_and_runs_jobs() -> None:
             job = ctrl.submit(dev("gpu0"), ["true"])
             assert await until_terminal(ctrl, job) == ["running", "succeeded"]
             assert worker.registrations == 2
+
+
+async def test_worker_acts_on_a_kill_for_a_job_the_controller_already_finalized() -> None:
+    """Retention mode (§5.5): ``rc kill`` on a disconnected device finalizes the job at once and
+    keeps the kill flag; the worker, still supervising the job, kills it when the kill arrives,
+    sends its terminal report (a harmless 200), stops naming it, and the device returns."""
+    ctrl = sim(retain_disconnected_jobs=True)
+    with trio.fail_after(20):
+        async with running(ctrl) as (ctrl, worker):
+            job = ctrl.submit(dev("gpu0"), ["sleep", "30"])
+            await ctrl.wait_for(lambda: ctrl.statuses(job) == ["running"])
+            ctrl.silence(worker.worker_id, 31.0)  # the reaper marks the device unknown
+            assert ctrl.device(dev("gpu0")).state == "unknown"
+            assert ctrl.kill(job)
+            assert ctrl.job(job).state == "killed" and ctrl.statuses(job) == ["running"]
+            await ctrl.wait_for(lambda: ctrl.statuses(job) == ["running", "killed"])
+            assert ctrl.status_reports(job)[-1].worker_id == worker.worker_id
+            await ctrl.wait_for(lambda: ctrl.device(dev("gpu0")).state == "ready")
+            assert all(job not in hb.get("running_job_ids", []) for hb in ctrl.heartbeats()[-1:])
