@@ -514,6 +514,7 @@ class ControllerClient:
                 "POST", f"/v1/devices/{device_id}/fault", body, self.timings.report_attempt_timeout
             )
             if _ok(status):
+                log.warning("fault reported for %s: %s", device_id, reason)
                 return True
             if status is not None and 400 <= status < 500:
                 break
