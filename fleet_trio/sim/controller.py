@@ -156,6 +156,7 @@ class _Fault:
     endpoint: str
     status: int | None  # None: drop the connection
     count: int
+    body: bytes | None = None  # None: the standard injected error body
 
 
 class SimController:
@@ -348,9 +349,13 @@ class SimController:
         self._notify()
         return self.instance
 
-    def fail_next(self, endpoint: str, status: int = 503, count: int = 1) -> None:
-        """Answer the next ``count`` requests to ``endpoint`` with ``status`` (state untouched)."""
-        self._faults.append(_Fault(self._check_endpoint(endpoint), status, count))
+    def fail_next(
+        self, endpoint: str, status: int = 503, count: int = 1, *, body: bytes | None = None
+    ) -> None:
+        """Answer the next ``count`` requests to ``endpoint`` with ``status`` (state untouched):
+        the standard ``injected`` error body, or ``body`` verbatim (``application/json``), e.g.
+        a malformed 200 answer."""
+        self._faults.append(_Fault(self._check_endpoint(endpoint), status, count, body))
 
     def drop_next(self, endpoint: str, count: int = 1) -> None:
         """Close the connection of the next ``count`` requests to ``endpoint`` unanswered."""
@@ -934,6 +939,10 @@ def create_app(ctrl: SimController) -> QuartTrio:
             return _empty(500)
         if fault is not None:
             ctrl._mark(rec, "injected")
+            if fault.body is not None:
+                return Response(
+                    fault.body, status=fault.status or 503, content_type="application/json"
+                )
             return _error(fault.status or 503, "injected", "simulated failure")
         denied = ctrl._auth()
         if denied is not None:

@@ -518,3 +518,66 @@ async def test_worker_acts_on_a_kill_for_a_job_the_controller_already_finalized(
             assert ctrl.status_reports(job)[-1].worker_id == worker.worker_id
             await ctrl.wait_for(lambda: ctrl.device(dev("gpu0")).state == "ready")
             assert all(job not in hb.get("running_job_ids", []) for hb in ctrl.heartbeats()[-1:])
+
+
+async def test_bad_poll_answers_are_logged_and_skipped_never_crash_or_rerun(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Malformed JSON, wrong shapes, unknown fields and every kind of non-2xx answer on the
+    poll: the worker logs, backs off and polls again; it never crashes and never runs a job
+    twice (the good assignment after the garbage runs exactly once)."""
+    bad_answers: list[tuple[int, bytes | None]] = [
+        (200, b"{not json"),
+        (200, b'{"assignments": "nope"}'),
+        (200, b'{"assignments": [{"job_id": 7}]}'),
+        (200, b"[]"),
+        (400, None),
+        (401, None),
+        (404, None),
+        (409, None),
+        (500, None),
+        (502, None),
+        (503, None),
+        (302, b""),
+    ]
+    with trio.fail_after(30):
+        async with running() as (ctrl, worker):
+            for status, body in bad_answers:
+                ctrl.fail_next("assignments", status=status, body=body)
+            n = len(ctrl.polls())
+            await ctrl.wait_for(lambda: len(ctrl.polls()) >= n + len(bad_answers) + 1, timeout=20)
+            assert "poll failed" in caplog.text
+            # unknown fields in an otherwise good answer are ignored; the job runs once
+            job = ctrl.submit(dev("gpu0"), [PY, "-c", "print('once')"])
+            assert await until_terminal(ctrl, job) == ["running", "succeeded"]
+            assert ctrl.logs(job) == b"once\n"
+            extra = json.dumps(
+                {
+                    "assignments": [{"job_id": job, "device_id": dev("gpu0"), "command": ["x"]}],
+                    "surprise": {"new": "field"},
+                }
+            ).encode()
+            ctrl.fail_next("assignments", status=200, body=extra)  # a re-send: must not rerun
+            await ctrl.wait_for(lambda: ctrl.requests("assignments")[-1].outcome == "injected")
+            await trio.sleep(0.3)
+            assert ctrl.statuses(job) == ["running", "succeeded"]
+            assert worker.supervised() == []
+
+
+async def test_controller_unreachable_30s_mid_job_loses_and_repeats_nothing() -> None:
+    """The controller is down for 30 s while a job runs: the job keeps running, the output it
+    printed during the outage and its terminal state arrive after the reconnect, in order, and
+    nothing is reported twice."""
+    script = "echo before; sleep 3; echo during; sleep 30; echo after"
+    with trio.fail_after(60):
+        async with running() as (ctrl, worker):
+            job = ctrl.submit(dev("gpu0"), ["sh", "-c", script])
+            await ctrl.wait_for(lambda: ctrl.logs(job) == b"before\n")
+            await trio.sleep(0.2)  # let the chunk's answer arrive
+            ctrl.restart(down_for=30.0)
+            await trio.sleep(29.0)
+            assert job in worker.supervised()  # still running, still ours
+            assert ctrl.statuses(job) == ["running"]
+            assert await until_terminal(ctrl, job, within=20) == ["running", "succeeded"]
+            assert ctrl.logs(job) == b"before\nduring\nafter\n"
+            assert [r.state for r in ctrl.status_reports(job)] == ["running", "succeeded"]
