@@ -132,7 +132,9 @@ async def run(
     ``spawn_limiter`` bounds how many spawns (fork + exec, done in a worker thread) are in
     flight at once across the callers that share it; a burst of jobs then starts at the rate
     the machine forks instead of all at once, and the event loop stays free for its other
-    work (the node's acks). Only the spawn is limited, not the run.
+    work (the node's acks). Only the spawn is limited, not the run. A trio cancellation that
+    arrives while the run waits for a slot raises ``Cancelled`` without spawning; a stop token
+    set meanwhile still spawns and stops the child (E8), as without a limiter.
     """
     if not spec.command:
         return Result(exit_code=-1, err="empty command")
@@ -145,11 +147,13 @@ async def run(
         env.update(spec.env)
     split = spec.stderr_sink is not None
     sup = _Supervisor(spec, sink, stop if stop is not None else StopToken())
-    with trio.CancelScope(shield=True):
-        # Shielded: a pre-cancelled caller still spawns, then takes the cancellation path,
-        # so a stop before the spawn is a "cancelled" Result, never an error (§2.3.4, E8).
-        try:
-            async with _maybe(spawn_limiter):
+    # Waiting for a spawn slot is not shielded: a run cancelled while queued never spawns
+    # (a node shutting down does not start the jobs it has already marked interrupted).
+    async with _maybe(spawn_limiter):
+        with trio.CancelScope(shield=True):
+            # Shielded: a pre-cancelled caller still spawns, then takes the cancellation path,
+            # so a stop before the spawn is a "cancelled" Result, never an error (§2.3.4, E8).
+            try:
                 proc = await trio.lowlevel.open_process(
                     argv,
                     stdin=subprocess.PIPE if spec.stdin_source is not None else subprocess.DEVNULL,
@@ -161,8 +165,9 @@ async def run(
                     close_fds=True,
                     restore_signals=True,
                 )
-        except OSError as exc:
-            return Result(exit_code=-1, err=f"start: {_spawn_error_text(exc, argv[0], spec.cwd)}")
+            except OSError as exc:
+                err = _spawn_error_text(exc, argv[0], spec.cwd)
+                return Result(exit_code=-1, err=f"start: {err}")
     if on_spawn is not None:
         on_spawn(proc.pid)
     return await sup.supervise(proc)

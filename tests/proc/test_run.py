@@ -222,3 +222,34 @@ async def test_spawn_limiter_bounds_spawns_in_flight(monkeypatch: pytest.MonkeyP
                 nursery.start_soon(one)
     assert most == 1
     assert [r.exit_code for r in results] == [0] * 6
+
+
+async def test_run_cancelled_while_waiting_for_a_spawn_slot_never_spawns(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    spawned: list[object] = []
+    real_open = trio.lowlevel.open_process
+
+    async def recording_open(*args: Any, **kwargs: Any) -> Any:
+        spawned.append(args)
+        return await real_open(*args, **kwargs)
+
+    monkeypatch.setattr(trio.lowlevel, "open_process", recording_open)
+    limiter = trio.CapacityLimiter(1)
+    release = trio.Event()
+
+    async def hold_the_only_slot(task_status: trio.TaskStatus[None]) -> None:
+        async with limiter:
+            task_status.started()
+            await release.wait()
+
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(hold_the_only_slot)
+            with trio.move_on_after(0.2) as scope:
+                await run(
+                    JobSpec(command=("sh", "-c", "true")), BufferSink(), spawn_limiter=limiter
+                )
+            release.set()
+    assert scope.cancelled_caught
+    assert spawned == []
