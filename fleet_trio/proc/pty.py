@@ -1,0 +1,470 @@
+"""PTY sessions: a job on a pseudo-terminal, supervised like ``run`` (worker-process.md §8).
+
+:func:`start_pty` allocates a pseudo-terminal, sets its window (24×80 by default, §0.5) on the
+slave **before** the child starts (a 0×0 window breaks vim/less/top, §8.2), and spawns the
+command as the leader of a **new session** whose controlling terminal is the slave, on fds
+0/1/2 (Go ``Setsid`` + ``Setctty``): ``sid == pgid == pid``.
+
+How the controlling terminal is set: ``trio.lowlevel.open_process(..., stdin=stdout=stderr=slave,
+start_new_session=True, preexec_fn=_acquire_controlling_tty)``. CPython's child calls
+``setsid()`` before ``preexec_fn`` runs, so ``ioctl(0, TIOCSCTTY, 0)`` makes fd 0 (the slave)
+the new session's controlling terminal (§14.4). The preexec function only makes that one
+system call (``fcntl``/``termios`` are imported beforehand): it runs after ``fork()`` in a
+process that may have other threads (Trio spawns from a worker thread, so the event loop never
+blocks on the spawn). The spawn is shielded, as in ``run``: a caller cancelled meanwhile still
+gets a session it must close (§2.3.4). The parent closes its copy of the slave at once, so the
+master reads ``EIO`` once the last process holding the slave is gone. Same environment, cwd and
+executable lookup as ``run`` (§2.3.2); ``stderr_sink``/``stdin_source`` are ignored (one
+stream, §8.2).
+
+The master is wrapped in :class:`trio.lowlevel.FdStream` (non-blocking). :meth:`PtySession.read`
+maps ``EIO`` (Trio's ``BrokenResourceError`` caused by ``OSError(EIO)``) to EOF, ``b""``; any
+read of ≥ 1 byte touches the idle clock, which starts when the session is created. Writes
+(keystrokes) do not touch it, so a session nobody reads is abandoned and the idle watchdog
+ends it (§7, §14.5 item 12).
+
+Supervision (§2.5 with a **session target**, §2.8). The clocks start at spawn time (the
+max-runtime deadline counts from the spawn, the idle clock from session creation); the tasks
+that act on them run inside :meth:`PtySession.wait`, exactly once — concurrent and later
+callers get the same cached ``Result`` (§8.3). Completion is the leader's reap alone: there is
+no pipe to wait for (§8.4). Then:
+
+* clean exit → ``finish`` + straggler reap over the whole session: a shell that ``exit``\\ s
+  while ``sleep 300 &`` runs yields ``killed=True``, ``reason="stragglers reaped after exit"``
+  and the background job is SIGKILLed (§8.4, checklist 104);
+* stop (the caller's :class:`StopToken`, :meth:`close`, or a watchdog trip) → the cancellation
+  path: race re-check, SIGTERM every process group of the session, wait ``spec.grace``,
+  SIGKILL them all, straggler reap; reason exactly ``cancelled`` (or the watchdog's
+  ``idle: no output for …`` / ``max_runtime exceeded (…)``). An interactive shell ignores
+  SIGTERM, so a cancelled session pays the full grace (§8.4).
+
+How the session's groups are found: :class:`~fleet_trio.proc.target.SessionTarget` lists
+``/proc`` and signals every distinct pgid among the processes whose session id equals the
+leader's pid, zombies included (job control puts each background job in its own group inside
+the session). A process that ``setsid``\\ s away (tmux, screen) leaves the session; only the
+RC_JOB_ID sweep (``spec.sweep_job_id``) can catch it (§8.4 residual).
+
+Trio cancellation of :meth:`PtySession.wait` (program shutdown) runs the same teardown in a
+shielded scope, caches the ``Result`` for other callers, then re-raises ``Cancelled``.
+:meth:`PtySession.close` trips the session's internal stop, awaits :meth:`wait` (so the leader
+is reaped even if nobody called ``wait`` — closing the master alone would only SIGHUP the
+foreground group and leave a zombie, checklist 105), then closes the master. Use the session
+as an async context manager so it is always closed.
+
+A stop passed to :meth:`PtySession.wait` is linked as a child token whose setting trips the
+session's internal stop (its deadline is waited on with ``move_on_at``), so a follower's token
+stops the session too, and a trio cancellation of a follower ends only that call.
+
+Start failures raise :class:`PtyStartError` carrying the ``Result`` to report
+(``err="empty command"`` or ``"start pty: <detail>"``, §8.2); nothing is left running.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import logging
+import math
+import os
+import signal
+import struct
+import subprocess
+import termios
+from types import TracebackType
+
+import attrs
+import trio
+
+from fleet_trio.errors import errno_text
+from fleet_trio.proc.run import (
+    RACE_YIELDS,
+    REASON_CANCELLED,
+    REASON_STRAGGLERS_REAPED,
+    REASON_STRAGGLERS_REMAINED,
+    REASON_SURVIVORS,
+    STRAGGLER_WAIT,
+    finish,
+    reap_stragglers,
+    resolve_argv,
+)
+from fleet_trio.proc.spec import JobSpec, Result
+from fleet_trio.proc.stop import StopToken
+from fleet_trio.proc.sweep import sweep_job_survivors
+from fleet_trio.proc.target import SessionTarget
+from fleet_trio.proc.watchdog import WATCHDOG_TICK, Watchdog
+
+log = logging.getLogger(__name__)
+
+DEFAULT_ROWS = 24
+DEFAULT_COLS = 80
+READ_CHUNK = 65536
+CLOSE_TIMEOUT = 1.0
+"""Seconds allowed for closing the master in a shielded ``finally``."""
+
+
+class PtyStartError(Exception):
+    """The session could not be started; ``result`` is the ``Result`` to report (§8.2).
+
+    ``result.err`` is ``"empty command"`` or ``"start pty: <detail>"``; nothing is running.
+    """
+
+    def __init__(self, result: Result) -> None:
+        super().__init__(result.err)
+        self.result = result
+
+
+def _winsize(rows: int, cols: int) -> bytes:
+    return struct.pack("HHHH", rows, cols, 0, 0)
+
+
+def _acquire_controlling_tty() -> None:
+    # Runs in the child after setsid(): make the slave (fd 0) the controlling terminal.
+    fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+
+def _spawn_error_text(exc: OSError, argv0: str, cwd: str) -> str:
+    text = errno_text(exc.errno) if exc.errno is not None else str(exc)
+    if cwd and exc.filename == cwd:
+        return f"chdir {cwd}: {text}"
+    if "/" not in argv0 and isinstance(exc, FileNotFoundError):
+        return f'exec: "{argv0}": executable file not found in $PATH'
+    return f"fork/exec {argv0}: {text}"
+
+
+async def start_pty(
+    spec: JobSpec,
+    *,
+    rows: int = DEFAULT_ROWS,
+    cols: int = DEFAULT_COLS,
+    spawn_limiter: trio.CapacityLimiter | None = None,
+) -> PtySession:
+    """Spawn ``spec.command`` on a new pseudo-terminal and return its session (§8.2).
+
+    ``rows``/``cols`` set the window before the child starts; a non-positive dimension falls
+    back to 24×80. ``spawn_limiter`` bounds concurrent spawns, as for ``run``. Raises
+    :class:`PtyStartError` (``err="empty command"`` / ``"start pty: …"``) when nothing started.
+    """
+    if not spec.command:
+        raise PtyStartError(Result(exit_code=-1, err="empty command"))
+    argv, lookup_error = resolve_argv(spec.command, spec.env)
+    if lookup_error is not None:
+        raise PtyStartError(Result(exit_code=-1, err=f"start pty: {lookup_error}"))
+    if rows <= 0 or cols <= 0:
+        rows, cols = DEFAULT_ROWS, DEFAULT_COLS
+    env: dict[str, str] | None = None
+    if spec.env:
+        env = dict(os.environ)
+        env.update(spec.env)
+    created = trio.current_time()  # the idle clock starts at session creation (§8.2)
+    if spawn_limiter is not None:
+        await spawn_limiter.acquire()
+    try:
+        with trio.CancelScope(shield=True):
+            proc, master = await _spawn(argv, spec.cwd, env, rows, cols)
+    finally:
+        if spawn_limiter is not None:
+            spawn_limiter.release()
+    return PtySession(spec, proc, master, created=created, spawned=trio.current_time())
+
+
+async def _spawn(
+    argv: list[str], cwd: str, env: dict[str, str] | None, rows: int, cols: int
+) -> tuple[trio.Process, int]:
+    try:
+        master, slave = os.openpty()
+    except OSError as exc:
+        raise PtyStartError(Result(exit_code=-1, err=f"start pty: {exc}")) from exc
+    try:
+        try:
+            fcntl.ioctl(slave, termios.TIOCSWINSZ, _winsize(rows, cols))
+        except OSError as exc:
+            raise PtyStartError(Result(exit_code=-1, err=f"start pty: window size: {exc}")) from exc
+        proc = await trio.lowlevel.open_process(
+            argv,
+            stdin=slave,
+            stdout=slave,
+            stderr=slave,
+            start_new_session=True,
+            preexec_fn=_acquire_controlling_tty,
+            cwd=cwd or None,
+            env=env,
+            close_fds=True,
+            restore_signals=True,
+        )
+    except OSError as exc:
+        os.close(master)
+        err = _spawn_error_text(exc, argv[0], cwd)
+        raise PtyStartError(Result(exit_code=-1, err=f"start pty: {err}")) from exc
+    except subprocess.SubprocessError as exc:  # the preexec function failed in the child
+        os.close(master)
+        raise PtyStartError(Result(exit_code=-1, err=f"start pty: {exc}")) from exc
+    except BaseException:
+        os.close(master)
+        raise
+    finally:
+        os.close(slave)
+    return proc, master
+
+
+class PtySession:
+    """One process tree on a pseudo-terminal (§8.3). Built by :func:`start_pty`."""
+
+    def __init__(
+        self,
+        spec: JobSpec,
+        proc: trio.Process,
+        master_fd: int,
+        *,
+        created: float,
+        spawned: float,
+    ) -> None:
+        self.spec = spec
+        self._proc = proc
+        self._master_fd = master_fd
+        self._master = trio.lowlevel.FdStream(master_fd)
+        self._target = SessionTarget(proc.pid)
+        self._last_output = created
+        self._spawned = spawned
+        self._wake = trio.Event()
+        self._leader_done = trio.Event()
+        self._stop = StopToken(on_set=self._wake.set)
+        self._supervising = False
+        self._done = trio.Event()
+        self._result: Result | None = None
+        self._trip_reason: str | None = None
+        self._helper_scopes: list[trio.CancelScope] = []
+        self._helpers_stopped = False
+        self._closed = False
+
+    @property
+    def pid(self) -> int:
+        """The leader's pid (also the session id and its process group id)."""
+        return self._proc.pid
+
+    @property
+    def result(self) -> Result | None:
+        """The cached ``Result`` once :meth:`wait` has concluded, else ``None``."""
+        return self._result
+
+    # -- terminal I/O -----------------------------------------------------------------------
+    async def read(self, max_bytes: int = READ_CHUNK) -> bytes:
+        """Bytes from the terminal; ``b""`` at EOF (``EIO``: no slave left) or after close."""
+        if self._closed:
+            await trio.lowlevel.checkpoint()
+            return b""
+        try:
+            data = await self._master.receive_some(max_bytes)
+        except trio.ClosedResourceError:
+            return b""
+        except trio.BrokenResourceError as exc:
+            cause = exc.__cause__
+            if isinstance(cause, OSError) and cause.errno == errno.EIO:
+                return b""
+            raise
+        if data:
+            self._last_output = trio.current_time()
+        return data
+
+    async def write(self, data: bytes) -> None:
+        """Keystrokes to the process. Does not touch the idle clock.
+
+        Writing to a session that has ended or been closed is not an error: the bytes are
+        dropped (a relay keeps forwarding what a client types until it notices).
+        """
+        if self._closed:
+            await trio.lowlevel.checkpoint()
+            return
+        try:
+            await self._master.send_all(data)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            log.debug("pty %d: input dropped, the terminal is gone", self.pid)
+
+    def resize(self, rows: int, cols: int) -> None:
+        """Set the window (``TIOCSWINSZ`` on the master); the process sees it (``stty size``).
+
+        A size with a zero (or negative) dimension is ignored with a warning: a client with
+        no real terminal reports 0×0 (§8.5). A closed session ignores resizes. An ioctl
+        failure raises ``OSError``.
+        """
+        if rows <= 0 or cols <= 0:
+            log.warning("pty %d: ignoring resize to %dx%d", self.pid, rows, cols)
+            return
+        if self._closed:
+            return
+        fcntl.ioctl(self._master_fd, termios.TIOCSWINSZ, _winsize(rows, cols))
+
+    # -- supervision ------------------------------------------------------------------------
+    async def wait(self, stop: StopToken | None = None) -> Result:
+        """Supervise the session until it ends and return how (§2.5, §8.3, §8.4).
+
+        Runs once; concurrent and later callers get the same ``Result``. ``stop`` (set, or
+        its deadline passed) takes the cancellation path, whichever caller passed it.
+        """
+        if self._result is not None:
+            await trio.lowlevel.checkpoint()
+            return self._result
+        if self._supervising:
+            return await self._follow(stop)
+        self._supervising = True
+        try:
+            return await self._supervise(stop)
+        finally:
+            self._done.set()
+
+    def _link(self, stop: StopToken | None) -> StopToken | None:
+        """A child of the caller's ``stop`` whose setting trips the session's internal stop.
+
+        The caller keeps it referenced while it waits (a parent holds its children weakly);
+        a deadline is handled by the waiter with ``move_on_at(link.deadline)``.
+        """
+        if stop is None:
+            return None
+        return StopToken(parent=stop, on_set=self._stop.set)
+
+    async def _follow(self, stop: StopToken | None) -> Result:
+        """Another caller supervises: wait for its ``Result``, forwarding our ``stop``.
+
+        A trio cancellation of a follower only ends this call; the supervising caller goes on.
+        """
+        link = self._link(stop)
+        with trio.move_on_at(link.deadline if link is not None else math.inf):
+            await self._done.wait()
+        if not self._done.is_set():
+            self._stop.set()  # our token's deadline passed
+            await self._done.wait()
+        if self._result is None:
+            raise RuntimeError("the PTY session's supervision failed")
+        return self._result
+
+    async def _supervise(self, stop: StopToken | None) -> Result:
+        dog = Watchdog(self._spawned, self.spec.max_runtime, self.spec.idle_timeout)
+        link = self._link(stop)
+        shutdown: trio.Cancelled | None = None
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._waiter)
+            if dog.armed:
+                nursery.start_soon(self._watchdog, dog)
+            try:
+                with trio.move_on_at(link.deadline if link is not None else math.inf):
+                    await self._wake.wait()
+                if not self._wake.is_set():
+                    self._stop.set()  # the caller's token reached its deadline
+            except trio.Cancelled as exc:
+                # Program shutdown: the same teardown as a stop (below, shielded), then the
+                # Cancelled is re-raised outside the nursery, bare rather than in a group.
+                # Every helper runs in its own shielded scope that _conclude cancels, so no
+                # child brings a Cancelled of its own into the nursery.
+                shutdown = exc
+                self._stop.set()
+            with trio.CancelScope(shield=True):
+                result = await self._conclude()
+            self._result = result
+        if shutdown is not None:
+            try:
+                raise shutdown
+            finally:
+                del shutdown
+        return result
+
+    def _helper_scope(self) -> trio.CancelScope:
+        # Shielded so the waiter keeps running while a shutdown teardown waits for it.
+        scope = trio.CancelScope(shield=True)
+        self._helper_scopes.append(scope)
+        if self._helpers_stopped:
+            scope.cancel()
+        return scope
+
+    def _stop_helpers(self) -> None:
+        self._helpers_stopped = True
+        for scope in self._helper_scopes:
+            scope.cancel()
+
+    async def _waiter(self) -> None:
+        with self._helper_scope():
+            await self._proc.wait()
+            self._leader_done.set()
+            self._wake.set()
+
+    async def _watchdog(self, dog: Watchdog) -> None:
+        with self._helper_scope():
+            while not self._stop.was_set:
+                await trio.sleep(WATCHDOG_TICK)
+                reason = dog.check(trio.current_time(), self._last_output)
+                if reason is not None:
+                    self._trip_reason = reason
+                    self._stop.set()
+                    return
+
+    async def _conclude(self) -> Result:
+        if self._leader_done.is_set() or await self._completed_after_yields():
+            result = await self._finish_clean()
+        else:
+            result = await self._finish_cancelled()
+        self._stop_helpers()
+        if self.spec.sweep_job_id:
+            report = await sweep_job_survivors(self.spec.sweep_job_id, os.getpid())
+            result = attrs.evolve(result, sweep=report)
+        return result
+
+    async def _completed_after_yields(self) -> bool:
+        for _ in range(RACE_YIELDS):
+            if self._leader_done.is_set():
+                return True
+            await trio.lowlevel.checkpoint()
+        return self._leader_done.is_set()
+
+    async def _finish_clean(self) -> Result:
+        result = finish(self._proc.returncode)
+        found, emptied = await reap_stragglers(self._target)
+        if found:
+            reason = REASON_STRAGGLERS_REAPED if emptied else REASON_STRAGGLERS_REMAINED
+            result = attrs.evolve(result, killed=True, reason=reason)
+        return result
+
+    async def _finish_cancelled(self) -> Result:
+        delivered = self._target.signal(signal.SIGTERM)  # no liveness probe first (§2.5)
+        with trio.move_on_after(self.spec.grace):
+            await self._leader_done.wait()
+        if not self._leader_done.is_set():
+            if not self._target.signal(signal.SIGKILL):
+                # /proc unreadable or the session already empty: still make sure of the leader.
+                with contextlib.suppress(OSError):
+                    os.killpg(self.pid, signal.SIGKILL)
+            with trio.move_on_after(STRAGGLER_WAIT):
+                await self._leader_done.wait()
+        result = finish(self._proc.returncode)
+        found, emptied = await reap_stragglers(self._target)
+        reason = REASON_SURVIVORS if found and not emptied else REASON_CANCELLED
+        if delivered or found:
+            result = attrs.evolve(result, killed=True, reason=reason)
+        if self._trip_reason is not None:
+            result = attrs.evolve(result, killed=True, reason=self._trip_reason)
+        return result
+
+    # -- teardown ---------------------------------------------------------------------------
+    async def close(self) -> None:
+        """Stop the session, reap everything in it (even without a prior :meth:`wait`), then
+        close the master (§8.3). Idempotent."""
+        self._stop.set()
+        try:
+            await self.wait()
+        finally:
+            if not self._closed:
+                self._closed = True
+                with trio.move_on_after(CLOSE_TIMEOUT, shield=True):
+                    await self._master.aclose()
+
+    async def __aenter__(self) -> PtySession:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+
+__all__ = ["DEFAULT_COLS", "DEFAULT_ROWS", "PtySession", "PtyStartError", "start_pty"]
