@@ -170,7 +170,7 @@ def _add_node(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
             "Serve GET /fleet/health, POST /fleet/dispatch and GET /fleet/jobs/{id} on "
             "127.0.0.1:18811 (by default). Dispatched jobs run the commands declared under "
             "tasks: in the YAML config. SIGTERM/SIGINT drain: new dispatches get 503, running "
-            "jobs get the drain timeout, survivors end error \"interrupted\". Refuses to "
+            'jobs get the drain timeout, survivors end error "interrupted". Refuses to '
             "start without a working GPU unless --gpu fake."
         ),
         epilog="See docs/node.md.",

@@ -42,6 +42,7 @@ from fleet_trio.worker.client import (
     Timings,
 )
 from fleet_trio.worker.config import WorkerConfig, cuda_device_index
+from fleet_trio.worker.probes import Prober
 
 log = logging.getLogger(__name__)
 
@@ -142,12 +143,6 @@ def terminal_report(worker_id: str, result: proc.Result) -> StatusReport:
     return StatusReport(worker_id, "succeeded", 0, "")
 
 
-def host_facts() -> dict[str, str]:
-    """Built-in host facts for ``labels[""]`` (probes beyond these come later)."""
-    uname = os.uname()
-    return {"cpus": str(os.cpu_count() or 0), "kernel": uname.release, "arch": uname.machine}
-
-
 SHEET_MARKER = "\n...(truncated: sheet exceeds 64KB)\n"
 
 
@@ -214,11 +209,14 @@ class Worker:
         client_timings: Timings | None = None,
         hooks: WorkerHooks | None = None,
         rng: random.Random | None = None,
+        prober: Prober | None = None,
     ) -> None:
         self.config = config
         self.timings = timings if timings is not None else WorkerTimings()
         self.client_timings = client_timings if client_timings is not None else Timings()
         self.hooks: WorkerHooks = hooks if hooks is not None else NoHooks()
+        # One prober for the process: it remembers which devices each probe speaks for (§6.6).
+        self.prober = prober if prober is not None else Prober(config)
         self.tracker = ContactTracker(
             silence=self.timings.reregister_silence,
             jitter_window=self.timings.reregister_jitter,
@@ -265,7 +263,8 @@ class Worker:
 
     # -- registration ----------------------------------------------------------------------------
     async def build_registration(self, *, with_proof: bool = True) -> Registration:
-        """A full registration (§3.1): boot id, fresh recovery proof, ceilings, labels, sheets.
+        """A full registration (§3.1): boot id, fresh recovery proof, ceilings, labels from a
+        fresh probe pass (§6.7), sheets.
 
         ``with_proof=False`` (the E2 labels push, which sends no proof) skips the /proc walk.
         """
@@ -276,9 +275,7 @@ class Worker:
                 os.getpid(), require_manual_clear=cfg.require_manual_clear
             )
         sheet, device_sheets = await read_sheets(cfg)
-        labels: dict[str, dict[str, str]] = {"": host_facts()}
-        for d in cfg.devices:
-            labels[d.name] = {}
+        labels = self.prober.wire_labels(await self.prober.run_pass())
         return Registration(
             host=cfg.host,
             devices=tuple(DeviceDecl(d.name, d.max_runtime_seconds) for d in cfg.devices),
@@ -575,7 +572,6 @@ __all__ = [
     "WorkerHooks",
     "WorkerTimings",
     "effective_max_runtime",
-    "host_facts",
     "job_environment",
     "serve_worker",
     "terminal_report",
