@@ -42,6 +42,7 @@ from fleet_trio.worker.client import (
     Timings,
 )
 from fleet_trio.worker.config import WorkerConfig, cuda_device_index
+from fleet_trio.worker.hooks import HostHooks
 from fleet_trio.worker.probes import Prober
 
 log = logging.getLogger(__name__)
@@ -85,7 +86,8 @@ class WorkerHooks(Protocol):
         ...
 
     async def verify(self, device_id: str, job: Assignment) -> str | None:
-        """The post-job verify pass; a failure text (sent as ``verify failed: …``) or ``None``."""
+        """The post-job verify pass: ``None`` when clean, else the fault reason, which starts
+        with ``verify failed: `` (worker-process.md §5)."""
         ...
 
     async def release(self, device_id: str, job: Assignment) -> None:
@@ -214,7 +216,7 @@ class Worker:
         self.config = config
         self.timings = timings if timings is not None else WorkerTimings()
         self.client_timings = client_timings if client_timings is not None else Timings()
-        self.hooks: WorkerHooks = hooks if hooks is not None else NoHooks()
+        self.hooks: WorkerHooks = hooks if hooks is not None else HostHooks(config)
         # One prober for the process: it remembers which devices each probe speaks for (§6.6).
         self.prober = prober if prober is not None else Prober(config)
         self.tracker = ContactTracker(
@@ -491,7 +493,7 @@ class Worker:
         client = self.client
         failure = await self.hooks.verify(a.device_id, a)
         if failure is not None:
-            await client.report_fault(a.device_id, f"verify failed: {failure}")
+            await client.report_fault(a.device_id, failure)
         report = terminal_report(self.worker_id, result)
         if result.sweep.found:
             log.info("job %s: sweep found %s", a.job_id, list(result.sweep.found))
@@ -549,7 +551,12 @@ async def serve_worker(
                 await tree.role.start(worker.heartbeat_loop, name="heartbeat")
                 if math.isfinite(worker.probe_interval) and worker.probe_interval > 0:
                     await tree.role.start(worker.labels_loop, name="labels")
-                # §4.1 step 5: the startup release pass belongs to the hooks issue.
+                timers = getattr(worker.hooks, "serve", None)
+                if timers is not None:
+                    await tree.services.start(timers, name="release-timers")
+                startup_pass = getattr(worker.hooks, "startup_pass", None)
+                if startup_pass is not None:
+                    await startup_pass()  # §4.1 step 5: before the first poll
                 poll_scope = trio.CancelScope()
                 tree.cancel_on_shutdown(poll_scope)
 
@@ -563,6 +570,9 @@ async def serve_worker(
                 task_status.started(worker)
                 await tree.wait_shutdown()
         worker._tree = None
+        drain = getattr(worker.hooks, "drain", None)
+        if drain is not None:
+            await drain()  # §4.7: pending releases fire now, after the jobs have ended
 
 
 __all__ = [

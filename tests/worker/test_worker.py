@@ -441,7 +441,7 @@ async def test_failed_acquire_reports_failed_only_then_fault() -> None:
 
 
 async def test_failed_verify_faults_before_terminal_report() -> None:
-    hooks = FakeHooks(verify_fails="gpu-check: ecc errors")
+    hooks = FakeHooks(verify_fails="verify failed: gpu-check: ecc errors")
     with trio.fail_after(20):
         async with running_with_hooks(hooks) as (ctrl, _):
             job = ctrl.submit(dev("gpu0"), ["true"])
