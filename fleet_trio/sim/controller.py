@@ -984,6 +984,12 @@ def create_app(ctrl: SimController) -> QuartTrio:
 
         app.add_url_rule(rule, name, view, methods=[method])
 
+    # --- relay E8/E9 (tty/pipe jobs): routes and per-job sessions live in sim/relay.py ---
+    from fleet_trio.sim.relay import mount_relay
+
+    mount_relay(app, ctrl)
+    # --- end relay ---------------------------------------------------------------------
+
     @app.after_request
     async def _instance(resp: Response) -> Response:
         resp.headers[INSTANCE_HEADER] = ctrl.instance
