@@ -44,6 +44,7 @@ from fleet_trio.worker.client import (
 from fleet_trio.worker.config import WorkerConfig, cuda_device_index
 from fleet_trio.worker.hooks import HostHooks
 from fleet_trio.worker.probes import Prober
+from fleet_trio.worker.relay import run_attached
 
 log = logging.getLogger(__name__)
 
@@ -449,16 +450,6 @@ class Worker:
                         await client.report_fault(a.device_id, reason)
                 return
             await client.report_running(a.job_id, self.worker_id)
-            if a.stdio:
-                # §8.2 relay modes belong to a later issue: fail like a relay dial failure
-                # (§7.2) rather than run an interactive job with nobody attached.
-                reason = (
-                    f"attach {a.stdio} stdio: open output stream: "
-                    "relay not supported by this fleet-trio worker yet"
-                )
-                with self._finish_scope(job):
-                    await self._conclude(a, proc.Result(exit_code=-1, err=reason))
-                return
             shipper = LogShipper(
                 lambda chunk: client.send_log_chunk(a.job_id, chunk),
                 flush_bytes=self.client_timings.log_flush_bytes,
@@ -471,7 +462,7 @@ class Worker:
                 async with trio.open_nursery() as nursery:
                     await nursery.start(shipper.serve)
                     try:
-                        result = await proc.run(self._spec(a), shipper, job.stop)
+                        result = await self._execute(a, shipper, job.stop)
                     except Exception as exc:
                         result = proc.Result(exit_code=-1, err=f"worker error: {exc}")
                         raise
@@ -487,6 +478,22 @@ class Worker:
         finally:
             job.process_done.set()
             self.jobs.pop(a.job_id, None)
+
+    async def _execute(
+        self, a: Assignment, shipper: LogShipper, stop: proc.StopToken
+    ) -> proc.Result:
+        """Step 7: logs mode through ``proc.run``; ``tty`` / ``pipe`` through the relay (§8.2):
+        the operator's terminal halves, and for ``pipe`` the stderr to the log endpoint."""
+        if a.stdio in ("tty", "pipe"):
+            return await run_attached(
+                self.client.base_url,
+                self.config.token,
+                a,
+                self._spec(a),
+                stop,
+                stderr_sink=shipper if a.stdio == "pipe" else None,
+            )
+        return await proc.run(self._spec(a), shipper, stop)
 
     async def _conclude(self, a: Assignment, result: proc.Result) -> None:
         """Steps 8–10: verify (fault first), terminal report, release."""

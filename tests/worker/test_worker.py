@@ -17,6 +17,7 @@ import pytest
 import trio
 
 from fleet_trio.sim import SimController, serve_controller
+from fleet_trio.sim.relay import operator
 from fleet_trio.worker.client import Assignment, StatusReport, Timings
 from fleet_trio.worker.config import DeviceConfig, WorkerConfig
 from fleet_trio.worker.worker import (
@@ -452,14 +453,35 @@ async def test_failed_verify_faults_before_terminal_report() -> None:
             assert ctrl.faults(dev("gpu0")) == ["verify failed: gpu-check: ecc errors"]
 
 
-async def test_relay_job_fails_clearly() -> None:
+async def test_tty_job_through_the_worker_and_the_relay() -> None:
+    """A ``stdio: tty`` assignment: the worker opens both relay halves, runs the shell under a
+    PTY, the operator's typing reaches it, its output reaches the operator and never the log
+    endpoint, and ``exit`` ends it ``succeeded``."""
     with trio.fail_after(20):
         async with running() as (ctrl, _):
-            job = ctrl.submit(dev("gpu0"), ["sh"], stdio="tty")
-            assert await until_terminal(ctrl, job) == ["running", "failed"]
-            report = ctrl.status_reports(job)[-1]
-            assert report.exit_code == -1
-            assert report.reason.startswith("attach tty stdio: open output stream: ")
+            job = ctrl.submit(dev("gpu0"), ["/bin/sh"], stdio="tty")
+            term = operator(ctrl, job)
+            await term.wait_connected(timeout=10)
+            await term.send(b"echo relay-$((40 + 2))\n")
+            await term.wait_output(b"relay-42", timeout=10)
+            await term.send(b"exit\n")
+            assert await until_terminal(ctrl, job) == ["running", "succeeded"]
+            assert ctrl.logs(job) == b""
+
+
+async def test_pipe_job_through_the_worker_sends_stderr_to_the_log() -> None:
+    script = "cat; echo to-stderr >&2"
+    with trio.fail_after(20):
+        async with running() as (ctrl, _):
+            job = ctrl.submit(dev("gpu0"), ["sh", "-c", script], stdio="pipe")
+            term = operator(ctrl, job)
+            await term.wait_connected(timeout=10)
+            await term.send(b"line-one\nline\rtwo\xffend\n")
+            await term.wait_output(b"end\n", timeout=10)
+            await term.close_input()
+            assert await until_terminal(ctrl, job) == ["running", "succeeded"]
+            assert term.output() == b"line-one\nline\rtwo\xffend\n"
+            await ctrl.wait_for(lambda: ctrl.logs(job) == b"to-stderr\n")
 
 
 async def test_job_ending_during_outage_delivers_everything_after() -> None:
