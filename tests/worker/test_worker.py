@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import pathlib
 import sys
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 
 import attrs
@@ -90,13 +90,16 @@ async def running(
     timings: WorkerTimings = FAST,
     client_timings: Timings = FAST_CLIENT,
     manual_clear: bool = False,
+    configure: Callable[[WorkerConfig], WorkerConfig] | None = None,
 ) -> AsyncIterator[tuple[SimController, Worker]]:
-    """A sim controller and a started worker; the worker is shut down (gracefully) at exit."""
+    """A sim controller and a started worker; the worker is shut down (gracefully) at exit.
+    ``configure`` adjusts the config (``lambda c: attrs.evolve(c, probe_dir=...)``)."""
     ctrl = ctrl if ctrl is not None else sim()
     async with trio.open_nursery() as nursery:
         url = await nursery.start(serve_controller, ctrl)
+        cfg = config(url, devices, manual_clear=manual_clear)
         worker = Worker(
-            config(url, devices, manual_clear=manual_clear),
+            configure(cfg) if configure is not None else cfg,
             timings=timings,
             client_timings=client_timings,
         )

@@ -1,0 +1,83 @@
+"""Bad input on the host side (hooks, probes, verify): the documented outcome, a log line that
+names the script, and the worker keeps serving."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import attrs
+import pytest
+import trio
+
+from fleet_trio.durations import SECOND
+from fleet_trio.worker.config import DeviceConfig, WorkerConfig
+from tests.worker.test_worker import dev, running, until_terminal
+
+
+def _script(path: Path, body: str) -> str:
+    path.write_text("#!/bin/sh\n" + body + "\n")
+    path.chmod(0o755)
+    return str(path)
+
+
+async def test_missing_hook_path_fails_the_job_faults_the_device_and_keeps_serving(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    missing = str(tmp_path / "no-such-hook.sh")
+    devices = (DeviceConfig(name="gpu0", on_acquire=missing), DeviceConfig(name="gpu1"))
+    with trio.fail_after(20):
+        async with running(devices=devices) as (ctrl, _):
+            job = ctrl.submit(dev("gpu0"), ["sh", "-c", f"touch {tmp_path}/ran"])
+            assert await until_terminal(ctrl, job) == ["failed"]
+            reason = ctrl.status_reports(job)[-1].reason
+            assert reason.startswith(f"acquire hook failed: hook {missing}: start: ")
+            await ctrl.wait_for(lambda: ctrl.faults(dev("gpu0")))  # after the terminal report
+            assert ctrl.faults(dev("gpu0")) == [reason]
+            assert not (tmp_path / "ran").exists()
+            assert missing in caplog.text
+            other = ctrl.submit(dev("gpu1"), ["true"])
+            assert await until_terminal(ctrl, other) == ["running", "succeeded"]
+
+
+async def test_probe_printing_10_mib_is_skipped_named_and_the_rest_kept(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    probes = tmp_path / "probe.d"
+    probes.mkdir()
+    _script(probes / "10-flood", "head -c 10485760 /dev/zero | tr '\\0' x")
+    _script(probes / "20-good", 'echo \'{"rack": "r7"}\'')
+    _script(probes / "30-garbage", "echo 'not json at all'")
+
+    def configure(cfg: WorkerConfig) -> WorkerConfig:
+        return attrs.evolve(cfg, probe_dir=str(probes), probe_timeout=10 * SECOND)
+
+    caplog.set_level(logging.WARNING)
+    with trio.fail_after(30):
+        async with running(configure=configure) as (ctrl, _):
+            labels = ctrl.registrations()[0]["labels"]
+            assert labels[""]["rack"] == "r7"
+            assert "x" not in labels[""] and "not" not in labels[""]
+            assert "10-flood" in caplog.text and "30-garbage" in caplog.text
+            job = ctrl.submit(dev("gpu0"), ["true"])
+            assert await until_terminal(ctrl, job) == ["running", "succeeded"]
+
+
+async def test_unreadable_verify_dir_fails_closed_and_keeps_serving(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    not_a_dir = tmp_path / "verify.d"
+    not_a_dir.write_text("a file where the verify folder should be\n")
+
+    def configure(cfg: WorkerConfig) -> WorkerConfig:
+        return attrs.evolve(cfg, verify_dir=str(not_a_dir))
+
+    with trio.fail_after(20):
+        async with running(configure=configure) as (ctrl, _):
+            job = ctrl.submit(dev("gpu0"), ["true"])
+            assert await until_terminal(ctrl, job) == ["running", "succeeded"]
+            (fault,) = ctrl.faults(dev("gpu0"))
+            assert fault.startswith("verify failed: ") and str(not_a_dir) in fault
+            assert str(not_a_dir) in caplog.text
+            other = ctrl.submit(dev("gpu1"), ["true"])
+            assert await until_terminal(ctrl, other) == ["running", "succeeded"]
