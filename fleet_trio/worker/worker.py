@@ -3,15 +3,20 @@
 ::
 
     task tree
-    ├─ services   (none yet)
-    ├─ role       heartbeat loop, labels push loop, poll loop (cancelled first at shutdown)
-    └─ jobs       one task per assignment: acquire → running → run → final log flush →
-                  verify → terminal report → release (hooks are seams with no-op defaults)
+    ├─ services   the release-linger timers (``HostHooks.serve``)
+    ├─ role       heartbeat loop, labels push loop (a probe pass each), poll loop
+    └─ jobs       one task per assignment: acquire hook → running → run (logs mode, or a
+                  PTY / pipes through the relay) → final log flush → verify → terminal
+                  report → release linger
+
+Startup (§4.1): register (first probe pass, sheets, boot id, recovery proof), heartbeat and
+labels loops, the startup release pass, then the first poll.
 
 Shutdown (§4.3): stop polling, set every job's stop token (SIGTERM → 10 s → SIGKILL through
 ``fleet_trio.proc``), drain up to 45 s while the final flushes and terminal reports go out
 (heartbeats keep naming the jobs during the drain, §17.9), then cancel. Reports run in a
-shielded scope that is only hurried (bounded) once the drain is over.
+shielded scope that is only hurried (bounded) once the drain is over. Last, pending
+releases fire at once (worker-process.md §4.7, 20 s for all devices).
 """
 
 from __future__ import annotations
@@ -77,7 +82,7 @@ class WorkerTimings:
 
 
 # --------------------------------------------------------------------------------------------
-# Hook seams (a later issue fills them: hooks, verify, probes)
+# Hook seams: ``HostHooks`` (fleet_trio.worker.hooks) by default; tests substitute doubles
 # --------------------------------------------------------------------------------------------
 
 
@@ -500,6 +505,7 @@ class Worker:
         client = self.client
         failure = await self.hooks.verify(a.device_id, a)
         if failure is not None:
+            log.error("job %s: %s; quarantining device %s", a.job_id, failure, a.device_id)
             await client.report_fault(a.device_id, failure)
         report = terminal_report(self.worker_id, result)
         if result.sweep.found:
