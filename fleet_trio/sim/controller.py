@@ -886,7 +886,19 @@ class SimController:
         kind = (
             "verify_failed" if report.reason.startswith("verify failed: ") else "device_unhealthy"
         )
-        self._events.append(Event(kind, device_id=device_id, detail=report.reason))
+        # the job that holds the device's lease, if any (the worker faults before its terminal
+        # report, so a verify failure still finds its job holding the device)
+        holder = next(
+            (
+                j.job_id
+                for j in sorted(self._jobs.values(), key=lambda j: j.seq)
+                if j.device_id == device_id and j.state in ACTIVE and j.lease_expires is not None
+            ),
+            "",
+        )
+        self._events.append(
+            Event(kind, device_id=device_id, job_id=holder, detail=report.reason)
+        )
         return _empty(200)
 
 

@@ -124,7 +124,8 @@ class HostHooks:
         self.grace = grace
         self.book = LeaseBook((config.device_id(d.name), _spec_for(d)) for d in config.devices)
         self._devices = {config.device_id(d.name): d for d in config.devices}
-        self._locks = {device: trio.Lock() for device in self._devices}
+        # the device lock of §4.4, only for devices with hooks (the others have no state, §4.1)
+        self._locks = {lease.device: trio.Lock() for lease in self.book.leases()}
         self._epochs: dict[str, int] = {}
         self._timers_changed = trio.Event()
         self._firing: set[str] = set()
