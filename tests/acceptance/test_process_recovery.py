@@ -342,3 +342,18 @@ def test_boot_id_matches_the_kernel() -> None:
     except OSError:
         pytest.skip("no kernel boot id here")
     assert boot_id() == expected
+
+
+def test_process_109_parse_proc_stat() -> None:
+    from fleet_trio.proc.procfs import parse_proc_stat
+
+    def fields(raw: bytes) -> tuple[int, str, int, int, int] | None:
+        st = parse_proc_stat(raw)
+        return None if st is None else (st.pid, st.state, st.ppid, st.pgid, st.sid)
+
+    rest = b" 0 -1 4194560 100 0 0 0 0 0 0 0 20 0 1 0 5 1000 200"
+    assert fields(b"12345 (sh) S 1 12345 12345" + rest) == (12345, "S", 1, 12345, 12345)
+    assert fields(b"999 (my (weird) cmd) S 100 200 300" + rest) == (999, "S", 100, 200, 300)
+    assert fields(b"999 (sleep) Z 100 200 300" + rest) == (999, "Z", 100, 200, 300)
+    assert fields(b"999 (sh) S 100") is None
+    assert fields(b"(sh) S 100 200 300 34816 300") is None

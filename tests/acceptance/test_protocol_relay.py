@@ -10,8 +10,11 @@ terminal report) without depending on ``worker.py``; the operator is played thro
 
 from __future__ import annotations
 
+import io
 import os
+import pathlib
 import re
+import tarfile
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -537,3 +540,41 @@ async def test_pipe_mode_carries_a_large_binary_stream_intact() -> None:
             result = await job.attach()
             assert result == Result(exit_code=0)
             assert job.op.output() == payload
+
+
+async def test_protocol_128_rc_cp_round_trips_a_file_through_the_worker(
+    tmp_path: pathlib.Path,
+) -> None:
+    """``rc cp`` is a pipe job running tar (§8.3, the exact argv): upload a file, download it
+    again, byte for byte. The CLI's refusal of a device held by someone else is the real
+    controller's no-wait submit; in the simulation a second submission to a held device waits
+    (``queued``) instead of running."""
+    payload = bytes(range(256)) * 300 + b"\nend\n"
+    packed = io.BytesIO()
+    with tarfile.open(fileobj=packed, mode="w") as tar:
+        info = tarfile.TarInfo("weights.bin")
+        info.size = len(payload)
+        tar.addfile(info, io.BytesIO(payload))
+    remote = tmp_path / "remote"
+    upload = ["/bin/sh", "-c", 'mkdir -p "$0" && exec tar -xf - -C "$0"', str(remote)]
+    download = ["/bin/sh", "-c", 'exec tar -cf - -C "$0" -- "$1"', str(remote), "weights.bin"]
+    with trio.fail_after(30):
+        async with running() as (ctrl, _):
+            up = ctrl.submit(dev("gpu0"), upload, stdio="pipe")
+            term = operator(ctrl, up)
+            await term.wait_connected(timeout=10)
+            blocked = ctrl.submit(dev("gpu0"), ["true"])
+            assert ctrl.job(blocked).state == "queued"  # the device is held by the copy
+            await term.send(packed.getvalue())
+            await term.close_input()
+            assert await until_terminal(ctrl, up) == ["running", "succeeded"]
+            assert (remote / "weights.bin").read_bytes() == payload
+            await until_terminal(ctrl, blocked)
+            down = ctrl.submit(dev("gpu0"), download, stdio="pipe")
+            term = operator(ctrl, down)
+            await term.wait_connected(timeout=10)
+            await term.close_input()
+            assert await until_terminal(ctrl, down) == ["running", "succeeded"]
+            with tarfile.open(fileobj=io.BytesIO(term.output()), mode="r") as tar:
+                member = tar.extractfile("weights.bin")
+                assert member is not None and member.read() == payload
