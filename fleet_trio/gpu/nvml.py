@@ -33,6 +33,41 @@ def _text(value: Any) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
 
+MIB = 1 << 20
+
+
+def gpu_rows_sync(nvml: Any | None = None) -> list[tuple[str, int, int, str]]:
+    """Every GPU NVML sees, in index order: ``(name, total MiB, free MiB, driver version)`` —
+    the rows of the worker's ``nvidia-smi --query-gpu=name,memory.total,memory.free,
+    driver_version`` label query (worker-process.md §6.3), read from the driver library
+    instead of a subprocess. :class:`GpuError` when NVML cannot be used. Blocking.
+    """
+    lib = nvml if nvml is not None else _load_pynvml()
+    try:
+        lib.nvmlInit()
+    except Exception as exc:
+        raise GpuError(f"nvml: init failed: {exc}") from exc
+    try:
+        driver = _text(lib.nvmlSystemGetDriverVersion()).strip()
+        rows = []
+        for index in range(int(lib.nvmlDeviceGetCount())):
+            handle = lib.nvmlDeviceGetHandleByIndex(index)
+            memory = lib.nvmlDeviceGetMemoryInfo(handle)
+            name = _text(lib.nvmlDeviceGetName(handle)).strip()
+            # nvidia-smi rounds to the nearest MiB (143155.94 MiB free prints as 143156)
+            rows.append(
+                (name, round(int(memory.total) / MIB), round(int(memory.free) / MIB), driver)
+            )
+        return rows
+    except GpuError:
+        raise
+    except Exception as exc:
+        raise GpuError(f"nvml: device query failed: {exc}") from exc
+    finally:
+        with contextlib.suppress(Exception):
+            lib.nvmlShutdown()
+
+
 class NvmlSource:
     """A :class:`~fleet_trio.gpu.source.GpuSource` backed by NVML, for device ``index``."""
 
@@ -159,4 +194,4 @@ class NvmlSource:
             await trio.to_thread.run_sync(self._shutdown_sync, limiter=self.limiter)
 
 
-__all__ = ["NvmlSource"]
+__all__ = ["NvmlSource", "gpu_rows_sync"]

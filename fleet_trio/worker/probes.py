@@ -37,6 +37,8 @@ import attrs
 import trio
 
 from fleet_trio.durations import SECOND, go_duration_seconds
+from fleet_trio.gpu.nvml import gpu_rows_sync
+from fleet_trio.gpu.source import GpuError
 from fleet_trio.proc.run import look_path, run
 from fleet_trio.proc.scripts import ScriptKind, ScriptOutcome, run_scripts, stderr_head
 from fleet_trio.proc.sinks import STREAM_CAP, CappedBuffer
@@ -150,6 +152,18 @@ class NvidiaFacts:
         return self.found and not self.broken
 
 
+def gpu_facts(index: int, model: str, total_mib: str, free_mib: str, driver: str) -> dict[str, str]:
+    """One GPU's facts in the reference's units (§6.3): memory as ``<MiB>M``."""
+    p = f"gpu{index}"
+    return {
+        f"{p}.vendor": "nvidia",
+        f"{p}.model": model,
+        f"{p}.vram": total_mib + "M",
+        f"{p}.vram_free": free_mib + "M",
+        f"{p}.driver": driver,
+    }
+
+
 def parse_nvidia_smi(text: str) -> dict[str, str]:
     """``gpu<i>.{vendor,model,vram,vram_free,driver}`` from the CSV query output (§6.3).
 
@@ -171,12 +185,7 @@ def parse_nvidia_smi(text: str) -> dict[str, str]:
                 line,
             )
             continue
-        p = f"gpu{i}"
-        facts[f"{p}.vendor"] = "nvidia"
-        facts[f"{p}.model"] = fields[0]
-        facts[f"{p}.vram"] = fields[1] + "M"
-        facts[f"{p}.vram_free"] = fields[2] + "M"
-        facts[f"{p}.driver"] = fields[3]
+        facts.update(gpu_facts(i, fields[0], fields[1], fields[2], fields[3]))
     return facts
 
 
@@ -186,18 +195,45 @@ def find_nvidia_smi(path: str | None = None) -> str | None:
     return look_path("nvidia-smi", path if path is not None else os.environ.get("PATH", os.defpath))
 
 
+async def nvml_labels(max_runtime: float, nvml: Any | None = None) -> dict[str, str] | None:
+    """The GPU facts from NVML (the driver library, no subprocess), or ``None`` when NVML is
+    not usable here (no driver, no library, a hung call past ``max_runtime``)."""
+    rows: list[tuple[str, int, int, str]] | None = None
+    with trio.move_on_after(max_runtime):
+        try:
+            rows = await trio.to_thread.run_sync(gpu_rows_sync, nvml, abandon_on_cancel=True)
+        except GpuError as exc:
+            log.debug("NVML unavailable for labels (%s); trying nvidia-smi", exc)
+            return None
+    if rows is None:
+        log.warning("NVML did not answer within %gs; trying nvidia-smi", max_runtime)
+        return None
+    facts: dict[str, str] = {}
+    for i, (model, total, free, driver) in enumerate(rows):
+        facts.update(gpu_facts(i, model, str(total), str(free), driver))
+    return facts
+
+
 async def nvidia_labels(
     *,
     max_runtime: float = DEFAULT_TIMEOUT,
     path: str | None = None,
     stop: StopToken | None = None,
+    nvml: bool = False,
+    nvml_lib: Any | None = None,
 ) -> NvidiaFacts:
-    """Query nvidia-smi once through the supervisor (own group, ``max_runtime``, 5 s default).
+    """The GPU facts: from NVML first when ``nvml`` (the same rows, without a subprocess),
+    else — or when NVML is not usable — from nvidia-smi, queried once through the supervisor
+    (own group, ``max_runtime``, 5 s default).
 
     Not found → ``(None, found=False, broken=False)`` with a DEBUG log. Start error, kill,
     non-zero exit or stdout over 64 KiB → ``(None, True, True)`` with a WARN naming nvidia-smi.
     ``path`` is the search path for the executable (``None``: ``$PATH``).
     """
+    if nvml:
+        facts = await nvml_labels(max_runtime, nvml_lib)
+        if facts is not None:
+            return NvidiaFacts(facts=facts, found=True, broken=False)
     exe = find_nvidia_smi(path)
     if exe is None:
         log.debug("nvidia-smi not found on PATH; no nvidia facts")
@@ -518,7 +554,9 @@ class Prober:
 
     ``pass_budget`` (seconds; ≤ 0 or ``inf``: unbounded) is the 30 s whole-pass budget, a test
     hook. ``path`` is the search path for ``nvidia-smi`` (``None``: the worker's ``$PATH`` at
-    pass time). Passes are serialised by one lock (registration and the periodic loop).
+    pass time). ``nvml``: take the GPU facts from NVML when it is usable, nvidia-smi otherwise
+    (default: only when ``path`` is ``None`` — an explicit nvidia-smi path means that
+    nvidia-smi). Passes are serialised by one lock (registration and the periodic loop).
     """
 
     def __init__(
@@ -527,6 +565,7 @@ class Prober:
         *,
         pass_budget: float = PASS_BUDGET,
         path: str | None = None,
+        nvml: bool | None = None,
     ) -> None:
         self.config = config
         self.devices: tuple[str, ...] = tuple(d.name for d in config.devices)
@@ -536,6 +575,7 @@ class Prober:
         )
         self.pass_budget = pass_budget
         self.path = path
+        self.nvml = path is None if nvml is None else nvml
         self.tracker = UnconfirmedTracker(self.devices)
         self.lock = trio.Lock()
         self.preserving: set[str] = set()
@@ -564,7 +604,9 @@ class Prober:
         builtin = await trio.to_thread.run_sync(builtin_host_facts)
         tracker.merge(BUILTIN, merge_facts(BUILTIN, builtin, host, device))
 
-        nv = await nvidia_labels(max_runtime=self.timeout, path=self.path, stop=pass_stop)
+        nv = await nvidia_labels(
+            max_runtime=self.timeout, path=self.path, stop=pass_stop, nvml=self.nvml
+        )
         if nv.facts is not None:
             tracker.nvidia(
                 found=True, broken=False, named=merge_facts(NVIDIA, nv.facts, host, device)
