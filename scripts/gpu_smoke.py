@@ -8,6 +8,9 @@ Sections (each prints a ``==`` header):
    ``auto``, its pid as the process group, a ``FLEET_JOB_ID`` marker): per-process attribution
    (pid → bytes) and the peak. Skipped, with a note, when torch is not importable.
 3. The peak recorded into a temporary ``FootprintStore``; the record as health lists it.
+5. The worker's host side: the GPU labels a probe pass produces (NVML, nvidia-smi fallback),
+   and ``examples/verify.d/10-gpu-memory-free`` failing while a torch child holds memory on
+   GPU 0 and passing once it is gone.
 4. End to end: ``fleet-trio node --gpu auto`` with a one-task config (``examples/tasks/
    torch_alloc.py``), a dispatch, polls until ``done``, and the ``model_footprints`` that health
    then advertises (the node's own per-job sampler measured it).
@@ -292,6 +295,60 @@ async def node_section(python: str) -> bool:
     return True
 
 
+VERIFY_SCRIPT = TASK_SCRIPT.parent.parent / "verify.d" / "10-gpu-memory-free"
+
+
+async def worker_section(python: str | None) -> bool:
+    from fleet_trio.worker.config import DeviceConfig, WorkerConfig
+    from fleet_trio.worker.probes import Prober
+
+    header("worker: GPU labels from a probe pass (NVML first, nvidia-smi fallback)")
+    cfg = WorkerConfig(
+        controller_url="http://127.0.0.1:1",
+        host="gpu-smoke",
+        devices=(DeviceConfig(name="gpu0"),),
+        probe_dir="/nonexistent",
+    )
+    prober = Prober(cfg)
+    labels = prober.wire_labels(await prober.run_pass())
+    print(f"labels: {json.dumps(labels, sort_keys=True)}")
+    ok = labels is not None and "vram" in labels.get("gpu0", {})
+    if not ok:
+        fail("no gpu0 facts in the labels")
+    if python is None:
+        header("worker: verify example skipped (no torch to hold memory)")
+        return ok
+    header("worker: examples/verify.d/10-gpu-memory-free with memory held, then free")
+    env = {**os.environ, "RC_DEVICE": "gpu-smoke:gpu0", "RC_JOB_ID": "smoke"}
+
+    async def verify() -> subprocess.CompletedProcess[bytes]:
+        return await trio.run_process(
+            [str(VERIFY_SCRIPT)], env=env, capture_stdout=True, capture_stderr=True, check=False
+        )
+
+    hold_20s = TORCH_CHILD.replace(f"time.sleep({HOLD_SECONDS})", "time.sleep(20)")
+    holder = await trio.lowlevel.open_process([python, "-c", hold_20s])
+    try:
+        with trio.fail_after(60):
+            while True:  # wait until the allocation shows
+                held = await verify()
+                if held.returncode != 0:
+                    break
+                await trio.sleep(0.5)
+        print(f"held:  exit {held.returncode}: {held.stderr.decode().strip().splitlines()[-1]}")
+    finally:
+        holder.kill()
+        await holder.wait()
+    with trio.fail_after(60):
+        while True:
+            free = await verify()
+            if free.returncode == 0:
+                break
+            await trio.sleep(0.5)
+    print(f"freed: exit {free.returncode}: {free.stderr.decode().strip() or '(no output)'}")
+    return ok
+
+
 async def amain() -> int:
     header("GPU source: NVML (fleet_trio.gpu.open_source)")
     source = await trio.to_thread.run_sync(open_gpu)
@@ -312,6 +369,8 @@ async def amain() -> int:
                 status = 1
         else:
             header("footprint record: skipped (no peak without torch)")
+        if not await worker_section(python):
+            status = 1
     finally:
         aclose = getattr(source, "aclose", None)
         if aclose is not None:
