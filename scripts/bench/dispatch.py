@@ -18,8 +18,9 @@ difference (the client's own scheduling time is in both numbers; the difference 
 Part 2 (health): one client GETs ``/fleet/health`` every 10 ms on the node, first with the
 node idle, then while ``--jobs`` jobs run (each holds 512 MiB of the fake GPU for 2 s, with a
 footprint, so every job is sampled every 500 ms; gpu: false, so they run side by side; their
-dispatcher polls every 500 ms), ``--rounds`` times. Prints both p99 and the ratio busy/idle,
-and checks that the footprint reached health.
+dispatcher polls every 500 ms from a process of its own, as it would from another host, so the
+health client's loop is not the one busy), ``--rounds`` times. Prints both p99 and the ratio
+busy/idle, and checks that the footprint reached health.
 
 Each server runs in its **own process** (this script re-run with ``--serve``): in the same
 process, 256 client tasks would share the node's event loop and GIL, and the numbers would
@@ -287,41 +288,59 @@ async def bench_acks(node_url: str, floor_url: str, n: int, rounds: int) -> dict
 async def sample_health(
     client: httpx.AsyncClient, out: list[tuple[float, float]], stop: trio.Event
 ) -> None:
-    """Appends (start, latency ms); start is seconds since the window opened."""
-    opened = time.perf_counter()
+    """Appends (wall-clock start, latency ms)."""
     while not stop.is_set():  # bounded by the caller's fail_after
-        t0 = time.perf_counter()
+        wall, t0 = time.time(), time.perf_counter()
         r = await client.get("/fleet/health")
-        out.append((t0 - opened, (time.perf_counter() - t0) * 1000.0))
+        out.append((wall, (time.perf_counter() - t0) * 1000.0))
         if r.status_code != 200:
             raise BrokenRun(f"health: {r.status_code} {r.text[:200]}")
         await trio.sleep(HEALTH_INTERVAL)
 
 
+async def dispatcher_main(node_url: str, jobs: int) -> None:
+    """``--jobs-client``: the dispatcher of part 2, in its own process (as on another host):
+    prints the wall-clock time of its dispatch burst, then dispatches and polls until done."""
+    clients = [new_client(node_url) for _ in range(jobs)]
+    try:
+        await connect(clients)
+        print(f"{time.time():.6f}", flush=True)
+        with trio.fail_after(ROUND_TIMEOUT):
+            async with trio.open_nursery() as nursery:
+                for c in clients:
+                    nursery.start_soon(one_job, c, "hold", {}, JOB_POLL_INTERVAL, None)
+    finally:
+        for c in clients:
+            await c.aclose()
+
+
 async def health_window(node_url: str, jobs: int, seconds: float) -> list[tuple[float, float]]:
-    """Health samples for ``seconds`` idle (``jobs`` = 0) or until ``jobs`` jobs are done."""
+    """Health samples for ``seconds`` idle (``jobs`` = 0) or until ``jobs`` jobs are done, as
+    (seconds since the window's origin, latency ms). The jobs' dispatcher and pollers run in a
+    process of their own, so this process only measures health; the origin is their dispatch
+    burst (idle: the first sample)."""
     out: list[tuple[float, float]] = []
     stop = trio.Event()
-    job_clients = [new_client(node_url) for _ in range(jobs)]
-    try:
-        async with new_client(node_url) as hc:
-            await hc.get("/fleet/health")  # open the connection outside the window
-            with trio.fail_after(ROUND_TIMEOUT):
-                async with trio.open_nursery() as nursery:
-                    nursery.start_soon(sample_health, hc, out, stop)
-                    if jobs:
-                        async with trio.open_nursery() as job_nursery:
-                            for c in job_clients:
-                                job_nursery.start_soon(
-                                    one_job, c, "hold", {}, JOB_POLL_INTERVAL, None
-                                )
-                    else:
-                        await trio.sleep(seconds)
-                    stop.set()
-    finally:
-        for c in job_clients:
-            await c.aclose()
-    return out
+    origin: float | None = None
+    async with new_client(node_url) as hc:
+        await hc.get("/fleet/health")  # open the connection outside the window
+        with trio.fail_after(ROUND_TIMEOUT):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(sample_health, hc, out, stop)
+                if jobs:
+                    argv = [sys.executable, os.path.abspath(__file__), "--jobs-client", node_url]
+                    done = await trio.run_process(
+                        [*argv, str(jobs)], capture_stdout=True, capture_stderr=True, check=False
+                    )
+                    if done.returncode != 0:
+                        raise BrokenRun(f"dispatcher: {done.stderr.decode()[-500:]}")
+                    origin = float(done.stdout.split()[0])
+                else:
+                    await trio.sleep(seconds)
+                stop.set()
+    if origin is None:
+        origin = out[0][0] if out else 0.0
+    return [(wall - origin, ms) for wall, ms in out]
 
 
 async def bench_health(
@@ -360,9 +379,17 @@ def main(argv: list[str] | None = None) -> int:
         help="part 1's trivial task: a Python child (default) or a cheaper /bin/sh one",
     )
     parser.add_argument("--serve", nargs=2, metavar=("KIND", "STATE"), help=argparse.SUPPRESS)
+    parser.add_argument("--jobs-client", nargs=2, metavar=("URL", "N"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.serve:
         return serve_main(args.serve[0], Path(args.serve[1]))
+    if args.jobs_client:
+        try:
+            trio.run(dispatcher_main, args.jobs_client[0], int(args.jobs_client[1]))
+        except BrokenRun as exc:
+            print(exc, file=sys.stderr)
+            return 1
+        return 0
     if args.clients < 1 or args.jobs < 1 or args.rounds < 1:
         parser.error("--clients, --jobs and --rounds must be >= 1")
 
