@@ -1,0 +1,586 @@
+"""The per-job output bus: one producer (the job's pump), many consumers (node, worker, tail).
+
+Layers:
+
+* :class:`History` – a plain, synchronous, bounded list of chunks keyed by their offset in the
+  job's single byte sequence (stdout and stderr interleaved in write order). It evicts the
+  oldest chunks once it holds more than ``limit`` bytes, but always keeps the newest chunk:
+  ``size <= max(limit, len(newest chunk))``.
+* :class:`Cursor` – a plain, synchronous reader of a :class:`History` by offset. It owns no
+  copy of the data; ``poll`` returns the next event or ``None`` ("wait"). The writer never
+  touches cursors, so a slow reader cannot slow the writer or other readers.
+* :class:`JobLog`, :class:`Subscription`, :class:`LogBus` – the Trio layer: wake-ups, the
+  optional spill file, retention.
+
+The lag rule (``max_lag``): the *lag* of a cursor is the number of bytes written **after the
+subscription was created** that it has not been handed yet,
+``lag = total - max(pos, total_at_subscribe)``. Bytes that already existed when it subscribed
+(a replay from ``"start"`` or an offset) do not count, so replaying a large finished log is
+never cut. Whenever the cursor is asked for its next event and ``lag > max_lag``, it yields
+``Skipped(pos, total - max_lag - pos)`` and continues at ``total - max_lag``: exactly
+``max_lag`` bytes behind, keeping the newest ``max_lag`` bytes (possibly starting in the
+middle of a chunk). Without a spill file, a cursor whose position was evicted from the
+history likewise gets one ``Skipped`` up to the oldest retained byte (both rules are folded
+into a single ``Skipped``).
+"""
+
+from __future__ import annotations
+
+import bisect
+import time
+from collections.abc import Mapping
+from types import MappingProxyType, TracebackType
+from typing import Literal, TypeAlias
+
+import attrs
+import trio
+
+from fleet_trio.logbus import spill as _spill
+from fleet_trio.proc.sinks import Sink
+
+Stream: TypeAlias = Literal["stdout", "stderr"]
+STREAMS: frozenset[Stream] = frozenset({"stdout", "stderr"})
+SPILL_READ_MAX = 1 << 16
+"""The largest ``Output`` served from a spill file (bytes)."""
+
+
+@attrs.frozen
+class Output:
+    """Bytes the job wrote; ``offset`` is the position of ``data[0]``, ``t`` wall-clock seconds."""
+
+    stream: Stream
+    offset: int
+    data: bytes
+    t: float
+
+
+@attrs.frozen
+class Skipped:
+    """``nbytes`` bytes from ``offset`` this subscriber will not get (evicted, or it lagged)."""
+
+    offset: int
+    nbytes: int
+
+
+@attrs.frozen
+class End:
+    """The job's end; ``offset`` is the total number of bytes written. Always the last event."""
+
+    state: str
+    exit_code: int | None
+    reason: str
+    offset: int
+
+
+Event: TypeAlias = Output | Skipped | End
+
+
+@attrs.frozen
+class JobInfo:
+    """A summary of one log for listings (wall-clock times)."""
+
+    job_id: str
+    state: str
+    started: float
+    ended: float | None
+    nbytes: int
+    meta: Mapping[str, str]
+
+
+@attrs.frozen
+class SpillRead:
+    """:meth:`Cursor.poll`'s request: serve ``[offset, upto)`` from the spill file."""
+
+    offset: int
+    upto: int
+
+
+@attrs.frozen
+class _Chunk:
+    stream: Stream
+    data: bytes
+    t: float
+
+
+class History:
+    """A bounded, offset-addressed list of chunks, stored as written. Synchronous."""
+
+    def __init__(self, limit: int) -> None:
+        if limit < 0:
+            raise ValueError("history limit must be >= 0")
+        self.limit = limit
+        self.total = 0
+        self.size = 0
+        self._offsets: list[int] = []
+        self._chunks: list[_Chunk] = []
+        self._head = 0  # index of the oldest retained chunk (amortised pop-left)
+
+    @property
+    def start(self) -> int:
+        """The offset of the oldest retained byte (``total`` when empty)."""
+        return self.total - self.size
+
+    def __len__(self) -> int:
+        return len(self._chunks) - self._head
+
+    def append(self, stream: Stream, data: bytes, t: float) -> int:
+        """Store one chunk; return its offset. Evicts the oldest chunks beyond ``limit``."""
+        offset = self.total
+        if not data:
+            return offset
+        self._offsets.append(offset)
+        self._chunks.append(_Chunk(stream, data, t))
+        self.total += len(data)
+        self.size += len(data)
+        while self.size > self.limit and len(self) > 1:
+            self.size -= len(self._chunks[self._head].data)
+            self._head += 1
+        if self._head > 64 and self._head * 2 > len(self._chunks):
+            del self._offsets[: self._head]
+            del self._chunks[: self._head]
+            self._head = 0
+        return offset
+
+    def chunk_at(self, offset: int) -> tuple[int, _Chunk]:
+        """The retained chunk holding byte ``offset`` (``start <= offset < total``), with its
+        offset."""
+        if not self.start <= offset < self.total:
+            raise IndexError(offset)
+        i = bisect.bisect_right(self._offsets, offset, lo=self._head) - 1
+        return self._offsets[i], self._chunks[i]
+
+    def chunks(self) -> list[tuple[int, Stream, bytes]]:
+        """The retained chunks (tests, debugging)."""
+        return [
+            (self._offsets[i], self._chunks[i].stream, self._chunks[i].data)
+            for i in range(self._head, len(self._chunks))
+        ]
+
+
+class Cursor:
+    """One reader's position in a :class:`History`. Synchronous; see the module doc for lag."""
+
+    def __init__(
+        self,
+        history: History,
+        start: Literal["start", "now"] | int = "start",
+        *,
+        streams: frozenset[Stream] = STREAMS,
+        max_lag: int = 1 << 20,
+    ) -> None:
+        if max_lag < 0:
+            raise ValueError("max_lag must be >= 0")
+        self.history = history
+        self.base = history.total
+        if start == "start":
+            self.pos = 0
+        elif start == "now":
+            self.pos = history.total
+        elif isinstance(start, int) and not isinstance(start, bool):
+            self.pos = max(0, start)
+        else:
+            raise ValueError(f"bad start {start!r}")
+        self.start = self.pos
+        self.streams = frozenset(streams)
+        self.max_lag = max_lag
+        self.done = False
+
+    @property
+    def lag(self) -> int:
+        """Bytes written since the subscription that this cursor has not been handed yet."""
+        return self.history.total - max(self.pos, self.base)
+
+    def poll(
+        self, end: End | None, *, spill_upto: int = 0, spill_pending: bool = False
+    ) -> Event | SpillRead | None:
+        """The next event, a spill read to do, or ``None`` when the caller must wait.
+
+        ``spill_upto``: bytes below it can be read from a spill file. ``spill_pending``: bytes
+        at or above it that were evicted will become readable later (a flush is under way).
+        After returning ``End`` the cursor is done and returns ``None`` forever.
+        """
+        if self.done:
+            return None
+        h = self.history
+        while True:
+            total = h.total
+            target = self.pos
+            if total - max(self.pos, self.base) > self.max_lag:
+                target = total - self.max_lag
+            if target < h.start and target >= spill_upto and not spill_pending:
+                target = h.start
+            if target > self.pos:
+                skipped = Skipped(self.pos, target - self.pos)
+                self.pos = target
+                return skipped
+            if self.pos < h.start:
+                if self.pos < spill_upto:
+                    return SpillRead(self.pos, min(h.start, spill_upto))
+                return None  # evicted bytes still being flushed to the spill file
+            if self.pos >= total:
+                if end is not None:
+                    self.done = True
+                    return end
+                return None
+            offset, chunk = h.chunk_at(self.pos)
+            data = chunk.data if offset == self.pos else chunk.data[self.pos - offset :]
+            start = self.pos
+            self.pos = offset + len(chunk.data)
+            if chunk.stream in self.streams:
+                return Output(chunk.stream, start, data, chunk.t)
+
+    def clamp(self, offset: int) -> None:
+        """Move a start beyond ``offset`` back to it (the log has ended at ``offset``)."""
+        if self.pos > offset:
+            self.pos = self.start = offset
+
+    def advance(self, nbytes: int) -> None:
+        """Move past ``nbytes`` served outside the history (from a spill file)."""
+        self.pos += nbytes
+
+
+class _StreamSink:
+    """A :class:`~fleet_trio.proc.sinks.Sink` writing one stream of a :class:`JobLog`."""
+
+    def __init__(self, log: JobLog, stream: Stream) -> None:
+        self._log = log
+        self._stream: Stream = stream
+
+    async def write(self, data: bytes) -> None:
+        await self._log.write(self._stream, data)
+
+
+class JobLog:
+    """The output of one job: a bounded history, an optional spill file, and its end."""
+
+    def __init__(
+        self,
+        job_id: str,
+        *,
+        meta: Mapping[str, str] | None = None,
+        history_bytes: int = 8 << 20,
+        spill_dir: str | None = None,
+        limiter: trio.CapacityLimiter | None = None,
+    ) -> None:
+        self.job_id = _spill.check_job_id(job_id)
+        self.meta: Mapping[str, str] = MappingProxyType(dict(meta or {}))
+        self.started = time.time()
+        self._history = History(history_bytes)
+        self._end: End | None = None
+        self._ended_wall: float | None = None
+        self._ended_mono: float | None = None
+        self._waiter: trio.Event | None = None
+        # spill state
+        self._spill_path = None if spill_dir is None else _spill.spill_path(spill_dir, job_id)
+        self._limiter = limiter if limiter is not None else trio.CapacityLimiter(1)
+        self._spill_queue: list[bytes] = []
+        self._spill_flushing = False
+        self._spill_created = False
+        self._spilled = 0  # bytes on disk
+        self._spill_broken = False
+        self._run_offsets: list[int] = []  # stream runs, for attributing spilled bytes
+        self._runs: list[tuple[Stream, float]] = []
+
+    # -- producer side -------------------------------------------------------------------
+
+    def sink(self, stream: Stream = "stdout") -> Sink:
+        """A sink for ``fleet_trio.proc.run``: its writes go to ``stream`` of this log."""
+        _check_stream(stream)
+        return _StreamSink(self, stream)
+
+    async def write(self, stream: Stream, data: bytes) -> None:
+        """Append ``data`` to ``stream``. Never waits on subscribers; with a spill file it
+        waits for the disk (the bytes are in the history, visible to subscribers, before)."""
+        _check_stream(stream)
+        if self._end is not None or not data:
+            await trio.lowlevel.checkpoint()
+            return
+        data = bytes(data)
+        t = time.time()
+        offset = self._history.append(stream, data, t)
+        if self._spill_path is not None and not self._spill_broken:
+            if not self._runs or self._runs[-1][0] != stream:
+                self._run_offsets.append(offset)
+                self._runs.append((stream, t))
+            self._spill_queue.append(data)
+        self._wake()
+        if self._spill_queue and not self._spill_flushing:
+            await self._flush_spill()
+        else:
+            await trio.lowlevel.checkpoint()
+
+    def end(self, state: str, exit_code: int | None = None, reason: str = "") -> None:
+        """Record the end (first call wins), wake subscribers; later writes are ignored."""
+        if self._end is not None:
+            return
+        self._end = End(state, exit_code, reason, self._history.total)
+        self._ended_wall = time.time()
+        self._ended_mono = trio.current_time()
+        self._wake()
+
+    @property
+    def ended(self) -> End | None:
+        return self._end
+
+    @property
+    def nbytes(self) -> int:
+        return self._history.total
+
+    @property
+    def history(self) -> History:
+        """The in-memory history (read-only use: tests, debugging)."""
+        return self._history
+
+    @property
+    def spill_path(self) -> str | None:
+        return self._spill_path
+
+    def info(self) -> JobInfo:
+        return JobInfo(
+            job_id=self.job_id,
+            state=self._end.state if self._end is not None else "running",
+            started=self.started,
+            ended=self._ended_wall,
+            nbytes=self._history.total,
+            meta=self.meta,
+        )
+
+    # -- consumer side -------------------------------------------------------------------
+
+    def subscribe(
+        self,
+        start: Literal["start", "now"] | int = "start",
+        *,
+        streams: frozenset[Stream] = STREAMS,
+        max_lag: int = 1 << 20,
+    ) -> Subscription:
+        """Read this log from ``start`` (``"start"``, ``"now"`` or an offset; see Cursor)."""
+        for s in streams:
+            _check_stream(s)
+        cursor = Cursor(self._history, start, streams=streams, max_lag=max_lag)
+        if self._end is not None:
+            cursor.clamp(self._end.offset)  # ended: nothing more will come
+        return Subscription(self, cursor)
+
+    # -- internals -----------------------------------------------------------------------
+
+    def _wake(self) -> None:
+        if self._waiter is not None:
+            self._waiter.set()
+            self._waiter = None
+
+    async def _wait_change(self) -> None:
+        if self._waiter is None:
+            self._waiter = trio.Event()
+        await self._waiter.wait()
+
+    @property
+    def _spill_upto(self) -> int:
+        return 0 if self._spill_broken else self._spilled
+
+    @property
+    def _spill_pending(self) -> bool:
+        return (
+            self._spill_path is not None
+            and not self._spill_broken
+            and self._spilled < self._history.total
+        )
+
+    async def _flush_spill(self) -> None:
+        # Shielded: bytes already in the history must reach the file, or readers of evicted
+        # offsets would wait for them forever. Every queued write is drained by one flusher.
+        assert self._spill_path is not None
+        path = self._spill_path
+        self._spill_flushing = True
+        try:
+            with trio.CancelScope(shield=True):
+                while self._spill_queue and not self._spill_broken:
+                    batch = b"".join(self._spill_queue)
+                    self._spill_queue.clear()
+                    truncate = not self._spill_created
+                    self._spill_created = True
+                    try:
+                        await trio.to_thread.run_sync(
+                            _spill.append, path, batch, truncate, limiter=self._limiter
+                        )
+                    except OSError:
+                        self._break_spill()
+                    else:
+                        self._spilled += len(batch)
+                    self._wake()
+        finally:
+            self._spill_flushing = False
+
+    def _break_spill(self) -> None:
+        self._spill_broken = True
+        self._spill_queue.clear()
+        self._wake()
+
+    async def _read_spill(self, cursor: Cursor, req: SpillRead) -> Output | None:
+        """Serve part of ``req`` from the spill file; ``None`` when nothing was yielded."""
+        assert self._spill_path is not None
+        i = bisect.bisect_right(self._run_offsets, req.offset) - 1
+        stream, t = self._runs[i]
+        run_end = self._run_offsets[i + 1] if i + 1 < len(self._run_offsets) else req.upto
+        upto = min(req.upto, run_end)
+        if stream not in cursor.streams:
+            cursor.advance(upto - req.offset)
+            return None
+        want = min(upto - req.offset, SPILL_READ_MAX)
+        try:
+            data = await trio.to_thread.run_sync(
+                _spill.read_range, self._spill_path, req.offset, want, limiter=self._limiter
+            )
+        except OSError:
+            data = b""
+        if not data:
+            self._break_spill()  # file gone or truncated: evicted bytes become Skipped
+            return None
+        if cursor.pos != req.offset:  # pragma: no cover - guarded by Subscription's busy flag
+            return None
+        cursor.advance(len(data))
+        return Output(stream, req.offset, data, t)
+
+
+class Subscription:
+    """An async iterator of :data:`Event` over one :class:`JobLog`; ends right after ``End``.
+
+    Also an async context manager (``aclose`` on exit). Not for concurrent ``__anext__``
+    calls from several tasks (``trio.BusyResourceError``).
+    """
+
+    def __init__(self, log: JobLog, cursor: Cursor) -> None:
+        self._log = log
+        self._cursor = cursor
+        self._closed = False
+        self._busy = False
+
+    @property
+    def position(self) -> int:
+        """The offset of the next byte this subscription will consider."""
+        return self._cursor.pos
+
+    def __aiter__(self) -> Subscription:
+        return self
+
+    async def __anext__(self) -> Event:
+        if self._closed or self._cursor.done:
+            await trio.lowlevel.checkpoint()
+            raise StopAsyncIteration
+        if self._busy:
+            raise trio.BusyResourceError("another task is reading this subscription")
+        self._busy = True
+        try:
+            await trio.lowlevel.checkpoint_if_cancelled()
+            log = self._log
+            while True:
+                ev = self._cursor.poll(
+                    log._end, spill_upto=log._spill_upto, spill_pending=log._spill_pending
+                )
+                if ev is None:
+                    await log._wait_change()
+                    if self._closed:
+                        raise StopAsyncIteration
+                    continue
+                if isinstance(ev, SpillRead):
+                    out = await log._read_spill(self._cursor, ev)
+                    if out is None:
+                        continue
+                    return out
+                await trio.lowlevel.cancel_shielded_checkpoint()
+                return ev
+        finally:
+            self._busy = False
+
+    async def aclose(self) -> None:
+        """Stop reading; a task blocked in ``__anext__`` gets ``StopAsyncIteration``."""
+        self._closed = True
+        if self._busy:
+            self._log._wake()
+        await trio.lowlevel.checkpoint()
+
+    async def __aenter__(self) -> Subscription:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+
+class LogBus:
+    """All job logs of one process, by job id, with retention of ended logs."""
+
+    def __init__(
+        self,
+        *,
+        history_bytes: int = 8 << 20,
+        spill_dir: str | None = None,
+        keep_ended: int = 100,
+        keep_ended_for: float = 3600.0,
+    ) -> None:
+        self.history_bytes = history_bytes
+        self.spill_dir = spill_dir
+        self.keep_ended = keep_ended
+        self.keep_ended_for = keep_ended_for
+        self._logs: dict[str, JobLog] = {}
+        self._limiter = trio.CapacityLimiter(4)
+
+    def open(self, job_id: str, *, meta: Mapping[str, str] | None = None) -> JobLog:
+        """The log of ``job_id``, created if needed (``ValueError`` for an unsafe id)."""
+        _spill.check_job_id(job_id)
+        self._prune()
+        log = self._logs.get(job_id)
+        if log is None:
+            log = JobLog(
+                job_id,
+                meta=meta,
+                history_bytes=self.history_bytes,
+                spill_dir=self.spill_dir,
+                limiter=self._limiter,
+            )
+            self._logs[job_id] = log
+        return log
+
+    def get(self, job_id: str) -> JobLog | None:
+        return self._logs.get(job_id)
+
+    def jobs(self) -> list[JobInfo]:
+        """Every kept log, newest first."""
+        self._prune()
+        return [log.info() for log in reversed(self._logs.values())]
+
+    def _prune(self) -> None:
+        now = trio.current_time()
+        ended = [log for log in self._logs.values() if log._ended_mono is not None]
+        ended.sort(key=lambda log: log._ended_mono or 0.0)
+        excess = len(ended) - self.keep_ended
+        for i, log in enumerate(ended):
+            assert log._ended_mono is not None
+            if i < excess or now - log._ended_mono > self.keep_ended_for:
+                del self._logs[log.job_id]
+
+
+def _check_stream(stream: str) -> None:
+    if stream not in STREAMS:
+        raise ValueError(f"bad stream {stream!r}")
+
+
+__all__ = [
+    "STREAMS",
+    "Cursor",
+    "End",
+    "Event",
+    "History",
+    "JobInfo",
+    "JobLog",
+    "LogBus",
+    "Output",
+    "Skipped",
+    "SpillRead",
+    "Stream",
+    "Subscription",
+]

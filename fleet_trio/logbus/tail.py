@@ -1,0 +1,323 @@
+"""The live log tail over websocket: the message protocol shared by server and client.
+
+One websocket carries one job's log, server → client, as JSON **text** frames with a
+``type`` tag (see ``docs/tail.md``)::
+
+    {"type": "output", "stream": "stdout", "offset": 0, "t": 1700000000.25, "data": "hi\\n"}
+    {"type": "output", "stream": "stderr", "offset": 3, "t": 1700000000.5,
+     "data": "\\ufffd", "b64": "/w=="}
+    {"type": "skipped", "offset": 4, "bytes": 1024}
+    {"type": "end", "state": "done", "exit_code": 0, "reason": "", "offset": 1028}
+    {"type": "error", "message": "unknown job"}
+
+Output encoding (the choice): ``data`` is always present, the chunk decoded as UTF-8 with
+invalid bytes replaced by U+FFFD (what a browser or a human displays). ``b64`` (standard
+base64 of the raw bytes) is present **only** when the chunk is not valid UTF-8, i.e. when
+``data`` is lossy. The raw bytes are therefore ``b64decode(b64)`` if ``b64`` is present, else
+``data.encode("utf-8")`` — exact in both cases (:func:`output_bytes`). A multi-byte character
+cut by a chunk boundary makes both chunks "invalid" and they carry ``b64``.
+
+``offset`` is the position of the chunk's first byte in the job's log, as the log bus counts
+it; a client that lost its connection resumes with ``from=<offset + len(raw bytes)>`` of the
+last output (or ``offset + bytes`` of the last ``skipped``). Output chunks larger than
+:data:`MAX_FRAME_DATA` bytes are split into several frames (offsets stay exact).
+
+The stream ends with exactly one ``end`` (then the server closes with 1000), or with one
+``error`` (then the server closes with :data:`CLOSE_UNKNOWN_JOB` or
+:data:`CLOSE_BAD_REQUEST`).
+
+Query parameters (:func:`parse_query`): ``from=start|now|<offset>`` (default ``start``) and
+``streams=stdout,stderr`` (comma-separated, default both). Anything else is ignored (the node
+reads ``token`` for browsers).
+
+:func:`serve_tail` is the server side, independent of any web framework: it gets a
+``send_json`` coroutine and returns the close code to use.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import math
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, Literal, cast
+
+import attrs
+
+from fleet_trio.logbus.bus import End, LogBus, Output, Skipped, Stream
+
+STREAMS: tuple[Stream, ...] = ("stdout", "stderr")
+ALL_STREAMS: frozenset[Stream] = frozenset(STREAMS)
+
+MAX_FRAME_DATA = 64 << 10
+"""Most raw bytes one ``output`` frame carries; larger chunks are split."""
+
+CLOSE_NORMAL = 1000
+"""After ``end``."""
+CLOSE_INTERNAL = 1011
+"""The server failed while streaming (it sends an ``error`` frame first when it can)."""
+CLOSE_BAD_REQUEST = 4400
+"""After an ``error`` frame for a bad query (``from``, ``streams``)."""
+CLOSE_UNKNOWN_JOB = 4404
+"""After an ``error`` frame for a job the node has no log for."""
+
+MSG_UNKNOWN_JOB = "unknown job"
+
+Start = Literal["start", "now"] | int
+
+
+class TailProtocolError(ValueError):
+    """A bad query parameter or a malformed message."""
+
+
+@attrs.frozen
+class TailQuery:
+    """What a tail asks for: where to start and which streams."""
+
+    start: Start = "start"
+    streams: frozenset[Stream] = ALL_STREAMS
+
+    def to_params(self) -> dict[str, str]:
+        """The query parameters (for a URL)."""
+        params = {"from": str(self.start)}
+        if self.streams != ALL_STREAMS:
+            params["streams"] = ",".join(s for s in STREAMS if s in self.streams)
+        return params
+
+
+@attrs.frozen
+class TailError:
+    """An ``error`` message: the server refuses or gives up; nothing follows."""
+
+    message: str
+
+
+TailEvent = Output | Skipped | End | TailError
+
+
+def parse_start(text: str) -> Start:
+    """``start`` | ``now`` | a non-negative integer offset."""
+    value = text.strip().lower()
+    if value in ("start", "now"):
+        return cast(Literal["start", "now"], value)
+    if value.isdigit():  # ASCII digits only: no sign, no spaces, no "1e3"
+        return int(value)
+    raise TailProtocolError(f"from must be start, now or a byte offset >= 0, got {text!r}")
+
+
+def parse_streams(text: str) -> frozenset[Stream]:
+    """A comma-separated, non-empty subset of ``stdout,stderr``."""
+    names = [n.strip().lower() for n in text.split(",") if n.strip()]
+    chosen = frozenset(s for s in STREAMS if s in names)
+    if not names or len(chosen) != len(set(names)):
+        raise TailProtocolError(
+            f"streams must be a comma-separated subset of stdout,stderr; got {text!r}"
+        )
+    return chosen
+
+
+def parse_query(query: Mapping[str, str]) -> TailQuery:
+    """``from`` and ``streams`` of a tail request (other keys are ignored)."""
+    start = parse_start(query["from"]) if query.get("from") else "start"
+    streams = parse_streams(query["streams"]) if query.get("streams") else ALL_STREAMS
+    return TailQuery(start=start, streams=streams)
+
+
+# -- encoding ------------------------------------------------------------------------------------
+
+
+def _finite(t: float) -> float:
+    return t if math.isfinite(t) else 0.0
+
+
+def encode_output(stream: str, offset: int, data: bytes, t: float) -> dict[str, Any]:
+    """One ``output`` message (``data`` as text; ``b64`` only when the text is lossy)."""
+    msg: dict[str, Any] = {"type": "output", "stream": stream, "offset": offset, "t": _finite(t)}
+    try:
+        msg["data"] = data.decode("utf-8")
+    except UnicodeDecodeError:
+        msg["data"] = data.decode("utf-8", errors="replace")
+        msg["b64"] = base64.b64encode(data).decode("ascii")
+    return msg
+
+
+def encode_event(event: TailEvent) -> list[dict[str, Any]]:
+    """The message(s) for one event (an output chunk may be split, see :data:`MAX_FRAME_DATA`)."""
+    if isinstance(event, Output):
+        data = bytes(event.data)
+        if len(data) <= MAX_FRAME_DATA:
+            return [encode_output(event.stream, event.offset, data, event.t)]
+        return [
+            encode_output(event.stream, event.offset + i, data[i : i + MAX_FRAME_DATA], event.t)
+            for i in range(0, len(data), MAX_FRAME_DATA)
+        ]
+    if isinstance(event, Skipped):
+        return [{"type": "skipped", "offset": event.offset, "bytes": event.nbytes}]
+    if isinstance(event, End):
+        return [
+            {
+                "type": "end",
+                "state": event.state,
+                "exit_code": event.exit_code,
+                "reason": event.reason,
+                "offset": event.offset,
+            }
+        ]
+    return [error_message(event.message)]
+
+
+def error_message(message: str) -> dict[str, Any]:
+    return {"type": "error", "message": message}
+
+
+def dumps(msg: Mapping[str, Any]) -> str:
+    """A message as the text of one frame (compact JSON, UTF-8 kept as is)."""
+    return json.dumps(msg, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+
+
+# -- decoding ------------------------------------------------------------------------------------
+
+
+def _int(msg: Mapping[str, Any], key: str, *, optional: bool = False) -> int | None:
+    value = msg.get(key)
+    if value is None and optional:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or (key != "exit_code" and value < 0):
+        raise TailProtocolError(f"{msg.get('type')} message: bad {key!r}: {value!r}")
+    return value
+
+
+def _str(msg: Mapping[str, Any], key: str, default: str | None = None) -> str:
+    value = msg.get(key, default)
+    if not isinstance(value, str):
+        raise TailProtocolError(f"{msg.get('type')} message: bad {key!r}: {value!r}")
+    return value
+
+
+def output_bytes(msg: Mapping[str, Any]) -> bytes:
+    """The exact raw bytes of an ``output`` message."""
+    b64 = msg.get("b64")
+    if b64 is not None:
+        if not isinstance(b64, str):
+            raise TailProtocolError("output message: b64 must be a string")
+        try:
+            return base64.b64decode(b64, validate=True)
+        except (binascii.Error, ValueError) as exc:
+            raise TailProtocolError(f"output message: bad b64: {exc}") from None
+    return _str(msg, "data").encode("utf-8")
+
+
+def decode_message(msg: Mapping[str, Any]) -> TailEvent:
+    """A decoded message as the log bus's event (or :class:`TailError`)."""
+    kind = msg.get("type")
+    if kind == "output":
+        stream = _str(msg, "stream")
+        if stream not in ALL_STREAMS:
+            raise TailProtocolError(f"output message: bad stream {stream!r}")
+        t = msg.get("t", 0.0)
+        if not isinstance(t, int | float) or isinstance(t, bool):
+            raise TailProtocolError(f"output message: bad 't': {t!r}")
+        offset = _int(msg, "offset")
+        assert offset is not None
+        return Output(
+            stream=stream,
+            offset=offset,
+            data=output_bytes(msg),
+            t=float(t),
+        )
+    if kind == "skipped":
+        offset, nbytes = _int(msg, "offset"), _int(msg, "bytes")
+        assert offset is not None and nbytes is not None
+        return Skipped(offset=offset, nbytes=nbytes)
+    if kind == "end":
+        offset = _int(msg, "offset")
+        assert offset is not None
+        return End(
+            state=_str(msg, "state"),
+            exit_code=_int(msg, "exit_code", optional=True),
+            reason=_str(msg, "reason", ""),
+            offset=offset,
+        )
+    if kind == "error":
+        return TailError(_str(msg, "message", "error"))
+    raise TailProtocolError(f"unknown message type {kind!r}")
+
+
+def loads(text: str | bytes) -> TailEvent:
+    """Decode the text of one frame."""
+    try:
+        msg = json.loads(text)
+    except ValueError as exc:
+        raise TailProtocolError(f"not JSON: {exc}") from None
+    if not isinstance(msg, dict):
+        raise TailProtocolError("a message must be a JSON object")
+    return decode_message(msg)
+
+
+# -- the server side -----------------------------------------------------------------------------
+
+SendJson = Callable[[dict[str, Any]], Awaitable[None]]
+
+
+async def serve_tail(
+    bus: LogBus, job_id: str, send_json: SendJson, query: Mapping[str, str]
+) -> int:
+    """Stream one job's log as messages through ``send_json`` until its ``end``.
+
+    Returns the websocket close code the caller should use: :data:`CLOSE_NORMAL` after
+    ``end``; :data:`CLOSE_BAD_REQUEST` / :data:`CLOSE_UNKNOWN_JOB` after an ``error``
+    message. A failure of ``send_json`` (the peer went away) propagates; so does a cancel.
+    """
+    try:
+        q = parse_query(query)
+    except TailProtocolError as exc:
+        await send_json(error_message(str(exc)))
+        return CLOSE_BAD_REQUEST
+    log = bus.get(job_id)
+    if log is None:
+        await send_json(error_message(MSG_UNKNOWN_JOB))
+        return CLOSE_UNKNOWN_JOB
+    try:
+        subscription = log.subscribe(q.start, streams=q.streams)
+    except ValueError as exc:  # e.g. an offset the log cannot serve
+        await send_json(error_message(str(exc)))
+        return CLOSE_BAD_REQUEST
+    async with subscription as events:
+        async for event in events:
+            for msg in encode_event(event):
+                await send_json(msg)
+            if isinstance(event, End):
+                return CLOSE_NORMAL
+    # The subscription ended without an End (should not happen): say so.
+    await send_json(error_message("log ended without an end event"))
+    return CLOSE_INTERNAL
+
+
+__all__ = [
+    "ALL_STREAMS",
+    "CLOSE_BAD_REQUEST",
+    "CLOSE_INTERNAL",
+    "CLOSE_NORMAL",
+    "CLOSE_UNKNOWN_JOB",
+    "MAX_FRAME_DATA",
+    "MSG_UNKNOWN_JOB",
+    "STREAMS",
+    "SendJson",
+    "Start",
+    "TailError",
+    "TailEvent",
+    "TailProtocolError",
+    "TailQuery",
+    "decode_message",
+    "dumps",
+    "encode_event",
+    "encode_output",
+    "error_message",
+    "loads",
+    "output_bytes",
+    "parse_query",
+    "parse_start",
+    "parse_streams",
+    "serve_tail",
+]

@@ -1,0 +1,337 @@
+"""The live log tail of a node over real websockets (docs/tail.md), and ``fleet-trio tail``."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+from trio_websocket import (
+    ConnectionClosed,
+    ConnectionRejected,
+    WebSocketRequest,
+    open_websocket_url,
+    serve_websocket,
+)
+
+from fleet_trio.cli import tail_exit_status, tail_url
+from fleet_trio.logbus.bus import End, Output, Skipped
+from fleet_trio.logbus.tail import (
+    CLOSE_BAD_REQUEST,
+    CLOSE_NORMAL,
+    CLOSE_UNKNOWN_JOB,
+    TailError,
+    TailEvent,
+    TailProtocolError,
+    dumps,
+    encode_event,
+    loads,
+    parse_query,
+)
+from tests.node.conftest import PY
+from tests.node.harness import Harness, node_config, running_node
+
+# Prints `lines` numbered lines on stderr (with a pause between them), then its JSON result
+# on stdout (or exits with `exit`).
+LINES_SCRIPT = r"""
+import json, sys, time
+p = json.loads(sys.stdin.read())
+for i in range(p.get("lines", 5)):
+    sys.stderr.write(f"line {i} \u00e9\n")
+    sys.stderr.flush()
+    time.sleep(p.get("pause", 0))
+if p.get("bad_utf8"):
+    sys.stderr.buffer.write(b"\xff\xfe raw\n")
+    sys.stderr.flush()
+if p.get("exit"):
+    sys.exit(p["exit"])
+sys.stdout.write(json.dumps({"ok": True, "n": p.get("lines", 5)}))
+"""
+
+
+def expected_stderr(lines: int) -> bytes:
+    return "".join(f"line {i} \u00e9\n" for i in range(lines)).encode()
+
+
+def config(tmp_path: Path) -> Any:
+    return node_config(tmp_path, {"lines": {"command": [PY, "-c", LINES_SCRIPT]}})
+
+
+def ws_url(h: Harness, job_id: str, **params: str) -> str:
+    return tail_url(h.node.url, job_id, params)
+
+
+async def collect(
+    url: str, headers: list[tuple[bytes, bytes]] | None = None
+) -> tuple[list[TailEvent], int | None]:
+    """Every event until the server closes, and the close code."""
+    events: list[TailEvent] = []
+    with trio.fail_after(20):
+        async with open_websocket_url(url, extra_headers=headers or []) as ws:
+            try:
+                while True:
+                    events.append(loads(await ws.get_message()))
+            except ConnectionClosed as exc:
+                assert exc.reason is not None
+                return events, exc.reason.code
+    raise AssertionError("unreachable")
+
+
+def split(events: list[TailEvent]) -> dict[str, bytes]:
+    """Per-stream bytes; checks the offsets are contiguous in the log's byte sequence."""
+    out: dict[str, bytes] = {"stdout": b"", "stderr": b""}
+    for ev in events:
+        if isinstance(ev, Output):
+            out[ev.stream] += ev.data
+    return out
+
+
+def assert_contiguous(events: list[TailEvent], start: int = 0) -> None:
+    pos = start
+    for ev in events:
+        if isinstance(ev, Output):
+            assert ev.offset == pos
+            pos += len(ev.data)
+        elif isinstance(ev, End):
+            assert ev.offset == pos
+        else:
+            raise AssertionError(f"unexpected {ev!r}")
+
+
+async def dispatch(h: Harness, job_id: str, **payload: Any) -> None:
+    r = await h.dispatch(job_id, "lines", payload)
+    assert r.status_code == 202, r.text
+
+
+async def test_tail_from_start_every_byte_then_end(tmp_path: Path) -> None:
+    async with running_node(tmp_path, config(tmp_path)) as h:
+        await dispatch(h, "j1", lines=20, pause=0.01)
+        events, code = await collect(ws_url(h, "j1"))
+        assert code == CLOSE_NORMAL
+        assert_contiguous(events)
+        end = events[-1]
+        assert isinstance(end, End) and (end.state, end.exit_code, end.reason) == ("done", 0, "")
+        streams = split(events)
+        assert streams["stderr"] == expected_stderr(20)
+        assert json.loads(streams["stdout"]) == {"ok": True, "n": 20}
+        # the poll agrees, and a replay of the ended log gives the same events
+        assert (await h.poll("j1")).json()["state"] == "done"
+        again, code = await collect(ws_url(h, "j1"))
+        assert again == events and code == CLOSE_NORMAL
+
+
+async def test_tail_failed_job_and_raw_bytes(tmp_path: Path) -> None:
+    async with running_node(tmp_path, config(tmp_path)) as h:
+        await dispatch(h, "bad", lines=2, exit=3, bad_utf8=True)
+        events, code = await collect(ws_url(h, "bad"))
+        assert code == CLOSE_NORMAL
+        assert_contiguous(events)
+        end = events[-1]
+        assert isinstance(end, End) and (end.state, end.exit_code) == ("error", 3)
+        assert "exit status 3" in end.reason
+        assert (await h.poll("bad")).json()["error"] == end.reason
+        assert split(events)["stderr"] == expected_stderr(2) + b"\xff\xfe raw\n"
+
+
+async def test_tail_from_offset_and_stream_filter(tmp_path: Path) -> None:
+    async with running_node(tmp_path, config(tmp_path)) as h:
+        await dispatch(h, "j2", lines=5)
+        events, _ = await collect(ws_url(h, "j2"))
+        full = b"".join(ev.data for ev in events if isinstance(ev, Output))
+        n = 13  # in the middle of a line
+        tail, code = await collect(ws_url(h, "j2", **{"from": str(n)}))
+        assert code == CLOSE_NORMAL
+        assert_contiguous(tail, start=n)
+        assert b"".join(ev.data for ev in tail if isinstance(ev, Output)) == full[n:]
+        only_out, _ = await collect(ws_url(h, "j2", streams="stdout"))
+        assert {ev.stream for ev in only_out if isinstance(ev, Output)} == {"stdout"}
+        assert json.loads(split(only_out)["stdout"])["ok"] is True
+        past, code = await collect(ws_url(h, "j2", **{"from": "now"}))
+        assert code == CLOSE_NORMAL and len(past) == 1 and isinstance(past[0], End)
+
+
+async def test_unknown_job_and_bad_query(tmp_path: Path) -> None:
+    async with running_node(tmp_path, config(tmp_path)) as h:
+        events, code = await collect(ws_url(h, "nope"))
+        assert events == [TailError("unknown job")] and code == CLOSE_UNKNOWN_JOB
+        await dispatch(h, "j3", lines=1)
+        events, code = await collect(ws_url(h, "j3", **{"from": "-1"}))
+        assert code == CLOSE_BAD_REQUEST
+        assert len(events) == 1 and isinstance(events[0], TailError)
+        assert "from" in events[0].message
+
+
+async def test_token_required(tmp_path: Path) -> None:
+    async with running_node(tmp_path, config(tmp_path), token="s3cret") as h:
+        h.client.headers["Authorization"] = "Bearer s3cret"
+        await dispatch(h, "j4", lines=2)
+        for headers, params in (
+            ([], {}),
+            ([(b"Authorization", b"Bearer wrong")], {}),
+            ([], {"token": "wrong"}),
+        ):
+            with pytest.raises(ConnectionRejected) as info:
+                await collect(ws_url(h, "j4", **params), headers)
+            assert info.value.status_code == 401
+            assert json.loads(info.value.body or b"{}") == {
+                "status": "error",
+                "error": "unauthorized",
+            }
+        ok, code = await collect(ws_url(h, "j4"), [(b"Authorization", b"Bearer s3cret")])
+        assert code == CLOSE_NORMAL and isinstance(ok[-1], End)
+        ok, code = await collect(ws_url(h, "j4", token="s3cret"))
+        assert code == CLOSE_NORMAL and isinstance(ok[-1], End)
+
+
+async def test_two_subscribers_see_the_same_log(tmp_path: Path) -> None:
+    async with running_node(tmp_path, config(tmp_path)) as h:
+        await dispatch(h, "j5", lines=15, pause=0.02)
+        results: list[list[TailEvent]] = [[], []]
+
+        async def one(i: int) -> None:
+            events, code = await collect(ws_url(h, "j5"))
+            assert code == CLOSE_NORMAL
+            results[i] = events
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(one, 0)
+            nursery.start_soon(one, 1)
+        a, b = (b"".join(e.data for e in r if isinstance(e, Output)) for r in results)
+        assert a == b and expected_stderr(15) in b"".join(
+            e.data for e in results[0] if isinstance(e, Output) and e.stream == "stderr"
+        )
+        assert results[0][-1] == results[1][-1]
+
+
+# -- the CLI ---------------------------------------------------------------------------------
+
+
+async def run_cli(*args: str) -> trio.CompletedProcess[bytes]:
+    env = {**os.environ, "FLEET_TRIO_TOKEN": ""}
+    with trio.fail_after(30):
+        return await trio.run_process(
+            [PY, "-m", "fleet_trio", "tail", *args],
+            capture_stdout=True,
+            capture_stderr=True,
+            check=False,
+            env=env,
+        )
+
+
+async def test_cli_tail_prints_and_exits_with_the_job_code(tmp_path: Path) -> None:
+    async with running_node(tmp_path, config(tmp_path)) as h:
+        await dispatch(h, "ok", lines=10, pause=0.02)
+        done = await run_cli("--url", h.node.url, "ok")
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout) == {"ok": True, "n": 10}
+        assert done.stderr == expected_stderr(10)
+
+        await dispatch(h, "fail", lines=3, exit=5)
+        failed = await run_cli("--url", h.node.url.replace("http://", "ws://"), "fail")
+        assert failed.returncode == 5
+        assert failed.stdout == b""
+        assert failed.stderr.startswith(expected_stderr(3))
+        assert b"fleet-trio tail: job fail ended error: lines failed: exit status 5" in (
+            failed.stderr
+        )
+
+        only = await run_cli("--url", h.node.url, "--streams", "stderr", "--from", "7", "ok")
+        assert only.returncode == 0 and only.stdout == b""
+        assert only.stderr == expected_stderr(10)[7:]
+
+        unknown = await run_cli("--url", h.node.url, "missing")
+        assert unknown.returncode == 2
+        assert b"fleet-trio tail: error: unknown job" in unknown.stderr
+
+
+async def test_cli_tail_token_and_usage(tmp_path: Path) -> None:
+    async with running_node(tmp_path, config(tmp_path), token="tok") as h:
+        h.client.headers["Authorization"] = "Bearer tok"
+        await dispatch(h, "t", lines=1)
+        refused = await run_cli("--url", h.node.url, "t")
+        assert refused.returncode == 2 and b"refused: HTTP 401" in refused.stderr
+        ok = await run_cli("--url", h.node.url, "--token", "tok", "t")
+        assert ok.returncode == 0 and ok.stderr == expected_stderr(1)
+    bad = await run_cli("--from", "later", "x")
+    assert bad.returncode == 2 and b"from must be" in bad.stderr
+
+
+async def test_cli_tail_gives_up_after_bounded_retries() -> None:
+    with trio.socket.socket() as sock:  # a port with nobody listening
+        await sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    r = await run_cli("--url", f"ws://127.0.0.1:{port}", "--retries", "2", "j")
+    assert r.returncode == 2
+    assert r.stderr.count(b"reconnecting from start") == 2
+    assert b"giving up after 2 reconnection attempt(s)" in r.stderr
+
+
+async def test_cli_tail_reconnects_from_the_last_offset() -> None:
+    """A server that drops the first connection mid-log; the CLI resumes at the offset."""
+    seen: list[str] = []
+    log = b"hello\nworld\n"
+
+    async def handler(request: WebSocketRequest) -> None:
+        seen.append(request.path)
+        ws = await request.accept()
+        if len(seen) == 1:
+            out = Output("stdout", 0, log[:6], 1.0)
+            for msg in encode_event(out):
+                await ws.send_message(dumps(msg))
+            await ws.aclose(1001)  # going away, no end
+            return
+        start = int(request.path.split("from=")[1].split("&")[0])
+        for ev in (Output("stdout", start, log[start:], 2.0), End("done", 0, "", len(log))):
+            for msg in encode_event(ev):
+                await ws.send_message(dumps(msg))
+        await ws.aclose()
+
+    async with trio.open_nursery() as nursery:
+        server = await nursery.start(serve_websocket, handler, "127.0.0.1", 0, None)
+        port = server.port
+        r = await run_cli("--url", f"http://127.0.0.1:{port}", "job-1")
+        nursery.cancel_scope.cancel()
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == log
+    assert seen[0].startswith("/fleet/jobs/job-1/tail?from=start")
+    assert "from=6" in seen[1]
+    assert b"reconnecting from 6" in r.stderr
+
+
+# -- the protocol ----------------------------------------------------------------------------
+
+
+def test_round_trip_and_query() -> None:
+    for ev in (
+        Output("stdout", 5, "é\n".encode(), 1.5),
+        Output("stderr", 0, b"\xff\x00", 0.0),
+        Skipped(3, 10),
+        End("error", None, "interrupted", 42),
+        End("done", 0, "", 0),
+    ):
+        (msg,) = encode_event(ev)
+        assert loads(dumps(msg)) == ev
+    (lossy,) = encode_event(Output("stderr", 0, b"a\xff", 0.0))
+    assert lossy["data"] == "a\ufffd" and lossy["b64"] == "Yf8="
+    (clean,) = encode_event(Output("stdout", 0, b"ok", 0.0))
+    assert "b64" not in clean
+    big = encode_event(Output("stdout", 100, b"x" * 150_000, 0.0))
+    assert [m["offset"] for m in big] == [100, 100 + 65536, 100 + 2 * 65536]
+    assert parse_query({}).start == "start"
+    assert parse_query({"from": "12", "streams": "stderr"}).start == 12
+    for bad in ({"from": "x"}, {"from": "-3"}, {"streams": "stdin"}, {"streams": ","}):
+        with pytest.raises(TailProtocolError):
+            parse_query(bad)
+    with pytest.raises(TailProtocolError):
+        loads('{"type": "nope"}')
+
+
+def test_exit_status_mapping() -> None:
+    assert tail_exit_status("done", 0) == 0
+    assert tail_exit_status("error", 7) == 7
+    assert tail_exit_status("error", None) == 1
+    assert tail_exit_status("error", 0) == 1
+    assert tail_exit_status("killed", 300) == 1
