@@ -2,7 +2,8 @@
 
 Subcommands call into the packages; nothing else lives here. Today: ``exec`` (run one command
 exactly as the worker runs a job, see ``docs/exec.md``), ``node`` (serve CONTRACT v2, see
-``docs/node.md``) and ``measure`` (seed the footprint store from the tasks' probes).
+``docs/node.md``), ``measure`` (seed the footprint store from the tasks' probes) and ``tail``
+(follow a node job's live output, see ``docs/tail.md``).
 """
 
 from __future__ import annotations
@@ -266,6 +267,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_node(sub)
     _add_measure(sub)
     _add_worker(sub)
+    _add_tail(sub)  # fleet-trio tail (docs/tail.md)
     return parser
 
 
@@ -474,6 +476,196 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- fleet-trio tail (docs/tail.md) -------------------------------------------------------------
+
+TAIL_DEFAULT_URL = "ws://127.0.0.1:18811"
+TAIL_RETRIES = 5
+"""Reconnection attempts in a row (without a message in between) before giving up."""
+TAIL_BACKOFF_MAX = 8.0
+EXIT_TAIL_FAILED = 2
+"""The tail itself failed: bad usage, refused, an ``error`` message, connection lost."""
+TAIL_MAX_MESSAGE = 4 << 20
+
+
+def _add_tail(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "tail",
+        help="follow a node job's live stdout/stderr (websocket)",
+        description=(
+            "Follow the live output of JOB_ID on a fleet-trio node (websocket "
+            "GET /fleet/jobs/JOB_ID/tail): its stdout goes to our stdout and its stderr to our "
+            "stderr, as raw bytes, as they arrive. If the connection drops, reconnect from the "
+            f"last offset received (up to --retries attempts in a row, backing off 0.5 s to "
+            f"{TAIL_BACKOFF_MAX:g} s). Exit status: the job's exit code once it ends (a failed "
+            "job without one: 1; its reason is printed on stderr); 2 when the tail itself "
+            "fails (refused, unknown job, bad arguments, connection lost for good)."
+        ),
+        epilog="See docs/tail.md.",
+    )
+    p.add_argument(
+        "--url",
+        default=TAIL_DEFAULT_URL,
+        help=f"the node's base URL (default {TAIL_DEFAULT_URL}; http:// and https:// are "
+        "taken as ws:// and wss://)",
+    )
+    p.add_argument(
+        "--token",
+        metavar="TOKEN",
+        default=None,
+        help="bearer token of the node (default: $FLEET_TRIO_TOKEN; unset = none)",
+    )
+    p.add_argument(
+        "--from",
+        dest="start",
+        metavar="start|now|N",
+        default="start",
+        help="where to begin: the start of the log (default), now (only new output) or "
+        "byte offset N",
+    )
+    p.add_argument(
+        "--streams",
+        metavar="LIST",
+        default="stdout,stderr",
+        help="comma-separated streams to follow: stdout, stderr (default both)",
+    )
+    p.add_argument(
+        "--retries",
+        metavar="N",
+        type=int,
+        default=TAIL_RETRIES,
+        help=f"reconnection attempts in a row before giving up (default {TAIL_RETRIES})",
+    )
+    p.add_argument("job_id", metavar="JOB_ID", help="the job to follow")
+    p.set_defaults(handler=_cmd_tail)
+
+
+def tail_url(base: str, job_id: str, params: dict[str, str]) -> str:
+    """The tail websocket URL of ``job_id`` under the node's base URL."""
+    from urllib.parse import quote, urlencode
+
+    base = base.strip().rstrip("/")
+    for http, ws in (("http://", "ws://"), ("https://", "wss://")):
+        if base.lower().startswith(http):
+            base = ws + base[len(http) :]
+    if "://" not in base:
+        base = "ws://" + base
+    return f"{base}/fleet/jobs/{quote(job_id, safe='')}/tail?{urlencode(params)}"
+
+
+def tail_exit_status(state: str, exit_code: int | None) -> int:
+    """Our exit status for a job's end: its exit code; a failed job without one (or with 0): 1."""
+    valid = exit_code is not None and 0 <= exit_code <= 255
+    if state == "done":
+        return exit_code if valid and exit_code is not None else 0
+    return exit_code if valid and exit_code else 1
+
+
+def _rejection(exc: Exception) -> str:
+    status = getattr(exc, "status_code", "?")
+    body = getattr(exc, "body", None) or b""
+    try:
+        message = json.loads(body).get("error", "")
+    except (ValueError, AttributeError):
+        message = body.decode("utf-8", errors="replace").strip()
+    return f"refused: HTTP {status}" + (f" ({message})" if message else "")
+
+
+async def _tail(args: argparse.Namespace) -> int:
+    from trio_websocket import (
+        ConnectionClosed,
+        ConnectionRejected,
+        HandshakeError,
+        open_websocket_url,
+    )
+
+    from fleet_trio.logbus.bus import End, Output, Skipped
+    from fleet_trio.logbus.tail import (
+        TailProtocolError,
+        TailQuery,
+        loads,
+        parse_start,
+        parse_streams,
+    )
+
+    out = FdWriter(sys.stdout.fileno(), "stdout")
+    err = FdWriter(sys.stderr.fileno(), "stderr")
+
+    async def say(line: str) -> None:
+        prefix = "" if err.at_line_start else "\n"
+        await err.write(f"{prefix}{PROG} tail: {line}\n".encode())
+
+    streams = parse_streams(args.streams)
+    position = parse_start(args.start)
+    token = args.token if args.token is not None else os.environ.get("FLEET_TRIO_TOKEN")
+    headers = [(b"Authorization", f"Bearer {token}".encode())] if token else []
+    failures = 0
+    while True:
+        url = tail_url(args.url, args.job_id, TailQuery(position, streams).to_params())
+        try:
+            async with open_websocket_url(
+                url,
+                extra_headers=headers,
+                max_message_size=TAIL_MAX_MESSAGE,
+                connect_timeout=10,
+                disconnect_timeout=5,
+            ) as ws:
+                while True:
+                    event = loads(await ws.get_message())
+                    failures = 0
+                    if isinstance(event, Output):
+                        await (out if event.stream == "stdout" else err).write(event.data)
+                        position = event.offset + len(event.data)
+                    elif isinstance(event, Skipped):
+                        position = event.offset + event.nbytes
+                        await say(f"{event.nbytes} byte(s) skipped at offset {event.offset}")
+                    elif isinstance(event, End):
+                        if event.reason or event.state != "done":
+                            why = f": {event.reason}" if event.reason else ""
+                            await say(f"job {args.job_id} ended {event.state}{why}")
+                        return tail_exit_status(event.state, event.exit_code)
+                    else:
+                        await say(f"error: {event.message}")
+                        return EXIT_TAIL_FAILED
+        except ConnectionRejected as exc:
+            await say(_rejection(exc))
+            return EXIT_TAIL_FAILED
+        except TailProtocolError as exc:
+            await say(f"bad message from the node: {exc}")
+            return EXIT_TAIL_FAILED
+        except (HandshakeError, ConnectionClosed, OSError) as exc:
+            problem = str(exc) or type(exc).__name__
+        failures += 1
+        if failures > args.retries:
+            await say(f"giving up after {failures - 1} reconnection attempt(s): {problem}")
+            return EXIT_TAIL_FAILED
+        delay = min(0.5 * 2 ** (failures - 1), TAIL_BACKOFF_MAX)
+        await say(
+            f"connection lost ({problem}); reconnecting from {position} in {delay:g}s "
+            f"(attempt {failures}/{args.retries})"
+        )
+        await trio.sleep(delay)
+
+
+def _cmd_tail(args: argparse.Namespace) -> int:
+    from fleet_trio.logbus.tail import TailProtocolError, parse_start, parse_streams
+
+    try:
+        parse_start(args.start)
+        parse_streams(args.streams)
+        if args.retries < 0:
+            raise TailProtocolError("--retries must be >= 0")
+    except TailProtocolError as exc:
+        print(f"{PROG} tail: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        return trio.run(_tail, args)
+    except KeyboardInterrupt:
+        return 130
+
+
+# -- end of fleet-trio tail ---------------------------------------------------------------------
+
+
 # -- main -------------------------------------------------------------------------------------
 
 
@@ -493,4 +685,13 @@ def main(argv: list[str] | None = None) -> int:
     return status
 
 
-__all__ = ["FdWriter", "UsageError", "build_parser", "exec_spec", "exit_status", "main"]
+__all__ = [
+    "FdWriter",
+    "UsageError",
+    "build_parser",
+    "exec_spec",
+    "exit_status",
+    "main",
+    "tail_exit_status",
+    "tail_url",
+]

@@ -22,13 +22,16 @@ from typing import Any, Protocol
 import attrs
 import cattrs
 import trio
-from quart import Response, request
+from quart import Response, request, websocket
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
 from fleet_trio.errors import WireError
+from fleet_trio.logbus.bus import LogBus
+from fleet_trio.logbus.tail import CLOSE_INTERNAL, error_message, serve_tail
+from fleet_trio.logbus.tail import dumps as tail_dumps
 from fleet_trio.node.jobs import JobState, JobStore, Registration
-from fleet_trio.node.tasks import TaskRegistry, TaskRunner
+from fleet_trio.node.tasks import PreparedJob, TaskRegistry, TaskRunner, job_log_meta
 from fleet_trio.node.wire import (
     MAX_DISPATCH_BODY,
     MSG_DRAINING,
@@ -100,6 +103,13 @@ class NodeContext:
     """Optional bearer token (opt-in; the v2 wire is unchanged without it)."""
     converter: cattrs.Converter = attrs.field(factory=make_converter, repr=False)
     """Built once: building a cattrs converter costs milliseconds, health is a hot path."""
+    bus: LogBus = attrs.field(factory=LogBus, repr=False)
+    """The jobs' live output (the tail route); the runner tees into it (docs/tail.md)."""
+
+    def __attrs_post_init__(self) -> None:
+        # live log tail: the runner tees into this bus (a stand-in runner without one: no tee)
+        if getattr(self.runner, "bus", False) is None:
+            self.runner.bus = self.bus
 
 
 def _json(body: bytes, status: int, headers: Mapping[str, str] | None = None) -> Response:
@@ -211,6 +221,7 @@ async def dispatch(ctx: NodeContext) -> Response:
     # 6: no await between the lookup and the insert (exactly-once).
     outcome = store.register(req.job_id, functools.partial(ctx.runner.execute, prepared))
     if outcome is Registration.CREATED:
+        _open_job_log(ctx, prepared)  # live log tail: subscribable from the ack on
         return _json(ack_body(req.job_id), 202)
     prepared.cleanup()
     existing = store.get(req.job_id)
@@ -229,6 +240,71 @@ async def job_status(ctx: NodeContext, job_id: str) -> Response:
     if view is None:
         return _error(MSG_UNKNOWN_JOB, 404)
     return _json(job_body(view.job_id, view.state.value, data=view.data, error=view.error), 200)
+
+
+# -- live log tail (docs/tail.md) ----------------------------------------------------------------
+
+
+def _open_job_log(ctx: NodeContext, job: PreparedJob) -> None:
+    """Open the job's bus log at ack time, so a tail right after the 202 finds it.
+
+    Only when the runner tees into this bus (else the log would never end). Never fails the
+    dispatch: an id the bus refuses (``ValueError``) simply has no live log.
+    """
+    if getattr(ctx.runner, "bus", None) is not ctx.bus:
+        return
+    try:
+        if ctx.bus.get(job.job_id) is None:
+            ctx.bus.open(job.job_id, meta=job_log_meta(job))
+    except ValueError:
+        pass
+    except Exception:
+        log.exception("job %s: could not open its live log", job.job_id)
+
+
+def _tail_token_ok(ctx: NodeContext) -> bool:
+    """The bearer token from ``Authorization``, or (browsers) the ``token`` query parameter."""
+    if _token_ok(ctx, websocket.headers.get("Authorization")):
+        return True
+    token = websocket.args.get("token")
+    return token is not None and _token_ok(ctx, f"Bearer {token}")
+
+
+async def tail(ctx: NodeContext, job_id: str) -> Response | None:
+    """``GET /fleet/jobs/<job_id>/tail`` (websocket): the job's log until its ``end``.
+
+    A bad token is refused before the upgrade (HTTP 401, the error envelope). Otherwise the
+    socket is accepted and :func:`~fleet_trio.logbus.tail.serve_tail` streams; the close code
+    is its answer (1000 after ``end``, 4404 unknown job, 4400 bad query, 1011 internal).
+    """
+    if not _tail_token_ok(ctx):
+        return _unauthorized()
+    await websocket.accept()
+
+    async def send_json(msg: dict[str, Any]) -> None:
+        await websocket.send(tail_dumps(msg))
+
+    async def discard_incoming() -> None:
+        # The client has nothing to say; reading keeps quart's inbound queue from filling.
+        while True:
+            await websocket.receive()
+
+    code = CLOSE_INTERNAL
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(discard_incoming)
+        try:
+            code = await serve_tail(ctx.bus, job_id, send_json, websocket.args)
+        except Exception:
+            log.exception("tail of job %s failed", job_id)
+            with trio.move_on_after(1):
+                await send_json(error_message("internal error"))
+        nursery.cancel_scope.cancel()
+    with trio.move_on_after(5):
+        await websocket.close(code)
+    return None
+
+
+# -- end of the live log tail block --------------------------------------------------------------
 
 
 def create_app(ctx: NodeContext) -> QuartTrio:
@@ -251,6 +327,10 @@ def create_app(ctx: NodeContext) -> QuartTrio:
     app.add_url_rule("/fleet/health", "health", _health, methods=["GET"])
     app.add_url_rule("/fleet/dispatch", "dispatch", _dispatch, methods=["POST"])
     app.add_url_rule("/fleet/jobs/<job_id>", "job", _job, methods=["GET"])
+
+    @app.websocket("/fleet/jobs/<job_id>/tail")  # live log tail (docs/tail.md)
+    async def _tail(job_id: str) -> Response | None:
+        return await tail(ctx, job_id)
 
     async def _http_error(exc: HTTPException) -> Response:
         headers: dict[str, str] = {}
@@ -281,4 +361,5 @@ __all__ = [
     "health",
     "job_status",
     "snapshot_problem",
+    "tail",
 ]

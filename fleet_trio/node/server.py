@@ -48,6 +48,8 @@ log = logging.getLogger(__name__)
 
 IDLE_TIMEOUT = 120.0
 """§2.1: an idle keep-alive connection is closed after 120 s."""
+TAIL_PING_INTERVAL = 30.0
+"""Seconds between server pings on a tail websocket (keeps it inside ``read_timeout``)."""
 
 
 class NodeStartError(FleetTrioError):
@@ -110,6 +112,9 @@ def hypercorn_config(listen: str) -> HypercornConfig:
     hc.keep_alive_timeout = IDLE_TIMEOUT
     hc.read_timeout = int(IDLE_TIMEOUT)
     hc.graceful_timeout = 1.0
+    # live log tail: a tail client never writes, and read_timeout applies to websocket reads
+    # too; pinging makes the client answer (pong) well within it.
+    hc.websocket_ping_interval = TAIL_PING_INTERVAL
     hc.accesslog = None
     hc.errorlog = None
     return hc

@@ -28,7 +28,7 @@ import re
 import shutil
 import tempfile
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import trio
@@ -39,8 +39,11 @@ from fleet_trio.node.config import FamilyRule, FieldSpec, QuantRule, TaskDef
 from fleet_trio.node.jobs import Done, Failed, Outcome
 from fleet_trio.node.wire import JsonSyntaxError, msg_unsupported, scan_object
 from fleet_trio.proc.run import run
-from fleet_trio.proc.sinks import CappedBuffer, TailBuffer
+from fleet_trio.proc.sinks import CappedBuffer, Sink, TailBuffer, TeeSink
 from fleet_trio.proc.spec import JobSpec, Result
+
+if TYPE_CHECKING:  # live log tail (fleet_trio.logbus)
+    from fleet_trio.logbus import JobLog, LogBus
 
 log = logging.getLogger(__name__)
 
@@ -390,6 +393,99 @@ def outcome_of(task: TaskDef, result: Result, stdout: CappedBuffer, stderr: Tail
     return Done(text.encode())
 
 
+# -- live log tail: the job's output teed into the log bus (fleet_trio.logbus) ----------------
+
+
+class _BusSink:
+    """One stream of a job's bus log. A failing bus is logged once, then left out: the bus
+    never fails a job (``Cancelled`` is not an ``Exception`` and goes through)."""
+
+    def __init__(self, tee: JobTee, sink: Sink) -> None:
+        self.tee = tee
+        self.sink = sink
+
+    async def write(self, data: bytes) -> None:
+        if self.tee.broken:
+            return
+        try:
+            await self.sink.write(data)
+        except Exception:
+            self.tee.broke("write")
+
+
+class JobTee:
+    """A job's log on the bus: its two stream sinks, the exit code seen, and the end."""
+
+    def __init__(self, job_id: str, job_log: JobLog) -> None:
+        self.job_id = job_id
+        self.job_log = job_log
+        self.broken = False
+        self.exit_code: int | None = None
+        self.stdout: Sink = _BusSink(self, job_log.sink("stdout"))
+        self.stderr: Sink = _BusSink(self, job_log.sink("stderr"))
+
+    @classmethod
+    def open(cls, bus: LogBus | None, job: PreparedJob) -> JobTee | None:
+        """The job's log (the one dispatch opened, else a new one); ``None`` if the bus fails."""
+        if bus is None:
+            return None
+        try:
+            job_log = bus.get(job.job_id)
+            if job_log is None:
+                job_log = bus.open(job.job_id, meta=job_log_meta(job))
+            if job_log.ended:  # a log kept from an earlier job with this id
+                log.info("job %s: an ended log holds this id; no live log", job.job_id)
+                return None
+            return cls(job.job_id, job_log)
+        except ValueError as exc:  # an id the bus refuses (see fleet_trio.logbus.spill)
+            log.info("job %s: no live log: %s", job.job_id, exc)
+            return None
+        except Exception:
+            log.exception("job %s: the live log is unavailable", job.job_id)
+            return None
+
+    def broke(self, what: str) -> None:
+        if not self.broken:
+            log.exception(
+                "job %s: live log %s failed; the job goes on without it", self.job_id, what
+            )
+        self.broken = True
+
+    def seen(self, result: Result) -> None:
+        self.exit_code = result.exit_code if result.exit_code >= 0 else None
+
+    def finish(self, outcome: Outcome | None, failure: BaseException | None) -> None:
+        """End the log with the job's terminal state (sync; never raises an ``Exception``)."""
+        if isinstance(outcome, Done):
+            state, reason = "done", ""
+        elif isinstance(outcome, Failed):
+            state, reason = "error", outcome.message or "deferred"
+        elif _is_cancel(failure):
+            state, reason = "error", "interrupted"
+        else:
+            state, reason = "error", f"internal error: {failure}" if failure else "internal error"
+        try:
+            if not self.job_log.ended:
+                self.job_log.end(state, self.exit_code, reason)
+        except Exception:
+            self.broke("end")
+
+
+def job_log_meta(job: PreparedJob) -> dict[str, str]:
+    return {"task_type": job.task.name, "family": job.family, "quant": job.quant}
+
+
+def _is_cancel(exc: BaseException | None) -> bool:
+    if isinstance(exc, trio.Cancelled):
+        return True
+    if isinstance(exc, BaseExceptionGroup):
+        return all(_is_cancel(e) for e in exc.exceptions)
+    return False
+
+
+# -- end of the live log tail block -------------------------------------------------------------
+
+
 JOB_MARKER = "FLEET_JOB_ID"
 """The environment variable that marks a job's processes (the per-job sampler reads it)."""
 
@@ -408,8 +504,11 @@ class TaskRunner:
         sample_peak: PeakSampler | None = None,
         record_peak: PeakRecorder | None = None,
         spawn_concurrency: int = SPAWN_CONCURRENCY,
+        bus: LogBus | None = None,
     ) -> None:
         self.kill_grace = kill_grace
+        self.bus = bus
+        """Where each job's stdout and stderr are teed for the live tail (``None``: nowhere)."""
         # Spawns and work-dir removals run in worker threads; unbounded, a burst of dispatches
         # puts dozens of threads on the GIL at once and the event loop (the acks, health)
         # waits behind them. Bounded, a burst starts at the rate the machine forks.
@@ -420,11 +519,19 @@ class TaskRunner:
         self.record_peak = record_peak
 
     async def execute(self, job: PreparedJob) -> Outcome:
+        tee = JobTee.open(self.bus, job)  # live log tail
+        outcome: Outcome | None = None
+        failure: BaseException | None = None
         try:
             if job.task.gpu:
                 async with self.gpu_slot:
-                    return await self._run(job)
-            return await self._run(job)
+                    outcome = await self._run(job, tee)
+            else:
+                outcome = await self._run(job, tee)
+            return outcome
+        except BaseException as exc:  # live log tail: noted for the log's end, re-raised
+            failure = exc
+            raise
         finally:
             # The work dir's rmtree is file I/O: off the event loop, bounded, never lost to a
             # cancel (abandoned after the bound, the thread still finishes the removal).
@@ -432,23 +539,30 @@ class TaskRunner:
                 await trio.to_thread.run_sync(
                     job.cleanup, abandon_on_cancel=True, limiter=self.cleanup_limiter
                 )
+            if tee is not None:  # live log tail
+                tee.finish(outcome, failure)
 
-    async def _run(self, job: PreparedJob) -> Outcome:
+    async def _run(self, job: PreparedJob, tee: JobTee | None = None) -> Outcome:
         stdout = CappedBuffer(RESULT_CAP)
         stderr = TailBuffer(TAIL_BYTES)
+        # live log tail: the result buffers first, then the bus
+        out_sink: Sink = stdout if tee is None else TeeSink(stdout, tee.stdout)
+        err_sink: Sink = stderr if tee is None else TeeSink(stderr, tee.stderr)
         spec = JobSpec(
             command=job.argv,
             cwd=job.cwd,
             env=job.env,
             grace_ceiling=self.kill_grace,
             max_runtime=job.task.timeout,
-            stderr_sink=stderr,
+            stderr_sink=err_sink,
             stdin_source=BytesReceiveStream(job.stdin),
         )
         sampling = self.sample_peak is not None and job.task.footprint is not None
         peaks: list[float | None] = []
         if not sampling or self.sample_peak is None:
-            result = await run(spec, stdout, spawn_limiter=self.spawn_limiter)
+            result = await run(spec, out_sink, spawn_limiter=self.spawn_limiter)
+            if tee is not None:
+                tee.seen(result)
             return outcome_of(job.task, result, stdout, stderr)
         sampler = self.sample_peak
         stop = trio.Event()
@@ -464,12 +578,14 @@ class TaskRunner:
                 # the first sample is taken as soon as the child exists (§5.3)
                 result = await run(
                     spec,
-                    stdout,
+                    out_sink,
                     on_spawn=lambda pid: nursery.start_soon(sample, pid),
                     spawn_limiter=self.spawn_limiter,
                 )
             finally:
                 stop.set()
+        if tee is not None:
+            tee.seen(result)
         outcome = outcome_of(job.task, result, stdout, stderr)
         peak = peaks[0] if peaks else None
         recorder = self.record_peak
@@ -487,6 +603,7 @@ __all__ = [
     "SPAWN_CONCURRENCY",
     "TAIL_BYTES",
     "BytesReceiveStream",
+    "JobTee",
     "PeakRecorder",
     "PeakSampler",
     "PreparedJob",

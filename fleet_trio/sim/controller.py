@@ -896,9 +896,7 @@ class SimController:
             ),
             "",
         )
-        self._events.append(
-            Event(kind, device_id=device_id, job_id=holder, detail=report.reason)
-        )
+        self._events.append(Event(kind, device_id=device_id, job_id=holder, detail=report.reason))
         return _empty(200)
 
 
