@@ -332,6 +332,12 @@ def create_app(ctx: NodeContext) -> QuartTrio:
     async def _tail(job_id: str) -> Response | None:
         return await tail(ctx, job_id)
 
+    # -- browser page of the live tail (docs/tail.md, "Browser page") --------------------------
+    from fleet_trio.logbus.ui import mount_ui
+
+    mount_ui(app, lambda: ctx.bus, functools.partial(_token_ok, ctx))
+    # -- end of the browser page block ---------------------------------------------------------
+
     async def _http_error(exc: HTTPException) -> Response:
         headers: dict[str, str] = {}
         if exc.code == 405:

@@ -1,0 +1,116 @@
+"""The browser page of the live log tail: ``GET /fleet/ui`` and ``GET /fleet/ui/jobs``.
+
+The page (``static/tail.html``: plain HTML and JavaScript, no build step, no external
+resources) lists the jobs of a :class:`~fleet_trio.logbus.bus.LogBus` and follows one of them
+over the websocket tail (``GET /fleet/jobs/<id>/tail``, same origin; see ``docs/tail.md``).
+
+:func:`mount_ui` adds both routes to any quart (or quart-trio) app, so the node and the
+worker's listener serve the same page::
+
+    mount_ui(app, lambda: ctx.bus, lambda auth: token_ok(auth))
+
+``check_token`` gets an ``Authorization`` header value (or ``None``) and says whether it is
+acceptable; the ``token`` query parameter is checked as ``Bearer <token>``. The page itself
+holds no data and is served without a token (a browser cannot set a header on a navigation);
+it passes its own ``?token=`` on to the jobs route (as a header) and the websocket (as the
+query parameter).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Callable
+from importlib import resources
+from typing import Any
+
+from quart import Quart, Response, request
+
+from fleet_trio.logbus.bus import JobInfo, LogBus
+
+PAGE_PATH = "/fleet/ui"
+JOBS_PATH = "/fleet/ui/jobs"
+
+PAGE_HEADERS = {
+    "Cache-Control": "no-store",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",  # the page's URL may hold ?token=
+    "X-Frame-Options": "DENY",
+    "Content-Security-Policy": (
+        "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
+        "connect-src 'self' ws: wss:; img-src data:; base-uri 'none'; form-action 'none'; "
+        "frame-ancestors 'none'"
+    ),
+}
+
+UNAUTHORIZED_BODY = b'{"status":"error","error":"unauthorized"}'
+
+TokenCheck = Callable[[str | None], bool]
+"""``Authorization`` header value (or ``None``) → acceptable?"""
+
+
+@functools.cache
+def page_html() -> bytes:
+    """``static/tail.html``, read once."""
+    return resources.files("fleet_trio.logbus").joinpath("static/tail.html").read_bytes()
+
+
+def job_row(info: JobInfo) -> dict[str, Any]:
+    """One job of ``GET /fleet/ui/jobs``."""
+    return {
+        "job_id": info.job_id,
+        "state": info.state,
+        "started": info.started,
+        "ended": info.ended,
+        "nbytes": info.nbytes,
+    }
+
+
+def token_ok(check_token: TokenCheck) -> bool:
+    """The current request's ``Authorization`` header, or its ``token`` query parameter."""
+    if check_token(request.headers.get("Authorization")):
+        return True
+    token = request.args.get("token")
+    return token is not None and check_token(f"Bearer {token}")
+
+
+def mount_ui(
+    app: Quart,
+    get_bus: Callable[[], LogBus],
+    check_token: TokenCheck,
+    *,
+    endpoint_prefix: str = "fleet_ui",
+) -> None:
+    """Add ``GET /fleet/ui`` (the page) and ``GET /fleet/ui/jobs`` (its JSON) to ``app``.
+
+    ``get_bus`` is called per request (the bus may be created after mounting). The page
+    expects the websocket tail at ``/fleet/jobs/<id>/tail`` on the same origin.
+    """
+    html = page_html()  # fail at mount time if the package data is missing
+
+    async def page() -> Response:
+        return Response(
+            html, status=200, headers=PAGE_HEADERS, content_type="text/html; charset=utf-8"
+        )
+
+    async def jobs() -> Response:
+        if not token_ok(check_token):
+            return Response(
+                UNAUTHORIZED_BODY,
+                status=401,
+                headers={"WWW-Authenticate": 'Bearer realm="fleet-trio"'},
+                content_type="application/json",
+            )
+        rows = [job_row(info) for info in get_bus().jobs()]
+        return Response(
+            json.dumps(rows, separators=(",", ":")),
+            status=200,
+            headers={"Cache-Control": "no-store"},
+            content_type="application/json",
+        )
+
+    app.add_url_rule(PAGE_PATH, f"{endpoint_prefix}_page", page, methods=["GET"])
+    app.add_url_rule(JOBS_PATH, f"{endpoint_prefix}_jobs", jobs, methods=["GET"])
+
+
+__all__ = ["JOBS_PATH", "PAGE_PATH", "TokenCheck", "job_row", "mount_ui", "page_html", "token_ok"]

@@ -1,0 +1,338 @@
+"""Live log tail of ``fleet-trio node``: throughput and latency through a websocket subscriber.
+
+Part 1 (throughput): a job writes ``--bytes`` (default 200 MB) of log text on stderr as fast as
+it can (a Python writer, 64 KiB writes of 100-byte lines), through the node, with one websocket
+subscriber tailing from the start (connected right after the 202). Timed from the dispatch to
+the ``end`` message. The floor is the same writer into a plain pipe (``| cat >/dev/null``).
+Prints both MB/s and the ratio node/pipe (target ≥ 0.5), and how many bytes the subscriber
+got vs. were ``skipped`` (the bus never slows a job down for a slow subscriber: a subscriber
+more than 1 MiB behind skips).
+
+Text, not ``/dev/zero``: NUL bytes are valid UTF-8 but each one is sent as the 6-character
+JSON escape ``\\u0000``, which would measure JSON escaping rather than the tail.
+
+Part 2 (latency): a job writes one line every 10 ms for ``--seconds`` (default 3 s), each
+holding its ``time.time()``; the subscriber computes arrival − write time (same host, same
+clock). Prints p50/p99 (target p99 ≤ 20 ms).
+
+The node runs in its **own process** (this script re-run with ``--serve``), as in
+``scripts/bench/dispatch.py``. Only 127.0.0.1 is used.
+
+    .venv/bin/python scripts/bench/tail.py [--bytes 200000000] [--seconds 3]
+
+Exit status: 0 whether or not the targets are met; 1 when the run is broken (the node does
+not start, a dispatch is refused, a job fails, a message is malformed, bytes are lost).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import httpx
+import trio
+from trio_websocket import ConnectionClosed, open_websocket_url
+
+THROUGHPUT_TARGET = 0.5
+LATENCY_TARGET_MS = 20.0
+LINE_INTERVAL = 0.01
+START_TIMEOUT = 30.0
+RUN_TIMEOUT = 120.0
+
+# Writes p["bytes"] bytes of 100-byte text lines on stderr in 64 KiB writes, then "{}" on stdout.
+FLOOD = r"""
+import json, os, sys
+p = json.loads(sys.stdin.read() or "{}")
+n = int(p.get("bytes", sys.argv[1] if len(sys.argv) > 1 else 0))
+line = (b"step 000042 loss 0.1234 lr 3e-4 the quick brown fox jumps over the lazy dog " * 2)[:99]
+line += b"\n"
+block = line * 655 + line[:36]  # 65536 bytes
+fd = sys.stderr.fileno()
+while n > 0:
+    chunk = block if n >= len(block) else block[:n]
+    view = memoryview(chunk)
+    while view:
+        view = view[os.write(fd, view):]
+    n -= len(chunk)
+sys.stdout.write("{}")
+"""
+
+# One line every p["interval"] s for p["seconds"] s: "t=<time.time()> <padding>\n" on stderr.
+TICKS = r"""
+import json, sys, time
+p = json.loads(sys.stdin.read())
+n = int(p["seconds"] / p["interval"])
+start = time.monotonic()
+for i in range(n):
+    delay = start + i * p["interval"] - time.monotonic()
+    if delay > 0:
+        time.sleep(delay)
+    sys.stderr.write(f"t={time.time():.6f} tick {i}\n")
+    sys.stderr.flush()
+sys.stdout.write("{}")
+"""
+
+
+class BrokenRun(Exception):
+    """The benchmark could not measure what it should (not: a target was missed)."""
+
+
+# ------------------------------------------------------------------------------------------
+# server side (``--serve STATE_DIR``), run in a child process
+
+
+def write_config(state: Path) -> Path:
+    cfg = {
+        "node": {
+            "listen": "127.0.0.1:0",
+            "node_id": "bench-tail",
+            "timings": {"drain_timeout": "3s", "kill_grace": "1s"},
+        },
+        "tasks": {
+            "flood": {"command": [sys.executable, "-c", FLOOD], "gpu": False, "timeout": "300s"},
+            "ticks": {"command": [sys.executable, "-c", TICKS], "gpu": False, "timeout": "300s"},
+        },
+    }
+    path = state / "node.yaml"
+    path.write_text(json.dumps(cfg))  # JSON is YAML
+    return path
+
+
+async def serve_node_child(state: Path, url_file: Path) -> None:
+    from fleet_trio.node.config import load_config
+    from fleet_trio.node.server import NodeOptions, RunningNode, serve_node
+
+    config = load_config(write_config(state))
+    options = NodeOptions(gpu="fake", fake_gpu_dir=str(state / "gpu"))
+    async with trio.open_nursery() as nursery:
+        node: RunningNode = await nursery.start(
+            lambda task_status: serve_node(
+                config, options, announce=lambda line: None, task_status=task_status
+            )
+        )
+        url_file.write_text(node.url)
+
+
+def serve_main(state: Path) -> int:
+    import fleet_trio.gpu.fake as fake
+
+    fake.init_device(str(state / "gpu"), "Fake H200", 141.0)
+    trio.run(serve_node_child, state, state / "node.url")
+    return 0
+
+
+def start_node(state: Path) -> tuple[subprocess.Popen[bytes], str]:
+    url_file = state / "node.url"
+    proc = subprocess.Popen(
+        [sys.executable, os.path.abspath(__file__), "--serve", str(state)],
+        stdin=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + START_TIMEOUT
+    while time.monotonic() < deadline:
+        if url_file.exists() and url_file.read_text():
+            return proc, url_file.read_text()
+        if proc.poll() is not None:
+            raise BrokenRun(f"node exited with status {proc.returncode}")
+        time.sleep(0.05)
+    proc.kill()
+    raise BrokenRun(f"node did not start within {START_TIMEOUT:g}s")
+
+
+def stop_node(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+# ------------------------------------------------------------------------------------------
+# client side
+
+
+def pct(values: list[float], q: float) -> float:
+    """The q-quantile (0..1), nearest-rank."""
+    ordered = sorted(values)
+    rank = max(1, min(len(ordered), round(q * len(ordered) + 0.5)))
+    return ordered[rank - 1]
+
+
+def ws_base(url: str) -> str:
+    return "ws://" + url.split("://", 1)[1]
+
+
+async def dispatch(client: httpx.AsyncClient, task: str, payload: dict[str, Any]) -> str:
+    job_id = f"bench-{uuid.uuid4().hex[:12]}"
+    body = json.dumps({"job_id": job_id, "task_type": task, "payload": payload}).encode()
+    r = await client.post(
+        "/fleet/dispatch", content=body, headers={"Content-Type": "application/json"}
+    )
+    if r.status_code != 202:
+        raise BrokenRun(f"dispatch {task}: {r.status_code} {r.text[:200]}")
+    return job_id
+
+
+class Tally:
+    def __init__(self) -> None:
+        self.received = 0
+        self.skipped = 0
+        self.end: dict[str, Any] | None = None
+        self.latencies: list[float] = []
+        self.first: float | None = None  # perf_counter of the first output received
+        self.last = 0.0  # ... and of the last
+
+
+async def subscribe(url: str, job_id: str, tally: Tally, *, ticks: bool = False) -> None:
+    from fleet_trio.logbus.tail import output_bytes
+
+    async with open_websocket_url(f"{url}/fleet/jobs/{job_id}/tail?from=start") as ws:
+        try:
+            while True:
+                msg = json.loads(await ws.get_message())
+                kind = msg.get("type")
+                if kind == "output":
+                    if ticks:
+                        now = time.time()
+                        for line in msg["data"].splitlines():
+                            if line.startswith("t="):
+                                sent = float(line[2:].split(" ", 1)[0])
+                                tally.latencies.append((now - sent) * 1000.0)
+                    if msg["stream"] == "stderr":
+                        tally.received += len(output_bytes(msg))
+                        tally.last = time.perf_counter()
+                        if tally.first is None:
+                            tally.first = tally.last
+                elif kind == "skipped":
+                    tally.skipped += msg["bytes"]
+                elif kind == "end":
+                    tally.end = msg
+                elif kind == "error":
+                    raise BrokenRun(f"tail of {job_id}: {msg}")
+        except ConnectionClosed:
+            pass
+    if tally.end is None:
+        raise BrokenRun(f"tail of {job_id} closed before its end")
+    if tally.end["state"] != "done":
+        raise BrokenRun(f"job {job_id} failed: {tally.end}")
+
+
+async def through_node(node_url: str, nbytes: int) -> tuple[float, Tally]:
+    tally = Tally()
+    async with httpx.AsyncClient(base_url=node_url, timeout=30) as client:
+        await client.get("/fleet/health")  # open the connection outside the timing
+        with trio.fail_after(RUN_TIMEOUT):
+            t0 = time.perf_counter()
+            job_id = await dispatch(client, "flood", {"bytes": nbytes})
+            await subscribe(ws_base(node_url), job_id, tally)
+            elapsed = time.perf_counter() - t0
+    if tally.received + tally.skipped != nbytes:
+        raise BrokenRun(
+            f"flood: {tally.received} bytes received + {tally.skipped} skipped != {nbytes}"
+        )
+    return elapsed, tally
+
+
+def through_pipe(nbytes: int) -> float:
+    t0 = time.perf_counter()
+    writer = subprocess.Popen(
+        [sys.executable, "-c", FLOOD, str(nbytes)],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    assert writer.stderr is not None
+    cat = subprocess.run(["cat"], stdin=writer.stderr, stdout=subprocess.DEVNULL, check=False)
+    writer.stderr.close()
+    if writer.wait() != 0 or cat.returncode != 0:
+        raise BrokenRun(f"pipe: writer {writer.returncode}, cat {cat.returncode}")
+    return time.perf_counter() - t0
+
+
+async def latency(node_url: str, seconds: float) -> Tally:
+    tally = Tally()
+    async with httpx.AsyncClient(base_url=node_url, timeout=30) as client:
+        with trio.fail_after(RUN_TIMEOUT):
+            payload = {"seconds": seconds, "interval": LINE_INTERVAL}
+            job_id = await dispatch(client, "ticks", payload)
+            await subscribe(ws_base(node_url), job_id, tally, ticks=True)
+    expected = int(seconds / LINE_INTERVAL)
+    if len(tally.latencies) != expected:
+        raise BrokenRun(f"ticks: {len(tally.latencies)} lines received, {expected} written")
+    return tally
+
+
+def describe(exc: BaseException) -> str:
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    return f"{type(exc).__name__}: {exc}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--bytes", type=int, default=200_000_000, help="part 1 (200000000)")
+    parser.add_argument("--seconds", type=float, default=3.0, help="part 2's duration (3)")
+    parser.add_argument("--serve", metavar="STATE", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.serve:
+        return serve_main(Path(args.serve))
+    if args.bytes < 1 or args.seconds < 0.1:
+        parser.error("--bytes must be >= 1 and --seconds >= 0.1")
+
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="fleet-bench-tail-") as tmp:
+        proc: subprocess.Popen[bytes] | None = None
+        try:
+            proc, node_url = start_node(Path(tmp))
+            mb = args.bytes / 1e6
+            print(
+                f"throughput: {mb:g} MB of log text on stderr, one websocket subscriber from "
+                f"the start; node in its own process, {os.cpu_count()} CPUs"
+            )
+            pipe_s = through_pipe(args.bytes)
+            node_s, tally = trio.run(through_node, node_url, args.bytes)
+            print(f"  plain pipe (| cat)    {mb / pipe_s:9.1f} MB/s   ({pipe_s:.2f} s)")
+            print(
+                f"  node + ws subscriber  {mb / node_s:9.1f} MB/s   ({node_s:.2f} s, dispatch → "
+                f"end; received {tally.received / 1e6:g} MB, skipped {tally.skipped / 1e6:g} MB)"
+            )
+            if tally.first is not None and tally.last > tally.first:
+                rate = tally.received / 1e6 / (tally.last - tally.first)
+                print(f"  subscriber received   {rate:9.1f} MB/s   (first → last output frame)")
+            ratio = pipe_s / node_s
+            verdict = "ok" if ratio >= THROUGHPUT_TARGET else "BELOW TARGET"
+            print(f"  ratio node/pipe {ratio:.2f}   (target >= {THROUGHPUT_TARGET}: {verdict})")
+
+            print(
+                f"latency: one line every {LINE_INTERVAL * 1000:g} ms for {args.seconds:g} s, "
+                "arrival − write time at the subscriber"
+            )
+            lat = trio.run(latency, node_url, args.seconds).latencies
+            p50, p99 = pct(lat, 0.5), pct(lat, 0.99)
+            verdict = "ok" if p99 <= LATENCY_TARGET_MS else "ABOVE TARGET"
+            print(
+                f"  p50 {p50:6.2f} ms   p99 {p99:6.2f} ms   max {max(lat):6.2f} ms   "
+                f"(n {len(lat)}; target p99 <= {LATENCY_TARGET_MS:g} ms: {verdict})"
+            )
+        except Exception as exc:  # a broken run, whatever broke it
+            print(f"broken run: {describe(exc)}", file=sys.stderr)
+            return 1
+        finally:
+            if proc is not None:
+                stop_node(proc)
+    print(f"total {time.monotonic() - started:.1f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

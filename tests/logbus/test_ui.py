@@ -1,0 +1,340 @@
+"""The browser page of the live tail (``fleet_trio.logbus.ui``, docs/tail.md "Browser page").
+
+Without a browser: the page and its JSON route on a real node, and the token rules. With a
+Chromium binary on the PATH: the page itself, driven headless over the Chrome DevTools
+protocol (no Playwright), follows a job that prints coloured lines until its end.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import re
+import shutil
+import subprocess
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+from trio_websocket import WebSocketConnection, open_websocket_url
+
+from fleet_trio.logbus.ui import page_html
+from tests.node.conftest import PY
+from tests.node.harness import Harness, node_config, running_node
+
+TOKEN = "s3cret-ui"
+
+# Prints `lines` coloured lines on stderr, pausing between them, then its JSON result.
+COLOUR_SCRIPT = r"""
+import json, sys, time
+p = json.loads(sys.stdin.read())
+for i in range(p.get("lines", 3)):
+    sys.stderr.write(f"\x1b[31mred {i}\x1b[0m plain \x1b[1;32mbold green {i}\x1b[0m <b>&amp;\n")
+    sys.stderr.flush()
+    time.sleep(p.get("pause", 0))
+if p.get("exit"):
+    sys.exit(p["exit"])
+sys.stdout.write(json.dumps({"ok": True}))
+"""
+
+
+def config(tmp_path: Path) -> Any:
+    return node_config(tmp_path, {"colour": {"command": [PY, "-c", COLOUR_SCRIPT]}})
+
+
+async def dispatch(
+    h: Harness, job_id: str, headers: dict[str, str] | None = None, **p: Any
+) -> None:
+    body = json.dumps({"job_id": job_id, "task_type": "colour", "payload": p}).encode()
+    r = await h.client.post("/fleet/dispatch", content=body, headers=headers or {})
+    assert r.status_code == 202, r.text
+
+
+# -- without a browser ---------------------------------------------------------------------------
+
+
+def test_page_is_package_data() -> None:
+    html = page_html()
+    assert html.startswith(b"<!doctype html>")
+    # no external resources: no http(s) URL is loaded by the page
+    assert not re.search(rb"""(src|href)\s*=\s*["']?(https?:)?//""", html)
+    assert b"innerHTML" not in html
+
+
+async def test_page_and_jobs_route(tmp_path: Path) -> None:
+    async with running_node(tmp_path, config(tmp_path)) as h:
+        r = await h.client.get("/fleet/ui")
+        assert r.status_code == 200
+        assert r.headers["content-type"].startswith("text/html")
+        assert "charset=utf-8" in r.headers["content-type"]
+        assert r.content == page_html()
+        assert "default-src 'none'" in r.headers["content-security-policy"]
+        assert r.headers["referrer-policy"] == "no-referrer"
+
+        r = await h.client.get("/fleet/ui/jobs")
+        assert r.status_code == 200 and r.json() == []
+
+        await dispatch(h, "ui-1", lines=2)
+        await h.wait_terminal("ui-1")
+        await dispatch(h, "ui-2", lines=1, exit=3)
+        await h.wait_terminal("ui-2")
+        r = await h.client.get("/fleet/ui/jobs")
+        assert r.status_code == 200
+        assert r.headers["content-type"] == "application/json"
+        rows = r.json()
+        assert [row["job_id"] for row in rows] == ["ui-2", "ui-1"]  # newest first
+        for row in rows:
+            assert set(row) == {"job_id", "state", "started", "ended", "nbytes"}
+            assert row["ended"] >= row["started"] > 0
+        assert [row["state"] for row in rows] == ["error", "done"]
+        one_line = len(b"\x1b[31mred 0\x1b[0m plain \x1b[1;32mbold green 0\x1b[0m <b>&amp;\n")
+        assert rows[1]["nbytes"] == 2 * one_line + len(b'{"ok": true}')
+
+        # only GET; other paths under /fleet/ui are 404 with the envelope
+        assert (await h.client.post("/fleet/ui/jobs")).status_code == 405
+        r = await h.client.get("/fleet/ui/nope")
+        assert r.status_code == 404 and r.json()["status"] == "error"
+
+
+async def test_token_rules(tmp_path: Path) -> None:
+    async with running_node(tmp_path, config(tmp_path), token=TOKEN) as h:
+        auth = {"Authorization": f"Bearer {TOKEN}"}
+        await dispatch(h, "ui-t", auth, lines=1)
+        # the page holds no data: served without a token
+        assert (await h.client.get("/fleet/ui")).status_code == 200
+        # the jobs route: 401 (the error envelope) without / with a wrong token
+        for headers, params in [
+            ({}, {}),
+            ({"Authorization": "Bearer nope"}, {}),
+            ({}, {"token": "nope"}),
+            ({"Authorization": TOKEN}, {}),  # not a bearer header
+        ]:
+            r = await h.client.get("/fleet/ui/jobs", headers=headers, params=params)
+            assert r.status_code == 401, (headers, params)
+            assert r.json() == {"status": "error", "error": "unauthorized"}
+            assert r.headers["www-authenticate"].startswith("Bearer")
+        # the header or the query parameter is enough (a wrong header + a good query too)
+        for headers, params in [
+            (auth, {}),
+            ({}, {"token": TOKEN}),
+            ({"Authorization": "Bearer nope"}, {"token": TOKEN}),
+        ]:
+            r = await h.client.get("/fleet/ui/jobs", headers=headers, params=params)
+            assert r.status_code == 200, (headers, params)
+            assert [row["job_id"] for row in r.json()] == ["ui-t"]
+
+
+# -- the page's ANSI parser, run by Node.js when there is one ------------------------------------
+
+PARSER_CASES = r"""
+const st = newAnsiState();
+const out = [];
+for (const chunk of JSON.parse(process.argv[1])) out.push(parseAnsi(st, chunk));
+console.log(JSON.stringify(out));
+"""
+
+
+def run_parser(chunks: list[str]) -> list[list[dict[str, str]]]:
+    node = shutil.which("node") or shutil.which("nodejs")
+    if node is None:
+        pytest.skip("no Node.js on this machine: the page's ANSI parser is not run")
+    script = re.search(rb"<script>(.*)</script>", page_html(), re.S)
+    assert script
+    parser = script.group(1).decode().split("// -- page")[0]
+    done = subprocess.run(
+        [node, "-e", parser + PARSER_CASES, json.dumps(chunks)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
+    result: list[list[dict[str, str]]] = json.loads(done.stdout)
+    return result
+
+
+def test_ansi_parser() -> None:
+    out = run_parser(
+        [
+            "a\x1b[31mred\x1b[0m \x1b[1;92mbold\x1b[22m thin\x1b[2K\x1b[",  # cut escape
+            "44mon blue\x1b[mreset \x1b[38;5;196;33myellow\x1b[39m\x1bZ<b>&amp;",
+        ]
+    )
+    assert out == [
+        [
+            {"text": "a", "cls": ""},
+            {"text": "red", "cls": "fg1"},
+            {"text": " ", "cls": ""},
+            {"text": "bold", "cls": "b fg10"},
+            {"text": " thin\u241b[2K", "cls": "fg10"},
+        ],
+        [
+            {"text": "on blue", "cls": "fg10 bg4"},
+            {"text": "reset ", "cls": ""},
+            {"text": "yellow", "cls": "fg3"},
+            {"text": "\u241bZ<b>&amp;", "cls": ""},
+        ],
+    ]
+
+
+# -- a real headless Chromium over the DevTools protocol ----------------------------------------
+
+
+def chromium_binary() -> str | None:
+    for name in ("chromium", "chromium-browser", "google-chrome"):
+        path = shutil.which(name)
+        if path:
+            return path
+    return None
+
+
+class Cdp:
+    """A minimal Chrome DevTools protocol client (flattened sessions) over trio-websocket."""
+
+    def __init__(self, ws: WebSocketConnection) -> None:
+        self.ws = ws
+        self.ids = itertools.count(1)
+
+    async def call(self, method: str, session: str | None = None, **params: Any) -> Any:
+        msg_id = next(self.ids)
+        msg: dict[str, Any] = {"id": msg_id, "method": method, "params": params}
+        if session is not None:
+            msg["sessionId"] = session
+        await self.ws.send_message(json.dumps(msg))
+        while True:  # events and other replies are skipped (one call at a time)
+            reply = json.loads(await self.ws.get_message())
+            if reply.get("id") == msg_id:
+                if "error" in reply:
+                    raise RuntimeError(f"CDP {method}: {reply['error']}")
+                return reply.get("result", {})
+
+    async def evaluate(self, session: str, expression: str) -> Any:
+        result = await self.call(
+            "Runtime.evaluate",
+            session,
+            expression=expression,
+            returnByValue=True,
+            awaitPromise=True,
+        )
+        if "exceptionDetails" in result:
+            raise RuntimeError(f"page error: {result['exceptionDetails']}")
+        return result["result"].get("value")
+
+
+@asynccontextmanager
+async def chromium(binary: str, tmp_path: Path) -> AsyncIterator[Cdp]:
+    """Chromium headless; the DevTools websocket URL is read from its stderr."""
+    profile = tmp_path / "chromium-profile"
+    profile.mkdir()
+    argv = [
+        binary,
+        "--headless=new",
+        "--remote-debugging-port=0",
+        f"--user-data-dir={profile}",
+        "--no-first-run",
+        "--no-default-browser-check",
+        "--disable-gpu",
+        "--disable-extensions",
+        "about:blank",
+    ]
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        argv.insert(1, "--no-sandbox")  # Chromium refuses to run as root with its sandbox
+    proc = await trio.lowlevel.open_process(
+        argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
+    assert proc.stderr is not None
+    stderr = proc.stderr
+    try:
+        async with trio.open_nursery() as nursery:
+            seen = b""
+            with trio.fail_after(30):
+                while b"DevTools listening on " not in seen or not seen.endswith(b"\n"):
+                    chunk = await stderr.receive_some(4096)
+                    if not chunk:
+                        raise RuntimeError(f"chromium exited: {seen.decode(errors='replace')}")
+                    seen += chunk
+            match = re.search(rb"DevTools listening on (ws://\S+)", seen)
+            assert match, seen
+
+            async def drain() -> None:  # a full stderr pipe would block Chromium
+                while await stderr.receive_some(65536):
+                    pass
+
+            nursery.start_soon(drain)
+            async with open_websocket_url(match.group(1).decode(), max_message_size=16 << 20) as ws:
+                yield Cdp(ws)
+            nursery.cancel_scope.cancel()
+    finally:
+        proc.terminate()
+        with trio.move_on_after(10) as cs:
+            cs.shield = True
+            await proc.wait()
+        if proc.returncode is None:
+            proc.kill()
+
+
+NO_CHROMIUM = (
+    "no Chromium on this machine: none of chromium, chromium-browser, google-chrome is on the "
+    "PATH, so the page is not run in a browser (its routes and ANSI parser are tested above)"
+)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(chromium_binary() is None, reason=NO_CHROMIUM)
+async def test_page_in_headless_chromium(tmp_path: Path) -> None:
+    binary = chromium_binary()
+    assert binary is not None
+    async with running_node(tmp_path, config(tmp_path), token=TOKEN) as h:
+        auth = {"Authorization": f"Bearer {TOKEN}"}
+        await dispatch(h, "ui-live", auth, lines=6, pause=0.2)
+        async with chromium(binary, tmp_path) as cdp:
+            url = f"{h.node.url}/fleet/ui?job=ui-live&token={TOKEN}"
+            target = await cdp.call("Target.createTarget", url="about:blank")
+            attached = await cdp.call(
+                "Target.attachToTarget", targetId=target["targetId"], flatten=True
+            )
+            session = attached["sessionId"]
+            await cdp.call("Page.enable", session)
+            await cdp.call("Page.navigate", session, url=url)
+            state_js = "document.getElementById('final')?.dataset.state || ''"
+            with trio.fail_after(30):
+                while True:
+                    try:  # the first evaluations may land on about:blank or mid-navigation
+                        if await cdp.evaluate(session, state_js) == "done":
+                            break
+                    except RuntimeError:
+                        pass
+                    await trio.sleep(0.1)
+            text = await cdp.evaluate(session, "document.getElementById('log').textContent")
+            for i in range(6):
+                assert f"red {i} plain bold green {i} <b>&amp;\n" in text
+            assert "\x1b" not in text and "\u241b" not in text
+            assert "[done, exit code 0]" in text
+            red = await cdp.evaluate(
+                session,
+                "[...document.querySelectorAll('#log span.fg1')].map(s => s.textContent).join('|')",
+            )
+            assert "red 0" in red and "plain" not in red
+            bold_green = await cdp.evaluate(
+                session,
+                "[...document.querySelectorAll('#log span.b.fg2')]"
+                ".map(s => getComputedStyle(s).fontWeight).join(',')",
+            )
+            assert bold_green and all(int(w) >= 600 for w in bold_green.split(","))
+            # the escaped text was never parsed as HTML
+            assert await cdp.evaluate(session, "document.querySelectorAll('#log b').length") == 0
+            assert (
+                await cdp.evaluate(session, "document.getElementById('final').dataset.exitCode")
+                == "0"
+            )
+            # the job list came through the token as well
+            listed = await cdp.evaluate(
+                session,
+                "new Promise(r => { const f = () => { const rows = [...document.querySelectorAll("
+                "'#jobs tr')].map(t => t.dataset.job); rows.length ? r(rows) : setTimeout(f, 50) };"
+                " f() })",
+            )
+            assert listed == ["ui-live"]
