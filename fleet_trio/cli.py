@@ -231,7 +231,10 @@ def _add_worker(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
             "Register with the rc controller named in the config, heartbeat, long-poll for "
             "assignments and run them. SIGTERM/SIGINT: stop polling, kill running jobs, "
             "wait up to 45 s for their final logs and reports, exit 0. --check validates "
-            "the config and prints the resolved settings (JSON) without connecting."
+            "the config and prints the resolved settings (JSON) without connecting. With "
+            "tail_listen: HOST:PORT in the config (a key rc worker ignores), jobs' live output "
+            "is served as the node's websocket GET /fleet/jobs/JOB_ID/tail (fleet-trio tail "
+            "--url http://HOST:PORT JOB_ID), requiring tail_token: when set."
         ),
         epilog="See docs/worker.md and docs/worker-config.md.",
     )
@@ -246,6 +249,12 @@ def _add_worker(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         "--check",
         action="store_true",
         help="validate the config, print the resolved settings and exit (no connection)",
+    )
+    p.add_argument(
+        "--listen-trusted-network",
+        action="store_true",
+        help="allow a non-loopback tail_listen (e.g. a tailnet address); the live log tail "
+        "has no authentication unless tail_token is set",
     )
     p.set_defaults(handler=_cmd_worker)
 
@@ -453,18 +462,31 @@ def _cmd_measure(args: argparse.Namespace) -> int:
 
 def _cmd_worker(args: argparse.Namespace) -> int:
     from fleet_trio.errors import ConfigError
-    from fleet_trio.worker.config import load_worker_config
+    from fleet_trio.worker.config import check_tail_listen, load_worker_config
     from fleet_trio.worker.worker import Worker, serve_worker
 
     try:
         config = load_worker_config(args.config)
+        check_tail_listen(config, args.listen_trusted_network)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     if args.check:
         print(json.dumps(config.to_summary(), indent=2), flush=True)
         return 0
-    worker = Worker(config)
+    if config.tail_listen and args.listen_trusted_network:
+        who = (
+            "tail_token is required"
+            if config.tail_token
+            else "any host that can reach it can read every job's output"
+        )
+        print(
+            f"{PROG} worker: WARNING: --listen-trusted-network: live log tail on "
+            f"{config.tail_listen}; {who}",
+            file=sys.stderr,
+            flush=True,
+        )
+    worker = Worker(config, tail_trusted_network=args.listen_trusted_network)
 
     async def main() -> None:
         async with trio.open_nursery() as nursery:
@@ -553,9 +575,10 @@ def tail_url(base: str, job_id: str, params: dict[str, str]) -> str:
 
 
 def tail_exit_status(state: str, exit_code: int | None) -> int:
-    """Our exit status for a job's end: its exit code; a failed job without one (or with 0): 1."""
+    """Our exit status for a job's end: its exit code; a failed job without one (or with 0): 1.
+    Success is ``done`` (a node job) or ``succeeded`` (a worker job)."""
     valid = exit_code is not None and 0 <= exit_code <= 255
-    if state == "done":
+    if state in ("done", "succeeded"):
         return exit_code if valid and exit_code is not None else 0
     return exit_code if valid and exit_code else 1
 

@@ -37,6 +37,7 @@ from cattrs.gen import make_dict_structure_fn, override
 
 from fleet_trio.durations import MINUTE, SECOND, go_duration, parse_duration
 from fleet_trio.errors import ConfigError, DurationError
+from fleet_trio.node.config import is_loopback_host, split_host_port
 
 log = logging.getLogger(__name__)
 
@@ -159,6 +160,10 @@ class WorkerConfig:
     verify_pass_budget: int = DEFAULT_VERIFY_PASS_BUDGET
     sheet_dir: str = DEFAULT_SHEET_DIR
     require_manual_clear: bool = False
+    tail_listen: str = ""
+    """fleet-trio only: ``HOST:PORT`` of the live log tail websocket; empty = off."""
+    tail_token: str = ""
+    """fleet-trio only: bearer token the tail listener requires; empty = none."""
     path: str = ""
     """The file it came from ("" when built in code)."""
     ignored_keys: tuple[str, ...] = ()
@@ -246,6 +251,8 @@ class WorkerConfig:
             "verify_pass_budget": go_duration(self.verify_pass_budget),
             "sheet_dir": self.sheet_dir,
             "require_manual_clear": self.require_manual_clear,
+            "tail_listen": self.tail_listen or None,
+            "tail_token": REDACTED if self.tail_token else "",
             "ignored_keys": list(self.ignored_keys),
         }
 
@@ -285,6 +292,37 @@ def cuda_device_index(device_id: str) -> str | None:
     if not digits or int(digits) > _MAX_INT64:
         return None
     return digits
+
+
+def tail_listen_problem(addr: str) -> str | None:
+    """Why ``addr`` is not a usable ``HOST:PORT`` for ``tail_listen``, or ``None``."""
+    try:
+        _host, port = split_host_port(addr)
+    except ValueError as exc:
+        return f"expected HOST:PORT (e.g. 127.0.0.1:18812), got {addr!r}: {exc}"
+    if not port.isascii() or not port.isdigit() or int(port) > 65535:
+        return f"expected HOST:PORT with a port from 0 to 65535, got {addr!r}"
+    return None
+
+
+def check_tail_listen(cfg: WorkerConfig, trusted_network: bool) -> None:
+    """The listen guard for ``tail_listen`` (the node's ``--listen`` rule): a non-loopback
+    address needs ``--listen-trusted-network``. Raises :class:`ConfigError` naming the key."""
+    addr = cfg.tail_listen
+    if not addr or trusted_network:
+        return
+    problem = tail_listen_problem(addr)
+    if problem:
+        raise ConfigError(problem, key="tail_listen", path=cfg.path or None)
+    host, _port = split_host_port(addr)
+    if not is_loopback_host(host):
+        raise ConfigError(
+            f"refusing to bind {addr!r}: use a loopback address (127.0.0.1, ::1, localhost) "
+            "or start the worker with --listen-trusted-network to bind a trusted network "
+            "such as a tailnet address",
+            key="tail_listen",
+            path=cfg.path or None,
+        )
 
 
 def _safe_hostname(hostname: Callable[[], str]) -> str:
@@ -536,6 +574,9 @@ _TOP_KEYS: dict[str, Any] = {
     "verify_pass_budget": GoDuration,
     "sheet_dir": str,
     "require_manual_clear": bool,
+    # fleet-trio only (unknown to the Go worker, which ignores them)
+    "tail_listen": str,
+    "tail_token": str,
 }
 _HOOKS_KEYS = frozenset(f.name for f in attrs.fields(HooksConfig))
 _DEVICE_KEYS = frozenset(f.name for f in attrs.fields(DeviceConfig))
@@ -661,6 +702,14 @@ def _build(
             log.info("require_manual_clear turned on by $%s", ENV_REQUIRE_MANUAL_CLEAR)
         require_manual_clear = require_manual_clear or parsed
 
+    tail_listen = values.get("tail_listen", "").strip()
+    if tail_listen:
+        problem = tail_listen_problem(tail_listen)
+        if problem:
+            raise _KeyedError(problem, "tail_listen")
+    values["tail_listen"] = tail_listen
+    values["tail_token"] = values.get("tail_token", "").strip()
+
     host = values.get("host", "")
     if not host:
         host = _safe_hostname(hostname)
@@ -776,10 +825,12 @@ __all__ = [
     "GoDuration",
     "HooksConfig",
     "WorkerConfig",
+    "check_tail_listen",
     "config_from_mapping",
     "cuda_device_index",
     "load_worker_config",
     "make_converter",
     "parse_go_bool",
     "register_hooks",
+    "tail_listen_problem",
 ]

@@ -21,6 +21,7 @@ releases fire at once (worker-process.md §4.7, 20 s for all devices).
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import os
@@ -32,8 +33,10 @@ import trio
 
 from fleet_trio import proc
 from fleet_trio.durations import SECOND
+from fleet_trio.logbus import JobLog, LogBus, Stream
 from fleet_trio.nursery import TaskTree, TaskTreeClosed, open_task_tree
 from fleet_trio.proc.recovery import gather_recovery_proof
+from fleet_trio.proc.sinks import Sink, TeeSink
 from fleet_trio.worker.client import (
     Assignment,
     ContactTracker,
@@ -46,8 +49,9 @@ from fleet_trio.worker.client import (
     StatusReport,
     Timings,
 )
-from fleet_trio.worker.config import WorkerConfig, cuda_device_index
+from fleet_trio.worker.config import WorkerConfig, check_tail_listen, cuda_device_index
 from fleet_trio.worker.hooks import HostHooks
+from fleet_trio.worker.listener import TailListenError, serve_tail_listener
 from fleet_trio.worker.probes import Prober
 from fleet_trio.worker.relay import run_attached
 
@@ -193,6 +197,43 @@ async def read_sheets(cfg: WorkerConfig) -> tuple[str | None, dict[str, str]]:
 
 
 # --------------------------------------------------------------------------------------------
+# The live log bus (docs/tail.md): best effort, never in the way of a job or a report
+# --------------------------------------------------------------------------------------------
+
+
+class _BusSink:
+    """A job log's sink that swallows its own failures: the bus is never a job's problem.
+    After the first failure it stops writing (the log is then incomplete, not wrong)."""
+
+    def __init__(self, joblog: JobLog, stream: Stream) -> None:
+        self._sink: Sink | None = joblog.sink(stream)
+        self._label = f"job {joblog.job_id}"
+
+    async def write(self, data: bytes) -> None:
+        if self._sink is None:
+            return
+        try:
+            await self._sink.write(data)
+        except Exception:
+            self._sink = None
+            log.exception("%s: live log write failed; the live tail stops here", self._label)
+
+
+def _tee(primary: Sink, joblog: JobLog | None, stream: Stream) -> Sink:
+    """``primary`` (the shipper), teed into ``joblog``'s ``stream`` when there is one."""
+    return primary if joblog is None else TeeSink(primary, _BusSink(joblog, stream))
+
+
+def _end_log(joblog: JobLog | None, state: str, exit_code: int | None, reason: str) -> None:
+    if joblog is None:
+        return
+    try:
+        joblog.end(state, exit_code, reason)
+    except Exception:
+        log.exception("job %s: could not end its live log", joblog.job_id)
+
+
+# --------------------------------------------------------------------------------------------
 # The worker
 # --------------------------------------------------------------------------------------------
 
@@ -218,8 +259,16 @@ class Worker:
         hooks: WorkerHooks | None = None,
         rng: random.Random | None = None,
         prober: Prober | None = None,
+        bus: LogBus | None = None,
+        tail_trusted_network: bool = False,
     ) -> None:
         self.config = config
+        self.bus = bus if bus is not None else LogBus()
+        """Every job's output (the tail listener's source, docs/tail.md)."""
+        self.tail_trusted_network = tail_trusted_network
+        """``--listen-trusted-network``: allow a non-loopback ``tail_listen``."""
+        self.tail_url: str | None = None
+        """The tail listener's base URL once it listens (``tail_listen`` set)."""
         self.timings = timings if timings is not None else WorkerTimings()
         self.client_timings = client_timings if client_timings is not None else Timings()
         self.hooks: WorkerHooks = hooks if hooks is not None else HostHooks(config)
@@ -406,6 +455,7 @@ class Worker:
     # -- one job ---------------------------------------------------------------------------------
     async def _pre_killed(self, a: Assignment) -> None:
         report = StatusReport(self.worker_id, "killed", None, PRE_KILLED_REASON)
+        _end_log(self._open_log(a), report.state, report.exit_code, report.reason)
         with self._finish_scope(None):
             await self.client.report_terminal(a.job_id, report)
 
@@ -416,6 +466,14 @@ class Worker:
         if job is not None:
             job.finish_scope = scope
         return scope
+
+    def _open_log(self, a: Assignment) -> JobLog | None:
+        """The job's live log, or ``None`` (an id the bus refuses, or any bus failure)."""
+        try:
+            return self.bus.open(a.job_id, meta={"device": a.device_id, "stdio": a.stdio or "logs"})
+        except Exception as exc:
+            log.warning("job %s: no live log (%s)", a.job_id, exc)
+            return None
 
     def _spec(self, a: Assignment) -> proc.JobSpec:
         device = self.config.device_by_id(a.device_id)
@@ -437,6 +495,7 @@ class Worker:
         """§7.3, steps 2–11 (step 1, dedup and the supervised set, is done by the caller)."""
         job = self.jobs[a.job_id]
         client = self.client
+        joblog = self._open_log(a)
         try:
             failure = await self.hooks.acquire(a.device_id, a, job.stop)
             if failure is not None:
@@ -448,6 +507,7 @@ class Worker:
                         else "acquire hook failed"
                     )
                     reason = f"{prefix}: {failure}"
+                    _end_log(joblog, state, None, reason)
                     await client.report_terminal(
                         a.job_id, StatusReport(self.worker_id, state, None, reason)
                     )
@@ -467,7 +527,7 @@ class Worker:
                 async with trio.open_nursery() as nursery:
                     await nursery.start(shipper.serve)
                     try:
-                        result = await self._execute(a, shipper, job.stop)
+                        result = await self._execute(a, shipper, job.stop, joblog=joblog)
                     except Exception as exc:
                         result = proc.Result(exit_code=-1, err=f"worker error: {exc}")
                         raise
@@ -479,16 +539,27 @@ class Worker:
                     await shipper.close()
                     if result is None:
                         result = proc.Result(exit_code=-1, killed=True, reason="cancelled")
-                    await self._conclude(a, result)
+                    await self._conclude(a, result, joblog=joblog)
         finally:
             job.process_done.set()
             self.jobs.pop(a.job_id, None)
+            if joblog is not None and joblog.ended is None:  # never leave a tail hanging
+                _end_log(joblog, "failed", None, "the worker did not conclude this job")
 
     async def _execute(
-        self, a: Assignment, shipper: LogShipper, stop: proc.StopToken
+        self,
+        a: Assignment,
+        shipper: LogShipper,
+        stop: proc.StopToken,
+        *,
+        joblog: JobLog | None = None,
     ) -> proc.Result:
         """Step 7: logs mode through ``proc.run``; ``tty`` / ``pipe`` through the relay (§8.2):
-        the operator's terminal halves, and for ``pipe`` the stderr to the log endpoint."""
+        the operator's terminal halves, and for ``pipe`` the stderr to the log endpoint.
+
+        The live log (``joblog``) gets a tee of what goes to the log endpoint, from the same
+        pump: logs mode's merged output as ``stdout``, pipe mode's stderr as ``stderr``. What
+        goes to the operator's terminal (tty, pipe stdout) is not in it."""
         if a.stdio in ("tty", "pipe"):
             return await run_attached(
                 self.client.base_url,
@@ -496,12 +567,15 @@ class Worker:
                 a,
                 self._spec(a),
                 stop,
-                stderr_sink=shipper if a.stdio == "pipe" else None,
+                stderr_sink=_tee(shipper, joblog, "stderr") if a.stdio == "pipe" else None,
             )
-        return await proc.run(self._spec(a), shipper, stop)
+        return await proc.run(self._spec(a), _tee(shipper, joblog, "stdout"), stop)
 
-    async def _conclude(self, a: Assignment, result: proc.Result) -> None:
-        """Steps 8–10: verify (fault first), terminal report, release."""
+    async def _conclude(
+        self, a: Assignment, result: proc.Result, *, joblog: JobLog | None = None
+    ) -> None:
+        """Steps 8–10: verify (fault first), terminal report, release. The live log ends
+        with the report's state, exit code and reason just before the report goes out."""
         client = self.client
         failure = await self.hooks.verify(a.device_id, a)
         if failure is not None:
@@ -511,6 +585,7 @@ class Worker:
         if result.sweep.found:
             log.info("job %s: sweep found %s", a.job_id, list(result.sweep.found))
         log.info("job %s: %s (exit %s) %s", a.job_id, report.state, report.exit_code, report.reason)
+        _end_log(joblog, report.state, report.exit_code, report.reason)
         await client.report_terminal(a.job_id, report)
         await self.hooks.release(a.device_id, a)
 
@@ -533,6 +608,26 @@ class Worker:
             await job.process_done.wait()
 
 
+async def _start_tail_listener(worker: Worker, tree: TaskTree) -> None:
+    """``tail_listen``: the live log tail in the services scope (cancelled last, so tails see
+    the ends of the jobs stopped by a shutdown). A bind failure is logged, not fatal: the
+    worker runs its jobs without a tail."""
+    cfg = worker.config
+    if not cfg.tail_listen:
+        return
+    try:
+        worker.tail_url = await tree.services.start(
+            functools.partial(
+                serve_tail_listener, worker.bus, cfg.tail_listen, token=cfg.tail_token or None
+            ),
+            name="tail-listener",
+        )
+    except TailListenError as exc:
+        log.error("%s; running without the live log tail", exc)
+        return
+    log.info("live log tail listening on %s", worker.tail_url)
+
+
 async def serve_worker(
     worker: Worker,
     *,
@@ -543,6 +638,7 @@ async def serve_worker(
     ``started`` (with the worker) once the startup registration succeeded and the loops run.
     """
     t = worker.timings
+    check_tail_listen(worker.config, worker.tail_trusted_network)
     async with ControllerClient(
         worker.config.controller_url,
         worker.config.token,
@@ -564,6 +660,7 @@ async def serve_worker(
                 await tree.role.start(worker.heartbeat_loop, name="heartbeat")
                 if math.isfinite(worker.probe_interval) and worker.probe_interval > 0:
                     await tree.role.start(worker.labels_loop, name="labels")
+                await _start_tail_listener(worker, tree)
                 timers = getattr(worker.hooks, "serve", None)
                 if timers is not None:
                     await tree.services.start(timers, name="release-timers")

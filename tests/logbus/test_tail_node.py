@@ -332,6 +332,7 @@ def test_round_trip_and_query() -> None:
 def test_exit_status_mapping() -> None:
     assert tail_exit_status("done", 0) == 0
     assert tail_exit_status("error", 7) == 7
+    assert tail_exit_status("succeeded", 0) == 0  # a worker job
     assert tail_exit_status("error", None) == 1
     assert tail_exit_status("error", 0) == 1
     assert tail_exit_status("killed", 300) == 1

@@ -414,12 +414,12 @@ def test_unknown_keys_are_ignored_and_listed(
     caplog.set_level(logging.INFO, logger="fleet_trio.worker.config")
     cfg = _load(
         tmp_path,
-        "controller_url: http://c\ntail_listen: 127.0.0.1:9\ndevices:\n"
+        "controller_url: http://c\nmetrics_listen: 127.0.0.1:9\ndevices:\n"
         "  - {name: g, colour: red}\nhooks: {timeout: 9s, retries: 3}\n",
     )
-    assert cfg.ignored_keys == ("tail_listen", "devices[0].colour", "hooks.retries")
+    assert cfg.ignored_keys == ("metrics_listen", "devices[0].colour", "hooks.retries")
     assert cfg.hooks.timeout == 9 * SECOND
-    assert "tail_listen" in caplog.text
+    assert "metrics_listen" in caplog.text
 
 
 def test_a_key_given_twice_is_an_error(tmp_path: Path) -> None:

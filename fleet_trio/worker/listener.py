@@ -1,0 +1,172 @@
+"""The worker's live log tail: ``GET /fleet/jobs/<job_id>/tail`` (websocket), as the node serves it.
+
+``tail_listen: HOST:PORT`` in ``worker.yaml`` turns it on (a key the Go worker ignores). The
+route, its messages and close codes are the node's (:func:`fleet_trio.logbus.tail.serve_tail`,
+docs/tail.md): JSON text frames ``output`` / ``skipped`` / ``end`` / ``error``; 1000 after
+``end``, 4404 for an unknown job, 4400 for a bad query, 1011 when the server fails.
+
+With ``tail_token`` set, the token is required, as ``Authorization: Bearer <token>`` or (for
+browsers) the ``token`` query parameter, compared in constant time; a missing or wrong token
+is refused before the upgrade (HTTP 401, the node's error envelope). Every other path answers
+404 with the same envelope.
+
+The listener serves only this route and only reads the bus: it can never fail or delay a job.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import hmac
+import logging
+from typing import Any
+
+import trio
+from hypercorn.config import Config as HypercornConfig
+from hypercorn.trio import serve as hypercorn_serve
+from quart import Response, websocket
+from quart_trio import QuartTrio
+from werkzeug.exceptions import HTTPException
+
+from fleet_trio.errors import FleetTrioError
+from fleet_trio.logbus.bus import LogBus
+from fleet_trio.logbus.tail import CLOSE_INTERNAL, error_message, serve_tail
+from fleet_trio.logbus.tail import dumps as tail_dumps
+from fleet_trio.node.wire import MSG_UNAUTHORIZED, error_body
+
+log = logging.getLogger(__name__)
+
+TAIL_PING_INTERVAL = 30.0
+"""Seconds between server pings on a tail websocket (keeps a silent client inside
+``read_timeout``; the node's value)."""
+READ_TIMEOUT = 120
+
+
+class TailListenError(FleetTrioError):
+    """The tail listener could not start (bind failed)."""
+
+
+def token_ok(token: str | None, presented: str | None) -> bool:
+    """Constant-time comparison of ``presented`` with ``token``; no token: always true."""
+    if not token:
+        return True
+    want = hashlib.sha256(token.encode()).digest()
+    got = hashlib.sha256((presented or "").encode()).digest()
+    return hmac.compare_digest(want, got)
+
+
+def _bearer(header: str | None) -> str:
+    if header and header[:7].lower() == "bearer ":
+        return header[7:].strip()
+    return ""
+
+
+def _error(message: str, status: int, headers: dict[str, str] | None = None) -> Response:
+    return Response(
+        error_body(message), status=status, headers=headers or {}, content_type="application/json"
+    )
+
+
+def create_tail_app(bus: LogBus, *, token: str | None = None) -> QuartTrio:
+    """A quart-trio app serving only the tail route of ``bus``."""
+    app = QuartTrio(__name__)
+    app.config["PROVIDE_AUTOMATIC_OPTIONS"] = False
+
+    @app.websocket("/fleet/jobs/<job_id>/tail")
+    async def _tail(job_id: str) -> Response | None:
+        authorized = token_ok(token, _bearer(websocket.headers.get("Authorization")))
+        if not authorized:
+            query_token = websocket.args.get("token")
+            authorized = query_token is not None and token_ok(token, query_token)
+        if not authorized:
+            return _error(MSG_UNAUTHORIZED, 401, {"WWW-Authenticate": 'Bearer realm="fleet-trio"'})
+        await websocket.accept()
+
+        async def send_json(msg: dict[str, Any]) -> None:
+            await websocket.send(tail_dumps(msg))
+
+        async def discard_incoming() -> None:
+            # The client has nothing to say; reading keeps quart's inbound queue from filling.
+            while True:
+                await websocket.receive()
+
+        code = CLOSE_INTERNAL
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(discard_incoming)
+            try:
+                code = await serve_tail(bus, job_id, send_json, websocket.args)
+            except Exception:
+                log.exception("tail of job %s failed", job_id)
+                with trio.move_on_after(1):
+                    await send_json(error_message("internal error"))
+            nursery.cancel_scope.cancel()
+        with trio.move_on_after(5):
+            await websocket.close(code)
+        return None
+
+    async def _http_error(exc: HTTPException) -> Response:
+        return _error((exc.name or "error").lower(), exc.code or 500)
+
+    app.register_error_handler(HTTPException, _http_error)
+    return app
+
+
+def tail_hypercorn_config(listen: str) -> HypercornConfig:
+    """Hypercorn settings for the tail listener (the node's, minus what HTTP routes need)."""
+    hc = HypercornConfig()
+    hc.bind = [listen]
+    hc.keep_alive_timeout = float(READ_TIMEOUT)
+    hc.read_timeout = READ_TIMEOUT
+    hc.graceful_timeout = 1.0
+    hc.websocket_ping_interval = TAIL_PING_INTERVAL
+    hc.accesslog = None
+    hc.errorlog = None
+    return hc
+
+
+async def serve_tail_listener(
+    bus: LogBus,
+    listen: str,
+    *,
+    token: str | None = None,
+    task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve the tail route of ``bus`` on ``listen`` (``HOST:PORT``) until cancelled.
+
+    ``started`` with the bound base URL (``http://HOST:PORT``; the websocket is
+    ``ws://HOST:PORT/fleet/jobs/<job_id>/tail``). A bind failure raises
+    :class:`TailListenError` before ``started``; a failure after it is logged and ends the
+    listener without propagating (the worker keeps running its jobs).
+    """
+    app = create_tail_app(bus, token=token or None)
+    hc = tail_hypercorn_config(listen)
+    started = False
+    problem: BaseException | None = None
+    try:
+        async with trio.open_nursery() as nursery:
+            try:
+                urls: list[str] = await nursery.start(functools.partial(hypercorn_serve, app, hc))
+            except Exception as exc:
+                problem = exc
+            else:
+                started = True
+                task_status.started(urls[0] if urls else f"http://{listen}")
+    except Exception as exc:
+        if started:
+            log.exception("the tail listener on %s failed; live tails are off", listen)
+            return
+        problem = exc
+    if not started:
+        while isinstance(problem, BaseExceptionGroup) and len(problem.exceptions) == 1:
+            problem = problem.exceptions[0]
+        raise TailListenError(f"cannot listen on {listen}: {problem}") from problem
+
+
+__all__ = [
+    "TAIL_PING_INTERVAL",
+    "TailListenError",
+    "create_tail_app",
+    "serve_tail_listener",
+    "tail_hypercorn_config",
+    "token_ok",
+]
