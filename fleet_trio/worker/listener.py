@@ -32,6 +32,7 @@ from fleet_trio.errors import FleetTrioError
 from fleet_trio.logbus.bus import LogBus
 from fleet_trio.logbus.tail import CLOSE_INTERNAL, error_message, serve_tail
 from fleet_trio.logbus.tail import dumps as tail_dumps
+from fleet_trio.logbus.ui import mount_ui
 from fleet_trio.node.wire import MSG_UNAUTHORIZED, error_body
 
 log = logging.getLogger(__name__)
@@ -108,6 +109,8 @@ def create_tail_app(bus: LogBus, *, token: str | None = None) -> QuartTrio:
         return _error((exc.name or "error").lower(), exc.code or 500)
 
     app.register_error_handler(HTTPException, _http_error)
+    # the browser page (GET /fleet/ui and its job list), as on the node
+    mount_ui(app, lambda: bus, lambda header: token_ok(token, _bearer(header)))
     return app
 
 

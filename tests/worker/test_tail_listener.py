@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import attrs
+import httpx
 import pytest
 import trio
 from trio_websocket import ConnectionClosed, ConnectionRejected, open_websocket_url
@@ -354,3 +355,22 @@ async def test_cli_worker_flag(tmp_path: Path) -> None:
     assert json.loads(allowed.stdout)["tail_listen"] == "0.0.0.0:18812"
     usage = await cli("--help")
     assert b"--listen-trusted-network" in usage.stdout and b"tail_listen" in usage.stdout
+
+
+async def test_browser_page_and_job_list_on_the_worker_listener() -> None:
+    with trio.fail_after(30):
+        async with running(configure=tail_on(token="tt")) as (ctrl, worker):
+            job = ctrl.submit(dev("gpu0"), ["sh", "-c", "echo hi"])
+            assert await until_terminal(ctrl, job) == ["running", "succeeded"]
+            assert worker.tail_url is not None
+            async with httpx.AsyncClient(base_url=worker.tail_url) as http:
+                page = await http.get("/fleet/ui")
+                assert page.status_code == 200
+                assert page.headers["content-type"].startswith("text/html")
+                assert (await http.get("/fleet/ui/jobs")).status_code == 401
+                jobs = await http.get("/fleet/ui/jobs", headers={"Authorization": "Bearer tt"})
+                assert jobs.status_code == 200
+                listed = {j["job_id"]: j for j in jobs.json()}
+                assert listed[job]["state"] == "succeeded"
+                by_query = await http.get("/fleet/ui/jobs", params={"token": "tt"})
+                assert by_query.status_code == 200
