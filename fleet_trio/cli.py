@@ -512,11 +512,12 @@ TAIL_MAX_MESSAGE = 4 << 20
 def _add_tail(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "tail",
-        help="follow a node job's live stdout/stderr (websocket)",
+        help="follow a job's live stdout/stderr on a node or a worker's tail listener",
         description=(
-            "Follow the live output of JOB_ID on a fleet-trio node (websocket "
-            "GET /fleet/jobs/JOB_ID/tail): its stdout goes to our stdout and its stderr to our "
-            "stderr, as raw bytes, as they arrive. If the connection drops, reconnect from the "
+            "Follow the live output of JOB_ID on a fleet-trio node or a worker's tail_listen "
+            "listener (websocket GET /fleet/jobs/JOB_ID/tail): its stdout goes to our stdout "
+            "and its stderr to our stderr, as raw bytes, as they arrive. If the connection "
+            "drops, reconnect from the "
             f"last offset received (up to --retries attempts in a row, backing off 0.5 s to "
             f"{TAIL_BACKOFF_MAX:g} s). Exit status: the job's exit code once it ends (a failed "
             "job without one: 1; its reason is printed on stderr); 2 when the tail itself "
@@ -527,14 +528,15 @@ def _add_tail(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument(
         "--url",
         default=TAIL_DEFAULT_URL,
-        help=f"the node's base URL (default {TAIL_DEFAULT_URL}; http:// and https:// are "
-        "taken as ws:// and wss://)",
+        help=f"the node's (or worker listener's) base URL (default {TAIL_DEFAULT_URL}; "
+        "http:// and https:// are taken as ws:// and wss://)",
     )
     p.add_argument(
         "--token",
         metavar="TOKEN",
         default=None,
-        help="bearer token of the node (default: $FLEET_TRIO_TOKEN; unset = none)",
+        help="bearer token of the node or the worker's tail_token "
+        "(default: $FLEET_TRIO_TOKEN; unset = none)",
     )
     p.add_argument(
         "--from",
