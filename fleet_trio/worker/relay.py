@@ -69,7 +69,7 @@ import trio
 
 from fleet_trio.proc.pty import PtySession, PtyStartError, start_pty
 from fleet_trio.proc.run import run
-from fleet_trio.proc.sinks import NullSink, Sink
+from fleet_trio.proc.sinks import NullSink, Sink, TeeSink
 from fleet_trio.proc.spec import JobSpec, Result
 from fleet_trio.proc.stop import StopToken
 from fleet_trio.worker.client import Assignment
@@ -521,6 +521,7 @@ async def run_attached(
     stop: StopToken | None = None,
     *,
     stderr_sink: Sink | None = None,
+    output_sink: Sink | None = None,
     spawn_limiter: trio.CapacityLimiter | None = None,
     open_timeout: float = OPEN_TIMEOUT,
     drain_timeout: float = DRAIN_TIMEOUT,
@@ -531,7 +532,9 @@ async def run_attached(
     token. ``spec``: the job as for ``run`` (its ``stdin_source``/``stderr_sink`` are
     replaced). ``stop``: the job's stop token (kill, watchdogs of the caller, shutdown drain).
     ``stderr_sink``: pipe mode only, where stderr goes (the log shipper; ``None`` discards).
-    Returns the job's ``Result``; see the module docstring for every path.
+    ``output_sink``: also gets what goes to the operator (PTY output, pipe stdout): the live
+    log tail; it must not raise. Returns the job's ``Result``; see the module docstring for
+    every path.
     """
     mode = assignment.stdio
     if mode not in MODES:
@@ -562,13 +565,18 @@ async def run_attached(
             return failure
         try:
             if mode == "tty":
-                return await _run_tty(job_id, out, inp, spec, stop, spawn_limiter, drain_timeout)
+                return await _run_tty(
+                    job_id, out, inp, spec, stop, spawn_limiter, drain_timeout, output_sink
+                )
             pipe_spec = attrs.evolve(
                 spec,
                 stdin_source=inp,
                 stderr_sink=stderr_sink if stderr_sink is not None else NullSink(),
             )
-            return await run(pipe_spec, _OutSink(job_id, out), stop, spawn_limiter=spawn_limiter)
+            to_operator: Sink = _OutSink(job_id, out)
+            if output_sink is not None:
+                to_operator = TeeSink(to_operator, output_sink)
+            return await run(pipe_spec, to_operator, stop, spawn_limiter=spawn_limiter)
         finally:
             await inp.aclose()
     finally:
@@ -601,6 +609,7 @@ async def _run_tty(
     stop: StopToken,
     spawn_limiter: trio.CapacityLimiter | None,
     drain_timeout: float,
+    mirror: Sink | None = None,
 ) -> Result:
     try:
         session = await start_pty(spec, spawn_limiter=spawn_limiter)
@@ -614,7 +623,7 @@ async def _run_tty(
     shutdown: trio.Cancelled | None = None
     result: Result | None = None
     async with session, trio.open_nursery() as nursery:
-        nursery.start_soon(_copy_output, job_id, session, out, output_done, out_scope)
+        nursery.start_soon(_copy_output, job_id, session, out, output_done, out_scope, mirror)
         nursery.start_soon(_copy_input, job_id, session, inp, in_scope)
         try:
             result = await session.wait(stop)
@@ -642,8 +651,10 @@ async def _copy_output(
     out: OutStream,
     done: trio.Event,
     scope: trio.CancelScope,
+    mirror: Sink | None = None,
 ) -> None:
-    """PTY → E8, raw, until EOF. A broken stream: keep draining (the child must not block)."""
+    """PTY → E8, raw, until EOF. A broken stream: keep draining (the child must not block).
+    ``mirror`` gets every chunk too (the live log), whether or not the relay still works."""
     with scope:
         broken = False
         while True:
@@ -654,6 +665,8 @@ async def _copy_output(
                 break
             if not data:
                 break
+            if mirror is not None:
+                await mirror.write(data)
             if broken:
                 continue
             try:

@@ -557,9 +557,10 @@ class Worker:
         """Step 7: logs mode through ``proc.run``; ``tty`` / ``pipe`` through the relay (§8.2):
         the operator's terminal halves, and for ``pipe`` the stderr to the log endpoint.
 
-        The live log (``joblog``) gets a tee of what goes to the log endpoint, from the same
-        pump: logs mode's merged output as ``stdout``, pipe mode's stderr as ``stderr``. What
-        goes to the operator's terminal (tty, pipe stdout) is not in it."""
+        The live log (``joblog``) gets a tee of the same pump: logs mode's merged output (what
+        goes to the log endpoint) as ``stdout``; pipe mode's stdout (to the operator) as
+        ``stdout`` and its stderr (to the log endpoint) as ``stderr``; a tty's output (to the
+        operator) as ``stdout``."""
         if a.stdio in ("tty", "pipe"):
             return await run_attached(
                 self.client.base_url,
@@ -568,6 +569,7 @@ class Worker:
                 self._spec(a),
                 stop,
                 stderr_sink=_tee(shipper, joblog, "stderr") if a.stdio == "pipe" else None,
+                output_sink=_BusSink(joblog, "stdout") if joblog is not None else None,
             )
         return await proc.run(self._spec(a), _tee(shipper, joblog, "stdout"), stop)
 

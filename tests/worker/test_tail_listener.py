@@ -201,7 +201,7 @@ async def test_token_required_when_set() -> None:
             assert code == CLOSE_NORMAL and output(ok) == b"hi\n"
 
 
-async def test_pipe_job_stderr_is_teed_into_the_tail() -> None:
+async def test_pipe_job_stdout_and_stderr_are_teed_into_the_tail() -> None:
     with trio.fail_after(30):
         async with running(configure=tail_on()) as (ctrl, worker):
             job = ctrl.submit(dev("gpu0"), ["sh", "-c", "cat; echo to-stderr >&2"], stdio="pipe")
@@ -213,11 +213,29 @@ async def test_pipe_job_stderr_is_teed_into_the_tail() -> None:
             assert await until_terminal(ctrl, job) == ["running", "succeeded"]
             events, code = await collect(ws(worker, job))
             assert code == CLOSE_NORMAL
-            # stdout goes to the operator only; stderr to the log endpoint and the tail
-            assert output(events, "stderr") == b"to-stderr\n" and output(events, "stdout") == b""
+            # stdout goes to the operator and the tail; stderr to the log endpoint and the tail
+            assert output(events, "stderr") == b"to-stderr\n"
+            assert output(events, "stdout") == b"typed\n"
             end = events[-1]
             assert isinstance(end, End) and (end.state, end.exit_code) == ("succeeded", 0)
             await ctrl.wait_for(lambda: ctrl.logs(job) == b"to-stderr\n")
+
+
+async def test_tty_job_output_is_teed_into_the_tail() -> None:
+    with trio.fail_after(30):
+        async with running(configure=tail_on()) as (ctrl, worker):
+            job = ctrl.submit(dev("gpu0"), ["/bin/sh"], stdio="tty")
+            term = operator(ctrl, job)
+            await term.wait_connected(timeout=10)
+            await term.send(b"echo tail-$((6 * 7))\n")
+            await term.wait_output(b"tail-42", timeout=10)
+            await term.send(b"exit\n")
+            assert await until_terminal(ctrl, job) == ["running", "succeeded"]
+            events, code = await collect(ws(worker, job))
+            assert code == CLOSE_NORMAL
+            assert b"tail-42" in output(events, "stdout")
+            assert output(events, "stdout") == term.output()
+            assert ctrl.logs(job) == b""  # a tty's output never reaches the log endpoint
 
 
 # --------------------------------------------------------------------------------------------
