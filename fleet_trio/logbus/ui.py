@@ -1,4 +1,6 @@
-"""The browser page of the live log tail: ``GET /fleet/ui`` and ``GET /fleet/ui/jobs``.
+"""The quart side of the live log tail: the websocket handler body shared by the node and the
+worker's listener (:func:`stream_tail`), and the browser page, ``GET /fleet/ui`` and
+``GET /fleet/ui/jobs``.
 
 The page (``static/tail.html``: plain HTML and JavaScript, no build step, no external
 resources) lists the jobs of a :class:`~fleet_trio.logbus.bus.LogBus` and follows one of them
@@ -20,13 +22,19 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 from collections.abc import Callable
 from importlib import resources
 from typing import Any
 
-from quart import Quart, Response, request
+import trio
+from quart import Quart, Response, request, websocket
 
 from fleet_trio.logbus.bus import JobInfo, LogBus
+from fleet_trio.logbus.tail import CLOSE_INTERNAL, error_message, serve_tail
+from fleet_trio.logbus.tail import dumps as tail_dumps
+
+log = logging.getLogger(__name__)
 
 PAGE_PATH = "/fleet/ui"
 JOBS_PATH = "/fleet/ui/jobs"
@@ -47,6 +55,35 @@ UNAUTHORIZED_BODY = b'{"status":"error","error":"unauthorized"}'
 
 TokenCheck = Callable[[str | None], bool]
 """``Authorization`` header value (or ``None``) → acceptable?"""
+
+
+async def stream_tail(bus: LogBus, job_id: str) -> None:
+    """Inside a quart websocket route whose token check passed: accept the socket, stream
+    ``job_id``'s log with :func:`~fleet_trio.logbus.tail.serve_tail` (query parameters from the
+    websocket's URL), and close with its code (1000 after ``end``, 4404 unknown job, 4400 bad
+    query, 1011 internal). What the client sends is read and dropped."""
+    await websocket.accept()
+
+    async def send_json(msg: dict[str, Any]) -> None:
+        await websocket.send(tail_dumps(msg))
+
+    async def discard_incoming() -> None:
+        # The client has nothing to say; reading keeps quart's inbound queue from filling.
+        while True:
+            await websocket.receive()
+
+    code = CLOSE_INTERNAL
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(discard_incoming)
+        try:
+            code = await serve_tail(bus, job_id, send_json, websocket.args)
+        except Exception:
+            log.exception("tail of job %s failed", job_id)
+            with trio.move_on_after(1):
+                await send_json(error_message("internal error"))
+        nursery.cancel_scope.cancel()
+    with trio.move_on_after(5):
+        await websocket.close(code)
 
 
 @functools.cache
@@ -113,4 +150,13 @@ def mount_ui(
     app.add_url_rule(JOBS_PATH, f"{endpoint_prefix}_jobs", jobs, methods=["GET"])
 
 
-__all__ = ["JOBS_PATH", "PAGE_PATH", "TokenCheck", "job_row", "mount_ui", "page_html", "token_ok"]
+__all__ = [
+    "JOBS_PATH",
+    "PAGE_PATH",
+    "TokenCheck",
+    "job_row",
+    "mount_ui",
+    "page_html",
+    "stream_tail",
+    "token_ok",
+]

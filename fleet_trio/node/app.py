@@ -12,8 +12,6 @@ the contract (404/405) get the same envelope (the design note of §2.1 allows it
 from __future__ import annotations
 
 import functools
-import hashlib
-import hmac
 import logging
 import math
 from collections.abc import Mapping, Sequence
@@ -26,10 +24,10 @@ from quart import Response, request, websocket
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
+from fleet_trio.auth import bearer_ok
 from fleet_trio.errors import WireError
 from fleet_trio.logbus.bus import LogBus
-from fleet_trio.logbus.tail import CLOSE_INTERNAL, error_message, serve_tail
-from fleet_trio.logbus.tail import dumps as tail_dumps
+from fleet_trio.logbus.ui import stream_tail
 from fleet_trio.node.jobs import JobState, JobStore, Registration
 from fleet_trio.node.tasks import PreparedJob, TaskRegistry, TaskRunner, job_log_meta
 from fleet_trio.node.wire import (
@@ -123,14 +121,7 @@ def _error(message: str, status: int, headers: Mapping[str, str] | None = None) 
 
 
 def _token_ok(ctx: NodeContext, header: str | None) -> bool:
-    if not ctx.token:
-        return True
-    presented = ""
-    if header and header[:7].lower() == "bearer ":
-        presented = header[7:].strip()
-    want = hashlib.sha256(ctx.token.encode()).digest()
-    got = hashlib.sha256(presented.encode()).digest()
-    return hmac.compare_digest(want, got)
+    return bearer_ok(ctx.token, header)
 
 
 def _unauthorized() -> Response:
@@ -279,28 +270,7 @@ async def tail(ctx: NodeContext, job_id: str) -> Response | None:
     """
     if not _tail_token_ok(ctx):
         return _unauthorized()
-    await websocket.accept()
-
-    async def send_json(msg: dict[str, Any]) -> None:
-        await websocket.send(tail_dumps(msg))
-
-    async def discard_incoming() -> None:
-        # The client has nothing to say; reading keeps quart's inbound queue from filling.
-        while True:
-            await websocket.receive()
-
-    code = CLOSE_INTERNAL
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(discard_incoming)
-        try:
-            code = await serve_tail(ctx.bus, job_id, send_json, websocket.args)
-        except Exception:
-            log.exception("tail of job %s failed", job_id)
-            with trio.move_on_after(1):
-                await send_json(error_message("internal error"))
-        nursery.cancel_scope.cancel()
-    with trio.move_on_after(5):
-        await websocket.close(code)
+    await stream_tail(ctx.bus, job_id)
     return None
 
 

@@ -84,6 +84,7 @@ from fleet_trio.proc.run import (
     REASON_STRAGGLERS_REMAINED,
     REASON_SURVIVORS,
     STRAGGLER_WAIT,
+    HelperScopes,
     finish,
     reap_stragglers,
     resolve_argv,
@@ -233,8 +234,8 @@ class PtySession:
         self._done = trio.Event()
         self._result: Result | None = None
         self._trip_reason: str | None = None
-        self._helper_scopes: list[trio.CancelScope] = []
-        self._helpers_stopped = False
+        # Shielded so the waiter keeps running while a shutdown teardown waits for it.
+        self._helpers = HelperScopes()
         self._closed = False
 
     @property
@@ -367,27 +368,14 @@ class PtySession:
                 del shutdown
         return result
 
-    def _helper_scope(self) -> trio.CancelScope:
-        # Shielded so the waiter keeps running while a shutdown teardown waits for it.
-        scope = trio.CancelScope(shield=True)
-        self._helper_scopes.append(scope)
-        if self._helpers_stopped:
-            scope.cancel()
-        return scope
-
-    def _stop_helpers(self) -> None:
-        self._helpers_stopped = True
-        for scope in self._helper_scopes:
-            scope.cancel()
-
     async def _waiter(self) -> None:
-        with self._helper_scope():
+        with self._helpers.scope():
             await self._proc.wait()
             self._leader_done.set()
             self._wake.set()
 
     async def _watchdog(self, dog: Watchdog) -> None:
-        with self._helper_scope():
+        with self._helpers.scope():
             while not self._stop.was_set:
                 await trio.sleep(WATCHDOG_TICK)
                 reason = dog.check(trio.current_time(), self._last_output)
@@ -401,7 +389,7 @@ class PtySession:
             result = await self._finish_clean()
         else:
             result = await self._finish_cancelled()
-        self._stop_helpers()
+        self._helpers.stop()
         if self.spec.sweep_job_id:
             report = await sweep_job_survivors(self.spec.sweep_job_id, os.getpid())
             result = attrs.evolve(result, sweep=report)

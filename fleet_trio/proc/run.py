@@ -173,6 +173,31 @@ async def run(
     return await sup.supervise(proc)
 
 
+class HelperScopes:
+    """The cancel scopes of a supervisor's helper tasks (waiter, pumps, watchdog, stdin relay).
+
+    Each helper runs in its own **shielded** scope, so a trio cancellation of the caller reaches
+    only the main path, which tears the process down and then calls :meth:`stop`; a helper that
+    starts after :meth:`stop` is cancelled at once.
+    """
+
+    def __init__(self) -> None:
+        self._scopes: list[trio.CancelScope] = []
+        self.stopped = False
+
+    def scope(self) -> trio.CancelScope:
+        scope = trio.CancelScope(shield=True)
+        self._scopes.append(scope)
+        if self.stopped:
+            scope.cancel()
+        return scope
+
+    def stop(self) -> None:
+        self.stopped = True
+        for scope in self._scopes:
+            scope.cancel()
+
+
 @contextlib.asynccontextmanager
 async def _maybe(limiter: trio.CapacityLimiter | None) -> AsyncIterator[None]:
     if limiter is None:
@@ -201,21 +226,8 @@ class _Supervisor:
         self.internal = StopToken(parent=stop, on_set=self.wake.set)
         self.open_pipes = 0
         self.trip_reason: str | None = None
-        self.helper_scopes: list[trio.CancelScope] = []
+        self.helpers = HelperScopes()
         self.pump_scopes: list[trio.CancelScope] = []
-        self.helpers_stopped = False
-
-    def _helper_scope(self) -> trio.CancelScope:
-        scope = trio.CancelScope(shield=True)
-        self.helper_scopes.append(scope)
-        if self.helpers_stopped:
-            scope.cancel()
-        return scope
-
-    def _stop_helpers(self) -> None:
-        self.helpers_stopped = True
-        for scope in self.helper_scopes:
-            scope.cancel()
 
     def _maybe_complete(self) -> None:
         if self.leader_done.is_set() and self.open_pipes == 0 and not self.completed.is_set():
@@ -224,14 +236,14 @@ class _Supervisor:
 
     # -- helper tasks ---------------------------------------------------------------------
     async def _waiter(self, proc: trio.Process) -> None:
-        with self._helper_scope():
+        with self.helpers.scope():
             await proc.wait()
             self.leader_done.set()
             self._maybe_complete()
 
     async def _pump(self, stream: trio.abc.ReceiveStream, sink: Sink) -> None:
         broken_sink = False
-        with self._helper_scope() as scope:
+        with self.helpers.scope() as scope:
             self.pump_scopes.append(scope)
             while True:
                 try:
@@ -253,7 +265,7 @@ class _Supervisor:
             self._maybe_complete()
 
     async def _relay(self, source: trio.abc.ReceiveStream, dest: trio.abc.SendStream) -> None:
-        with self._helper_scope():
+        with self.helpers.scope():
             try:
                 while True:
                     data = await source.receive_some(READ_CHUNK)
@@ -275,7 +287,7 @@ class _Supervisor:
         to kill it, would never run. After ``ESCAPED_EOF_WAIT`` the pipes are let go and the
         run completes; the sweep then finds the escapee by its ``RC_JOB_ID``.
         """
-        with self._helper_scope():
+        with self.helpers.scope():
             await self.leader_done.wait()
             pause = 0.02
             while not self.completed.is_set():
@@ -292,7 +304,7 @@ class _Supervisor:
                 pause = min(pause * 2, ESCAPE_POLL_MAX)
 
     async def _watchdog(self, dog: Watchdog) -> None:
-        with self._helper_scope():
+        with self.helpers.scope():
             while not self.internal.was_set:
                 await trio.sleep(WATCHDOG_TICK)
                 reason = dog.check(trio.current_time(), self.last_output)
@@ -338,7 +350,7 @@ class _Supervisor:
             result = await self._finish_clean(proc, target)
         else:
             result = await self._finish_cancelled(proc, target)
-        self._stop_helpers()  # stdin relay, watchdog, pumps stuck behind an escaped holder
+        self.helpers.stop()  # stdin relay, watchdog, pumps stuck behind an escaped holder
         for stream in (proc.stdin, proc.stdout, proc.stderr):
             if stream is not None:
                 await stream.aclose()
@@ -422,6 +434,7 @@ __all__ = [
     "REASON_SURVIVORS",
     "STRAGGLER_POLL",
     "STRAGGLER_WAIT",
+    "HelperScopes",
     "finish",
     "look_path",
     "reap_stragglers",

@@ -294,6 +294,22 @@ def cuda_device_index(device_id: str) -> str | None:
     return digits
 
 
+def hook_env(event: str, device_id: str, job_id: str, submitter: str) -> dict[str, str]:
+    """§4.3: ``RC_EVENT``, ``RC_DEVICE``, ``RC_JOB_ID``, ``RC_SUBMITTER`` (set, possibly empty)
+    and the derived ``CUDA_VISIBLE_DEVICES`` on top of the worker's environment. Hooks do not
+    get the job's own env; job id and submitter are only ever environment values."""
+    env = {
+        "RC_EVENT": event,
+        "RC_DEVICE": device_id,
+        "RC_JOB_ID": job_id,
+        "RC_SUBMITTER": submitter,
+    }
+    index = cuda_device_index(device_id)
+    if index is not None:
+        env["CUDA_VISIBLE_DEVICES"] = index
+    return env
+
+
 def tail_listen_problem(addr: str) -> str | None:
     """Why ``addr`` is not a usable ``HOST:PORT`` for ``tail_listen``, or ``None``."""
     try:
@@ -828,6 +844,7 @@ __all__ = [
     "check_tail_listen",
     "config_from_mapping",
     "cuda_device_index",
+    "hook_env",
     "load_worker_config",
     "make_converter",
     "parse_go_bool",

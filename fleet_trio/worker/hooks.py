@@ -30,7 +30,7 @@ from fleet_trio import proc
 from fleet_trio.durations import SECOND
 from fleet_trio.proc.sinks import TailBuffer
 from fleet_trio.worker.client import Assignment
-from fleet_trio.worker.config import DeviceConfig, WorkerConfig, cuda_device_index
+from fleet_trio.worker.config import DeviceConfig, WorkerConfig, hook_env
 from fleet_trio.worker.lease import (
     ArmRelease,
     Granted,
@@ -53,22 +53,6 @@ STARTUP_PASS_BUDGET = 120.0
 """§4.6: the whole startup release pass."""
 DRAIN_BUDGET = 20.0
 """§4.7: the shutdown release drain, all devices together."""
-
-
-def hook_env(event: str, device_id: str, job_id: str, submitter: str) -> dict[str, str]:
-    """§4.3: ``RC_EVENT``, ``RC_DEVICE``, ``RC_JOB_ID``, ``RC_SUBMITTER`` (set, possibly empty)
-    and the derived ``CUDA_VISIBLE_DEVICES`` on top of the worker's environment. Hooks do not
-    get the job's own env; job id and submitter are only ever environment values."""
-    env = {
-        "RC_EVENT": event,
-        "RC_DEVICE": device_id,
-        "RC_JOB_ID": job_id,
-        "RC_SUBMITTER": submitter,
-    }
-    index = cuda_device_index(device_id)
-    if index is not None:
-        env["CUDA_VISIBLE_DEVICES"] = index
-    return env
 
 
 def hook_error(path: str, result: proc.Result) -> str | None:

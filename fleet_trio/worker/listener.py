@@ -16,10 +16,7 @@ The listener serves only this route and only reads the bus: it can never fail or
 from __future__ import annotations
 
 import functools
-import hashlib
-import hmac
 import logging
-from typing import Any
 
 import trio
 from hypercorn.config import Config as HypercornConfig
@@ -28,11 +25,10 @@ from quart import Response, websocket
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
+from fleet_trio.auth import bearer, token_ok
 from fleet_trio.errors import FleetTrioError
 from fleet_trio.logbus.bus import LogBus
-from fleet_trio.logbus.tail import CLOSE_INTERNAL, error_message, serve_tail
-from fleet_trio.logbus.tail import dumps as tail_dumps
-from fleet_trio.logbus.ui import mount_ui
+from fleet_trio.logbus.ui import mount_ui, stream_tail
 from fleet_trio.node.wire import MSG_UNAUTHORIZED, error_body
 
 log = logging.getLogger(__name__)
@@ -45,21 +41,6 @@ READ_TIMEOUT = 120
 
 class TailListenError(FleetTrioError):
     """The tail listener could not start (bind failed)."""
-
-
-def token_ok(token: str | None, presented: str | None) -> bool:
-    """Constant-time comparison of ``presented`` with ``token``; no token: always true."""
-    if not token:
-        return True
-    want = hashlib.sha256(token.encode()).digest()
-    got = hashlib.sha256((presented or "").encode()).digest()
-    return hmac.compare_digest(want, got)
-
-
-def _bearer(header: str | None) -> str:
-    if header and header[:7].lower() == "bearer ":
-        return header[7:].strip()
-    return ""
 
 
 def _error(message: str, status: int, headers: dict[str, str] | None = None) -> Response:
@@ -75,34 +56,13 @@ def create_tail_app(bus: LogBus, *, token: str | None = None) -> QuartTrio:
 
     @app.websocket("/fleet/jobs/<job_id>/tail")
     async def _tail(job_id: str) -> Response | None:
-        authorized = token_ok(token, _bearer(websocket.headers.get("Authorization")))
+        authorized = token_ok(token, bearer(websocket.headers.get("Authorization")))
         if not authorized:
             query_token = websocket.args.get("token")
             authorized = query_token is not None and token_ok(token, query_token)
         if not authorized:
             return _error(MSG_UNAUTHORIZED, 401, {"WWW-Authenticate": 'Bearer realm="fleet-trio"'})
-        await websocket.accept()
-
-        async def send_json(msg: dict[str, Any]) -> None:
-            await websocket.send(tail_dumps(msg))
-
-        async def discard_incoming() -> None:
-            # The client has nothing to say; reading keeps quart's inbound queue from filling.
-            while True:
-                await websocket.receive()
-
-        code = CLOSE_INTERNAL
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(discard_incoming)
-            try:
-                code = await serve_tail(bus, job_id, send_json, websocket.args)
-            except Exception:
-                log.exception("tail of job %s failed", job_id)
-                with trio.move_on_after(1):
-                    await send_json(error_message("internal error"))
-            nursery.cancel_scope.cancel()
-        with trio.move_on_after(5):
-            await websocket.close(code)
+        await stream_tail(bus, job_id)
         return None
 
     async def _http_error(exc: HTTPException) -> Response:
@@ -110,7 +70,7 @@ def create_tail_app(bus: LogBus, *, token: str | None = None) -> QuartTrio:
 
     app.register_error_handler(HTTPException, _http_error)
     # the browser page (GET /fleet/ui and its job list), as on the node
-    mount_ui(app, lambda: bus, lambda header: token_ok(token, _bearer(header)))
+    mount_ui(app, lambda: bus, lambda header: token_ok(token, bearer(header)))
     return app
 
 

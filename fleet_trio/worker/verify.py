@@ -48,7 +48,7 @@ from fleet_trio.proc.scripts import (
     stderr_tail,
 )
 from fleet_trio.worker.client import Assignment
-from fleet_trio.worker.config import WorkerConfig, cuda_device_index
+from fleet_trio.worker.config import WorkerConfig, hook_env
 
 log = logging.getLogger(__name__)
 
@@ -83,16 +83,7 @@ def verify_env(device_id: str, job_id: str, submitter: str) -> dict[str, str]:
     (:func:`~fleet_trio.worker.config.cuda_device_index`); otherwise it is left alone (and may be
     inherited from the worker). Job id and submitter are untrusted text, passed only as values.
     """
-    env = {
-        "RC_EVENT": "verify",
-        "RC_DEVICE": device_id,
-        "RC_JOB_ID": job_id,
-        "RC_SUBMITTER": submitter,
-    }
-    index = cuda_device_index(device_id)
-    if index is not None:
-        env["CUDA_VISIBLE_DEVICES"] = index
-    return env
+    return hook_env("verify", device_id, job_id, submitter)
 
 
 def verify_config(cfg: WorkerConfig) -> tuple[str, float, float]:
