@@ -51,13 +51,13 @@ from typing import Any
 
 import httpx
 import trio
+from benchlib import BrokenRun, pct, start_served, stop_served
 
 ACK_TARGET = 1.5
 POLL_INTERVAL = 0.5
 HEALTH_INTERVAL = 0.01
 JOB_POLL_INTERVAL = 0.5
 HOLD_SECONDS = 2.0
-START_TIMEOUT = 30.0
 ROUND_TIMEOUT = 60.0
 CONNECT_BATCH = 32
 STEADY = (0.75, HOLD_SECONDS)
@@ -83,10 +83,6 @@ def trivial_command() -> list[str]:
     if os.environ.get(ENV_CHILD) == "sh":
         return TRIVIAL_SH
     return [sys.executable, "-c", TRIVIAL]
-
-
-class BrokenRun(Exception):
-    """The benchmark could not measure what it should (not: a target was missed)."""
 
 
 # ------------------------------------------------------------------------------------------
@@ -182,37 +178,7 @@ def serve_main(kind: str, state: Path) -> int:
 
 
 def start_server(kind: str, state: Path) -> tuple[subprocess.Popen[bytes], str]:
-    url_file = state / f"{kind}.url"
-    proc = subprocess.Popen(
-        [sys.executable, os.path.abspath(__file__), "--serve", kind, str(state)],
-        stdin=subprocess.DEVNULL,
-    )
-    deadline = time.monotonic() + START_TIMEOUT
-    while time.monotonic() < deadline:
-        if url_file.exists() and url_file.read_text():
-            return proc, url_file.read_text()
-        if proc.poll() is not None:
-            raise BrokenRun(f"{kind} server exited with status {proc.returncode}")
-        time.sleep(0.05)
-    proc.kill()
-    raise BrokenRun(f"{kind} server did not start within {START_TIMEOUT:g}s")
-
-
-def stop_server(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
-def pct(values: list[float], q: float) -> float:
-    """The q-quantile (0..1), nearest-rank; ms in, ms out."""
-    ordered = sorted(values)
-    rank = max(1, min(len(ordered), round(q * len(ordered) + 0.5)))
-    return ordered[rank - 1]
+    return start_served(__file__, [kind, str(state)], state / f"{kind}.url", f"{kind} server")
 
 
 def new_client(url: str, connections: int = 1) -> httpx.AsyncClient:
@@ -452,7 +418,7 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         finally:
             for p in procs:
-                stop_server(p)
+                stop_served(p)
     print(f"total {time.monotonic() - started:.1f} s")
     return 0
 

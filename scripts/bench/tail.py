@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -40,12 +39,12 @@ from typing import Any
 
 import httpx
 import trio
+from benchlib import BrokenRun, pct, start_served, stop_served
 from trio_websocket import ConnectionClosed, open_websocket_url
 
 THROUGHPUT_TARGET = 0.5
 LATENCY_TARGET_MS = 20.0
 LINE_INTERVAL = 0.01
-START_TIMEOUT = 30.0
 RUN_TIMEOUT = 120.0
 
 # Writes p["bytes"] bytes of 100-byte text lines on stderr in 64 KiB writes, then "{}" on stdout.
@@ -80,10 +79,6 @@ for i in range(n):
     sys.stderr.flush()
 sys.stdout.write("{}")
 """
-
-
-class BrokenRun(Exception):
-    """The benchmark could not measure what it should (not: a target was missed)."""
 
 
 # ------------------------------------------------------------------------------------------
@@ -131,41 +126,11 @@ def serve_main(state: Path) -> int:
 
 
 def start_node(state: Path) -> tuple[subprocess.Popen[bytes], str]:
-    url_file = state / "node.url"
-    proc = subprocess.Popen(
-        [sys.executable, os.path.abspath(__file__), "--serve", str(state)],
-        stdin=subprocess.DEVNULL,
-    )
-    deadline = time.monotonic() + START_TIMEOUT
-    while time.monotonic() < deadline:
-        if url_file.exists() and url_file.read_text():
-            return proc, url_file.read_text()
-        if proc.poll() is not None:
-            raise BrokenRun(f"node exited with status {proc.returncode}")
-        time.sleep(0.05)
-    proc.kill()
-    raise BrokenRun(f"node did not start within {START_TIMEOUT:g}s")
-
-
-def stop_node(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    return start_served(__file__, [str(state)], state / "node.url", "node")
 
 
 # ------------------------------------------------------------------------------------------
 # client side
-
-
-def pct(values: list[float], q: float) -> float:
-    """The q-quantile (0..1), nearest-rank."""
-    ordered = sorted(values)
-    rank = max(1, min(len(ordered), round(q * len(ordered) + 0.5)))
-    return ordered[rank - 1]
 
 
 def ws_base(url: str) -> str:
@@ -329,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         finally:
             if proc is not None:
-                stop_node(proc)
+                stop_served(proc)
     print(f"total {time.monotonic() - started:.1f} s")
     return 0
 

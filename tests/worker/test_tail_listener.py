@@ -15,7 +15,7 @@ import attrs
 import httpx
 import pytest
 import trio
-from trio_websocket import ConnectionClosed, ConnectionRejected, open_websocket_url
+from trio_websocket import ConnectionRejected
 
 from fleet_trio.cli import tail_url
 from fleet_trio.errors import ConfigError
@@ -26,12 +26,12 @@ from fleet_trio.logbus.tail import (
     CLOSE_UNKNOWN_JOB,
     TailError,
     TailEvent,
-    loads,
 )
 from fleet_trio.sim import serve_controller
 from fleet_trio.sim.relay import operator
 from fleet_trio.worker.config import WorkerConfig, check_tail_listen, load_worker_config
 from fleet_trio.worker.worker import Worker, serve_worker
+from tests.logbus.test_tail_node import assert_contiguous, collect
 from tests.worker.test_worker import (
     FAST,
     FAST_CLIENT,
@@ -60,36 +60,8 @@ def ws(worker: Worker, job_id: str, **params: str) -> str:
     return tail_url(worker.tail_url, job_id, params)
 
 
-async def collect(
-    url: str, headers: list[tuple[bytes, bytes]] | None = None
-) -> tuple[list[TailEvent], int | None]:
-    """Every event until the server closes, and the close code."""
-    events: list[TailEvent] = []
-    with trio.fail_after(20):
-        async with open_websocket_url(url, extra_headers=headers or []) as conn:
-            try:
-                while True:
-                    events.append(loads(await conn.get_message()))
-            except ConnectionClosed as exc:
-                assert exc.reason is not None
-                return events, exc.reason.code
-    raise AssertionError("unreachable")
-
-
 def output(events: list[TailEvent], stream: str | None = None) -> bytes:
     return b"".join(e.data for e in events if isinstance(e, Output) and stream in (None, e.stream))
-
-
-def assert_contiguous(events: list[TailEvent]) -> None:
-    pos = 0
-    for ev in events:
-        if isinstance(ev, Output):
-            assert ev.offset == pos
-            pos += len(ev.data)
-        elif isinstance(ev, End):
-            assert ev.offset == pos
-        else:
-            raise AssertionError(f"unexpected {ev!r}")
 
 
 async def job_log(worker: Worker, job_id: str) -> None:

@@ -1,0 +1,57 @@
+"""What the benchmarks that serve from a child process share: starting the child (this same
+script re-run with ``--serve …``) and waiting for the URL it writes, stopping it, and the
+nearest-rank quantile. Imported by the scripts beside it (their folder is on ``sys.path``
+when they run)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+START_TIMEOUT = 30.0
+
+
+class BrokenRun(Exception):
+    """The benchmark could not measure what it should (not: a target was missed)."""
+
+
+def start_served(
+    script: str, serve_args: list[str], url_file: Path, label: str
+) -> tuple[subprocess.Popen[bytes], str]:
+    """Run ``script --serve *serve_args`` and return it with the URL it writes to
+    ``url_file`` once it listens; :class:`BrokenRun` if it exits or takes too long."""
+    proc = subprocess.Popen(
+        [sys.executable, os.path.abspath(script), "--serve", *serve_args],
+        stdin=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + START_TIMEOUT
+    while time.monotonic() < deadline:
+        if url_file.exists() and url_file.read_text():
+            return proc, url_file.read_text()
+        if proc.poll() is not None:
+            raise BrokenRun(f"{label} exited with status {proc.returncode}")
+        time.sleep(0.05)
+    proc.kill()
+    raise BrokenRun(f"{label} did not start within {START_TIMEOUT:g}s")
+
+
+def stop_served(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM (the server drains), then SIGKILL after 15 s."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def pct(values: list[float], q: float) -> float:
+    """The q-quantile (0..1), nearest-rank."""
+    ordered = sorted(values)
+    rank = max(1, min(len(ordered), round(q * len(ordered) + 0.5)))
+    return ordered[rank - 1]
