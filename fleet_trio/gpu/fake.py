@@ -39,7 +39,6 @@ import re
 import signal
 import sys
 import tempfile
-import time
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
@@ -236,21 +235,33 @@ def _exit_on_signal(signum: int, frame: object) -> NoReturn:
     raise SystemExit(128 + signum)
 
 
+class _HoldOver(Exception):
+    """The ``--seconds`` alarm went off."""
+
+
+def _hold_over(signum: int, frame: object) -> NoReturn:
+    raise _HoldOver
+
+
 def _hold(directory: str, pid: int, nbytes: int, seconds: float | None) -> int:
+    """Hold until a signal (exit 128+N) or, with ``seconds``, until an interval timer fires
+    (exit 0); the holding file is removed either way."""
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, _exit_on_signal)
+    signal.signal(signal.SIGALRM, _hold_over)
     try:
         write_holding(directory, pid, nbytes)
-        if seconds is None:
-            while True:
-                signal.pause()
-        else:
-            end = time.monotonic() + seconds
-            while (left := end - time.monotonic()) > 0:
-                time.sleep(left)
+        if seconds is not None:
+            if seconds <= 0:
+                return 0
+            signal.setitimer(signal.ITIMER_REAL, seconds)
+        while True:
+            signal.pause()
+    except _HoldOver:
+        return 0
     finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
         remove_holding(directory, pid)
-    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
