@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import bisect
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from types import MappingProxyType, TracebackType
 from typing import Literal, TypeAlias
 
@@ -261,8 +261,10 @@ class JobLog:
         history_bytes: int = 8 << 20,
         spill_dir: str | None = None,
         limiter: trio.CapacityLimiter | None = None,
+        on_end: Callable[[JobLog], None] | None = None,
     ) -> None:
         self.job_id = _spill.check_job_id(job_id)
+        self._on_end = on_end
         self.meta: Mapping[str, str] = MappingProxyType(dict(meta or {}))
         self.started = time.time()
         self._history = History(history_bytes)
@@ -317,6 +319,8 @@ class JobLog:
         self._ended_wall = time.time()
         self._ended_mono = trio.current_time()
         self._wake()
+        if self._on_end is not None:
+            self._on_end(self)
 
     @property
     def ended(self) -> End | None:
@@ -527,6 +531,8 @@ class LogBus:
         self.keep_ended = keep_ended
         self.keep_ended_for = keep_ended_for
         self._logs: dict[str, JobLog] = {}
+        self._ended: dict[str, JobLog] = {}
+        """The ended logs, in the order they ended (so pruning looks only at the oldest)."""
         self._limiter = trio.CapacityLimiter(4)
 
     def open(self, job_id: str, *, meta: Mapping[str, str] | None = None) -> JobLog:
@@ -541,6 +547,7 @@ class LogBus:
                 history_bytes=self.history_bytes,
                 spill_dir=self.spill_dir,
                 limiter=self._limiter,
+                on_end=self._log_ended,
             )
             self._logs[job_id] = log
         return log
@@ -553,15 +560,22 @@ class LogBus:
         self._prune()
         return [log.info() for log in reversed(self._logs.values())]
 
+    def _log_ended(self, log: JobLog) -> None:
+        self._ended[log.job_id] = log
+
     def _prune(self) -> None:
+        """Drop ended logs beyond ``keep_ended`` or older than ``keep_ended_for``, oldest
+        first; costs nothing per call beyond the logs it drops (dispatch calls it)."""
         now = trio.current_time()
-        ended = [log for log in self._logs.values() if log._ended_mono is not None]
-        ended.sort(key=lambda log: log._ended_mono or 0.0)
-        excess = len(ended) - self.keep_ended
-        for i, log in enumerate(ended):
-            assert log._ended_mono is not None
-            if i < excess or now - log._ended_mono > self.keep_ended_for:
-                del self._logs[log.job_id]
+        while self._ended:
+            job_id, log = next(iter(self._ended.items()))
+            ended_at = log._ended_mono
+            assert ended_at is not None
+            if len(self._ended) <= self.keep_ended and now - ended_at <= self.keep_ended_for:
+                break
+            del self._ended[job_id]
+            if self._logs.get(job_id) is log:
+                del self._logs[job_id]
 
 
 def _check_stream(stream: str) -> None:
