@@ -27,8 +27,9 @@ into a single ``Skipped``).
 from __future__ import annotations
 
 import bisect
+import itertools
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from types import MappingProxyType, TracebackType
 from typing import Literal, TypeAlias
 
@@ -144,10 +145,21 @@ class History:
     def chunk_at(self, offset: int) -> tuple[int, _Chunk]:
         """The retained chunk holding byte ``offset`` (``start <= offset < total``), with its
         offset."""
+        return self.item(self.index_at(offset))
+
+    def index_at(self, offset: int) -> int:
+        """The internal index of the chunk holding byte ``offset`` (valid until the next
+        ``append``)."""
         if not self.start <= offset < self.total:
             raise IndexError(offset)
-        i = bisect.bisect_right(self._offsets, offset, lo=self._head) - 1
+        return bisect.bisect_right(self._offsets, offset, lo=self._head) - 1
+
+    def item(self, i: int) -> tuple[int, _Chunk]:
         return self._offsets[i], self._chunks[i]
+
+    def following(self, i: int) -> Iterator[_Chunk]:
+        """The chunks from internal index ``i`` on, oldest first."""
+        return itertools.islice(self._chunks, i, None)
 
     def chunks(self) -> list[tuple[int, Stream, bytes]]:
         """The retained chunks (tests, debugging)."""
@@ -167,10 +179,14 @@ class Cursor:
         *,
         streams: frozenset[Stream] = STREAMS,
         max_lag: int = 1 << 20,
+        batch: int = 0,
     ) -> None:
         if max_lag < 0:
             raise ValueError("max_lag must be >= 0")
         self.history = history
+        self.batch = batch
+        """Join following chunks of the same stream into one ``Output`` up to this many bytes
+        (0: one chunk per ``Output``). Fewer, larger events for a reader that is behind."""
         self.base = history.total
         if start == "start":
             self.pos = 0
@@ -222,12 +238,25 @@ class Cursor:
                     self.done = True
                     return end
                 return None
-            offset, chunk = h.chunk_at(self.pos)
+            i = h.index_at(self.pos)
+            offset, chunk = h.item(i)
             data = chunk.data if offset == self.pos else chunk.data[self.pos - offset :]
             start = self.pos
             self.pos = offset + len(chunk.data)
-            if chunk.stream in self.streams:
-                return Output(chunk.stream, start, data, chunk.t)
+            if chunk.stream not in self.streams:
+                continue
+            if self.batch > len(data) and self.pos < total:
+                parts = [data]
+                size = len(data)
+                for nxt in h.following(i + 1):
+                    if nxt.stream != chunk.stream or size + len(nxt.data) > self.batch:
+                        break
+                    parts.append(nxt.data)
+                    size += len(nxt.data)
+                    self.pos += len(nxt.data)
+                if len(parts) > 1:
+                    data = b"".join(parts)
+            return Output(chunk.stream, start, data, chunk.t)
 
     def clamp(self, offset: int) -> None:
         """Move a start beyond ``offset`` back to it (the log has ended at ``offset``)."""
@@ -357,11 +386,12 @@ class JobLog:
         *,
         streams: frozenset[Stream] = STREAMS,
         max_lag: int = 1 << 20,
+        batch: int = 0,
     ) -> Subscription:
         """Read this log from ``start`` (``"start"``, ``"now"`` or an offset; see Cursor)."""
         for s in streams:
             _check_stream(s)
-        cursor = Cursor(self._history, start, streams=streams, max_lag=max_lag)
+        cursor = Cursor(self._history, start, streams=streams, max_lag=max_lag, batch=batch)
         if self._end is not None:
             cursor.clamp(self._end.offset)  # ended: nothing more will come
         return Subscription(self, cursor)

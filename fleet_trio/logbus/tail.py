@@ -50,8 +50,9 @@ from fleet_trio.logbus.bus import End, LogBus, Output, Skipped, Stream
 STREAMS: tuple[Stream, ...] = ("stdout", "stderr")
 ALL_STREAMS: frozenset[Stream] = frozenset(STREAMS)
 
-MAX_FRAME_DATA = 64 << 10
-"""Most raw bytes one ``output`` frame carries; larger chunks are split."""
+MAX_FRAME_DATA = 256 << 10
+"""Most raw bytes one ``output`` frame carries; larger chunks are split, and a subscriber
+that is behind gets consecutive chunks of one stream joined up to this size."""
 
 CLOSE_NORMAL = 1000
 """After ``end``."""
@@ -279,7 +280,7 @@ async def serve_tail(
         await send_json(error_message(MSG_UNKNOWN_JOB))
         return CLOSE_UNKNOWN_JOB
     try:
-        subscription = log.subscribe(q.start, streams=q.streams)
+        subscription = log.subscribe(q.start, streams=q.streams, batch=MAX_FRAME_DATA)
     except ValueError as exc:  # e.g. an offset the log cannot serve
         await send_json(error_message(str(exc)))
         return CLOSE_BAD_REQUEST

@@ -96,9 +96,12 @@ class HistoryMachine(RuleBasedStateMachine):
         start=st.one_of(st.sampled_from(["start", "now"]), st.integers(-5, 400)),
         streams=st.sampled_from([STREAMS, frozenset({"stdout"}), frozenset({"stderr"})]),
         max_lag=st.one_of(st.integers(0, 100), st.just(1 << 20)),
+        batch=st.sampled_from([0, 1, 7, 64]),
     )
-    def subscribe(self, start: str | int, streams: frozenset[Stream], max_lag: int) -> Reader:
-        cursor = Cursor(self.history, start, streams=streams, max_lag=max_lag)  # type: ignore[arg-type]
+    def subscribe(
+        self, start: str | int, streams: frozenset[Stream], max_lag: int, batch: int
+    ) -> Reader:
+        cursor = Cursor(self.history, start, streams=streams, max_lag=max_lag, batch=batch)  # type: ignore[arg-type]
         if self.end is not None:
             cursor.clamp(self.end.offset)  # what JobLog.subscribe does
         if start == "start":
@@ -172,6 +175,11 @@ class HistoryMachine(RuleBasedStateMachine):
                 assert set(self.streams[ev.offset : ev.offset + len(ev.data)]) == {
                     STREAM_CODE[ev.stream]
                 }
+                stop = ev.offset + len(ev.data)
+                inner = [o for o in self._chunk_starts() if ev.offset < o < stop]
+                if inner:  # chunks joined: only up to the reader's batch size
+                    event("output joined")
+                    assert len(ev.data) <= cursor.batch
                 reader.expect_pos += len(ev.data)
             assert reader.expect_pos == cursor.pos
             assert cursor.lag <= cursor.max_lag
