@@ -1,45 +1,54 @@
-"""node.md §9, items 73–77: task types, unsupported tasks and payload validation over HTTP."""
+"""node.md §9, items 73–77: task types, unsupported tasks and payload validation over HTTP,
+against the ``fleet_node`` fixture (fleet_trio.sim.pytest_plugin)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from fleet_trio.node.config import config_from_mapping
+import pytest
+
+from fleet_trio.node.config import NodeConfig, config_from_mapping
 from fleet_trio.node.tasks import TaskRegistry
-from tests.node.harness import reference_config, running_node, work_dirs
+from fleet_trio.sim.harness import NodeHandle
+from tests.node.harness import reference_config
 
 FIVE = ["image-gen", "video-gen", "stt", "audio-gen", "run-graph"]
 
 
-async def test_node_073_unknown_task_type(tmp_path: Path) -> None:
-    async with running_node(tmp_path, reference_config(tmp_path)) as h:
-        r = await h.dispatch("x", "mine-bitcoin", {"prompt": "p"})
-        assert r.status_code == 400
-        msg = r.json()["error"]
-        assert "unsupported task_type" in msg and "mine-bitcoin" in msg
-        for task in FIVE:
-            assert task in msg
-        assert msg.endswith("(supported: image-gen, video-gen, stt, audio-gen, run-graph)")
+@pytest.fixture
+def fleet_node_config(tmp_path: Path, request: pytest.FixtureRequest) -> NodeConfig:
+    """The five reference tasks (or those named by an indirect parameter), each running the
+    echo script."""
+    return reference_config(tmp_path, only=getattr(request, "param", None))
 
 
-async def test_node_074_known_but_unbound_task(tmp_path: Path) -> None:
-    async with running_node(tmp_path, reference_config(tmp_path, only=["stt"])) as h:
-        r = await h.dispatch("x", "image-gen", {"prompt": "p"})
-        assert r.status_code == 400
-        assert r.json()["error"] == 'unsupported task_type "image-gen" (supported: stt)'
+async def test_node_073_unknown_task_type(fleet_node: NodeHandle) -> None:
+    r = await fleet_node.dispatch("mine-bitcoin", {"prompt": "p"}, job_id="x")
+    assert r.status_code == 400
+    msg = r.json()["error"]
+    assert "unsupported task_type" in msg and "mine-bitcoin" in msg
+    for task in FIVE:
+        assert task in msg
+    assert msg.endswith("(supported: image-gen, video-gen, stt, audio-gen, run-graph)")
 
 
-async def test_node_075_payload_not_object_each_task(tmp_path: Path) -> None:
-    async with running_node(tmp_path, reference_config(tmp_path)) as h:
-        for task in FIVE:
-            for payload in ("a string", [1, 2], 42, True):
-                r = await h.dispatch(f"{task}-x", task, payload)
-                assert r.status_code == 400, (task, payload)
-                assert r.json()["error"] == f"{task} payload: must be a JSON object"
-        assert work_dirs(tmp_path) == []
+@pytest.mark.parametrize("fleet_node_config", [["stt"]], indirect=True, ids=["stt-only"])
+async def test_node_074_known_but_unbound_task(fleet_node: NodeHandle) -> None:
+    r = await fleet_node.dispatch("image-gen", {"prompt": "p"}, job_id="x")
+    assert r.status_code == 400
+    assert r.json()["error"] == 'unsupported task_type "image-gen" (supported: stt)'
 
 
-async def test_node_076_absent_payload_required_member(tmp_path: Path) -> None:
+async def test_node_075_payload_not_object_each_task(fleet_node: NodeHandle) -> None:
+    for task in FIVE:
+        for payload in ("a string", [1, 2], 42, True):
+            r = await fleet_node.dispatch(task, payload, job_id=f"{task}-x")
+            assert r.status_code == 400, (task, payload)
+            assert r.json()["error"] == f"{task} payload: must be a JSON object"
+    assert fleet_node.work_dirs() == []
+
+
+async def test_node_076_absent_payload_required_member(fleet_node: NodeHandle) -> None:
     expected = {
         "image-gen": "image-gen payload: prompt required",
         "video-gen": "video-gen payload: prompt required",
@@ -48,15 +57,14 @@ async def test_node_076_absent_payload_required_member(tmp_path: Path) -> None:
         "run-graph": "run-graph payload: graph required "
         "(a ComfyUI API-format graph as a raw JSON object)",
     }
-    async with running_node(tmp_path, reference_config(tmp_path)) as h:
-        for task, message in expected.items():
-            r = await h.dispatch(f"{task}-absent", task)  # no payload member at all
-            assert r.status_code == 400 and r.json()["error"] == message
-            r = await h.client.post(
-                "/fleet/dispatch",
-                content=f'{{"job_id":"{task}-null","task_type":"{task}","payload":null}}'.encode(),
-            )
-            assert r.status_code == 400 and r.json()["error"] == message
+    for task, message in expected.items():
+        r = await fleet_node.dispatch(task, job_id=f"{task}-absent")  # no payload member at all
+        assert r.status_code == 400 and r.json()["error"] == message
+        r = await fleet_node.client.post(
+            "/fleet/dispatch",
+            content=f'{{"job_id":"{task}-null","task_type":"{task}","payload":null}}'.encode(),
+        )
+        assert r.status_code == 400 and r.json()["error"] == message
 
 
 def test_node_077_cleanup_always_callable(tmp_path: Path) -> None:

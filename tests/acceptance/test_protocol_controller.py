@@ -2,20 +2,30 @@
 
 These items are facts about the controller; here they run against the simulated controller
 (``fleet_trio.sim``), through the worker's own client or the real worker, so they pin both the
-worker's messages and the simulation that the rest of the suite trusts.
+worker's messages and the simulation that the rest of the suite trusts. The end-to-end items
+(143–146) use the ``fleet_worker`` fixture (fleet_trio.sim.pytest_plugin).
 """
 
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import attrs
 import httpx
+import pytest
 import trio
 
+from fleet_trio.sim.harness import WorkerHandle
+from tests.acceptance.test_process_worker_supervision import GPUBOX
 from tests.acceptance.test_protocol_more import AUTH, _with_running_job
 from tests.worker.test_client import REG, controller
-from tests.worker.test_worker import HOST, dev, running, until_terminal
+from tests.worker.test_worker import HOST, dev, until_terminal
+
+
+@pytest.fixture
+def fleet_worker_config() -> dict[str, Any]:
+    return GPUBOX
 
 
 async def test_protocol_140_registration_stores_labels_by_source_with_host_facts() -> None:
@@ -83,58 +93,66 @@ async def test_protocol_142_push_route_stores_without_disturbing_and_checks_inpu
             assert "host does not match" in mismatch.json()["message"]
 
 
-async def test_protocol_143_submit_run_stream_succeed_then_next_job() -> None:
+async def test_protocol_143_submit_run_stream_succeed_then_next_job(
+    fleet_worker: WorkerHandle,
+) -> None:
+    ctrl = fleet_worker.controller
     with trio.fail_after(20):
-        async with running() as (ctrl, _):
-            first = ctrl.submit(dev("gpu0"), ["sh", "-c", "echo streamed; sleep 0.5"])
-            await ctrl.wait_for(lambda: ctrl.logs(first) == b"streamed\n")
-            assert ctrl.job(first).state == "running"  # streamed while it runs
-            assert ctrl.device(dev("gpu0")).state == "busy"
-            assert await until_terminal(ctrl, first) == ["running", "succeeded"]
-            assert ctrl.job(first).exit_code == 0
-            await ctrl.wait_for(lambda: ctrl.device(dev("gpu0")).state == "ready")
-            second = ctrl.submit(dev("gpu0"), ["true"])
-            assert await until_terminal(ctrl, second) == ["running", "succeeded"]
+        first = ctrl.submit(dev("gpu0"), ["sh", "-c", "echo streamed; sleep 0.5"])
+        await ctrl.wait_for(lambda: ctrl.logs(first) == b"streamed\n")
+        assert ctrl.job(first).state == "running"  # streamed while it runs
+        assert ctrl.device(dev("gpu0")).state == "busy"
+        assert await until_terminal(ctrl, first) == ["running", "succeeded"]
+        assert ctrl.job(first).exit_code == 0
+        await ctrl.wait_for(lambda: ctrl.device(dev("gpu0")).state == "ready")
+        second = ctrl.submit(dev("gpu0"), ["true"])
+        assert await until_terminal(ctrl, second) == ["running", "succeeded"]
 
 
-async def test_protocol_144_two_jobs_on_one_device_run_one_after_the_other() -> None:
+async def test_protocol_144_two_jobs_on_one_device_run_one_after_the_other(
+    fleet_worker: WorkerHandle,
+) -> None:
+    ctrl = fleet_worker.controller
     with trio.fail_after(20):
-        async with running() as (ctrl, _):
-            a = ctrl.submit(dev("gpu0"), ["sleep", "0.4"])
-            b = ctrl.submit(dev("gpu0"), ["sleep", "0.1"])
-            assert ctrl.job(b).state == "queued"
-            await until_terminal(ctrl, a)
-            await until_terminal(ctrl, b)
-            ja, jb = ctrl.job(a), ctrl.job(b)
-            assert ja.finished_at is not None and jb.started_at is not None
-            assert jb.started_at >= ja.finished_at
+        a = ctrl.submit(dev("gpu0"), ["sleep", "0.4"])
+        b = ctrl.submit(dev("gpu0"), ["sleep", "0.1"])
+        assert ctrl.job(b).state == "queued"
+        await until_terminal(ctrl, a)
+        await until_terminal(ctrl, b)
+        ja, jb = ctrl.job(a), ctrl.job(b)
+        assert ja.finished_at is not None and jb.started_at is not None
+        assert jb.started_at >= ja.finished_at
 
 
-async def test_protocol_145_killed_queued_job_never_runs() -> None:
+async def test_protocol_145_killed_queued_job_never_runs(
+    fleet_worker: WorkerHandle,
+) -> None:
+    ctrl = fleet_worker.controller
     with trio.fail_after(20):
-        async with running() as (ctrl, _):
-            a = ctrl.submit(dev("gpu0"), ["sleep", "0.3"])
-            b = ctrl.submit(dev("gpu0"), ["sh", "-c", "echo RAN"])
-            assert ctrl.kill(b)
-            assert ctrl.job(b).state == "killed"
-            await until_terminal(ctrl, a)
-            await trio.sleep(0.3)
-            assert ctrl.statuses(b) == [] and ctrl.logs(b) == b""
+        a = ctrl.submit(dev("gpu0"), ["sleep", "0.3"])
+        b = ctrl.submit(dev("gpu0"), ["sh", "-c", "echo RAN"])
+        assert ctrl.kill(b)
+        assert ctrl.job(b).state == "killed"
+        await until_terminal(ctrl, a)
+        await trio.sleep(0.3)
+        assert ctrl.statuses(b) == [] and ctrl.logs(b) == b""
 
 
-async def test_protocol_146_raw_reregistration_during_a_job_quarantines_and_loses_it() -> None:
+async def test_protocol_146_raw_reregistration_during_a_job_quarantines_and_loses_it(
+    fleet_worker: WorkerHandle,
+) -> None:
+    ctrl, worker = fleet_worker.controller, fleet_worker.worker
     with trio.fail_after(20):
-        async with running() as (ctrl, worker):
-            job = ctrl.submit(dev("gpu0"), ["sleep", "30"])
-            await ctrl.wait_for(lambda: ctrl.statuses(job) == ["running"])
-            body = dict(ctrl.registrations()[0])
-            body.pop("recovery", None)
-            async with httpx.AsyncClient() as http:
-                r = await http.post(
-                    f"{ctrl.base_url}/v1/workers/register", content=json.dumps(body), headers=AUTH
-                )
-            assert r.status_code == 200
-            assert ctrl.job(job).state == "lost"
-            d = ctrl.device(dev("gpu0"))
-            assert (d.state, d.reason) == ("unhealthy", "registration")
-            assert job in worker.supervised()  # the real worker still runs it
+        job = ctrl.submit(dev("gpu0"), ["sleep", "30"])
+        await ctrl.wait_for(lambda: ctrl.statuses(job) == ["running"])
+        body = dict(ctrl.registrations()[0])
+        body.pop("recovery", None)
+        async with httpx.AsyncClient() as http:
+            r = await http.post(
+                f"{ctrl.base_url}/v1/workers/register", content=json.dumps(body), headers=AUTH
+            )
+        assert r.status_code == 200
+        assert ctrl.job(job).state == "lost"
+        d = ctrl.device(dev("gpu0"))
+        assert (d.state, d.reason) == ("unhealthy", "registration")
+        assert job in worker.supervised()  # the real worker still runs it
