@@ -21,10 +21,19 @@ import trio
 from fleet_trio import __version__
 from fleet_trio.durations import parse_duration_seconds
 from fleet_trio.errors import DurationError
+from fleet_trio.logs import (
+    LogSetupError,
+    add_log_arguments,
+    console,
+    redact_secrets,
+    setup_logging,
+)
 from fleet_trio.nursery import open_task_tree, serve_shutdown_signals
 from fleet_trio.proc.run import run
 from fleet_trio.proc.spec import JobSpec, Result
 from fleet_trio.proc.stop import StopToken
+from fleet_trio.sim.chaos_cli import add_parser as add_sim_parser
+from fleet_trio.sim.demo import add_parser as add_demo_parser
 
 log = logging.getLogger("fleet_trio.cli")
 
@@ -35,7 +44,6 @@ EXIT_NOT_STARTED = 127
 """The command could not be started (missing executable, bad cwd …), as a shell reports it."""
 EXIT_INTERNAL = 1
 """A bug: the job task ended without a Result (its traceback is logged)."""
-LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
 # -- terminal output without blocking the event loop ---------------------------------------------
@@ -91,7 +99,7 @@ def _add_exec(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "exec",
         usage=(
             "%(prog)s [-h] [--job-id ID] [--grace DUR] [--max-runtime DUR] [--idle-timeout DUR]"
-            " [--cwd DIR] [--json] -- CMD [ARG...]"
+            " [--cwd DIR] [--json] [--log-level LEVEL] [--log-format FORMAT] -- CMD [ARG...]"
         ),
         help="run one command exactly as the worker runs a job",
         description=(
@@ -264,19 +272,15 @@ def build_parser() -> argparse.ArgumentParser:
         prog=PROG, description="A GPU fleet agent on Trio: fleet node and drop-in rc worker."
     )
     parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
-    parser.add_argument(
-        "--log-level",
-        default="WARNING",
-        type=str.upper,
-        choices=LOG_LEVELS,
-        help="log level on stderr (default WARNING)",
-    )
     sub = parser.add_subparsers(dest="subcommand", metavar="COMMAND", title="commands")
     _add_exec(sub)
     _add_node(sub)
     _add_measure(sub)
     _add_worker(sub)
     _add_tail(sub)  # fleet-trio tail (docs/tail.md)
+    add_sim_parser(sub)  # fleet-trio sim chaos (docs/chaos.md)
+    add_demo_parser(sub)  # fleet-trio demo (docs/demo.md)
+    add_log_arguments(parser)  # after every subcommand: they all get --log-level/--log-format
     return parser
 
 
@@ -398,13 +402,18 @@ def _export_fake_gpu_dir(args: argparse.Namespace) -> None:
         os.environ["FLEET_TRIO_FAKE_GPU_DIR"] = os.path.abspath(args.fake_gpu_dir)
 
 
+def _test_break() -> frozenset[str]:
+    """TEST-ONLY deliberate defects from ``FLEET_TRIO_TEST_BREAK`` (docs/chaos.md)."""
+    return frozenset(filter(None, os.environ.get("FLEET_TRIO_TEST_BREAK", "").split(",")))
+
+
 def _cmd_node(args: argparse.Namespace) -> int:
     from fleet_trio.errors import ConfigError
     from fleet_trio.node.config import NodeConfig, load_config
     from fleet_trio.node.server import NodeOptions, NodeStartError, serve_node
 
     def say(line: str) -> None:
-        print(f"{PROG} node: {line}", file=sys.stderr, flush=True)
+        console(f"{PROG} node: {line}", event=line, logger="fleet_trio.node")
 
     _export_fake_gpu_dir(args)
     try:
@@ -417,10 +426,12 @@ def _cmd_node(args: argparse.Namespace) -> int:
             fake_gpu_dir=args.fake_gpu_dir,
             footprints=args.footprints,
             token=args.token if args.token is not None else os.environ.get("FLEET_TRIO_TOKEN"),
+            test_break=_test_break(),  # TEST-ONLY (docs/chaos.md)
         )
+        redact_secrets(options.token)
         trio.run(functools.partial(serve_node, config, options, announce=say))
     except (ConfigError, NodeStartError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        console(f"error: {exc}", event=str(exc), logger="fleet_trio.node", level=logging.ERROR)
         return 1
     return 0
 
@@ -467,9 +478,10 @@ def _cmd_worker(args: argparse.Namespace) -> int:
 
     try:
         config = load_worker_config(args.config)
+        redact_secrets(config.token, config.tail_token)
         check_tail_listen(config, args.listen_trusted_network)
     except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        console(f"error: {exc}", event=str(exc), logger="fleet_trio.worker", level=logging.ERROR)
         return 1
     if args.check:
         print(json.dumps(config.to_summary(), indent=2), flush=True)
@@ -480,13 +492,16 @@ def _cmd_worker(args: argparse.Namespace) -> int:
             if config.tail_token
             else "any host that can reach it can read every job's output"
         )
-        print(
-            f"{PROG} worker: WARNING: --listen-trusted-network: live log tail on "
-            f"{config.tail_listen}; {who}",
-            file=sys.stderr,
-            flush=True,
+        warning = f"--listen-trusted-network: live log tail on {config.tail_listen}; {who}"
+        console(
+            f"{PROG} worker: WARNING: {warning}",
+            event=warning,
+            logger="fleet_trio.worker",
+            level=logging.WARNING,
         )
-    worker = Worker(config, tail_trusted_network=args.listen_trusted_network)
+    worker = Worker(
+        config, tail_trusted_network=args.listen_trusted_network, test_break=_test_break()
+    )
 
     async def main() -> None:
         async with trio.open_nursery() as nursery:
@@ -543,14 +558,14 @@ def _add_tail(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         dest="start",
         metavar="start|now|N",
         default="start",
-        help="where to begin: the start of the log (default), now (only new output) or "
-        "byte offset N",
+        help="where to begin: start (the beginning of the log), now (only new output) or "
+        "byte offset N (default start)",
     )
     p.add_argument(
         "--streams",
         metavar="LIST",
         default="stdout,stderr",
-        help="comma-separated streams to follow: stdout, stderr (default both)",
+        help="comma-separated streams to follow: stdout, stderr (default stdout,stderr)",
     )
     p.add_argument(
         "--retries",
@@ -622,6 +637,7 @@ async def _tail(args: argparse.Namespace) -> int:
     streams = parse_streams(args.streams)
     position = parse_start(args.start)
     token = args.token if args.token is not None else os.environ.get("FLEET_TRIO_TOKEN")
+    redact_secrets(token)
     headers = [(b"Authorization", f"Bearer {token}".encode())] if token else []
     failures = 0
     while True:
@@ -697,11 +713,11 @@ def _cmd_tail(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(list(argv) if argv is not None else None)
-    logging.basicConfig(
-        level=getattr(logging, args.log_level),
-        stream=sys.stderr,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    try:
+        setup_logging(args.log_level, args.log_format)  # docs/logging.md
+    except LogSetupError as exc:
+        print(f"{PROG}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     handler = getattr(args, "handler", None)
     if handler is None:
         parser.print_help(sys.stderr)

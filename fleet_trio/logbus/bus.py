@@ -27,6 +27,7 @@ into a single ``Skipped``).
 from __future__ import annotations
 
 import bisect
+import contextlib
 import itertools
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -88,6 +89,18 @@ class JobInfo:
     meta: Mapping[str, str]
 
 
+@attrs.define
+class BusStats:
+    """A bus's running totals (for metrics); ``LogBus.stats()`` returns a copy."""
+
+    bytes_written: dict[str, int] = attrs.Factory(lambda: {"stdout": 0, "stderr": 0})
+    """Bytes jobs wrote, by stream."""
+    bytes_skipped: int = 0
+    """Bytes subscribers were told they will not get (``Skipped``: lag or eviction)."""
+    subscribers: int = 0
+    """Subscriptions open now."""
+
+
 @attrs.frozen
 class SpillRead:
     """:meth:`Cursor.poll`'s request: serve ``[offset, upto)`` from the spill file."""
@@ -115,6 +128,7 @@ class History:
         self._offsets: list[int] = []
         self._chunks: list[_Chunk] = []
         self._head = 0  # index of the oldest retained chunk (amortised pop-left)
+        self._holders: list[Cursor] = []
 
     @property
     def start(self) -> int:
@@ -133,14 +147,34 @@ class History:
         self._chunks.append(_Chunk(stream, data, t))
         self.total += len(data)
         self.size += len(data)
+        self._evict()
+        return offset
+
+    def _evict(self) -> None:
         while self.size > self.limit and len(self) > 1:
+            if self._holders and self._held(self._offsets[self._head + 1]):
+                break
             self.size -= len(self._chunks[self._head].data)
             self._head += 1
         if self._head > 64 and self._head * 2 > len(self._chunks):
             del self._offsets[: self._head]
             del self._chunks[: self._head]
             self._head = 0
-        return offset
+
+    def hold(self, cursor: Cursor) -> None:
+        """Keep the bytes ``cursor`` has not read yet, beyond ``limit`` when needed, up to its
+        ``max_lag`` (older bytes it would skip under the lag rule anyway)."""
+        if cursor not in self._holders:
+            self._holders.append(cursor)
+
+    def release(self, cursor: Cursor) -> None:
+        if cursor in self._holders:
+            self._holders.remove(cursor)
+            self._evict()
+
+    def _held(self, head_end: int) -> bool:
+        """Does a holder still need the oldest chunk (which ends at ``head_end``)?"""
+        return any(c.pos < head_end and head_end > self.total - c.max_lag for c in self._holders)
 
     def chunk_at(self, offset: int) -> tuple[int, _Chunk]:
         """The retained chunk holding byte ``offset`` (``start <= offset < total``), with its
@@ -180,6 +214,7 @@ class Cursor:
         streams: frozenset[Stream] = STREAMS,
         max_lag: int = 1 << 20,
         batch: int = 0,
+        hold: bool = False,
     ) -> None:
         if max_lag < 0:
             raise ValueError("max_lag must be >= 0")
@@ -200,6 +235,18 @@ class Cursor:
         self.streams = frozenset(streams)
         self.max_lag = max_lag
         self.done = False
+        self.holding = hold
+        """A *holding* cursor keeps the history from evicting what it has not read (within
+        ``max_lag``): it never misses a byte unless it falls ``max_lag`` behind. For a
+        consumer that must not lose output (the rc log upload); :meth:`release` when done."""
+        if hold:
+            history.hold(self)
+
+    def release(self) -> None:
+        """Stop holding history (a no-op for a cursor that does not hold)."""
+        if self.holding:
+            self.holding = False
+            self.history.release(self)
 
     @property
     def lag(self) -> int:
@@ -236,6 +283,7 @@ class Cursor:
             if self.pos >= total:
                 if end is not None:
                     self.done = True
+                    self.release()
                     return end
                 return None
             i = h.index_at(self.pos)
@@ -291,8 +339,10 @@ class JobLog:
         spill_dir: str | None = None,
         limiter: trio.CapacityLimiter | None = None,
         on_end: Callable[[JobLog], None] | None = None,
+        stats: BusStats | None = None,
     ) -> None:
         self.job_id = _spill.check_job_id(job_id)
+        self._stats = stats if stats is not None else BusStats()
         self._on_end = on_end
         self.meta: Mapping[str, str] = MappingProxyType(dict(meta or {}))
         self.started = time.time()
@@ -329,6 +379,7 @@ class JobLog:
         data = bytes(data)
         t = time.time()
         offset = self._history.append(stream, data, t)
+        self._stats.bytes_written[stream] += len(data)
         if self._spill_path is not None and not self._spill_broken:
             if not self._runs or self._runs[-1][0] != stream:
                 self._run_offsets.append(offset)
@@ -387,11 +438,15 @@ class JobLog:
         streams: frozenset[Stream] = STREAMS,
         max_lag: int = 1 << 20,
         batch: int = 0,
+        hold: bool = False,
     ) -> Subscription:
-        """Read this log from ``start`` (``"start"``, ``"now"`` or an offset; see Cursor)."""
+        """Read this log from ``start`` (``"start"``, ``"now"`` or an offset; see Cursor for
+        ``max_lag``, ``batch`` and ``hold``)."""
         for s in streams:
             _check_stream(s)
-        cursor = Cursor(self._history, start, streams=streams, max_lag=max_lag, batch=batch)
+        cursor = Cursor(
+            self._history, start, streams=streams, max_lag=max_lag, batch=batch, hold=hold
+        )
         if self._end is not None:
             cursor.clamp(self._end.offset)  # ended: nothing more will come
         return Subscription(self, cursor)
@@ -488,6 +543,20 @@ class Subscription:
         self._cursor = cursor
         self._closed = False
         self._busy = False
+        self._counted = True
+        log._stats.subscribers += 1
+
+    def _uncount(self) -> None:
+        if self._counted:
+            self._counted = False
+            self._log._stats.subscribers -= 1
+
+    def _seen(self, ev: Event) -> Event:
+        if isinstance(ev, Skipped):
+            self._log._stats.bytes_skipped += ev.nbytes
+        elif isinstance(ev, End):
+            self._uncount()
+        return ev
 
     @property
     def position(self) -> int:
@@ -520,15 +589,33 @@ class Subscription:
                     out = await log._read_spill(self._cursor, ev)
                     if out is None:
                         continue
-                    return out
+                    return self._seen(out)
                 await trio.lowlevel.cancel_shielded_checkpoint()
-                return ev
+                return self._seen(ev)
         finally:
             self._busy = False
+
+    def ready(self) -> list[Event]:
+        """The events available right now, in order, without waiting: for a caller whose
+        reading task has stopped. Stops before anything that needs the spill file."""
+        if self._busy:
+            raise trio.BusyResourceError("another task is reading this subscription")
+        log = self._log
+        events: list[Event] = []
+        while not self._closed:
+            ev = self._cursor.poll(
+                log._end, spill_upto=log._spill_upto, spill_pending=log._spill_pending
+            )
+            if ev is None or isinstance(ev, SpillRead):
+                break
+            events.append(self._seen(ev))
+        return events
 
     async def aclose(self) -> None:
         """Stop reading; a task blocked in ``__anext__`` gets ``StopAsyncIteration``."""
         self._closed = True
+        self._cursor.release()
+        self._uncount()
         if self._busy:
             self._log._wake()
         await trio.lowlevel.checkpoint()
@@ -564,6 +651,40 @@ class LogBus:
         self._ended: dict[str, JobLog] = {}
         """The ended logs, in the order they ended (so pruning looks only at the oldest)."""
         self._limiter = trio.CapacityLimiter(4)
+        self._streaming = 0
+        self._streams_idle = trio.Event()
+        self._streams_idle.set()
+        self._stats = BusStats()
+
+    def stats(self) -> BusStats:
+        """A copy of the running totals (bytes written by stream, skipped, open subscribers)."""
+        s = self._stats
+        return BusStats(dict(s.bytes_written), s.bytes_skipped, s.subscribers)
+
+    @contextlib.contextmanager
+    def streaming(self) -> Iterator[None]:
+        """Count a consumer serving a log to a client (a tail) while the block runs."""
+        if self._streaming == 0:
+            self._streams_idle = trio.Event()
+        self._streaming += 1
+        try:
+            yield
+        finally:
+            self._streaming -= 1
+            if self._streaming == 0:
+                self._streams_idle.set()
+
+    async def wait_streams_done(self) -> None:
+        """Return once no :meth:`streaming` block runs (a shutdown waits, bounded, for the
+        tails to send their ``end``)."""
+        await self._streams_idle.wait()
+
+    def end_all(self, state: str, exit_code: int | None = None, reason: str = "") -> list[str]:
+        """End every log that has not ended (a shutdown: jobs that never ran); their ids."""
+        ended = [log.job_id for log in list(self._logs.values()) if log.ended is None]
+        for job_id in ended:
+            self._logs[job_id].end(state, exit_code, reason)
+        return ended
 
     def open(self, job_id: str, *, meta: Mapping[str, str] | None = None) -> JobLog:
         """The log of ``job_id``, created if needed (``ValueError`` for an unsafe id)."""
@@ -578,6 +699,7 @@ class LogBus:
                 spill_dir=self.spill_dir,
                 limiter=self._limiter,
                 on_end=self._log_ended,
+                stats=self._stats,
             )
             self._logs[job_id] = log
         return log
@@ -615,6 +737,7 @@ def _check_stream(stream: str) -> None:
 
 __all__ = [
     "STREAMS",
+    "BusStats",
     "Cursor",
     "End",
     "Event",

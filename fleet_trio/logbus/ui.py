@@ -73,17 +73,19 @@ async def stream_tail(bus: LogBus, job_id: str) -> None:
             await websocket.receive()
 
     code = CLOSE_INTERNAL
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(discard_incoming)
-        try:
-            code = await serve_tail(bus, job_id, send_json, websocket.args)
-        except Exception:
-            log.exception("tail of job %s failed", job_id)
-            with trio.move_on_after(1):
-                await send_json(error_message("internal error"))
-        nursery.cancel_scope.cancel()
-    with trio.move_on_after(5):
-        await websocket.close(code)
+    # counted until the close frame is written: a shutdown waits (bounded) for it
+    with bus.streaming():
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(discard_incoming)
+            try:
+                code = await serve_tail(bus, job_id, send_json, websocket.args)
+            except Exception:
+                log.exception("tail of job %s failed", job_id)
+                with trio.move_on_after(1):
+                    await send_json(error_message("internal error"))
+            nursery.cancel_scope.cancel()
+        with trio.move_on_after(5):
+            await websocket.close(code)
 
 
 @functools.cache

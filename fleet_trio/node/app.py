@@ -28,6 +28,7 @@ from fleet_trio.auth import bearer_ok
 from fleet_trio.errors import WireError
 from fleet_trio.logbus.bus import LogBus
 from fleet_trio.logbus.ui import stream_tail
+from fleet_trio.metrics import NodeMetrics
 from fleet_trio.node.jobs import JobState, JobStore, Registration
 from fleet_trio.node.tasks import PreparedJob, TaskRegistry, TaskRunner, job_log_meta
 from fleet_trio.node.wire import (
@@ -103,11 +104,16 @@ class NodeContext:
     """Built once: building a cattrs converter costs milliseconds, health is a hot path."""
     bus: LogBus = attrs.field(factory=LogBus, repr=False)
     """The jobs' live output (the tail route); the runner tees into it (docs/tail.md)."""
+    metrics: NodeMetrics = attrs.field(factory=NodeMetrics, repr=False)
+    """``GET /metrics`` (docs/metrics.md): this node's own registry."""
 
     def __attrs_post_init__(self) -> None:
         # live log tail: the runner tees into this bus (a stand-in runner without one: no tee)
         if getattr(self.runner, "bus", False) is None:
             self.runner.bus = self.bus
+        self.metrics.attach(self)  # metrics: read at scrape time; the runner counts job ends
+        if getattr(self.runner, "metrics", False) is None:
+            self.runner.metrics = self.metrics
 
 
 def _json(body: bytes, status: int, headers: Mapping[str, str] | None = None) -> Response:
@@ -277,6 +283,18 @@ async def tail(ctx: NodeContext, job_id: str) -> Response | None:
 # -- end of the live log tail block --------------------------------------------------------------
 
 
+async def metrics_endpoint(ctx: NodeContext) -> Response:
+    """``GET /metrics`` (docs/metrics.md): Prometheus text, or OpenMetrics when asked for.
+
+    Behind the node's token like every other route when one is set (scrape with
+    ``authorization: {credentials_file: ...}``); open when none is, as the whole node is.
+    """
+    if not _token_ok(ctx, request.headers.get("Authorization")):
+        return _unauthorized()
+    body, content_type = ctx.metrics.render(request.headers.get("Accept"))
+    return Response(body, status=200, content_type=content_type)
+
+
 def create_app(ctx: NodeContext) -> QuartTrio:
     """The quart-trio app serving ``ctx``."""
     app = QuartTrio(__name__)
@@ -289,7 +307,10 @@ def create_app(ctx: NodeContext) -> QuartTrio:
         return await health(ctx)
 
     async def _dispatch() -> Response:
-        return await dispatch(ctx)
+        started = trio.current_time()
+        response = await dispatch(ctx)
+        ctx.metrics.dispatch_answered(response.status_code, trio.current_time() - started)
+        return response
 
     async def _job(job_id: str) -> Response:
         return await job_status(ctx, job_id)
@@ -297,6 +318,11 @@ def create_app(ctx: NodeContext) -> QuartTrio:
     app.add_url_rule("/fleet/health", "health", _health, methods=["GET"])
     app.add_url_rule("/fleet/dispatch", "dispatch", _dispatch, methods=["POST"])
     app.add_url_rule("/fleet/jobs/<job_id>", "job", _job, methods=["GET"])
+
+    async def _metrics() -> Response:
+        return await metrics_endpoint(ctx)
+
+    app.add_url_rule("/metrics", "metrics", _metrics, methods=["GET"])
 
     @app.websocket("/fleet/jobs/<job_id>/tail")  # live log tail (docs/tail.md)
     async def _tail(job_id: str) -> Response | None:
@@ -336,6 +362,7 @@ __all__ = [
     "dispatch",
     "health",
     "job_status",
+    "metrics_endpoint",
     "snapshot_problem",
     "tail",
 ]

@@ -145,6 +145,13 @@ class JobTable:
     def in_flight_ids(self) -> list[str]:
         return [i for i, e in self._entries.items() if not e.state.terminal]
 
+    def state_counts(self) -> dict[JobState, int]:
+        """Entries per state, every state present (read by the metrics scrape)."""
+        counts = dict.fromkeys(JobState, 0)
+        for entry in self._entries.values():
+            counts[entry.state] += 1
+        return counts
+
     # -- transitions -----------------------------------------------------------------------
     def register(self, job_id: str) -> Registration:
         """§3.2: refuse when draining or when the id exists in any state; else ``accepted``."""
@@ -293,7 +300,7 @@ class JobStore:
                 try:
                     result: Outcome = await execution()
                 except Exception as exc:
-                    log.exception("job %s: execution raised", job_id)
+                    log.exception("job %s: execution raised", job_id, extra={"job_id": job_id})
                     result = Failed(f"internal error: {exc}" if str(exc) else "internal error")
                 self.table.finish(job_id, result, trio.current_time())
         finally:

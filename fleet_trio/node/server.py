@@ -30,6 +30,7 @@ from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve as hypercorn_serve
 
 from fleet_trio.errors import FleetTrioError
+from fleet_trio.metrics import NodeMetrics
 from fleet_trio.node.app import FootprintSource, NodeContext, VramStatus, create_app
 from fleet_trio.node.config import (
     TRUSTED_NETWORK_WARNING,
@@ -40,7 +41,7 @@ from fleet_trio.node.config import (
     resolve_listen,
     resolve_node_id,
 )
-from fleet_trio.node.jobs import JobStore
+from fleet_trio.node.jobs import INTERRUPTED, JobStore
 from fleet_trio.node.tasks import JOB_MARKER, PreparedJob, TaskRegistry, TaskRunner
 from fleet_trio.nursery import DEFAULT_SIGNALS, TaskTree, open_task_tree, serve_shutdown_signals
 
@@ -67,6 +68,9 @@ class NodeOptions:
     fake_gpu_dir: str | None = None
     footprints: str | None = None
     token: str | None = None
+    test_break: frozenset[str] = frozenset()
+    """TEST-ONLY deliberate defects (``FLEET_TRIO_TEST_BREAK``, docs/chaos.md):
+    ``skip-interrupted`` skips marking drain survivors interrupted. Never set in production."""
 
 
 class SamplerService(VramStatus, Protocol):
@@ -131,6 +135,20 @@ async def serve_http(
         await hypercorn_serve(app, hc, task_status=task_status)
     except OSError as exc:
         raise NodeStartError(f"cannot listen on {', '.join(hc.bind)}: {exc}") from exc
+    except BaseExceptionGroup as group:  # hypercorn binds inside its nurseries
+        bind_errors, rest = group.split(OSError)
+        if bind_errors is None or rest is not None:
+            raise
+        first = _first_leaf(bind_errors)
+        raise NodeStartError(f"cannot listen on {', '.join(hc.bind)}: {first}") from first
+
+
+def _first_leaf(group: BaseExceptionGroup[OSError]) -> OSError:
+    first: BaseException = group
+    while isinstance(first, BaseExceptionGroup):
+        first = first.exceptions[0]
+    assert isinstance(first, OSError)
+    return first
 
 
 @attrs.define
@@ -278,20 +296,34 @@ async def serve_node(
         footprints=gpu.footprints,
         max_snapshot_age=t.max_snapshot_age,
         token=options.token or None,
+        metrics=NodeMetrics(gpu=str(node.gpu.index)),
     )
 
     async def mark_interrupted() -> None:
+        if "skip-interrupted" in options.test_break:  # TEST-ONLY defect (docs/chaos.md)
+            return
         store.mark_interrupted()
+
+    serving = False
 
     def stop_accepting() -> None:
         store.begin_drain()
-        say(f"node {node_id}: draining for up to {t.drain_timeout:g}s")
+        if serving:  # not on a failed start
+            say(f"node {node_id}: draining for up to {t.drain_timeout:g}s")
+
+    async def tails_end() -> None:
+        # live log tail: every job has ended; a log opened at the ack of a job that never ran
+        # ends as its poll does, and the open tails send their `end` and close normally before
+        # the HTTP server goes (bounded by the task tree's JOBS_CLOSED_BUDGET)
+        ctx.bus.end_all("error", None, INTERRUPTED)
+        await ctx.bus.wait_streams_done()
 
     async with open_task_tree(
         drain=t.drain_timeout,
         kill_grace=t.kill_grace,
         on_stop_accepting=stop_accepting,
         on_interrupt=mark_interrupted,
+        on_jobs_closed=tails_end,
     ) as tree:
         store.set_spawn(tree.start_job)
         if signals:
@@ -310,6 +342,7 @@ async def serve_node(
             f"fleet-trio node {node_id} serving on {listen} "
             f"(vram total {snap.total_gb:.1f} GiB; tasks: {', '.join(registry.supported)})"
         )
+        serving = True
         task_status.started(RunningNode(tree=tree, context=ctx, listen=listen, urls=urls))
         await tree.wait_shutdown()
 

@@ -14,9 +14,10 @@ stdin and prints one JSON object on stdout, which becomes the job's ``data``.
   happens.
 
 The child's environment gains ``FLEET_JOB_ID`` (the job's marker), ``FLEET_TASK_TYPE``,
-``FLEET_WORK_DIR``, ``FLEET_FAMILY``, ``FLEET_QUANT`` and ``FLEET_FILE_<NAME>``. The RC_JOB_ID
-sweep of ``fleet_trio.proc`` is not used (``sweep_job_id`` stays off): it looks for
-``RC_JOB_ID``, a worker concern, and the node's process-group kill already covers its jobs.
+``FLEET_WORK_DIR``, ``FLEET_FAMILY``, ``FLEET_QUANT`` and ``FLEET_FILE_<NAME>``. When a job
+ends, the sweep of ``fleet_trio.proc`` finds and kills the processes that left its process
+group (``setsid``, daemons) by that ``FLEET_JOB_ID`` marker, as the worker does by
+``RC_JOB_ID``; the outcome ignores what it found (it is logged).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ import trio
 
 from fleet_trio.durations import go_duration_seconds
 from fleet_trio.errors import WireError
+from fleet_trio.logs import job_context
 from fleet_trio.node.config import FamilyRule, FieldSpec, QuantRule, TaskDef
 from fleet_trio.node.jobs import Done, Failed, Outcome
 from fleet_trio.node.wire import JsonSyntaxError, msg_unsupported, scan_object
@@ -44,6 +46,7 @@ from fleet_trio.proc.spec import JobSpec, Result
 
 if TYPE_CHECKING:  # live log tail (fleet_trio.logbus)
     from fleet_trio.logbus import JobLog, LogBus
+    from fleet_trio.metrics import NodeMetrics
 
 log = logging.getLogger(__name__)
 
@@ -471,6 +474,27 @@ class JobTee:
             self.broke("end")
 
 
+def _log_sweep(job: PreparedJob, result: Result) -> None:
+    """What the sweep of the job's escapees did; the job's outcome ignores it (as the
+    worker's, worker-process.md §3.6)."""
+    sweep = result.sweep
+    context = job_context(job_id=job.job_id, task=job.task.name)
+    if sweep.remaining:
+        log.error(
+            "job %s: processes %s survived SIGKILL after the sweep",
+            job.job_id,
+            list(sweep.remaining),
+            extra=context,
+        )
+    elif sweep.found:
+        log.warning(
+            "job %s: processes %s outlived the group and were reaped by job id",
+            job.job_id,
+            list(sweep.found),
+            extra=context,
+        )
+
+
 def job_log_meta(job: PreparedJob) -> dict[str, str]:
     return {"task_type": job.task.name, "family": job.family, "quant": job.quant}
 
@@ -517,9 +541,16 @@ class TaskRunner:
         self.gpu_slot = gpu_slot if gpu_slot is not None else trio.Lock()
         self.sample_peak = sample_peak
         self.record_peak = record_peak
+        self.metrics: NodeMetrics | None = None
+        """Job starts, ends and durations (docs/metrics.md); ``None``: not counted."""
 
     async def execute(self, job: PreparedJob) -> Outcome:
+        context = job_context(job_id=job.job_id, task=job.task.name)  # structured logs
+        log.info("job %s: started (%s)", job.job_id, job.task.name, extra=context)
         tee = JobTee.open(self.bus, job)  # live log tail
+        started = trio.current_time()  # metrics
+        if self.metrics is not None:
+            self.metrics.job_started(job.task.name)
         outcome: Outcome | None = None
         failure: BaseException | None = None
         try:
@@ -541,6 +572,16 @@ class TaskRunner:
                 )
             if tee is not None:  # live log tail
                 tee.finish(outcome, failure)
+            if self.metrics is not None:
+                state = "done" if isinstance(outcome, Done) else "error"
+                self.metrics.job_finished(job.task.name, state, trio.current_time() - started)
+            if outcome is not None:  # structured logs: one line, the first of the error
+                ended = (
+                    "done"
+                    if isinstance(outcome, Done)
+                    else "error: " + (outcome.message or "deferred").partition("\n")[0]
+                )
+                log.info("job %s: %s", job.job_id, ended, extra=context)
 
     async def _run(self, job: PreparedJob, tee: JobTee | None = None) -> Outcome:
         stdout = CappedBuffer(RESULT_CAP)
@@ -556,11 +597,14 @@ class TaskRunner:
             max_runtime=job.task.timeout,
             stderr_sink=err_sink,
             stdin_source=BytesReceiveStream(job.stdin),
+            sweep_job_id=job.job_id,  # escapees of the group, found by their FLEET_JOB_ID
+            sweep_marker=JOB_MARKER,
         )
         sampling = self.sample_peak is not None and job.task.footprint is not None
         peaks: list[float | None] = []
         if not sampling or self.sample_peak is None:
             result = await run(spec, out_sink, spawn_limiter=self.spawn_limiter)
+            _log_sweep(job, result)
             if tee is not None:
                 tee.seen(result)
             return outcome_of(job.task, result, stdout, stderr)
@@ -571,7 +615,11 @@ class TaskRunner:
             try:
                 peaks.append(await sampler(job, stop, pgid))
             except Exception:
-                log.exception("job %s: VRAM sampling failed; no footprint", job.job_id)
+                log.exception(
+                    "job %s: VRAM sampling failed; no footprint",
+                    job.job_id,
+                    extra=job_context(job_id=job.job_id, task=job.task.name),
+                )
 
         async with trio.open_nursery() as nursery:
             try:
@@ -584,6 +632,7 @@ class TaskRunner:
                 )
             finally:
                 stop.set()
+        _log_sweep(job, result)
         if tee is not None:
             tee.seen(result)
         outcome = outcome_of(job.task, result, stdout, stderr)
@@ -593,7 +642,11 @@ class TaskRunner:
             try:
                 await recorder(job, peak)
             except Exception:
-                log.exception("job %s: recording the footprint failed", job.job_id)
+                log.exception(
+                    "job %s: recording the footprint failed",
+                    job.job_id,
+                    extra=job_context(job_id=job.job_id, task=job.task.name),
+                )
         return outcome
 
 

@@ -22,15 +22,18 @@ The shutdown sequence (run when the body of :func:`open_task_tree` exits):
 3. if jobs are still live: ``await on_interrupt()`` inside
    ``trio.move_on_after(interrupt_budget, shield=True)``, **before** any cancel;
 4. cancel the jobs scope and wait for it to close (each job does its own shielded, bounded
-   teardown: the supervisor's SIGTERM → ``kill_grace`` → SIGKILL → reap);
+   teardown: the supervisor's SIGTERM → ``kill_grace`` → SIGKILL → reap); then, if given,
+   ``await on_jobs_closed()`` inside ``trio.move_on_after(JOBS_CLOSED_BUDGET, shield=True)``
+   (node: let the live tails send the jobs' ``end`` before the HTTP server goes);
 5. cancel the role scope and wait, then the services scope and wait.
 
 If the body raises (or is cancelled), step 2 is skipped; steps 1, 3, 4 and 5 run in a
 shielded scope, and the body's exception is re-raised unchanged (not wrapped in a group).
 
-The bound: ``drain + interrupt_budget + kill_grace + SHUTDOWN_SLACK`` (see
-:attr:`TaskTree.shutdown_bound`). The tree cannot abandon a task (structured concurrency):
-when a scope overruns its allowance the tree logs which tasks are late and keeps waiting.
+The bound: ``drain + interrupt_budget + kill_grace + SHUTDOWN_SLACK``, plus
+``JOBS_CLOSED_BUDGET`` with ``on_jobs_closed`` (see :attr:`TaskTree.shutdown_bound`). The
+tree cannot abandon a task (structured concurrency): when a scope overruns its allowance the
+tree logs which tasks are late and keeps waiting.
 The bound therefore holds when jobs bound their teardown by :attr:`TaskTree.kill_grace`, which
 ``fleet_trio.proc.run`` does when a role passes ``grace_ceiling=tree.kill_grace``.
 
@@ -70,6 +73,9 @@ SHUTDOWN_SLACK = JOB_TEARDOWN_SLACK + 2 * SCOPE_TEARDOWN_SLACK
 
 DEFAULT_INTERRUPT_BUDGET = 5.0
 """Seconds ``on_interrupt`` may take before it is cut short (and the cancel goes ahead)."""
+
+JOBS_CLOSED_BUDGET = 1.5
+"""Seconds ``on_jobs_closed`` may take before the role scope is cancelled anyway."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -285,6 +291,7 @@ class TaskTree:
         on_stop_accepting: Callable[[], None] | None = None,
         on_interrupt: Callable[[], Awaitable[None]] | None = None,
         interrupt_budget: float = DEFAULT_INTERRUPT_BUDGET,
+        on_jobs_closed: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         _check_seconds("drain", drain, allow_zero=True)
         _check_seconds("kill_grace", kill_grace, allow_zero=False)
@@ -295,6 +302,7 @@ class TaskTree:
         self.interrupt_budget = interrupt_budget
         self._on_stop_accepting = on_stop_accepting
         self._on_interrupt = on_interrupt
+        self._on_jobs_closed = on_jobs_closed
         self._state = ShutdownState()
         self._requested = trio.Event()
         self._wake = trio.lowlevel.ParkingLot()
@@ -353,7 +361,8 @@ class TaskTree:
     @property
     def shutdown_bound(self) -> float:
         """Seconds the shutdown takes at most once it starts draining (jobs keeping the grace)."""
-        return self.drain + self.interrupt_budget + self.kill_grace + SHUTDOWN_SLACK
+        extra = JOBS_CLOSED_BUDGET if self._on_jobs_closed is not None else 0.0
+        return self.drain + self.interrupt_budget + self.kill_grace + SHUTDOWN_SLACK + extra
 
     async def wait_shutdown(self) -> None:
         """Return once the shutdown has begun."""
@@ -521,10 +530,22 @@ class TaskTree:
         finally:
             self._state.begin_cancel()
             await self._close(self._jobs, self.kill_grace + JOB_TEARDOWN_SLACK)
+            await self._jobs_closed()
             await self._close(self._role, SCOPE_TEARDOWN_SLACK)
             await self._close(self._services, SCOPE_TEARDOWN_SLACK)
             self._state.finish()
             log.info("task tree closed")
+
+    async def _jobs_closed(self) -> None:
+        if self._on_jobs_closed is None:
+            return
+        with trio.move_on_after(JOBS_CLOSED_BUDGET, shield=True) as budget:
+            try:
+                await self._on_jobs_closed()
+            except Exception:
+                log.exception("on_jobs_closed failed; closing the role scope")
+        if budget.cancelled_caught:
+            log.warning("on_jobs_closed overran its %gs budget", JOBS_CLOSED_BUDGET)
 
     async def _interrupt(self) -> None:
         self._state.begin_interrupt()
@@ -579,6 +600,7 @@ async def open_task_tree(
     on_stop_accepting: Callable[[], None] | None = None,
     on_interrupt: Callable[[], Awaitable[None]] | None = None,
     interrupt_budget: float = DEFAULT_INTERRUPT_BUDGET,
+    on_jobs_closed: Callable[[], Awaitable[None]] | None = None,
 ) -> AsyncIterator[TaskTree]:
     """Open the services, role and jobs scopes; run the shutdown sequence when the body exits.
 
@@ -588,6 +610,8 @@ async def open_task_tree(
     ``on_interrupt``: async, step 3, only when jobs are still live after the drain (node: mark
     them ``error:"interrupted"``; worker: log the abandoned ids); bounded by
     ``interrupt_budget`` and shielded.
+    ``on_jobs_closed``: async, after step 4, before the role is cancelled; bounded by
+    :data:`JOBS_CLOSED_BUDGET` and shielded.
 
     The body's exception, if any, is re-raised as it was, after steps 1, 3, 4 and 5.
     """
@@ -597,6 +621,7 @@ async def open_task_tree(
         on_stop_accepting=on_stop_accepting,
         on_interrupt=on_interrupt,
         interrupt_budget=interrupt_budget,
+        on_jobs_closed=on_jobs_closed,
     )
     pending: BaseException | None = None
     async with trio.open_nursery() as root:
@@ -657,6 +682,7 @@ async def run_task_tree(
 
 __all__ = [
     "DEFAULT_INTERRUPT_BUDGET",
+    "JOBS_CLOSED_BUDGET",
     "JOB_TEARDOWN_SLACK",
     "SCOPE_TEARDOWN_SLACK",
     "SHUTDOWN_SLACK",

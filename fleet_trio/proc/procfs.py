@@ -330,8 +330,10 @@ def scan_job_marker(
     proc: str = PROC,
     max_listings: int = MARKER_MAX_LISTINGS,
     recheck: float = EMPTY_ENVIRON_RECHECK,
+    key: bytes = JOB_ENV_KEY,
 ) -> MarkerScan:
-    """Every live process outside ``protected`` whose ``RC_JOB_ID`` equals ``job_id``.
+    """Every live process outside ``protected`` whose ``RC_JOB_ID`` (or another marker:
+    ``key`` is ``b"NAME="``) equals ``job_id``.
 
     Blocking (walks all of ``/proc``): run it in a thread.
 
@@ -361,7 +363,7 @@ def scan_job_marker(
     A settled scan that found nothing means nothing carrying the marker was alive at its end
     (pid reuse within one scan, and an ``execve`` stalled for longer than ``recheck``, aside).
     """
-    target = JOB_ENV_KEY + job_id.encode("utf-8", errors="surrogateescape")
+    target = key + job_id.encode("utf-8", errors="surrogateescape")
     ours = _proc_is_ours(proc)
     mark = _last_pid(proc) if ours else None
     listed = _list_pid_names(proc)
@@ -376,11 +378,13 @@ def scan_job_marker(
         seen.update(batch)
         empties: list[str] = []
         round_blind, doubt, last_empty = _marker_batch(
-            proc, batch, target, job_id, matches, empties
+            proc, batch, target, job_id, matches, empties, key
         )
         if empties:
             pause_since(last_empty, recheck)
-            again_blind, _doubt, _t = _marker_batch(proc, empties, target, job_id, matches, None)
+            again_blind, _doubt, _t = _marker_batch(
+                proc, empties, target, job_id, matches, None, key
+            )
             round_blind |= again_blind
         blind |= round_blind
         if not doubt and mark is not None and _last_pid(proc) == mark:
@@ -404,6 +408,7 @@ def _marker_batch(
     job_id: str,
     matches: list[int],
     empties: list[str] | None,
+    key: bytes = JOB_ENV_KEY,
 ) -> tuple[bool, bool, float]:
     """Read the environ of each of ``names``; append the live exact matches to ``matches``.
 
@@ -439,7 +444,7 @@ def _marker_batch(
             if empties is not None:
                 empties.append(name)
                 last_empty = time.monotonic()
-        elif target in data and env_marker_value(data) == job_id:
+        elif target in data and env_marker_value(data, key) == job_id:
             if _live_stat(proc, name):
                 matches.append(int(name))
             else:

@@ -379,7 +379,9 @@ class _Supervisor:
             if stream is not None:
                 await stream.aclose()
         if self.spec.sweep_job_id:
-            report = await sweep_job_survivors(self.spec.sweep_job_id, os.getpid())
+            report = await sweep_job_survivors(
+                self.spec.sweep_job_id, os.getpid(), marker=self.spec.sweep_marker
+            )
             result = attrs.evolve(result, sweep=report)
         return result
 

@@ -39,6 +39,8 @@ class JobSpec:
     stderr_sink: Sink | None = None
     stdin_source: trio.abc.ReceiveStream | None = None
     sweep_job_id: str = ""
+    sweep_marker: str = "RC_JOB_ID"
+    """The environment variable the sweep matches ``sweep_job_id`` against."""
 
     @property
     def grace(self) -> float:

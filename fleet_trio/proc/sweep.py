@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import functools
 import logging
 import os
 import signal
@@ -224,8 +225,10 @@ async def sweep_job_survivors(
     max_passes: int | None = None,
     scan: MarkerScanFn | None = None,
     kill: KillFn | None = None,
+    marker: str = "RC_JOB_ID",
 ) -> SweepReport:
-    """Find and kill live processes whose ``RC_JOB_ID`` equals ``job_id`` (§3.3).
+    """Find and kill live processes whose ``RC_JOB_ID`` equals ``job_id`` (§3.3); ``marker``
+    names another variable (the node's ``FLEET_JOB_ID``).
 
     ``job_id == ""`` sweeps nothing (``scanned=False``). ``self_pid`` and its ancestors are never
     signalled. Every full ``/proc`` walk runs in ``trio.to_thread.run_sync(..., limiter=limiter)``.
@@ -238,7 +241,10 @@ async def sweep_job_survivors(
     poll = SWEEP_POLL if poll is None else poll
     kill_bound = SWEEP_KILL_BOUND if kill_bound is None else kill_bound
     max_passes = SWEEP_MAX_PASSES if max_passes is None else max_passes
-    scan_fn: MarkerScanFn = scan_job_marker if scan is None else scan
+    key = f"{marker}=".encode()
+    scan_fn: MarkerScanFn = (
+        functools.partial(scan_job_marker, key=key) if scan is None else scan
+    )
     kill_fn: KillFn = _kill if kill is None else kill
 
     def first_scan() -> tuple[frozenset[int], MarkerScan]:

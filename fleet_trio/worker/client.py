@@ -22,7 +22,7 @@ import logging
 import random
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import cattrs
@@ -31,6 +31,9 @@ import trio
 
 from fleet_trio.durations import go_duration_seconds
 from fleet_trio.errors import WireError
+
+if TYPE_CHECKING:
+    from fleet_trio.metrics import WorkerMetrics
 
 log = logging.getLogger(__name__)
 
@@ -335,8 +338,11 @@ class ControllerClient:
         tracker: ContactTracker | None = None,
         timings: Timings | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
+        metrics: WorkerMetrics | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/") if base_url.strip("/") else base_url
+        self.metrics = metrics
+        """Request latency and outcomes by endpoint (docs/metrics.md); ``None``: not counted."""
         self.token = token
         self.tracker = tracker if tracker is not None else ContactTracker()
         self.timings = timings if timings is not None else Timings()
@@ -369,6 +375,7 @@ class ControllerClient:
     ) -> httpx.Response:
         """One exchange. Raises :class:`ControllerError` on a transport failure only."""
         url = self.base_url + path
+        started = trio.current_time()  # metrics
         try:
             response = await self._http.request(
                 method,
@@ -378,7 +385,13 @@ class ControllerClient:
                 timeout=http_timeout if http_timeout is not None else self.timings.request_timeout,
             )
         except httpx.HTTPError as exc:
+            if self.metrics is not None:
+                self.metrics.controller_request(path, None, trio.current_time() - started)
             raise ControllerError(f"{method} {path}: {type(exc).__name__}: {exc}") from exc
+        if self.metrics is not None:
+            self.metrics.controller_request(
+                path, response.status_code, trio.current_time() - started
+            )
         self.tracker.observe(trio.current_time(), response.headers.get(INSTANCE_HEADER))
         return response
 
@@ -626,6 +639,10 @@ class LogShipper:
         return self._pending + len(self._buf)
 
     async def write(self, data: bytes) -> None:
+        self.write_nowait(data)
+
+    def write_nowait(self, data: bytes) -> None:
+        """Batch ``data`` (never waits: sending is :meth:`serve`'s job)."""
         if not data:
             return
         room = self.limit - self.pending_bytes
@@ -641,6 +658,10 @@ class LogShipper:
         self._buf += data
         if len(self._buf) >= self.flush_bytes:
             self._seal()
+
+    def count_dropped(self, n: int) -> None:
+        """``n`` bytes of output were lost before they reached the shipper."""
+        self._drop(n)
 
     def _drop(self, n: int) -> None:
         if not self.dropped:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import math
+from typing import TYPE_CHECKING
 
 import trio
 
@@ -42,6 +43,9 @@ from fleet_trio.worker.lease import (
     RunStartupRelease,
 )
 from fleet_trio.worker.verify import verify_assignment
+
+if TYPE_CHECKING:
+    from fleet_trio.metrics import WorkerMetrics
 
 log = logging.getLogger(__name__)
 
@@ -74,12 +78,14 @@ async def run_hook(
     stop: proc.StopToken | None = None,
     *,
     grace: float = HOOK_GRACE,
+    metrics: WorkerMetrics | None = None,
 ) -> tuple[str | None, str]:
     """Run one hook (§4.2), ``max_runtime`` being the hook timeout: ``(error or None, output)``,
     the output being the last 4096 bytes of stdout+stderr. Success is DEBUG-logged with the
     output, failure ERROR-logged with it."""
     out = TailBuffer(OUTPUT_TAIL)
     spec = proc.JobSpec(command=(path,), env=env, max_runtime=max_runtime, grace_ceiling=grace)
+    started = trio.current_time()  # metrics
     result = await proc.run(spec, out, stop)
     output = out.getvalue().decode("utf-8", errors="replace")
     error = hook_error(path, result)
@@ -88,7 +94,17 @@ async def run_hook(
     if error is None:
         log.debug("%s hook for %s passed: %s", event, device, output.strip())
     else:
-        log.error("%s hook for %s failed: %s; output: %s", event, device, error, output.strip())
+        context = {"device": device, "job_id": env.get("RC_JOB_ID", "")}  # docs/logging.md
+        log.error(
+            "%s hook for %s failed: %s; output: %s",
+            event,
+            device,
+            error,
+            output.strip(),
+            extra=context,
+        )
+    if metrics is not None:
+        metrics.hook_ran(device, event, error is None, trio.current_time() - started)
     return error, output
 
 
@@ -114,6 +130,8 @@ class HostHooks:
         self._timers_changed = trio.Event()
         self._firing: set[str] = set()
         self.startup_done = trio.Event()
+        self.metrics: WorkerMetrics | None = None
+        """Hook and verify outcomes (docs/metrics.md); the worker sets it; ``None``: none."""
 
     def _timeout(self, device_id: str) -> float:
         return self._devices[device_id].timeout / SECOND
@@ -142,6 +160,7 @@ class HostHooks:
                     self._timeout(device_id),
                     stop,
                     grace=self.grace,
+                    metrics=self.metrics,
                 )
                 ok = error is None
             finally:
@@ -156,7 +175,10 @@ class HostHooks:
 
     async def verify(self, device_id: str, job: Assignment) -> str | None:
         """The verify pass (§5): ``None`` when clean, else the reason (``verify failed: …``)."""
+        started = trio.current_time()  # metrics
         outcome = await verify_assignment(self.config, job)
+        if self.metrics is not None:
+            self.metrics.verify_ran(device_id, outcome.ok, trio.current_time() - started)
         return None if outcome.ok else outcome.reason
 
     async def release(self, device_id: str, job: Assignment) -> None:
@@ -225,6 +247,7 @@ class HostHooks:
                 max_runtime,
                 stop,
                 grace=self.grace,
+                metrics=self.metrics,
             )
             ok = error is None
             if error is not None:
@@ -256,6 +279,7 @@ class HostHooks:
                             self._timeout(device_id),
                             budget_stop,
                             grace=self.grace,
+                            metrics=self.metrics,
                         )
                     finally:
                         self.book.startup_release_done(device_id)

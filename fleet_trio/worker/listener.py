@@ -10,18 +10,20 @@ browsers) the ``token`` query parameter, compared in constant time; a missing or
 is refused before the upgrade (HTTP 401, the node's error envelope). Every other path answers
 404 with the same envelope.
 
-The listener serves only this route and only reads the bus: it can never fail or delay a job.
+The listener serves only this route (plus the browser page and ``GET /metrics``, behind the same
+token, docs/metrics.md) and only reads: it can never fail or delay a job.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+from typing import TYPE_CHECKING
 
 import trio
 from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve as hypercorn_serve
-from quart import Response, websocket
+from quart import Response, request, websocket
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
@@ -30,6 +32,9 @@ from fleet_trio.errors import FleetTrioError
 from fleet_trio.logbus.bus import LogBus
 from fleet_trio.logbus.ui import mount_ui, stream_tail
 from fleet_trio.node.wire import MSG_UNAUTHORIZED, error_body
+
+if TYPE_CHECKING:
+    from fleet_trio.metrics import WorkerMetrics
 
 log = logging.getLogger(__name__)
 
@@ -49,8 +54,11 @@ def _error(message: str, status: int, headers: dict[str, str] | None = None) -> 
     )
 
 
-def create_tail_app(bus: LogBus, *, token: str | None = None) -> QuartTrio:
-    """A quart-trio app serving only the tail route of ``bus``."""
+def create_tail_app(
+    bus: LogBus, *, token: str | None = None, metrics: WorkerMetrics | None = None
+) -> QuartTrio:
+    """A quart-trio app serving the tail route of ``bus`` (and ``GET /metrics`` when
+    ``metrics`` is given, behind the same token: docs/metrics.md)."""
     app = QuartTrio(__name__)
     app.config["PROVIDE_AUTOMATIC_OPTIONS"] = False
 
@@ -69,6 +77,18 @@ def create_tail_app(bus: LogBus, *, token: str | None = None) -> QuartTrio:
         return _error((exc.name or "error").lower(), exc.code or 500)
 
     app.register_error_handler(HTTPException, _http_error)
+    if metrics is not None:
+        worker_metrics = metrics
+
+        async def _metrics() -> Response:
+            if not token_ok(token, bearer(request.headers.get("Authorization"))):
+                return _error(
+                    MSG_UNAUTHORIZED, 401, {"WWW-Authenticate": 'Bearer realm="fleet-trio"'}
+                )
+            body, content_type = worker_metrics.render(request.headers.get("Accept"))
+            return Response(body, status=200, content_type=content_type)
+
+        app.add_url_rule("/metrics", "metrics", _metrics, methods=["GET"])
     # the browser page (GET /fleet/ui and its job list), as on the node
     mount_ui(app, lambda: bus, lambda header: token_ok(token, bearer(header)))
     return app
@@ -92,6 +112,7 @@ async def serve_tail_listener(
     listen: str,
     *,
     token: str | None = None,
+    metrics: WorkerMetrics | None = None,
     task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve the tail route of ``bus`` on ``listen`` (``HOST:PORT``) until cancelled.
@@ -101,7 +122,7 @@ async def serve_tail_listener(
     :class:`TailListenError` before ``started``; a failure after it is logged and ends the
     listener without propagating (the worker keeps running its jobs).
     """
-    app = create_tail_app(bus, token=token or None)
+    app = create_tail_app(bus, token=token or None, metrics=metrics)
     hc = tail_hypercorn_config(listen)
     started = False
     problem: BaseException | None = None

@@ -26,7 +26,7 @@ import logging
 import math
 import os
 import random
-from typing import Protocol
+from typing import Any, Protocol
 
 import attrs
 import trio
@@ -34,9 +34,11 @@ import trio
 from fleet_trio import proc
 from fleet_trio.durations import SECOND
 from fleet_trio.logbus import JobLog, LogBus, Stream
+from fleet_trio.logs import job_context
+from fleet_trio.metrics import WorkerMetrics
 from fleet_trio.nursery import TaskTree, TaskTreeClosed, open_task_tree
 from fleet_trio.proc.recovery import gather_recovery_proof
-from fleet_trio.proc.sinks import Sink, TeeSink
+from fleet_trio.proc.sinks import Sink
 from fleet_trio.worker.client import (
     Assignment,
     ContactTracker,
@@ -52,6 +54,7 @@ from fleet_trio.worker.client import (
 from fleet_trio.worker.config import WorkerConfig, check_tail_listen, cuda_device_index
 from fleet_trio.worker.hooks import HostHooks
 from fleet_trio.worker.listener import TailListenError, serve_tail_listener
+from fleet_trio.worker.logfeed import FINISH_BOUND, LogFeed
 from fleet_trio.worker.probes import Prober
 from fleet_trio.worker.relay import run_attached
 
@@ -219,9 +222,25 @@ class _BusSink:
             log.exception("%s: live log write failed; the live tail stops here", self._label)
 
 
-def _tee(primary: Sink, joblog: JobLog | None, stream: Stream) -> Sink:
-    """``primary`` (the shipper), teed into ``joblog``'s ``stream`` when there is one."""
-    return primary if joblog is None else TeeSink(primary, _BusSink(joblog, stream))
+def _upload_stream(a: Assignment) -> Stream | None:
+    """The live log's stream that goes to the log endpoint (E6): logs mode's merged output
+    (``stdout``), pipe mode's stderr; nothing for a tty."""
+    if a.stdio == "tty":
+        return None
+    return "stderr" if a.stdio == "pipe" else "stdout"
+
+
+def _to_upload(shipper: LogShipper, feed: LogFeed | None, stream: Stream) -> Sink:
+    """Where the pump writes output bound for the log endpoint: the live log, which the
+    job's :class:`LogFeed` reads into ``shipper``; ``shipper`` itself without a live log."""
+    return shipper if feed is None else feed.sink(stream)
+
+
+def _log_feed(joblog: JobLog | None, a: Assignment, shipper: LogShipper) -> LogFeed | None:
+    stream = _upload_stream(a)
+    if joblog is None or stream is None:
+        return None
+    return LogFeed(joblog, frozenset({stream}), shipper)
 
 
 def _end_log(joblog: JobLog | None, state: str, exit_code: int | None, reason: str) -> None:
@@ -244,6 +263,14 @@ class _Job:
     stop: proc.StopToken
     process_done: trio.Event = attrs.Factory(trio.Event)
     finish_scope: trio.CancelScope | None = None
+    started_at: float | None = None
+    """When its process started, and ended (metrics: the job duration)."""
+    ended_at: float | None = None
+
+    def ran_for(self) -> float | None:
+        if self.started_at is None:
+            return None
+        return (self.ended_at or trio.current_time()) - self.started_at
 
 
 class Worker:
@@ -261,8 +288,13 @@ class Worker:
         prober: Prober | None = None,
         bus: LogBus | None = None,
         tail_trusted_network: bool = False,
+        metrics: WorkerMetrics | None = None,
+        test_break: frozenset[str] = frozenset(),
     ) -> None:
         self.config = config
+        self.test_break = test_break
+        """TEST-ONLY deliberate defects (``FLEET_TRIO_TEST_BREAK``, docs/chaos.md):
+        ``skip-sweep`` skips the RC_JOB_ID sweep. Never set in production."""
         self.bus = bus if bus is not None else LogBus()
         """Every job's output (the tail listener's source, docs/tail.md)."""
         self.tail_trusted_network = tail_trusted_network
@@ -274,6 +306,12 @@ class Worker:
         self.hooks: WorkerHooks = hooks if hooks is not None else HostHooks(config)
         # One prober for the process: it remembers which devices each probe speaks for (§6.6).
         self.prober = prober if prober is not None else Prober(config)
+        self.metrics = metrics if metrics is not None else WorkerMetrics()
+        """``GET /metrics`` on the tail listener (docs/metrics.md): this worker's registry."""
+        self.metrics.attach(self)
+        host_hooks: Any = self.hooks
+        if getattr(host_hooks, "metrics", False) is None:
+            host_hooks.metrics = self.metrics
         self.tracker = ContactTracker(
             silence=self.timings.reregister_silence,
             jitter_window=self.timings.reregister_jitter,
@@ -332,7 +370,10 @@ class Worker:
                 os.getpid(), require_manual_clear=cfg.require_manual_clear
             )
         sheet, device_sheets = await read_sheets(cfg)
-        labels = self.prober.wire_labels(await self.prober.run_pass())
+        probe_started = trio.current_time()
+        probed = await self.prober.run_pass()
+        self.metrics.probe_pass(probed, trio.current_time() - probe_started)
+        labels = self.prober.wire_labels(probed)
         return Registration(
             host=cfg.host,
             devices=tuple(DeviceDecl(d.name, d.max_runtime_seconds) for d in cfg.devices),
@@ -394,7 +435,7 @@ class Worker:
         task_status.started()
         while True:
             await trio.sleep(self.heartbeat_interval)
-            await self.client.heartbeat(self.worker_id, self.supervised())
+            self.metrics.heartbeat(await self.client.heartbeat(self.worker_id, self.supervised()))
 
     async def labels_loop(
         self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
@@ -456,6 +497,7 @@ class Worker:
     async def _pre_killed(self, a: Assignment) -> None:
         report = StatusReport(self.worker_id, "killed", None, PRE_KILLED_REASON)
         _end_log(self._open_log(a), report.state, report.exit_code, report.reason)
+        self.metrics.job_finished(a.device_id, report.state)
         with self._finish_scope(None):
             await self.client.report_terminal(a.job_id, report)
 
@@ -466,6 +508,10 @@ class Worker:
         if job is not None:
             job.finish_scope = scope
         return scope
+
+    def _context(self, a: Assignment) -> dict[str, str]:
+        """The ``extra=`` of a job's log lines (docs/logging.md)."""
+        return job_context(job_id=a.job_id, device=a.device_id, worker_id=self.worker_id)
 
     def _open_log(self, a: Assignment) -> JobLog | None:
         """The job's live log, or ``None`` (an id the bus refuses, or any bus failure)."""
@@ -488,7 +534,8 @@ class Worker:
             grace_ceiling=self.timings.kill_grace,
             max_runtime=float(limit),
             idle_timeout=float(a.idle_timeout_seconds),
-            sweep_job_id="" if a.is_hold else a.job_id,
+            # TEST-ONLY defect "skip-sweep" (docs/chaos.md): no RC_JOB_ID sweep
+            sweep_job_id="" if a.is_hold or "skip-sweep" in self.test_break else a.job_id,
         )
 
     async def run_job(self, a: Assignment) -> None:
@@ -508,6 +555,7 @@ class Worker:
                     )
                     reason = f"{prefix}: {failure}"
                     _end_log(joblog, state, None, reason)
+                    self.metrics.job_finished(a.device_id, state)
                     await client.report_terminal(
                         a.job_id, StatusReport(self.worker_id, state, None, reason)
                     )
@@ -515,6 +563,7 @@ class Worker:
                         await client.report_fault(a.device_id, reason)
                 return
             await client.report_running(a.job_id, self.worker_id)
+            log.info("job %s: started on %s", a.job_id, a.device_id, extra=self._context(a))
             shipper = LogShipper(
                 lambda chunk: client.send_log_chunk(a.job_id, chunk),
                 flush_bytes=self.client_timings.log_flush_bytes,
@@ -522,17 +571,29 @@ class Worker:
                 limit=self.client_timings.log_outbox_limit,
                 label=f"job {a.job_id}",
             )
+            feed = _log_feed(joblog, a, shipper)
             result: proc.Result | None = None
             try:
                 async with trio.open_nursery() as nursery:
                     await nursery.start(shipper.serve)
+                    if feed is not None:
+                        await nursery.start(feed.serve)
+                    job.started_at = trio.current_time()
                     try:
-                        result = await self._execute(a, shipper, job.stop, joblog=joblog)
+                        result = await self._execute(
+                            a, shipper, job.stop, joblog=joblog, feed=feed
+                        )
                     except Exception as exc:
                         result = proc.Result(exit_code=-1, err=f"worker error: {exc}")
                         raise
                     finally:
                         job.process_done.set()
+                        job.ended_at = trio.current_time()
+                        if feed is not None and joblog is not None:
+                            with trio.move_on_after(FINISH_BOUND, shield=True):
+                                await feed.finish(joblog.nbytes)
+                            if not feed.finished:
+                                log.error("job %s: the log upload did not catch up", a.job_id)
                         shipper.seal()
             finally:
                 with self._finish_scope(job):
@@ -553,14 +614,16 @@ class Worker:
         stop: proc.StopToken,
         *,
         joblog: JobLog | None = None,
+        feed: LogFeed | None = None,
     ) -> proc.Result:
         """Step 7: logs mode through ``proc.run``; ``tty`` / ``pipe`` through the relay (§8.2):
         the operator's terminal halves, and for ``pipe`` the stderr to the log endpoint.
 
-        The live log (``joblog``) gets a tee of the same pump: logs mode's merged output (what
-        goes to the log endpoint) as ``stdout``; pipe mode's stdout (to the operator) as
-        ``stdout`` and its stderr (to the log endpoint) as ``stderr``; a tty's output (to the
-        operator) as ``stdout``."""
+        The pump writes into the live log (``joblog``), and the log upload reads from there
+        (:class:`~fleet_trio.worker.logfeed.LogFeed`): logs mode's merged output (what goes
+        to the log endpoint) as ``stdout``; pipe mode's stdout (to the operator) as ``stdout``
+        and its stderr (to the log endpoint) as ``stderr``; a tty's output (to the operator)
+        as ``stdout``. Without a live log (``feed`` None) the pump writes to ``shipper``."""
         if a.stdio in ("tty", "pipe"):
             return await run_attached(
                 self.client.base_url,
@@ -568,10 +631,10 @@ class Worker:
                 a,
                 self._spec(a),
                 stop,
-                stderr_sink=_tee(shipper, joblog, "stderr") if a.stdio == "pipe" else None,
+                stderr_sink=_to_upload(shipper, feed, "stderr") if a.stdio == "pipe" else None,
                 output_sink=_BusSink(joblog, "stdout") if joblog is not None else None,
             )
-        return await proc.run(self._spec(a), _tee(shipper, joblog, "stdout"), stop)
+        return await proc.run(self._spec(a), _to_upload(shipper, feed, "stdout"), stop)
 
     async def _conclude(
         self, a: Assignment, result: proc.Result, *, joblog: JobLog | None = None
@@ -581,12 +644,43 @@ class Worker:
         client = self.client
         failure = await self.hooks.verify(a.device_id, a)
         if failure is not None:
-            log.error("job %s: %s; quarantining device %s", a.job_id, failure, a.device_id)
+            log.error(
+                "job %s: %s; quarantining device %s",
+                a.job_id,
+                failure,
+                a.device_id,
+                extra=self._context(a),
+            )
             await client.report_fault(a.device_id, failure)
         report = terminal_report(self.worker_id, result)
-        if result.sweep.found:
-            log.info("job %s: sweep found %s", a.job_id, list(result.sweep.found))
-        log.info("job %s: %s (exit %s) %s", a.job_id, report.state, report.exit_code, report.reason)
+        job = self.jobs.get(a.job_id)
+        self.metrics.job_finished(
+            a.device_id, report.state, job.ran_for() if job else None, result.sweep
+        )
+        sweep = result.sweep
+        if sweep.remaining:  # worker-process.md §3.6
+            log.error(
+                "job %s: processes %s survived SIGKILL after the sweep; device %s may be occupied",
+                a.job_id,
+                list(sweep.remaining),
+                a.device_id,
+                extra=self._context(a),
+            )
+        elif sweep.found:
+            log.warning(
+                "job %s: processes %s outlived the group and were reaped by job id",
+                a.job_id,
+                list(sweep.found),
+                extra=self._context(a),
+            )
+        log.info(
+            "job %s: %s (exit %s) %s",
+            a.job_id,
+            report.state,
+            report.exit_code,
+            report.reason,
+            extra=self._context(a),
+        )
         _end_log(joblog, report.state, report.exit_code, report.reason)
         await client.report_terminal(a.job_id, report)
         await self.hooks.release(a.device_id, a)
@@ -620,7 +714,11 @@ async def _start_tail_listener(worker: Worker, tree: TaskTree) -> None:
     try:
         worker.tail_url = await tree.services.start(
             functools.partial(
-                serve_tail_listener, worker.bus, cfg.tail_listen, token=cfg.tail_token or None
+                serve_tail_listener,
+                worker.bus,
+                cfg.tail_listen,
+                token=cfg.tail_token or None,
+                metrics=worker.metrics,
             ),
             name="tail-listener",
         )
@@ -646,6 +744,7 @@ async def serve_worker(
         worker.config.token,
         tracker=worker.tracker,
         timings=worker.client_timings,
+        metrics=worker.metrics,
     ) as client:
         worker._client = client
         async with open_task_tree(

@@ -431,3 +431,60 @@ async def test_bad_stream_rejected() -> None:
         log.sink("both")  # type: ignore[arg-type]
     with pytest.raises(ValueError):
         log.subscribe(streams=frozenset({"nope"}))  # type: ignore[arg-type]
+
+
+async def test_holding_subscription_loses_nothing_beyond_the_history() -> None:
+    bus = LogBus(history_bytes=100)
+    log = bus.open("held")
+    held = log.subscribe("start", hold=True, max_lag=10_000)
+    plain = log.subscribe("start", max_lag=10_000)
+    data = b"".join(bytes([48 + i % 10]) * 10 for i in range(100))
+    for i in range(100):
+        await log.write("stdout", data[i * 10 : i * 10 + 10])
+    # nothing read yet: the history kept all 1000 bytes for the holder
+    assert log.history.size == 1000
+    got = bytearray()
+    async for ev in held:
+        assert isinstance(ev, Output)
+        got += ev.data
+        if len(got) == 1000:
+            break
+    assert bytes(got) == data
+    await log.write("stdout", b"x" * 10)  # the holder has read everything: back to the limit
+    assert log.history.size <= 100
+    log.end("done", 0)
+    assert check_cover(await collect(held), 1000) == b"x" * 10
+    # the plain subscriber read nothing meanwhile and lost the evicted bytes
+    events = await collect(plain)
+    assert isinstance(events[0], Skipped)
+
+
+async def test_holding_is_bounded_by_max_lag_and_released_on_close() -> None:
+    log = JobLog("bounded", history_bytes=100)
+    held = log.subscribe("start", hold=True, max_lag=300)
+    for _ in range(100):
+        await log.write("stdout", b"y" * 10)
+    assert log.history.size <= 100 + 300 + 10  # a holder too far behind skips, as lag says
+    events: list[Event] = [await held.__anext__()]
+    assert events[0] == Skipped(0, 700)
+    await held.aclose()
+    await log.write("stdout", b"z" * 10)
+    assert log.history.size <= 100  # released: the plain limit again
+
+
+async def test_stats_count_bytes_by_stream_skips_and_open_subscribers() -> None:
+    bus = LogBus(history_bytes=100)
+    log = bus.open("stats")
+    lagging = log.subscribe("start", max_lag=10)
+    async with log.subscribe("start"):
+        assert bus.stats().subscribers == 2
+        await log.write("stdout", b"o" * 30)
+        await log.write("stderr", b"e" * 20)
+        assert bus.stats().bytes_written == {"stdout": 30, "stderr": 20}
+        ev = await lagging.__anext__()
+        assert ev == Skipped(0, 40)
+        assert bus.stats().bytes_skipped == 40
+    assert bus.stats().subscribers == 1
+    log.end("done", 0)
+    assert isinstance((await collect(lagging))[-1], End)
+    assert bus.stats().subscribers == 0

@@ -7,6 +7,7 @@ Invariants:
   without overlaps; the only gaps are bytes of streams the cursor filters out;
 * Output data and stream match what was written at that offset;
 * right after a poll that returned an event, the cursor is at most ``max_lag`` behind;
+* a holding cursor keeps what it has not read (within ``max_lag``) in the history;
 * End comes last and exactly once, with ``offset == total``.
 """
 
@@ -36,6 +37,7 @@ class Reader:
     expect_pos: int
     ended: bool = False
     events: int = 0
+    held_from: int = 0  # history.start when a holding reader subscribed
 
 
 class HistoryMachine(RuleBasedStateMachine):
@@ -97,18 +99,26 @@ class HistoryMachine(RuleBasedStateMachine):
         streams=st.sampled_from([STREAMS, frozenset({"stdout"}), frozenset({"stderr"})]),
         max_lag=st.one_of(st.integers(0, 100), st.just(1 << 20)),
         batch=st.sampled_from([0, 1, 7, 64]),
+        hold=st.booleans(),
     )
     def subscribe(
-        self, start: str | int, streams: frozenset[Stream], max_lag: int, batch: int
+        self, start: str | int, streams: frozenset[Stream], max_lag: int, batch: int, hold: bool
     ) -> Reader:
-        cursor = Cursor(self.history, start, streams=streams, max_lag=max_lag, batch=batch)  # type: ignore[arg-type]
+        cursor = Cursor(
+            self.history,
+            start,  # type: ignore[arg-type]
+            streams=streams,
+            max_lag=max_lag,
+            batch=batch,
+            hold=hold,
+        )
         if self.end is not None:
             cursor.clamp(self.end.offset)  # what JobLog.subscribe does
         if start == "start":
             assert cursor.pos == 0
         elif start == "now":
             assert cursor.pos == len(self.data)
-        reader = Reader(cursor, cursor.pos)
+        reader = Reader(cursor, cursor.pos, held_from=self.history.start)
         self.all_readers.append(reader)
         return reader
 
@@ -210,7 +220,20 @@ class HistoryMachine(RuleBasedStateMachine):
         assert h.size == sum(len(c[2]) for c in chunks)
         assert h.start == h.total - h.size
         newest = len(chunks[-1][2]) if chunks else 0
-        assert h.size <= max(h.limit, newest)
+        holders = [r for r in self.all_readers if r.cursor.holding]
+        if not holders:
+            assert h.size <= max(h.limit, newest)
+        else:
+            event("holding reader")
+            # beyond the limit, at most what a holder may still read, plus one chunk
+            extra = max(r.cursor.max_lag for r in holders) + 4 * 40
+            assert h.size <= max(h.limit, newest) + extra
+        for r in holders:
+            # nothing a holder has not read was evicted since it subscribed, unless the lag
+            # rule would skip it anyway
+            c = r.cursor
+            if h.start > max(c.pos, h.total - c.max_lag, r.held_from):
+                raise AssertionError("evicted bytes a holding reader still needs")
         pos = h.start
         for offset, stream, data in chunks:
             assert offset == pos and data

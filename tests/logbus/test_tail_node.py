@@ -341,3 +341,31 @@ def test_exit_status_mapping() -> None:
     assert tail_exit_status("error", None) == 1
     assert tail_exit_status("error", 0) == 1
     assert tail_exit_status("killed", 300) == 1
+
+
+async def test_a_node_shutdown_sends_open_tails_their_end(tmp_path: Path) -> None:
+    """A drain that outlasts a job: the job ends `interrupted`, and a tail that is open gets
+    the `end` frame (and a normal close) before the HTTP server goes; never a silent cut."""
+    cfg = node_config(
+        tmp_path,
+        {"lines": {"command": [PY, "-c", LINES_SCRIPT]}},
+        timings={"drain_timeout": "200ms", "kill_grace": "200ms"},
+    )
+    got: list[tuple[list[TailEvent], int | None]] = []
+    async with running_node(tmp_path, cfg) as h:
+        await dispatch(h, "long", lines=10_000, pause=0.05)
+
+        async def tail() -> None:
+            got.append(await collect(ws_url(h, "long")))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(tail)
+            await trio.sleep(0.5)  # real time: the job prints a few lines, the tail follows
+            h.node.request_shutdown("test: drain with a job and a tail open")
+    ((events, code),) = got
+    assert code == CLOSE_NORMAL
+    assert_contiguous(events)
+    end = events[-1]
+    assert isinstance(end, End)
+    assert (end.state, end.reason) == ("error", "interrupted")
+    assert split(events)["stderr"].startswith(expected_stderr(2))

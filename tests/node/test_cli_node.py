@@ -41,6 +41,22 @@ def test_bad_config_names_key_and_file(capsys: pytest.CaptureFixture[str], tmp_p
     assert str(cfg) in err and "node.timings.drain_timeout" in err
 
 
+def test_port_in_use_is_a_one_line_error(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    gpu_dir = tmp_path / "gpu"
+    init_device(str(gpu_dir))
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        argv = ["node", "--gpu", "fake", "--fake-gpu-dir", str(gpu_dir)]
+        assert main([*argv, "--listen", f"127.0.0.1:{port}"]) == 1
+    err = capsys.readouterr().err
+    assert f"error: cannot listen on 127.0.0.1:{port}: [Errno 98] Address already in use" in err
+    assert "Traceback" not in err and "draining" not in err
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from pathlib import Path
@@ -143,3 +144,29 @@ async def test_gpu_tasks_run_one_at_a_time(tmp_path: Path) -> None:
             for i in range(2):
                 n.start_soon(runner.execute, reg.prepare("t", '{"sleep": 0.3}', f"j{i}"))
     assert trio.current_time() - t0 >= 0.6
+
+
+async def test_an_escaped_process_is_swept_by_its_job_marker(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    pid_file = tmp_path / "escapee.pid"
+    script = f"setsid sh -c 'echo $$ > {pid_file}; exec sleep 300' </dev/null >/dev/null 2>&1 &"
+    script += f' while [ ! -s {pid_file} ]; do sleep 0.01; done; echo "{{}}"'
+    cfg = config_from_mapping(
+        {"tasks": {"esc": {"command": ["sh", "-c", script]}}},
+        path=str(tmp_path / "node.yaml"),
+        base_dir=str(tmp_path),
+    )
+    registry = TaskRegistry(cfg.tasks, base_dir=str(tmp_path), work_root=str(tmp_path))
+    runner = TaskRunner(kill_grace=1.0)
+    job = registry.prepare("esc", None, "esc-1")
+    with trio.fail_after(20):
+        outcome = await runner.execute(job)
+    assert isinstance(outcome, Done)
+    pid = int(pid_file.read_text())
+    # found by its FLEET_JOB_ID and killed before the job ended (gone, or a zombie of init's)
+    state = ""
+    with contextlib.suppress(FileNotFoundError):
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    assert state in ("", "Z"), state
+    assert any("outlived the group" in r.getMessage() for r in caplog.records)

@@ -19,7 +19,7 @@ from trio_websocket import ConnectionRejected
 
 from fleet_trio.cli import tail_url
 from fleet_trio.errors import ConfigError
-from fleet_trio.logbus import End, JobLog, Output
+from fleet_trio.logbus import End, JobLog, LogBus, Output
 from fleet_trio.logbus.tail import (
     CLOSE_BAD_REQUEST,
     CLOSE_NORMAL,
@@ -245,6 +245,30 @@ async def test_a_broken_bus_never_fails_the_job(monkeypatch: pytest.MonkeyPatch)
             await ctrl.wait_for(lambda: ctrl.logs(job) == b"one\ntwo\n")
             log = worker.bus.get(job)
             assert log is not None and log.ended is not None and log.ended.state == "succeeded"
+
+
+FLOOD = (
+    "import sys\n"
+    "out = sys.stdout.buffer\n"
+    "for i in range(20000):\n"
+    "    out.write(b'line %06d ' % i + b'x' * 40 + b'\\n')\n"
+)
+
+
+async def test_the_log_upload_reads_the_bus_and_loses_nothing_beyond_its_history() -> None:
+    expected = b"".join(b"line %06d " % i + b"x" * 40 + b"\n" for i in range(20000))
+    with trio.fail_after(60):
+        async with running() as (ctrl, worker):
+            worker.bus = LogBus(history_bytes=4096)  # ~1 MB of output through a 4 KiB history
+            job = ctrl.submit(dev("gpu0"), [sys.executable, "-c", FLOOD])
+            assert await until_terminal(ctrl, job) == ["running", "succeeded"]
+            await ctrl.wait_for(lambda: len(ctrl.logs(job)) >= len(expected), timeout=20)
+            assert ctrl.logs(job) == expected
+            assert all(len(c) <= 1 << 20 for c in ctrl.log_chunks(job))
+            log = worker.bus.get(job)
+            assert log is not None and log.nbytes == len(expected)
+            # the upload has let go: the history is back within its limit
+            assert log.history.size <= max(4096, len(log.history.chunks()[-1][2]))
 
 
 async def test_a_port_in_use_leaves_the_worker_running_without_a_tail() -> None:

@@ -606,3 +606,15 @@ async def test_controller_unreachable_30s_mid_job_loses_and_repeats_nothing() ->
             assert await until_terminal(ctrl, job, within=20) == ["running", "succeeded"]
             assert ctrl.logs(job) == b"before\nduring\nafter\n"
             assert [r.state for r in ctrl.status_reports(job)] == ["running", "succeeded"]
+
+
+async def test_a_swept_escapee_is_logged_as_a_warning(caplog: pytest.LogCaptureFixture) -> None:
+    """worker-process.md §3.6: found (and nothing remaining) → a WARN line naming the pids."""
+    caplog.set_level("WARNING", logger="fleet_trio.worker.worker")
+    with trio.fail_after(30):
+        async with running() as (ctrl, _worker):
+            job = ctrl.submit(dev("gpu0"), ["sh", "-c", "setsid sleep 300 & exit 0"])
+            assert await until_terminal(ctrl, job) == ["running", "succeeded"]
+    lines = [r for r in caplog.records if "outlived the group" in r.getMessage()]
+    assert len(lines) == 1 and lines[0].levelname == "WARNING"
+    assert job in lines[0].getMessage()

@@ -1,0 +1,132 @@
+"""``--help`` of the top level and of every subcommand, discovered from the parser (so a new
+subcommand is covered without touching this file): it exits 0, names every option, its usage
+line names the subcommand, and each default it documents is the parser's actual default."""
+
+from __future__ import annotations
+
+import argparse
+import re
+import subprocess
+import sys
+
+import pytest
+
+from fleet_trio import __version__
+from fleet_trio.cli import PROG, build_parser, main
+
+
+def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    found: dict[str, argparse.ArgumentParser] = {}
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            found.update(action.choices)
+    return found
+
+
+def _walk(
+    parser: argparse.ArgumentParser, path: tuple[str, ...] = ()
+) -> list[tuple[tuple[str, ...], argparse.ArgumentParser]]:
+    found = [(path, parser)]
+    seen: set[int] = set()
+    for name, sub in _subparsers(parser).items():
+        if id(sub) not in seen:  # an alias maps to the same parser
+            seen.add(id(sub))
+            found += _walk(sub, (*path, name))
+    return found
+
+
+PATHS = [path for path, _ in _walk(build_parser())]
+
+
+def _parser_at(path: tuple[str, ...]) -> argparse.ArgumentParser:
+    return dict(_walk(build_parser()))[path]
+
+
+def _help(path: tuple[str, ...], capsys: pytest.CaptureFixture[str]) -> str:
+    with pytest.raises(SystemExit) as exit_:
+        main([*path, "--help"])
+    assert exit_.value.code in (0, None), exit_.value.code
+    out = capsys.readouterr()
+    assert out.err == ""
+    return out.out
+
+
+def _expanded_help(action: argparse.Action, prog: str) -> str:
+    """The help text as argparse prints it (``%(default)s`` and friends substituted)."""
+    params = {k: v for k, v in vars(action).items() if v is not argparse.SUPPRESS}
+    params["prog"] = prog
+    if params.get("choices") is not None:
+        params["choices"] = ", ".join(str(c) for c in params["choices"])
+    return (action.help or "") % params
+
+
+DEFAULT_RE = re.compile(r"\bdefault:?\s+([^\s;)]+)")
+
+
+def test_every_known_subcommand_is_discovered() -> None:
+    for name in ("exec", "node", "measure", "worker", "tail"):
+        assert (name,) in PATHS
+    assert () in PATHS
+
+
+@pytest.mark.parametrize("path", PATHS, ids=lambda p: " ".join(p) or "top")
+def test_help(path: tuple[str, ...], capsys: pytest.CaptureFixture[str]) -> None:
+    parser = _parser_at(path)
+    text = _help(path, capsys)
+
+    # the usage line names the subcommand
+    want = " ".join([PROG, *path])
+    assert text.startswith(f"usage: {want}"), text.splitlines()[0]
+
+    # every option and positional is shown; every subcommand is listed by its parent
+    for action in parser._actions:
+        if action.help is argparse.SUPPRESS:
+            continue
+        if isinstance(action, argparse._SubParsersAction):
+            for name in action.choices:
+                assert re.search(rf"^\s+{re.escape(name)}\b", text, re.M), name
+            continue
+        if action.option_strings:
+            for option in action.option_strings:
+                assert option in text, option
+            # the usage block (a custom one included) names the option in one of its spellings
+            usage = text.split("\n\n", 1)[0]
+            assert any(option in usage for option in action.option_strings), action.option_strings
+        else:
+            shown = action.metavar if action.metavar is not None else action.dest
+            assert str(shown) in text, shown
+
+    # each documented default is the actual one; a concrete default is documented
+    for action in parser._actions:
+        if not action.option_strings or action.help in (None, argparse.SUPPRESS):
+            continue
+        default = action.default
+        if default in (None, argparse.SUPPRESS, False, True, "", []):
+            continue  # resolved at run time (environment, config) or a plain switch
+        documented = DEFAULT_RE.search(_expanded_help(action, parser.prog))
+        assert documented is not None, (
+            f"{action.option_strings[0]}: default {default!r} undocumented"
+        )
+        value = documented.group(1).rstrip(",.:")
+        assert _same(value, default), (action.option_strings[0], value, default)
+
+
+def _same(documented: str, default: object) -> bool:
+    """``3`` documents 3.0; otherwise the text is the default's own."""
+    if isinstance(default, int | float) and not isinstance(default, bool):
+        try:
+            return float(documented) == float(default)
+        except ValueError:
+            return False
+    return documented == str(default)
+
+
+def test_python_dash_m_and_version_from_one_place() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "fleet_trio", "--version"], capture_output=True, timeout=30
+    )
+    assert done.returncode == 0
+    assert done.stdout.decode().strip() == f"{PROG} {__version__}"
+    from importlib.metadata import version
+
+    assert version("fleet-trio") == __version__  # pyproject's dynamic version reads it
