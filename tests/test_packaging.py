@@ -27,7 +27,7 @@ import pytest
 import fleet_trio
 from fleet_trio.cli import build_parser
 from fleet_trio.node.config import Timings
-from fleet_trio.nursery.tree import DEFAULT_INTERRUPT_BUDGET, SHUTDOWN_SLACK
+from fleet_trio.nursery.tree import DEFAULT_INTERRUPT_BUDGET, JOBS_CLOSED_BUDGET, SHUTDOWN_SLACK
 from fleet_trio.proc.run import ESCAPED_EOF_WAIT, STRAGGLER_WAIT
 from fleet_trio.worker.hooks import DRAIN_BUDGET, HOOK_GRACE
 from fleet_trio.worker.worker import WorkerTimings
@@ -102,9 +102,11 @@ def systemd_seconds(text: str) -> float:
 
 
 def node_shutdown_bound() -> float:
-    """docs/task-tree.md: drain + interrupt budget + kill grace + slack, node defaults."""
+    """docs/task-tree.md: drain + interrupt budget + kill grace + slack + the tails' end,
+    node defaults."""
     t = Timings()
-    return float(t.drain_timeout) + DEFAULT_INTERRUPT_BUDGET + float(t.kill_grace) + SHUTDOWN_SLACK
+    tree = float(t.drain_timeout) + DEFAULT_INTERRUPT_BUDGET + float(t.kill_grace)
+    return tree + SHUTDOWN_SLACK + JOBS_CLOSED_BUDGET
 
 
 def worker_shutdown_bound() -> float:

@@ -27,7 +27,7 @@ from contextlib import asynccontextmanager
 import attrs
 import trio
 
-from fleet_trio.nursery.tree import DEFAULT_INTERRUPT_BUDGET, SHUTDOWN_SLACK
+from fleet_trio.nursery.tree import DEFAULT_INTERRUPT_BUDGET, JOBS_CLOSED_BUDGET, SHUTDOWN_SLACK
 from fleet_trio.sim.controller import SimController, serve_controller
 from fleet_trio.sim.dispatcher import SimDispatcher, serve_dispatcher
 from fleet_trio.sim.faults import FaultyLink, serve_link
@@ -46,8 +46,11 @@ KILL_WAIT = 10.0
 
 NODE_DRAIN = 0.5
 NODE_KILL_GRACE = 1.5
-NODE_STOP_BOUND = NODE_DRAIN + DEFAULT_INTERRUPT_BUDGET + NODE_KILL_GRACE + SHUTDOWN_SLACK
-"""docs/node.md "Stopping": drain + 5 s interrupt budget + kill grace + 3 s slack."""
+NODE_STOP_BOUND = (
+    NODE_DRAIN + DEFAULT_INTERRUPT_BUDGET + NODE_KILL_GRACE + SHUTDOWN_SLACK + JOBS_CLOSED_BUDGET
+)
+"""docs/node.md "Stopping": drain + 5 s interrupt budget + kill grace + 3 s slack + 1.5 s for
+the live tails' end."""
 
 WORKER_DRAIN = 45.0
 WORKER_KILL_GRACE = 10.0

@@ -93,8 +93,10 @@ async def test_counters_follow_a_real_job_on_the_worker(tmp_path: Path) -> None:
             status = total(after, "fleet_trio_controller_requests_total", endpoint="status")
             assert status >= 2
             assert total(after, "fleet_trio_controller_requests_total", endpoint="logs") >= 1
+            # at least the log chunk of what the job printed after the gate, and the terminal
+            # report (the running report and earlier chunks may precede `mid`)
             assert total(after, "fleet_trio_controller_request_duration_seconds_count") >= (
-                total(mid, "fleet_trio_controller_request_duration_seconds_count") + 3
+                total(mid, "fleet_trio_controller_request_duration_seconds_count") + 2
             )
             assert total(after, "fleet_trio_controller_request_errors_total") == 0
             assert (value(after, "fleet_trio_log_retained_bytes") or 0) >= log_bytes + 4
