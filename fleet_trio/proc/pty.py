@@ -76,7 +76,6 @@ from types import TracebackType
 import attrs
 import trio
 
-from fleet_trio.errors import errno_text
 from fleet_trio.proc.run import (
     RACE_YIELDS,
     REASON_CANCELLED,
@@ -88,6 +87,7 @@ from fleet_trio.proc.run import (
     finish,
     reap_stragglers,
     resolve_argv,
+    spawn_error_text,
 )
 from fleet_trio.proc.spec import JobSpec, Result
 from fleet_trio.proc.stop import StopToken
@@ -122,15 +122,6 @@ def _winsize(rows: int, cols: int) -> bytes:
 def _acquire_controlling_tty() -> None:
     # Runs in the child after setsid(): make the slave (fd 0) the controlling terminal.
     fcntl.ioctl(0, termios.TIOCSCTTY, 0)
-
-
-def _spawn_error_text(exc: OSError, argv0: str, cwd: str) -> str:
-    text = errno_text(exc.errno) if exc.errno is not None else str(exc)
-    if cwd and exc.filename == cwd:
-        return f"chdir {cwd}: {text}"
-    if "/" not in argv0 and isinstance(exc, FileNotFoundError):
-        return f'exec: "{argv0}": executable file not found in $PATH'
-    return f"fork/exec {argv0}: {text}"
 
 
 async def start_pty(
@@ -195,7 +186,7 @@ async def _spawn(
         )
     except OSError as exc:
         os.close(master)
-        err = _spawn_error_text(exc, argv[0], cwd)
+        err = spawn_error_text(exc, argv[0], cwd)
         raise PtyStartError(Result(exit_code=-1, err=f"start pty: {err}")) from exc
     except subprocess.SubprocessError as exc:  # the preexec function failed in the child
         os.close(master)

@@ -114,7 +114,7 @@ def resolve_argv(
     return argv, None
 
 
-def _spawn_error_text(exc: OSError, argv0: str, cwd: str) -> str:
+def spawn_error_text(exc: OSError, argv0: str, cwd: str) -> str:
     text = errno_text(exc.errno) if exc.errno is not None else str(exc)
     if cwd and exc.filename == cwd:
         # CPython reports a failed chdir in the child with the cwd as the filename.
@@ -174,7 +174,7 @@ async def run(
                     restore_signals=True,
                 )
             except OSError as exc:
-                err = _spawn_error_text(exc, argv[0], spec.cwd)
+                err = spawn_error_text(exc, argv[0], spec.cwd)
                 return Result(exit_code=-1, err=f"start: {err}")
     if on_spawn is not None:
         on_spawn(proc.pid)

@@ -1,7 +1,7 @@
 """What the benchmarks that serve from a child process share: starting the child (this same
-script re-run with ``--serve …``) and waiting for the URL it writes, stopping it, and the
-nearest-rank quantile. Imported by the scripts beside it (their folder is on ``sys.path``
-when they run)."""
+script re-run with ``--serve …``) and waiting for the URL it writes, the node such a child
+serves, stopping it, and the nearest-rank quantile. Imported by the scripts beside it (their
+folder is on ``sys.path`` when they run)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,26 @@ import sys
 import time
 from pathlib import Path
 
+import trio
+
 START_TIMEOUT = 30.0
+
+
+async def serve_node_child(config_path: Path, gpu_dir: Path, url_file: Path) -> None:
+    """In the ``--serve`` child: ``serve_node`` with ``config_path`` on the fake GPU in
+    ``gpu_dir``; writes the node's URL to ``url_file`` once it serves."""
+    from fleet_trio.node.config import load_config
+    from fleet_trio.node.server import NodeOptions, RunningNode, serve_node
+
+    config = load_config(config_path)
+    options = NodeOptions(gpu="fake", fake_gpu_dir=str(gpu_dir))
+    async with trio.open_nursery() as nursery:
+        node: RunningNode = await nursery.start(
+            lambda task_status: serve_node(
+                config, options, announce=lambda line: None, task_status=task_status
+            )
+        )
+        url_file.write_text(node.url)
 
 
 class BrokenRun(Exception):

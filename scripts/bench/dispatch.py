@@ -51,7 +51,7 @@ from typing import Any
 
 import httpx
 import trio
-from benchlib import BrokenRun, pct, start_served, stop_served
+from benchlib import BrokenRun, pct, serve_node_child, start_served, stop_served
 
 ACK_TARGET = 1.5
 POLL_INTERVAL = 0.5
@@ -115,21 +115,6 @@ def write_config(state: Path) -> Path:
     return path
 
 
-async def serve_node_child(state: Path, url_file: Path) -> None:
-    from fleet_trio.node.config import load_config
-    from fleet_trio.node.server import NodeOptions, RunningNode, serve_node
-
-    config = load_config(write_config(state))
-    options = NodeOptions(gpu="fake", fake_gpu_dir=str(state / "gpu"))
-    async with trio.open_nursery() as nursery:
-        node: RunningNode = await nursery.start(
-            lambda task_status: serve_node(
-                config, options, announce=lambda line: None, task_status=task_status
-            )
-        )
-        url_file.write_text(node.url)
-
-
 async def serve_floor_child(url_file: Path) -> None:
     from hypercorn.trio import serve
     from quart import Response, request
@@ -167,7 +152,7 @@ def serve_main(kind: str, state: Path) -> int:
         import fleet_trio.gpu.fake as fake
 
         fake.init_device(str(state / "gpu"), "Fake H200", 141.0)
-        trio.run(serve_node_child, state, url_file)
+        trio.run(serve_node_child, write_config(state), state / "gpu", url_file)
     else:
         trio.run(serve_floor_child, url_file)
     return 0

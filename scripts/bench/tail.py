@@ -39,7 +39,7 @@ from typing import Any
 
 import httpx
 import trio
-from benchlib import BrokenRun, pct, start_served, stop_served
+from benchlib import BrokenRun, pct, serve_node_child, start_served, stop_served
 from trio_websocket import ConnectionClosed, open_websocket_url
 
 THROUGHPUT_TARGET = 0.5
@@ -102,26 +102,11 @@ def write_config(state: Path) -> Path:
     return path
 
 
-async def serve_node_child(state: Path, url_file: Path) -> None:
-    from fleet_trio.node.config import load_config
-    from fleet_trio.node.server import NodeOptions, RunningNode, serve_node
-
-    config = load_config(write_config(state))
-    options = NodeOptions(gpu="fake", fake_gpu_dir=str(state / "gpu"))
-    async with trio.open_nursery() as nursery:
-        node: RunningNode = await nursery.start(
-            lambda task_status: serve_node(
-                config, options, announce=lambda line: None, task_status=task_status
-            )
-        )
-        url_file.write_text(node.url)
-
-
 def serve_main(state: Path) -> int:
     import fleet_trio.gpu.fake as fake
 
     fake.init_device(str(state / "gpu"), "Fake H200", 141.0)
-    trio.run(serve_node_child, state, state / "node.url")
+    trio.run(serve_node_child, write_config(state), state / "gpu", state / "node.url")
     return 0
 
 
