@@ -1,0 +1,159 @@
+"""Checks for input that comes from outside the process: ids, JSON text, log fields.
+
+Every parser of outside input (dispatch bodies, the footprints file, controller answers, the
+tail's query and messages) decodes JSON through :func:`loads_json`, which bounds the nesting depth
+and refuses non-finite numbers, and every id that came from outside is checked with
+:func:`check_id` before anything is registered under it. Text from outside that reaches a log
+line goes through :func:`printable` first, so it can neither forge a line nor hide in a terminal.
+
+These are pure functions with no I/O; both roles use them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from typing import Any
+
+#: Longest id accepted anywhere (job ids, task types, device ids, worker-side ids).
+ID_MAX_LEN = 256
+
+#: The documented id character set: ASCII letters and digits first, then also ``. _ ~ : @ + = -``.
+#: No whitespace, no control characters, no quotes, no slashes or backslashes, no ``%``, no
+#: non-ASCII: an id is safe in a URL path segment, a file name, an environment value, argv (it
+#: never starts with ``-``) and a log line, as it is.
+ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._~:@+=-]*")
+
+#: Deepest nesting of arrays and objects any outside JSON document may have.
+JSON_MAX_DEPTH = 64
+
+_DESCRIBE = "1-256 characters of A-Z a-z 0-9 . _ ~ : @ + = -, starting with a letter or digit"
+
+
+class InputError(ValueError):
+    """Outside input that fails a check; the message is safe to show and to log."""
+
+
+def id_problem(value: str, *, max_len: int = ID_MAX_LEN) -> str | None:
+    """Why ``value`` is not a valid id, or ``None`` when it is."""
+    if not value:
+        return "is empty"
+    if len(value) > max_len:
+        return f"is longer than {max_len} characters"
+    if ID_PATTERN.fullmatch(value) is None:
+        return f"must be {_DESCRIBE}"
+    return None
+
+
+def check_id(value: str, *, what: str = "id", max_len: int = ID_MAX_LEN) -> str:
+    """Return ``value`` if it is a valid id, else raise :class:`InputError` naming ``what``."""
+    problem = id_problem(value, max_len=max_len)
+    if problem is not None:
+        raise InputError(f"invalid {what}: {problem}")
+    return value
+
+
+def _reject_constant(name: str) -> Any:
+    raise InputError(f"non-finite number {name} is not allowed")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise InputError(f"number out of range: {text[:32]}")
+    return value
+
+
+def _max_depth(text: str, limit: int) -> int:
+    """Nesting depth of ``text`` (brackets inside strings do not count), stopping past ``limit``."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for ch in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        elif ch in "[{":
+            depth += 1
+            if depth > deepest:
+                deepest = depth
+                if deepest > limit:
+                    return deepest
+        elif ch in "]}":
+            depth -= 1
+    return deepest
+
+
+def loads_json(data: str | bytes, *, max_depth: int = JSON_MAX_DEPTH) -> Any:
+    """Decode JSON from outside: depth-bounded, finite numbers only, any failure an InputError.
+
+    ``NaN``, ``Infinity`` and numbers that overflow a float (``1e400``) are refused, as are
+    documents nested deeper than ``max_depth`` and integers too long for Python to convert.
+    """
+    try:
+        text = data.decode("utf-8") if isinstance(data, bytes) else data
+    except UnicodeDecodeError as exc:
+        raise InputError(f"invalid UTF-8 at byte {exc.start}") from None
+    # Fast path: a document with no more brackets than the limit cannot be nested deeper.
+    if text.count("[") + text.count("{") > max_depth and _max_depth(text, max_depth) > max_depth:
+        raise InputError(f"nested deeper than {max_depth} levels")
+    try:
+        return json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float)
+    except InputError:
+        raise
+    except RecursionError:
+        raise InputError(f"nested deeper than {max_depth} levels") from None
+    except json.JSONDecodeError as exc:
+        where = f"line {exc.lineno} column {exc.colno}"
+        raise InputError(f"invalid JSON: {exc.msg} at {where}") from None
+    except ValueError as exc:  # e.g. an integer with too many digits
+        raise InputError(f"invalid JSON: {exc}") from None
+
+
+def printable(text: str, *, limit: int | None = None) -> str:
+    """``text`` with control characters, lone surrogates and backslashes escaped for a log line.
+
+    The result holds no newline, carriage return, escape sequence or NUL, so a value from outside
+    can neither forge a log line nor drive the operator's terminal. ``limit`` cuts long values
+    (marked with ``…``).
+    """
+    if limit is not None and len(text) > limit:
+        text = text[:limit] + "…"
+    if text.isprintable() and "\\" not in text:
+        return text
+    out: list[str] = []
+    for ch in text:
+        code = ord(ch)
+        if ch == "\\":
+            out.append("\\\\")
+        elif ch == "\n":
+            out.append("\\n")
+        elif ch == "\r":
+            out.append("\\r")
+        elif ch == "\t":
+            out.append("\\t")
+        elif code < 0x20 or code == 0x7F or 0x80 <= code < 0xA0 or 0xD800 <= code <= 0xDFFF:
+            out.append(f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}")
+        elif not ch.isprintable() and ch != " ":
+            out.append(f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}")
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
+__all__ = [
+    "ID_MAX_LEN",
+    "ID_PATTERN",
+    "JSON_MAX_DEPTH",
+    "InputError",
+    "check_id",
+    "id_problem",
+    "loads_json",
+    "printable",
+]
