@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import sys
+from typing import TYPE_CHECKING
 
 import attrs
 import trio
@@ -34,6 +35,9 @@ from fleet_trio.proc.spec import JobSpec, Result
 from fleet_trio.proc.stop import StopToken
 from fleet_trio.sim.chaos_cli import add_parser as add_sim_parser
 from fleet_trio.sim.demo import add_parser as add_demo_parser
+
+if TYPE_CHECKING:
+    from fleet_trio.worker.config import WorkerConfig
 
 log = logging.getLogger("fleet_trio.cli")
 
@@ -201,6 +205,15 @@ def _add_node(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="require 'Authorization: Bearer TOKEN' on the three routes (default: "
         "$FLEET_TRIO_TOKEN; unset = no auth, as CONTRACT v2)",
     )
+    p.add_argument(
+        "--allow-origin",
+        metavar="ORIGIN",
+        action="append",
+        default=[],
+        help="also serve browser pages from ORIGIN (scheme://host[:port]; repeatable; added "
+        "to node.allow_origins). Requests carrying any other Origin get 403; see "
+        "docs/security.md",
+    )
     p.set_defaults(handler=_cmd_node)
 
 
@@ -263,6 +276,15 @@ def _add_worker(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         action="store_true",
         help="allow a non-loopback tail_listen (e.g. a tailnet address); the live log tail "
         "has no authentication unless tail_token is set",
+    )
+    p.add_argument(
+        "--allow-origin",
+        metavar="ORIGIN",
+        action="append",
+        default=[],
+        help="also serve the tail listener to browser pages from ORIGIN (scheme://host[:port]; "
+        "repeatable; added to tail_allow_origins). Any other Origin gets 403; see "
+        "docs/security.md",
     )
     p.set_defaults(handler=_cmd_worker)
 
@@ -426,6 +448,7 @@ def _cmd_node(args: argparse.Namespace) -> int:
             fake_gpu_dir=args.fake_gpu_dir,
             footprints=args.footprints,
             token=args.token if args.token is not None else os.environ.get("FLEET_TRIO_TOKEN"),
+            allow_origins=tuple(args.allow_origin),
             test_break=_test_break(),  # TEST-ONLY (docs/chaos.md)
         )
         redact_secrets(options.token)
@@ -471,6 +494,21 @@ def _cmd_measure(args: argparse.Namespace) -> int:
 # -- fleet-trio worker --------------------------------------------------------------------------
 
 
+def _with_allowed_origins(config: WorkerConfig, extra: list[str]) -> WorkerConfig:
+    """``--allow-origin`` added to ``tail_allow_origins`` (a bad value: ConfigError)."""
+    if not extra:
+        return config
+    from fleet_trio.edge import OriginError, check_allowed_origin
+    from fleet_trio.errors import ConfigError
+
+    for origin in extra:
+        try:
+            check_allowed_origin(origin)
+        except OriginError as exc:
+            raise ConfigError(f"--allow-origin: {exc}") from None
+    return attrs.evolve(config, tail_allow_origins=(*config.tail_allow_origins, *extra))
+
+
 def _cmd_worker(args: argparse.Namespace) -> int:
     from fleet_trio.errors import ConfigError
     from fleet_trio.worker.config import check_tail_listen, load_worker_config
@@ -479,6 +517,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     try:
         config = load_worker_config(args.config)
         redact_secrets(config.token, config.tail_token)
+        config = _with_allowed_origins(config, args.allow_origin)
         check_tail_listen(config, args.listen_trusted_network)
     except ConfigError as exc:
         console(f"error: {exc}", event=str(exc), logger="fleet_trio.worker", level=logging.ERROR)

@@ -25,7 +25,9 @@ from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
 from fleet_trio.auth import bearer_ok
+from fleet_trio.edge import EdgeGuard, EdgePolicy
 from fleet_trio.errors import WireError
+from fleet_trio.inputs import id_problem
 from fleet_trio.logbus.bus import LogBus
 from fleet_trio.logbus.ui import stream_tail
 from fleet_trio.metrics import NodeMetrics
@@ -106,6 +108,10 @@ class NodeContext:
     """The jobs' live output (the tail route); the runner tees into it (docs/tail.md)."""
     metrics: NodeMetrics = attrs.field(factory=NodeMetrics, repr=False)
     """``GET /metrics`` (docs/metrics.md): this node's own registry."""
+    edge: EdgePolicy = attrs.field(factory=EdgePolicy)
+    """Origin/Host checks of every route (``fleet_trio.edge``, docs/security.md): loopback
+    by default; ``--listen-trusted-network`` turns the Host rule off, ``--allow-origin`` lists
+    origins."""
 
     def __attrs_post_init__(self) -> None:
         # live log tail: the runner tees into this bus (a stand-in runner without one: no tee)
@@ -198,6 +204,18 @@ async def _read_capped_body() -> bytes:
     return b"".join(chunks)
 
 
+def _check_ids(job_id: str, task_type: str) -> None:
+    """The documented id set (``fleet_trio.inputs``, docs/security.md) for the job id and a
+    non-empty task type; an empty task type stays "unsupported" (§2.3). Raises a 400."""
+    problem = id_problem(job_id)
+    if problem is not None:
+        raise WireError(f"invalid job_id: {problem}")
+    if task_type:
+        problem = id_problem(task_type)
+        if problem is not None:
+            raise WireError(f"invalid task_type: {problem}")
+
+
 async def dispatch(ctx: NodeContext) -> Response:
     """§2.3, in its exact order."""
     if not _token_ok(ctx, request.headers.get("Authorization")):
@@ -209,6 +227,7 @@ async def dispatch(ctx: NodeContext) -> Response:
         except RequestEntityTooLarge:
             raise WireError(MSG_TOO_LARGE) from None
         req = parse_dispatch(body)  # 2 + 3
+        _check_ids(req.job_id, req.task_type)  # 3b: the id rules, before anything is stored
         store = ctx.store
         if store.draining:  # 4
             return _error(MSG_DRAINING, 503)
@@ -302,6 +321,8 @@ def create_app(ctx: NodeContext) -> QuartTrio:
     app.config["BODY_TIMEOUT"] = BODY_TIMEOUT
     app.config["RESPONSE_TIMEOUT"] = RESPONSE_TIMEOUT
     app.config["PROVIDE_AUTOMATIC_OPTIONS"] = False
+    # Origin/Host/path-id checks before every route, websockets and 404s included
+    EdgeGuard(ctx.edge).install(app)
 
     async def _health() -> Response:
         return await health(ctx)

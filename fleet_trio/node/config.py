@@ -66,6 +66,9 @@ class NodeSettings:
     footprints: FootprintSettings = attrs.Factory(FootprintSettings)
     gpu_lock_path: str = ""
     timings: Timings = attrs.Factory(Timings)
+    allow_origins: list[str] = attrs.Factory(list)
+    """Browser origins served besides the node's own (``--allow-origin`` adds more;
+    docs/security.md). Each is ``scheme://host[:port]``."""
 
 
 @attrs.frozen
@@ -309,6 +312,19 @@ def _check_task(task: TaskDef, key: str) -> None:
             )
 
 
+def _check_origins(raw: object, origins: list[str]) -> None:
+    """``node.allow_origins``: a list of ``scheme://host[:port]`` (docs/security.md)."""
+    from fleet_trio.edge import OriginError, check_allowed_origin
+
+    if isinstance(raw, str):
+        raise _KeyedError("expected a list of origins, got a string", "node.allow_origins")
+    for i, origin in enumerate(origins):
+        try:
+            check_allowed_origin(origin)
+        except OriginError as exc:
+            raise _KeyedError(str(exc), f"node.allow_origins[{i}]") from None
+
+
 def config_from_mapping(raw: object, *, path: str = "", base_dir: str = "") -> NodeConfig:
     """Build a :class:`NodeConfig` from parsed YAML. Raises :class:`ConfigError`."""
     converter = make_converter()
@@ -329,6 +345,7 @@ def config_from_mapping(raw: object, *, path: str = "", base_dir: str = "") -> N
             raise _KeyedError("must be > 0", "node.footprints.margin")
         if node.timings.kill_grace <= 0:
             raise _KeyedError("must be > 0", "node.timings.kill_grace")
+        _check_origins((raw.get("node") or {}).get("allow_origins"), node.allow_origins)
         raw_tasks = raw.get("tasks") or {}
         if not isinstance(raw_tasks, Mapping):
             raise _KeyedError("expected a mapping of task type -> definition", "tasks")

@@ -29,6 +29,7 @@ import trio
 from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve as hypercorn_serve
 
+from fleet_trio.edge import EdgePolicy, OriginError, listen_is_loopback
 from fleet_trio.errors import FleetTrioError
 from fleet_trio.metrics import NodeMetrics
 from fleet_trio.node.app import FootprintSource, NodeContext, VramStatus, create_app
@@ -68,6 +69,8 @@ class NodeOptions:
     fake_gpu_dir: str | None = None
     footprints: str | None = None
     token: str | None = None
+    allow_origins: tuple[str, ...] = ()
+    """``--allow-origin``: browser origins served besides the node's own (docs/security.md)."""
     test_break: frozenset[str] = frozenset()
     """TEST-ONLY deliberate defects (``FLEET_TRIO_TEST_BREAK``, docs/chaos.md):
     ``skip-interrupted`` skips marking drain survivors interrupted. Never set in production."""
@@ -279,6 +282,13 @@ async def serve_node(
     check_listen(listen, options.trusted_network)
     if options.trusted_network:
         say(TRUSTED_NETWORK_WARNING.format(addr=listen))
+    try:  # the Origin/Host checks of every route (docs/security.md)
+        edge = EdgePolicy.build(
+            loopback=listen_is_loopback(listen),
+            allow_origins=(*node.allow_origins, *options.allow_origins),
+        )
+    except OriginError as exc:
+        raise NodeStartError(f"--allow-origin: {exc}") from None
     node_id = resolve_node_id(options.node_id, node.node_id, hostname)
     if gpu is None:
         gpu = await open_gpu(config, options)
@@ -297,6 +307,7 @@ async def serve_node(
         max_snapshot_age=t.max_snapshot_age,
         token=options.token or None,
         metrics=NodeMetrics(gpu=str(node.gpu.index)),
+        edge=edge,
     )
 
     async def mark_interrupted() -> None:

@@ -164,6 +164,9 @@ class WorkerConfig:
     """fleet-trio only: ``HOST:PORT`` of the live log tail websocket; empty = off."""
     tail_token: str = ""
     """fleet-trio only: bearer token the tail listener requires; empty = none."""
+    tail_allow_origins: tuple[str, ...] = ()
+    """fleet-trio only: browser origins the tail listener serves besides its own
+    (``scheme://host[:port]``, docs/security.md)."""
     path: str = ""
     """The file it came from ("" when built in code)."""
     ignored_keys: tuple[str, ...] = ()
@@ -253,6 +256,7 @@ class WorkerConfig:
             "require_manual_clear": self.require_manual_clear,
             "tail_listen": self.tail_listen or None,
             "tail_token": REDACTED if self.tail_token else "",
+            "tail_allow_origins": list(self.tail_allow_origins),
             "ignored_keys": list(self.ignored_keys),
         }
 
@@ -593,6 +597,7 @@ _TOP_KEYS: dict[str, Any] = {
     # fleet-trio only (unknown to the Go worker, which ignores them)
     "tail_listen": str,
     "tail_token": str,
+    "tail_allow_origins": None,  # handled by _origins
 }
 _HOOKS_KEYS = frozenset(f.name for f in attrs.fields(HooksConfig))
 _DEVICE_KEYS = frozenset(f.name for f in attrs.fields(DeviceConfig))
@@ -630,6 +635,27 @@ def _devices(
             )
         _check_device(device, key)
         out.append(device)
+    return tuple(out)
+
+
+def _origins(raw: object) -> tuple[str, ...]:
+    """``tail_allow_origins``: a list of ``scheme://host[:port]`` (docs/security.md)."""
+    from fleet_trio.edge import OriginError, check_allowed_origin
+
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        raise _KeyedError(f"expected a list of origins, got {_describe(raw)}", "tail_allow_origins")
+    out: list[str] = []
+    for i, item in enumerate(raw):
+        key = f"tail_allow_origins[{i}]"
+        if not isinstance(item, _Scalar) or item.kind != "str":
+            raise _KeyedError(f"expected an origin string, got {_describe(item)}", key)
+        try:
+            check_allowed_origin(item.text)
+        except OriginError as exc:
+            raise _KeyedError(str(exc), key) from None
+        out.append(item.text)
     return tuple(out)
 
 
@@ -677,6 +703,8 @@ def _build(
         cls = _TOP_KEYS.get(key)
         if key == "devices":
             values[key] = _devices(converter, value, ignored)
+        elif key == "tail_allow_origins":
+            values[key] = _origins(value)
         elif cls is HooksConfig:
             if value is None:
                 value = {}

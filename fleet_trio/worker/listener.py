@@ -28,6 +28,7 @@ from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
 from fleet_trio.auth import bearer, token_ok
+from fleet_trio.edge import EdgeGuard, EdgePolicy, listen_is_loopback
 from fleet_trio.errors import FleetTrioError
 from fleet_trio.logbus.bus import LogBus
 from fleet_trio.logbus.ui import mount_ui, stream_tail
@@ -55,12 +56,19 @@ def _error(message: str, status: int, headers: dict[str, str] | None = None) -> 
 
 
 def create_tail_app(
-    bus: LogBus, *, token: str | None = None, metrics: WorkerMetrics | None = None
+    bus: LogBus,
+    *,
+    token: str | None = None,
+    metrics: WorkerMetrics | None = None,
+    edge: EdgePolicy | None = None,
 ) -> QuartTrio:
     """A quart-trio app serving the tail route of ``bus`` (and ``GET /metrics`` when
-    ``metrics`` is given, behind the same token: docs/metrics.md)."""
+    ``metrics`` is given, behind the same token: docs/metrics.md). ``edge``: the Origin/Host
+    checks of every route (``fleet_trio.edge``; default: a loopback listener, no listed
+    origins)."""
     app = QuartTrio(__name__)
     app.config["PROVIDE_AUTOMATIC_OPTIONS"] = False
+    EdgeGuard(edge if edge is not None else EdgePolicy()).install(app)
 
     @app.websocket("/fleet/jobs/<job_id>/tail")
     async def _tail(job_id: str) -> Response | None:
@@ -113,6 +121,7 @@ async def serve_tail_listener(
     *,
     token: str | None = None,
     metrics: WorkerMetrics | None = None,
+    allow_origins: tuple[str, ...] = (),
     task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve the tail route of ``bus`` on ``listen`` (``HOST:PORT``) until cancelled.
@@ -120,9 +129,12 @@ async def serve_tail_listener(
     ``started`` with the bound base URL (``http://HOST:PORT``; the websocket is
     ``ws://HOST:PORT/fleet/jobs/<job_id>/tail``). A bind failure raises
     :class:`TailListenError` before ``started``; a failure after it is logged and ends the
-    listener without propagating (the worker keeps running its jobs).
+    listener without propagating (the worker keeps running its jobs). The Host rule of
+    ``fleet_trio.edge`` applies when ``listen`` is a loopback address; ``allow_origins`` are
+    the browser origins served besides the listener's own (docs/security.md).
     """
-    app = create_tail_app(bus, token=token or None, metrics=metrics)
+    edge = EdgePolicy.build(loopback=listen_is_loopback(listen), allow_origins=allow_origins)
+    app = create_tail_app(bus, token=token or None, metrics=metrics, edge=edge)
     hc = tail_hypercorn_config(listen)
     started = False
     problem: BaseException | None = None

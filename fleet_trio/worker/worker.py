@@ -718,6 +718,7 @@ async def _start_tail_listener(worker: Worker, tree: TaskTree) -> None:
                 worker.bus,
                 cfg.tail_listen,
                 token=cfg.tail_token or None,
+                allow_origins=cfg.tail_allow_origins,
                 metrics=worker.metrics,
             ),
             name="tail-listener",

@@ -114,7 +114,7 @@ async def test_fuzz_routes_never_5xx(
         sampler = ctx.sampler
         assert isinstance(sampler, FakeSampler)
         transport = httpx.ASGITransport(app=create_app(ctx))
-        async with httpx.AsyncClient(transport=transport, base_url="http://node") as client:
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1:18811") as client:
             for i, (method, path, body, ctype) in enumerate(requests):
                 if i == drain_at:
                     ctx.store.begin_drain()
