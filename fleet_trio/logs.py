@@ -31,6 +31,7 @@ from typing import Any, Final, TextIO
 from urllib.parse import quote, quote_plus
 
 from fleet_trio.errors import FleetTrioError
+from fleet_trio.inputs import printable
 
 LEVELS: Final = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 FORMATS: Final = ("text", "json")
@@ -198,16 +199,48 @@ def record_context(record: logging.LogRecord) -> dict[str, Any]:
 
 def _logfmt(value: Any) -> str:
     text = value if isinstance(value, str) else json.dumps(value, default=str)
-    if text and not re.search(r"[\s\"=\\]", text):
+    if text and text.isprintable() and not re.search(r"[\s\"=\\]", text):
         return text
-    return json.dumps(text)
+    return json.dumps(text)  # ASCII only: every control character escaped
+
+
+def _escape_lines(text: str) -> str:
+    """A traceback or stack: its line breaks kept, control characters in each line escaped
+    (an exception message from outside cannot hide an escape sequence or a carriage return)."""
+    return "\n".join(printable(line) for line in text.split("\n"))
+
+
+def json_line(text: str) -> str:
+    """A JSON document (``ensure_ascii=False``) with every character that is not printable
+    written as its ``\\uXXXX`` escape: C1 controls, lone surrogates, bidi and other format
+    characters. Outside strings ``json.dumps`` writes ASCII only, so the value is unchanged."""
+    if text.isprintable():
+        return text
+    out: list[str] = []
+    for ch in text:
+        if ch.isprintable():
+            out.append(ch)
+            continue
+        code = ord(ch)
+        if code > 0xFFFF:  # a UTF-16 surrogate pair, as JSON escapes it
+            code -= 0x10000
+            out.append(f"\\u{0xD800 + (code >> 10):04x}\\u{0xDC00 + (code & 0x3FF):04x}")
+        else:
+            out.append(f"\\u{code:04x}")
+    return "".join(out)
 
 
 class TextFormatter(logging.Formatter):
-    """``2026-03-01T12:00:00.123Z INFO    fleet_trio.node.tasks: job j1: done job_id=j1``."""
+    """``2026-03-01T12:00:00.123Z INFO    fleet_trio.node.tasks: job j1: done job_id=j1``.
+
+    The message is one line: newlines, carriage returns, escape sequences, other control
+    characters, lone surrogates and backslashes in it are escaped (``\\n``, ``\\x1b``,
+    ``\\\\``), so a value from outside cannot forge a line or drive a terminal; context values
+    that are not plain are JSON-quoted (ASCII); tracebacks keep their lines, each escaped.
+    """
 
     def format(self, record: logging.LogRecord) -> str:
-        message = record.getMessage()
+        message = printable(record.getMessage())  # one line, whatever came from outside
         line = f"{_timestamp(record)} {record.levelname:<7} {record.name}: {message}"
         context = record_context(record)
         if context:
@@ -215,14 +248,15 @@ class TextFormatter(logging.Formatter):
         if record.exc_info and not record.exc_text:
             record.exc_text = self.formatException(record.exc_info)
         if record.exc_text:
-            line += "\n" + record.exc_text
+            line += "\n" + _escape_lines(record.exc_text)
         if record.stack_info:
-            line += "\n" + self.formatStack(record.stack_info)
+            line += "\n" + _escape_lines(self.formatStack(record.stack_info))
         return line
 
 
 class JsonFormatter(logging.Formatter):
-    """One JSON object per record, on one line (newlines inside values are escaped)."""
+    """One JSON object per record, on one line: newlines and every other character that is
+    not printable inside values are JSON-escaped (:func:`json_line`)."""
 
     def format(self, record: logging.LogRecord) -> str:
         entry: dict[str, Any] = {
@@ -239,7 +273,7 @@ class JsonFormatter(logging.Formatter):
             entry["exc"] = record.exc_text
         if record.stack_info:
             entry["stack"] = self.formatStack(record.stack_info)
-        return json.dumps(entry, default=str, ensure_ascii=False)
+        return json_line(json.dumps(entry, default=str, ensure_ascii=False))
 
 
 class StderrHandler(logging.StreamHandler[TextIO]):
@@ -448,6 +482,7 @@ __all__ = [
     "add_log_arguments",
     "console",
     "job_context",
+    "json_line",
     "record_context",
     "redact_secrets",
     "resolve_format",

@@ -45,6 +45,7 @@ from typing import Any, Literal, cast
 
 import attrs
 
+from fleet_trio.inputs import InputError, loads_json, printable
 from fleet_trio.logbus.bus import End, LogBus, Output, Skipped, Stream
 
 STREAMS: tuple[Stream, ...] = ("stdout", "stderr")
@@ -97,23 +98,37 @@ class TailError:
 TailEvent = Output | Skipped | End | TailError
 
 
+MAX_OFFSET = (1 << 63) - 1
+"""Largest ``from`` offset accepted (a log never gets near it)."""
+MAX_PARAM_LEN = 64
+"""Longest query value looked at; longer ones are refused (and cut in the message)."""
+
+
+def _shown(text: str) -> str:
+    """A query value as an error message shows it: quoted, escaped, cut."""
+    return '"' + printable(text, limit=MAX_PARAM_LEN) + '"'
+
+
 def parse_start(text: str) -> Start:
-    """``start`` | ``now`` | a non-negative integer offset."""
-    value = text.strip().lower()
+    """``start`` | ``now`` | a non-negative integer offset (ASCII digits, at most 2**63-1)."""
+    value = text.strip().lower() if len(text) <= MAX_PARAM_LEN else ""
     if value in ("start", "now"):
         return cast(Literal["start", "now"], value)
-    if value.isdigit():  # ASCII digits only: no sign, no spaces, no "1e3"
+    # ASCII digits only: no sign, no spaces, no "1e3", no other script's digits ("²", "١")
+    if value.isascii() and value.isdigit() and len(value) <= 19 and int(value) <= MAX_OFFSET:
         return int(value)
-    raise TailProtocolError(f"from must be start, now or a byte offset >= 0, got {text!r}")
+    raise TailProtocolError(
+        f"from must be start, now or a byte offset from 0 to {MAX_OFFSET}, got {_shown(text)}"
+    )
 
 
 def parse_streams(text: str) -> frozenset[Stream]:
     """A comma-separated, non-empty subset of ``stdout,stderr``."""
     names = [n.strip().lower() for n in text.split(",") if n.strip()]
     chosen = frozenset(s for s in STREAMS if s in names)
-    if not names or len(chosen) != len(set(names)):
+    if len(text) > MAX_PARAM_LEN or not names or len(chosen) != len(set(names)):
         raise TailProtocolError(
-            f"streams must be a comma-separated subset of stdout,stderr; got {text!r}"
+            f"streams must be a comma-separated subset of stdout,stderr; got {_shown(text)}"
         )
     return chosen
 
@@ -180,19 +195,25 @@ def dumps(msg: Mapping[str, Any]) -> str:
 # -- decoding ------------------------------------------------------------------------------------
 
 
+def _cut(value: object) -> str:
+    """A value from a message as an error shows it: its repr (escaped), cut."""
+    text = repr(value)
+    return text if len(text) <= MAX_PARAM_LEN else text[:MAX_PARAM_LEN] + "…"
+
+
 def _int(msg: Mapping[str, Any], key: str, *, optional: bool = False) -> int | None:
     value = msg.get(key)
     if value is None and optional:
         return None
     if not isinstance(value, int) or isinstance(value, bool) or (key != "exit_code" and value < 0):
-        raise TailProtocolError(f"{msg.get('type')} message: bad {key!r}: {value!r}")
+        raise TailProtocolError(f"{_cut(msg.get('type'))} message: bad {key!r}: {_cut(value)}")
     return value
 
 
 def _str(msg: Mapping[str, Any], key: str, default: str | None = None) -> str:
     value = msg.get(key, default)
     if not isinstance(value, str):
-        raise TailProtocolError(f"{msg.get('type')} message: bad {key!r}: {value!r}")
+        raise TailProtocolError(f"{_cut(msg.get('type'))} message: bad {key!r}: {_cut(value)}")
     return value
 
 
@@ -215,10 +236,10 @@ def decode_message(msg: Mapping[str, Any]) -> TailEvent:
     if kind == "output":
         stream = _str(msg, "stream")
         if stream not in ALL_STREAMS:
-            raise TailProtocolError(f"output message: bad stream {stream!r}")
+            raise TailProtocolError(f"output message: bad stream {_cut(stream)}")
         t = msg.get("t", 0.0)
-        if not isinstance(t, int | float) or isinstance(t, bool):
-            raise TailProtocolError(f"output message: bad 't': {t!r}")
+        if not isinstance(t, int | float) or isinstance(t, bool) or not math.isfinite(t):
+            raise TailProtocolError(f"output message: bad 't': {_cut(t)}")
         offset = _int(msg, "offset")
         assert offset is not None
         return Output(
@@ -242,15 +263,15 @@ def decode_message(msg: Mapping[str, Any]) -> TailEvent:
         )
     if kind == "error":
         return TailError(_str(msg, "message", "error"))
-    raise TailProtocolError(f"unknown message type {kind!r}")
+    raise TailProtocolError(f"unknown message type {_cut(kind)}")
 
 
 def loads(text: str | bytes) -> TailEvent:
     """Decode the text of one frame."""
     try:
-        msg = json.loads(text)
-    except ValueError as exc:
-        raise TailProtocolError(f"not JSON: {exc}") from None
+        msg = loads_json(text)  # bounded depth, finite numbers only
+    except InputError as exc:
+        raise TailProtocolError(f"not a valid message: {exc}") from None
     if not isinstance(msg, dict):
         raise TailProtocolError("a message must be a JSON object")
     return decode_message(msg)
@@ -302,6 +323,8 @@ __all__ = [
     "CLOSE_NORMAL",
     "CLOSE_UNKNOWN_JOB",
     "MAX_FRAME_DATA",
+    "MAX_OFFSET",
+    "MAX_PARAM_LEN",
     "MSG_UNKNOWN_JOB",
     "STREAMS",
     "SendJson",

@@ -21,6 +21,7 @@ import attrs
 import cattrs
 
 from fleet_trio.errors import WireError
+from fleet_trio.inputs import JSON_MAX_DEPTH
 
 MAX_DISPATCH_BODY = 1 << 20
 """1 MiB (§0)."""
@@ -84,8 +85,13 @@ def go_quote(text: str) -> str:
 
 
 def dumps(value: object) -> bytes:
-    """One JSON document followed by a newline (§2.1)."""
-    return (json.dumps(value, ensure_ascii=False, separators=(",", ":")) + "\n").encode()
+    """One JSON document followed by a newline (§2.1).
+
+    A lone surrogate in a string (from a request: an unknown member's name, a payload value in
+    a validation message) is written as its JSON escape (``\\ud800``), never a 500.
+    """
+    text = json.dumps(value, ensure_ascii=False, separators=(",", ":")) + "\n"
+    return text.encode("utf-8", errors="backslashreplace")
 
 
 def error_body(message: str) -> bytes:
@@ -101,12 +107,59 @@ def ack_body(job_id: str) -> bytes:
 # Raw-span JSON scanning
 # --------------------------------------------------------------------------------------------
 
-_DECODER = json.JSONDecoder(parse_constant=lambda name: _reject_constant(name))
 _WS = " \t\n\r"
+
+MAX_DEPTH = JSON_MAX_DEPTH
+"""Deepest nesting of a dispatch body (the envelope counts as one level; docs/security.md)."""
+MSG_TOO_DEEP = f"nested deeper than {MAX_DEPTH} levels"
 
 
 def _reject_constant(name: str) -> Any:
     raise ValueError(f"invalid character {name[0]!r} looking for beginning of value")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"number out of range: {text[:32]}")
+    return value
+
+
+_DECODER = json.JSONDecoder(parse_constant=_reject_constant, parse_float=_finite_float)
+
+
+def _deeper_than(value: Any, limit: int, raw: str) -> bool:
+    """Whether a decoded value nests arrays/objects more than ``limit`` levels (iterative;
+    ``raw`` is its source text: with no more brackets than ``limit`` it cannot be deeper)."""
+    if raw.count("[") + raw.count("{") <= limit:
+        return False
+    todo: list[tuple[Any, int]] = [(value, 1)]
+    while todo:
+        item, depth = todo.pop()
+        if isinstance(item, dict):
+            children: Iterable[Any] = item.values()
+        elif isinstance(item, list):
+            children = item
+        else:
+            continue
+        if depth > limit:
+            return True
+        todo.extend((child, depth + 1) for child in children)
+    return False
+
+
+def _decode_value(text: str, i: int) -> tuple[Any, int]:
+    """One JSON value at ``text[i:]`` (strict: finite numbers only, bounded depth)."""
+    try:
+        return _DECODER.raw_decode(text, i)
+    except json.JSONDecodeError as exc:
+        raise JsonSyntaxError(_describe(exc)) from None
+    except RecursionError:
+        raise JsonSyntaxError(MSG_TOO_DEEP) from None
+    except ValueError as exc:  # a non-finite number, an integer too long to convert
+        if "integer string conversion" in str(exc):
+            raise JsonSyntaxError("number out of range: an integer with too many digits") from None
+        raise JsonSyntaxError(str(exc)) from None
 
 
 class JsonSyntaxError(ValueError):
@@ -134,12 +187,9 @@ def scan_object(text: str) -> dict[str, tuple[Any, str]] | None:
     if i >= len(text):
         raise JsonSyntaxError("unexpected end of JSON input")
     if text[i] != "{":
-        try:
-            _value, end = _DECODER.raw_decode(text, i)
-        except json.JSONDecodeError as exc:
-            raise JsonSyntaxError(_describe(exc)) from None
-        except ValueError as exc:
-            raise JsonSyntaxError(str(exc)) from None
+        _value, end = _decode_value(text, i)
+        if _deeper_than(_value, MAX_DEPTH, text):
+            raise JsonSyntaxError(MSG_TOO_DEEP)
         if _skip_ws(text, end) != len(text):
             raise JsonSyntaxError("invalid character after top-level value")
         return None
@@ -163,12 +213,9 @@ def scan_object(text: str) -> dict[str, tuple[Any, str]] | None:
             if i >= len(text) or text[i] != ":":
                 raise JsonSyntaxError("expected ':' after object key")
             i = _skip_ws(text, i + 1)
-            try:
-                value, end = _DECODER.raw_decode(text, i)
-            except json.JSONDecodeError as exc:
-                raise JsonSyntaxError(_describe(exc)) from None
-            except ValueError as exc:
-                raise JsonSyntaxError(str(exc)) from None
+            value, end = _decode_value(text, i)
+            if _deeper_than(value, MAX_DEPTH - 1, text[i:end]):  # the envelope is the first level
+                raise JsonSyntaxError(MSG_TOO_DEEP)
             members[str(name)] = (value, text[i:end])
             i = _skip_ws(text, end)
             if i < len(text) and text[i] == ",":
@@ -416,11 +463,13 @@ __all__ = [
     "ENVELOPE_MEMBERS",
     "GPU_VENDOR",
     "HEALTH_FIELDS",
+    "MAX_DEPTH",
     "MAX_DISPATCH_BODY",
     "MSG_DRAINING",
     "MSG_JOB_ID_REQUIRED",
     "MSG_SNAPSHOT_STALE",
     "MSG_SNAPSHOT_UNAVAILABLE",
+    "MSG_TOO_DEEP",
     "MSG_TOO_LARGE",
     "MSG_UNAUTHORIZED",
     "MSG_UNKNOWN_JOB",
