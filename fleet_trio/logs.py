@@ -204,10 +204,16 @@ def _logfmt(value: Any) -> str:
     return json.dumps(text)  # ASCII only: every control character escaped
 
 
+CONTINUATION: Final = "  "
+"""Prefix of a record's continuation lines (a traceback, a stack) in the text format: only a
+record's first line starts at column 0, so an exception message from outside that holds a
+newline cannot pass for a record of its own."""
+
+
 def _escape_lines(text: str) -> str:
-    """A traceback or stack: its line breaks kept, control characters in each line escaped
-    (an exception message from outside cannot hide an escape sequence or a carriage return)."""
-    return "\n".join(printable(line) for line in text.split("\n"))
+    """A traceback or stack: its line breaks kept, each line indented and its control
+    characters escaped (no escape sequence, no carriage return)."""
+    return "\n".join(CONTINUATION + printable(line) for line in text.split("\n"))
 
 
 def json_line(text: str) -> str:
@@ -236,7 +242,8 @@ class TextFormatter(logging.Formatter):
     The message is one line: newlines, carriage returns, escape sequences, other control
     characters, lone surrogates and backslashes in it are escaped (``\\n``, ``\\x1b``,
     ``\\\\``), so a value from outside cannot forge a line or drive a terminal; context values
-    that are not plain are JSON-quoted (ASCII); tracebacks keep their lines, each escaped.
+    that are not plain are JSON-quoted (ASCII); tracebacks keep their lines, each escaped and
+    indented by :data:`CONTINUATION`, so every line at column 0 starts a record.
     """
 
     def format(self, record: logging.LogRecord) -> str:

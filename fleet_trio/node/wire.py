@@ -148,6 +148,21 @@ def _deeper_than(value: Any, limit: int, raw: str) -> bool:
     return False
 
 
+MSG_LONE_SURROGATE = "a string holds a lone UTF-16 surrogate escape"
+
+
+def _lone_surrogate(value: Any, raw: str) -> bool:
+    """Whether a decoded value holds a lone surrogate (``"\\ud800"`` decodes to one; raw
+    UTF-8 cannot carry one, so without a ``\\u`` escape in ``raw`` there is none)."""
+    if "\\u" not in raw:
+        return False
+    try:
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
 def _decode_value(text: str, i: int) -> tuple[Any, int]:
     """One JSON value at ``text[i:]`` (strict: finite numbers only, bounded depth)."""
     try:
@@ -190,6 +205,8 @@ def scan_object(text: str) -> dict[str, tuple[Any, str]] | None:
         _value, end = _decode_value(text, i)
         if _deeper_than(_value, MAX_DEPTH, text):
             raise JsonSyntaxError(MSG_TOO_DEEP)
+        if _lone_surrogate(_value, text):
+            raise JsonSyntaxError(MSG_LONE_SURROGATE)
         if _skip_ws(text, end) != len(text):
             raise JsonSyntaxError("invalid character after top-level value")
         return None
@@ -214,9 +231,12 @@ def scan_object(text: str) -> dict[str, tuple[Any, str]] | None:
                 raise JsonSyntaxError("expected ':' after object key")
             i = _skip_ws(text, i + 1)
             value, end = _decode_value(text, i)
-            if _deeper_than(value, MAX_DEPTH - 1, text[i:end]):  # the envelope is the first level
+            raw = text[i:end]
+            if _deeper_than(value, MAX_DEPTH - 1, raw):  # the envelope is the first level
                 raise JsonSyntaxError(MSG_TOO_DEEP)
-            members[str(name)] = (value, text[i:end])
+            if _lone_surrogate(value, raw):
+                raise JsonSyntaxError(MSG_LONE_SURROGATE)
+            members[str(name)] = (value, raw)
             i = _skip_ws(text, end)
             if i < len(text) and text[i] == ",":
                 i = _skip_ws(text, i + 1)
@@ -455,7 +475,8 @@ def job_body(job_id: str, state: str, *, data: bytes | None, error: str | None) 
     if state == "done" and data:
         return head + b',"data":' + data + b"}\n"
     if state == "error":
-        return head + b',"error":' + json.dumps(error or "", ensure_ascii=False).encode() + b"}\n"
+        error_text = json.dumps(error or "", ensure_ascii=False)
+        return head + b',"error":' + error_text.encode("utf-8", "backslashreplace") + b"}\n"
     return head + b"}\n"
 
 

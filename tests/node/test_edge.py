@@ -305,13 +305,14 @@ async def test_trusted_network_listener_skips_the_host_rule() -> None:
     ("job_id", "task_type", "message"),
     [
         ("a\u0000b", "echo", "invalid job_id"),
-        ("a\ud800b", "echo", "invalid job_id"),
+        ("a\ud800b", "echo", "malformed dispatch body: a string holds a lone UTF-16"),
         ("a\nINFO forged line", "echo", "invalid job_id"),
         ("../etc", "echo", "invalid job_id"),
         ("-rf", "echo", "invalid job_id"),
         ("x" * 257, "echo", "invalid job_id"),
         ("ok-id", "ec\u0000ho", "invalid task_type"),
-        ("ok-id", "e\ud800", "invalid task_type"),
+        ("ok-id", "e\ud800", "malformed dispatch body: a string holds a lone UTF-16"),
+        ("ok-id", "e\u00fc", "invalid task_type"),
     ],
 )
 async def test_bad_ids_are_400_and_nothing_is_registered(
