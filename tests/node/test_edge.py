@@ -368,7 +368,7 @@ async def test_ids_from_outside_cannot_forge_log_lines(
 async def test_tail_listener_checks_origin_and_host() -> None:
     bus = LogBus()
     log = bus.open("t1")
-    log.write("stdout", b"secret\n")
+    await log.write("stdout", b"secret\n")
     log.end("done", 0)
     async with trio.open_nursery() as nursery:
         url = await nursery.start(serve_tail_listener, bus, "127.0.0.1:0")
