@@ -210,12 +210,21 @@ class EdgeRequest:
     sec_fetch_site: str | None = None
     sec_fetch_mode: str | None = None
     websocket: bool = False
+    path: str = ""
+    """For the log line only."""
 
     @classmethod
     def from_headers(
-        cls, method: str, scheme: str, headers: HeaderLookup, *, websocket: bool = False
+        cls,
+        method: str,
+        scheme: str,
+        headers: HeaderLookup,
+        *,
+        websocket: bool = False,
+        path: str = "",
     ) -> EdgeRequest:
         return cls(
+            path=path,
             method=method.upper(),
             scheme=scheme,
             host=headers.get("Host"),
@@ -292,7 +301,12 @@ class EdgeGuard:
         if refused is not None:
             reason, message = refused
             self.refused[reason] += 1
-            log.info("edge: refused a %s request: %s", req.method, message)
+            log.info(
+                "edge: refused %s %s: %s",
+                "websocket" if req.websocket else req.method,
+                printable(req.path, limit=200),
+                message,
+            )
             return _envelope(message, 403)
         problem = path_id_problem(view_args)
         if problem is not None:
@@ -304,12 +318,14 @@ class EdgeGuard:
         """Run :meth:`check` before every HTTP request and websocket handshake of ``app``."""
 
         async def _http() -> Response | None:
-            req = EdgeRequest.from_headers(request.method, request.scheme, request.headers)
+            req = EdgeRequest.from_headers(
+                request.method, request.scheme, request.headers, path=request.path
+            )
             return self.check(req, request.view_args)
 
         async def _ws() -> Response | None:
             req = EdgeRequest.from_headers(
-                "GET", websocket.scheme, websocket.headers, websocket=True
+                "GET", websocket.scheme, websocket.headers, websocket=True, path=websocket.path
             )
             return self.check(req, websocket.view_args)
 
