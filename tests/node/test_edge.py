@@ -442,3 +442,26 @@ def test_refused_counts_are_per_app() -> None:
     ga, gb = edge_guard(a), edge_guard(b)
     assert ga is not None and gb is not None and ga is not gb
     assert not ga.refused and not gb.refused
+
+
+# -- the command line ----------------------------------------------------------------------------
+
+
+def test_cli_allow_origin(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from fleet_trio.cli import main
+
+    worker_yaml = tmp_path / "w.yaml"
+    worker_yaml.write_text(
+        "controller_url: http://c:8080\ndevices: [gpu0]\nhost: h\n"
+        "tail_allow_origins: ['https://a.example']\n"
+    )
+    args = ["worker", "-c", str(worker_yaml), "--check", "--allow-origin", "http://b.example:81"]
+    assert main(args) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["tail_allow_origins"] == ["https://a.example", "http://b.example:81"]
+    assert main(["worker", "-c", str(worker_yaml), "--check", "--allow-origin", "*"]) == 1
+    assert "--allow-origin: '*' is not an origin" in capsys.readouterr().err
+    # the node: a bad flag value stops the start with one error line, exit 1
+    node_args = ["node", "--gpu", "fake", "--fake-gpu-dir", str(tmp_path), "--allow-origin", "x"]
+    assert main(node_args) == 1
+    assert "error: --allow-origin: 'x' is not an origin" in capsys.readouterr().err
