@@ -8,7 +8,7 @@ with the node. So every request passes :func:`refusal` first (installed as a qua
 :class:`EdgeGuard`, for HTTP routes and websockets alike, 404s included):
 
 1. **Host.** On a loopback listener the ``Host`` header must name a loopback host
-   (``localhost``, ``*.localhost``, ``127.0.0.0/8``, ``::1``); a rebinding page's requests carry
+   (``localhost``, ``127.0.0.0/8``, ``::1``); a rebinding page's requests carry
    its own domain name there. A listener on a trusted network (``--listen-trusted-network``)
    is reached under names this code cannot know, so its Host is not checked.
 2. **Origin.** Browsers send ``Origin`` on every websocket handshake and every POST (also in
@@ -105,13 +105,16 @@ def _split_host(host: str) -> tuple[str, int | None] | None:
 
 def is_loopback_name(host: str) -> bool:
     """Whether a ``Host`` header value (``host[:port]``) names this machine's loopback:
-    ``localhost``, a name under ``.localhost`` (RFC 6761: never resolved through DNS), an
-    address in ``127.0.0.0/8``, ``::1`` (also as an IPv4-mapped address)."""
+    ``localhost``, an address in ``127.0.0.0/8``, ``::1`` (also as an IPv4-mapped address).
+
+    Names under ``.localhost`` are not accepted: a browser that asks DNS for them (not every
+    one hard-wires them to loopback) could be answered by a hostile resolver, the classic
+    rebinding setup."""
     split = _split_host(host)
     if split is None:
         return False
-    name = split[0].rstrip(".")
-    if name == "localhost" or name.endswith(".localhost"):
+    name = split[0]
+    if name in ("localhost", "localhost."):
         return True
     try:
         addr = ipaddress.ip_address(name)

@@ -76,7 +76,7 @@ def test_parse_origin(text: str, want: str | None) -> None:
         ("127.1.2.3", True),
         ("localhost:1", True),
         ("LOCALHOST.", True),
-        ("app.localhost:8080", True),
+        ("app.localhost:8080", False),  # DNS may be asked for it: not trusted
         ("[::1]:18811", True),
         ("[::ffff:127.0.0.1]:80", True),
         ("evil.example:18811", False),
