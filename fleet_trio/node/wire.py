@@ -15,6 +15,7 @@ import json
 import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
+from itertools import accumulate
 from typing import Any
 
 import attrs
@@ -128,24 +129,23 @@ def _finite_float(text: str) -> float:
 _DECODER = json.JSONDecoder(parse_constant=_reject_constant, parse_float=_finite_float)
 
 
-def _deeper_than(value: Any, limit: int, raw: str) -> bool:
-    """Whether a decoded value nests arrays/objects more than ``limit`` levels (iterative;
-    ``raw`` is its source text: with no more brackets than ``limit`` it cannot be deeper)."""
+_ESCAPE = re.compile(r"\\.", re.S)
+_NOT_STRUCTURE = bytes(b for b in range(256) if b not in b'[]{}"')
+_STRING_SHELL = re.compile(rb'"[^"]*"')
+_BRACKET_STEP = {ord("["): 1, ord("{"): 1, ord("]"): -1, ord("}"): -1}
+
+
+def _deeper_than(raw: str, limit: int) -> bool:
+    """Whether the JSON text ``raw`` (already decoded fine) nests arrays/objects more than
+    ``limit`` levels. Brackets inside strings do not count; C-speed scans, no recursion."""
     if raw.count("[") + raw.count("{") <= limit:
         return False
-    todo: list[tuple[Any, int]] = [(value, 1)]
-    while todo:
-        item, depth = todo.pop()
-        if isinstance(item, dict):
-            children: Iterable[Any] = item.values()
-        elif isinstance(item, list):
-            children = item
-        else:
-            continue
-        if depth > limit:
-            return True
-        todo.extend((child, depth + 1) for child in children)
-    return False
+    # escapes out (only strings hold backslashes), then every byte but brackets and quotes
+    # (UTF-8 multi-byte sequences hold no ASCII byte), then the strings' shells: what is left
+    # is the bracket structure
+    data = _ESCAPE.sub("", raw).encode("utf-8", "surrogatepass").translate(None, _NOT_STRUCTURE)
+    shape = _STRING_SHELL.sub(b"", data)
+    return max(accumulate(map(_BRACKET_STEP.__getitem__, shape)), default=0) > limit
 
 
 MSG_LONE_SURROGATE = "a string holds a lone UTF-16 surrogate escape"
@@ -203,7 +203,7 @@ def scan_object(text: str) -> dict[str, tuple[Any, str]] | None:
         raise JsonSyntaxError("unexpected end of JSON input")
     if text[i] != "{":
         _value, end = _decode_value(text, i)
-        if _deeper_than(_value, MAX_DEPTH, text):
+        if _deeper_than(text, MAX_DEPTH):
             raise JsonSyntaxError(MSG_TOO_DEEP)
         if _lone_surrogate(_value, text):
             raise JsonSyntaxError(MSG_LONE_SURROGATE)
@@ -232,7 +232,7 @@ def scan_object(text: str) -> dict[str, tuple[Any, str]] | None:
             i = _skip_ws(text, i + 1)
             value, end = _decode_value(text, i)
             raw = text[i:end]
-            if _deeper_than(value, MAX_DEPTH - 1, raw):  # the envelope is the first level
+            if _deeper_than(raw, MAX_DEPTH - 1):  # the envelope is the first level
                 raise JsonSyntaxError(MSG_TOO_DEEP)
             if _lone_surrogate(value, raw):
                 raise JsonSyntaxError(MSG_LONE_SURROGATE)
