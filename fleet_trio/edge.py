@@ -114,7 +114,7 @@ def is_loopback_name(host: str) -> bool:
     if split is None:
         return False
     name = split[0]
-    if name in ("localhost", "localhost."):
+    if name in ("localhost", "localhost.", "127.0.0.1", "::1"):
         return True
     try:
         addr = ipaddress.ip_address(name)
