@@ -109,9 +109,9 @@ class NodeContext:
     metrics: NodeMetrics = attrs.field(factory=NodeMetrics, repr=False)
     """``GET /metrics`` (docs/metrics.md): this node's own registry."""
     edge: EdgePolicy = attrs.field(factory=EdgePolicy)
-    """Origin/Host checks of every route (``fleet_trio.edge``, docs/security.md): loopback
-    by default; ``--listen-trusted-network`` turns the Host rule off, ``--allow-origin`` lists
-    origins."""
+    """Origin/Host checks of every route (``fleet_trio.edge``, docs/security.md): a loopback
+    listener by default (the Host rule on); ``serve_node`` turns the Host rule off for a
+    non-loopback ``--listen`` and adds ``--allow-origin`` / ``node.allow_origins``."""
 
     def __attrs_post_init__(self) -> None:
         # live log tail: the runner tees into this bus (a stand-in runner without one: no tee)

@@ -28,7 +28,7 @@ from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
 from fleet_trio.auth import bearer, token_ok
-from fleet_trio.edge import EdgeGuard, EdgePolicy, listen_is_loopback
+from fleet_trio.edge import EdgeGuard, EdgePolicy, OriginError, listen_is_loopback
 from fleet_trio.errors import FleetTrioError
 from fleet_trio.logbus.bus import LogBus
 from fleet_trio.logbus.ui import mount_ui, stream_tail
@@ -133,7 +133,10 @@ async def serve_tail_listener(
     ``fleet_trio.edge`` applies when ``listen`` is a loopback address; ``allow_origins`` are
     the browser origins served besides the listener's own (docs/security.md).
     """
-    edge = EdgePolicy.build(loopback=listen_is_loopback(listen), allow_origins=allow_origins)
+    try:
+        edge = EdgePolicy.build(loopback=listen_is_loopback(listen), allow_origins=allow_origins)
+    except OriginError as exc:
+        raise TailListenError(f"tail_allow_origins: {exc}") from None
     app = create_tail_app(bus, token=token or None, metrics=metrics, edge=edge)
     hc = tail_hypercorn_config(listen)
     started = False
