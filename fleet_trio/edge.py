@@ -20,6 +20,9 @@ with the node. So every request passes :func:`refusal` first (installed as a qua
    ``no-cors`` GET) that says ``Sec-Fetch-Site: cross-site`` or ``same-site`` is refused too,
    except a top-level GET navigation (a link to the page).
 
+A listed origin gets CORS: its ``OPTIONS`` preflight is answered 204 and every response to it
+carries ``Access-Control-Allow-Origin``, so its page can read the answers too.
+
 A refusal is **403** with the error envelope, before the route's own checks (token, body). The
 dispatcher, ``curl`` and the ``fleet-trio tail`` client are not browsers: they send neither
 ``Origin`` nor fetch metadata, and only the Host rule applies to them (they send the address
@@ -280,6 +283,30 @@ def path_id_problem(view_args: Mapping[str, Any] | None) -> str | None:
 
 # -- the quart hook ------------------------------------------------------------------------------
 
+CORS_METHODS = "GET, HEAD, POST"
+CORS_HEADERS = "Authorization, Content-Type"
+CORS_MAX_AGE = "600"
+
+
+def cors_headers(origin: str) -> dict[str, str]:
+    """What a response to a listed origin carries so its page may read it (CORS)."""
+    return {"Access-Control-Allow-Origin": origin, "Vary": "Origin"}
+
+
+def preflight_response(origin: str, headers: HeaderLookup) -> Response:
+    """204 to a listed origin's CORS preflight (``OPTIONS``): the methods and headers the
+    routes use; ``Access-Control-Allow-Private-Network`` when the browser asks (a public page
+    calling a loopback node)."""
+    out = {
+        **cors_headers(origin),
+        "Access-Control-Allow-Methods": CORS_METHODS,
+        "Access-Control-Allow-Headers": CORS_HEADERS,
+        "Access-Control-Max-Age": CORS_MAX_AGE,
+    }
+    if (headers.get("Access-Control-Request-Private-Network") or "").lower() == "true":
+        out["Access-Control-Allow-Private-Network"] = "true"
+    return Response(b"", status=204, headers=out)
+
 
 def _envelope(message: str, status: int) -> Response:
     from fleet_trio.node.wire import error_body
@@ -317,6 +344,16 @@ class EdgeGuard:
             return _envelope(problem, 400)
         return None
 
+    def listed_origin(self, req: EdgeRequest) -> str | None:
+        """The request's ``Origin`` when it is an operator-listed one (CORS applies), else
+        ``None`` (no Origin, the server's own, or refused anyway)."""
+        if req.origin is None or not self.policy.allowed_origins:
+            return None
+        origin = parse_origin(req.origin)
+        if origin is None or origin not in self.policy.allowed_origins:
+            return None
+        return None if origin == own_origin(req.scheme, req.host) else req.origin.strip()
+
     def install(self, app: Quart) -> None:
         """Run :meth:`check` before every HTTP request and websocket handshake of ``app``."""
 
@@ -324,7 +361,21 @@ class EdgeGuard:
             req = EdgeRequest.from_headers(
                 request.method, request.scheme, request.headers, path=request.path
             )
-            return self.check(req, request.view_args)
+            refused = self.check(req, request.view_args)
+            if refused is not None:
+                return refused
+            listed = self.listed_origin(req)
+            if listed is not None and req.method == "OPTIONS":
+                return preflight_response(listed, request.headers)
+            return None
+
+        async def _cors(response: Response) -> Response:
+            listed = self.listed_origin(
+                EdgeRequest.from_headers(request.method, request.scheme, request.headers)
+            )
+            if listed is not None:
+                response.headers.update(cors_headers(listed))
+            return response
 
         async def _ws() -> Response | None:
             req = EdgeRequest.from_headers(
@@ -333,6 +384,7 @@ class EdgeGuard:
             return self.check(req, websocket.view_args)
 
         app.before_request(_http)
+        app.after_request(_cors)
         app.before_websocket(_ws)
         app.extensions["fleet_trio_edge"] = self
 
@@ -356,11 +408,13 @@ __all__ = [
     "EdgeRequest",
     "OriginError",
     "check_allowed_origin",
+    "cors_headers",
     "edge_guard",
     "is_loopback_name",
     "listen_is_loopback",
     "own_origin",
     "parse_origin",
     "path_id_problem",
+    "preflight_response",
     "refusal",
 ]

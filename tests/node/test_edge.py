@@ -275,8 +275,33 @@ async def test_allow_origin_flag_and_key(tmp_path: Path) -> None:
         for origin in ("https://dash.example", "http://ops.example:3000"):
             assert (await c.get("/fleet/health", headers={"Origin": origin})).status_code == 200
         assert (await c.get("/fleet/health", headers={"Origin": EVIL})).status_code == 403
+        # CORS for a listed origin: the preflight, and the header its page needs to read
+        pre = {
+            "Origin": "https://dash.example",
+            "Access-Control-Request-Method": "POST",
+            "Access-Control-Request-Headers": "content-type, authorization",
+            "Access-Control-Request-Private-Network": "true",
+        }
+        r = await c.options("/fleet/dispatch", headers=pre)
+        assert r.status_code == 204
+        assert r.headers["access-control-allow-origin"] == "https://dash.example"
+        assert "POST" in r.headers["access-control-allow-methods"]
+        assert "content-type" in r.headers["access-control-allow-headers"].lower()
+        assert r.headers["access-control-allow-private-network"] == "true"
+        r = await c.get("/fleet/health", headers={"Origin": "https://dash.example"})
+        assert r.headers["access-control-allow-origin"] == "https://dash.example"
+        assert r.headers["vary"] == "Origin"
+        r = await c.get("/fleet/jobs/nope", headers={"Origin": "https://dash.example"})
+        assert r.status_code == 404 and "access-control-allow-origin" in r.headers
+        # no CORS for the server's own origin, nor without an Origin; a foreign preflight: 403
+        r = await c.get("/fleet/health", headers={"Origin": "http://127.0.0.1:18811"})
+        assert r.status_code == 200 and "access-control-allow-origin" not in r.headers
+        assert "access-control-allow-origin" not in (await c.get("/fleet/health")).headers
+        r = await c.options("/fleet/dispatch", headers={**pre, "Origin": EVIL})
+        assert r.status_code == 403 and "access-control-allow-origin" not in r.headers
+        assert (await c.options("/fleet/dispatch")).status_code == 405
     guard = edge_guard(app)
-    assert guard is not None and guard.refused[REASON_ORIGIN] == 1
+    assert guard is not None and guard.refused[REASON_ORIGIN] == 2
     # a bad --allow-origin stops the start with a clear error
     with pytest.raises(NodeStartError, match="--allow-origin: 'nope' is not an origin"):
         await serve_node(cfg, NodeOptions(allow_origins=("nope",)))
