@@ -61,6 +61,25 @@ ATTACK_JS = """
 """
 
 
+# Runs in the same page against a listener that lists its origin: both work.
+LISTED_JS = """
+(async () => {
+  const out = {};
+  const r = await fetch(LISTENER + "/fleet/ui/jobs");  // mode "cors": the answer is readable
+  out.jobs = (await r.json()).map((row) => row.job_id);
+  out.tail = await new Promise((resolve) => {
+    const got = {opened: false, messages: []};
+    const ws = new WebSocket(LISTENER.replace("http", "ws") + "/fleet/jobs/w-victim/tail");
+    ws.onopen = () => { got.opened = true; };
+    ws.onmessage = (e) => got.messages.push(String(e.data));
+    ws.onclose = (e) => { got.code = e.code; resolve(got); };
+    setTimeout(() => { got.timeout = true; resolve(got); }, 8000);
+  });
+  return out;
+})()
+"""
+
+
 async def serve_page(
     html: bytes, *, task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED
 ) -> None:
@@ -157,6 +176,22 @@ async def test_another_origin_gets_nothing_and_the_own_page_works(
             for name in ("node_tail", "worker_tail"):
                 assert seen[name]["opened"] is False and seen[name]["messages"] == [], seen
                 assert seen[name]["code"] == 1006, seen  # the handshake was refused
+
+            # -- a listener that lists the page's origin serves it, reads included (CORS) ----
+            listed_url = await n.start(
+                functools.partial(
+                    serve_tail_listener, worker_bus, "127.0.0.1:0", allow_origins=(evil_url,)
+                )
+            )
+            w_log.end("done", 0)
+            listed_js = LISTED_JS.replace("LISTENER", json.dumps(listed_url))
+            seen = await cdp.evaluate(session, listed_js)
+            assert seen["jobs"] == ["w-victim"], seen
+            assert seen["tail"]["opened"] is True, seen
+            frames = [json.loads(m) for m in seen["tail"]["messages"]]
+            assert [f["type"] for f in frames] == ["output", "end"], frames
+            assert frames[0]["data"] == "worker secret\n"
+            assert served == ["w-victim"]
 
             # -- the node's own page (same origin) still works, websocket included ---------
             served.clear()
