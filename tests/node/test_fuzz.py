@@ -18,6 +18,7 @@ import trio.lowlevel
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from fleet_trio.edge import EdgePolicy, EdgeRequest, own_origin, parse_origin, refusal
 from fleet_trio.inputs import InputError, id_problem, loads_json
 from fleet_trio.logbus.bus import LogBus
 from fleet_trio.logbus.tail import (
@@ -288,3 +289,51 @@ async def test_fuzz_tail_server_loop(job_id: str, query: dict[str, str]) -> None
         code = await serve_tail(bus, job_id, send_json, query)
     assert code in (CLOSE_NORMAL, CLOSE_BAD_REQUEST, CLOSE_UNKNOWN_JOB)
     assert sent and sent[-1]["type"] in ("end", "error")
+
+
+# -- the edge rules with hostile headers ---------------------------------------------------------
+
+HEADER_TEXT = st.one_of(
+    st.none(),
+    HOSTILE_TEXT,
+    st.text(max_size=40),
+    st.sampled_from(
+        ["http://127.0.0.1:18811", "127.0.0.1:18811", "[::1", "a:b:c", "http://[::1]:99999", ""]
+    ),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    host=HEADER_TEXT,
+    origin=HEADER_TEXT,
+    site=HEADER_TEXT,
+    mode=HEADER_TEXT,
+    loopback=st.booleans(),
+    websocket=st.booleans(),
+)
+def test_fuzz_edge_rules(
+    host: str | None,
+    origin: str | None,
+    site: str | None,
+    mode: str | None,
+    loopback: bool,
+    websocket: bool,
+) -> None:
+    req = EdgeRequest(
+        method="POST",
+        host=host,
+        origin=origin,
+        sec_fetch_site=site,
+        sec_fetch_mode=mode,
+        websocket=websocket,
+    )
+    refused = refusal(req, EdgePolicy(loopback=loopback))
+    if refused is not None:
+        _reason, message = refused
+        assert message.startswith("forbidden") and message.isprintable()
+    elif origin is not None:
+        # let through with an Origin: only the server's own (no list here)
+        assert parse_origin(origin) == own_origin("http", host)
+    if origin is not None and parse_origin(origin) is None:
+        assert refused is not None  # "null", garbage: never accepted
