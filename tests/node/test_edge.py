@@ -196,7 +196,7 @@ async def raw_handshake(url: str, path: str, headers: dict[str, str]) -> tuple[i
 
 async def test_cross_origin_dispatch_is_refused_before_any_work(tmp_path: Path) -> None:
     async with running_node(tmp_path, echo_config(tmp_path)) as h:
-        app_guard = h.node.context  # the store is what must stay empty
+        ctx = h.node.context  # its store is what must stay empty
         body = json.dumps({"job_id": "x1", "task_type": "echo", "payload": {}}).encode()
         # a `no-cors` fetch from another page: no Content-Type, an Origin
         for headers in (
@@ -210,8 +210,8 @@ async def test_cross_origin_dispatch_is_refused_before_any_work(tmp_path: Path) 
             r = await h.client.post("/fleet/dispatch", content=body, headers=headers)
             assert r.status_code == 403, (headers, r.text)
             assert r.json()["status"] == "error" and r.json()["error"].startswith("forbidden")
-            assert app_guard.store.get("x1") is None
-            assert app_guard.store.queue_depth == 0
+            assert ctx.store.get("x1") is None
+            assert ctx.store.queue_depth == 0
         # every route: health, poll, metrics, the page, 404s
         for path in ("/fleet/health", "/fleet/jobs/x1", "/metrics", "/fleet/ui", "/nope"):
             r = await h.client.get(path, headers={"Origin": EVIL})
