@@ -6,28 +6,44 @@ Plain blocking helpers; :mod:`fleet_trio.logbus.bus` calls them through
 
 from __future__ import annotations
 
+import hashlib
 import os
-import re
 
-_JOB_ID = re.compile(r"[A-Za-z0-9._-]{1,200}")
+from fleet_trio.inputs import id_problem
+
+#: Ids up to this length are their own file name stem; longer ones are cut and hashed so the
+#: name stays under the 255-byte limit of common file systems.
+_STEM_MAX = 200
 
 
 def check_job_id(job_id: str) -> str:
-    """Return ``job_id`` if it is safe as a file name stem, else raise ``ValueError``.
+    """Return ``job_id`` if it is a valid id (:mod:`fleet_trio.inputs`), else raise ``ValueError``.
 
-    Allowed: 1 to 200 characters of ``[A-Za-z0-9._-]``. Job ids are untrusted (they come from
-    the controller), so anything else (a slash, a NUL, an empty id) is rejected rather than
-    escaped: an escaped id could collide with another valid id. ``"."``/``".."`` are harmless
-    because the spill file name always gets the ``.log`` suffix.
+    The id set (letters and digits first, then also ``. _ ~ : @ + = -``) holds no slash, NUL or
+    other character a file name cannot carry, so a valid id is never escaped: an escaped id could
+    collide with another valid id.
     """
-    if not isinstance(job_id, str) or _JOB_ID.fullmatch(job_id) is None:
-        raise ValueError(f"invalid job id {job_id!r}: want 1-200 characters of [A-Za-z0-9._-]")
+    problem = id_problem(job_id) if isinstance(job_id, str) else "is not a string"
+    if problem is not None:
+        raise ValueError(f"invalid job id {job_id!r}: {problem}")
     return job_id
+
+
+def spill_stem(job_id: str) -> str:
+    """The file name stem for ``job_id``: the id itself, or for a long id a cut and a digest.
+
+    A long id's stem is longer than any short id, so the two kinds never collide.
+    """
+    check_job_id(job_id)
+    if len(job_id) <= _STEM_MAX:
+        return job_id
+    digest = hashlib.sha256(job_id.encode("ascii")).hexdigest()[:32]
+    return f"{job_id[:_STEM_MAX - 20]}~{digest}"
 
 
 def spill_path(spill_dir: str, job_id: str) -> str:
     """The spill file of ``job_id`` under ``spill_dir`` (the id is validated)."""
-    return os.path.join(spill_dir, check_job_id(job_id) + ".log")
+    return os.path.join(spill_dir, spill_stem(job_id) + ".log")
 
 
 def append(path: str, data: bytes, truncate: bool) -> None:
@@ -43,4 +59,4 @@ def read_range(path: str, offset: int, nbytes: int) -> bytes:
         return f.read(nbytes)
 
 
-__all__ = ["append", "check_job_id", "read_range", "spill_path"]
+__all__ = ["append", "check_job_id", "read_range", "spill_path", "spill_stem"]

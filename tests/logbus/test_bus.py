@@ -333,7 +333,7 @@ async def test_spill_unwritable_dir_keeps_history(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    "bad", ["", "../etc/passwd", "a/b", "a\x00b", "sp ace", "é", "x" * 201, "a\nb"]
+    "bad", ["", "../etc/passwd", "a/b", "a\x00b", "sp ace", "é", "x" * 257, "a\nb", ".hidden"]
 )
 async def test_job_id_validation(bad: str) -> None:
     bus = LogBus(spill_dir="/tmp")
@@ -347,6 +347,22 @@ async def test_job_id_allowed_chars(tmp_path: Path) -> None:
     log = bus.open("A-z_0.9..")
     await log.write("stdout", b"x")
     assert (tmp_path / "A-z_0.9...log").read_bytes() == b"x"
+
+
+async def test_every_id_the_node_accepts_gets_a_log(tmp_path: Path) -> None:
+    """The log bus takes the same id set as the HTTP edge (fleet_trio.inputs), the spec's own
+    example id included, and a 256-character id gets a spill file under the name length limit."""
+    bus = LogBus(history_bytes=4, spill_dir=str(tmp_path))
+    long_a, long_b = "a" * 255 + "1", "a" * 255 + "2"
+    for job_id in ("a3f9-XYZ_0123456789abcdef.fleet~job", "fakehost:gpu0", long_a, long_b):
+        log = bus.open(job_id)
+        await log.write("stdout", job_id.encode() * 2)
+        log.end("done", 0)
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert "a3f9-XYZ_0123456789abcdef.fleet~job.log" in names
+    assert len(names) == 4 and all(len(n.encode()) <= 255 for n in names)
+    events = await collect(bus.open(long_b).subscribe())
+    assert check_cover(events) == long_b.encode() * 2
 
 
 async def test_open_returns_existing_and_meta_is_readonly() -> None:
