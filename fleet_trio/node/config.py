@@ -19,6 +19,7 @@ import yaml
 
 from fleet_trio.durations import parse_duration_seconds
 from fleet_trio.errors import ConfigError, DurationError
+from fleet_trio.inputs import id_problem, printable
 
 DEFAULT_LISTEN = "127.0.0.1:18811"
 FALLBACK_NODE_ID = "fleet-node"
@@ -80,17 +81,24 @@ class FieldSpec:
 
 @attrs.frozen
 class FamilyRule:
-    """``family: {from_payload: kind, map: {music: acestep}, default: chatterbox}``.
+    """``family: {from_payload: kind, map: {music: acestep}, default: chatterbox}`` or
+    ``family: {from_payload: model_family, allowed: [sdxl, flux-dev], default: comfy-graph}``.
 
     The source value is the payload member ``from_payload`` (a non-empty string) or, without
     ``from_payload``, the task's own ``family``; it goes through ``map`` when ``map`` is given
     (unmapped values take ``default``). No usable source value: ``default``. So
     ``{default: sdxl}`` reads "the task's family, or ``sdxl`` when it is empty" (§5.3).
+
+    Payload text never reaches a command line, the environment or the footprint file as it is:
+    a rule with ``from_payload`` must name a closed set, ``allowed`` (a payload value outside it
+    is a 400 at ack time) or ``map`` (unmapped values take ``default``), and every value of the
+    set is an id (:mod:`fleet_trio.inputs`). :func:`config_from_mapping` refuses anything else.
     """
 
     from_payload: str = ""
     map: dict[str, str] = attrs.Factory(dict)
     default: str = ""
+    allowed: tuple[str, ...] = ()
 
 
 QUANT_SOURCES = ("family", "env.")
@@ -288,7 +296,36 @@ def _structure(converter: cattrs.Converter, value: object, cls: type[Any], key: 
         raise _KeyedError(message, where) from None
 
 
+def _check_family_rule(rule: FamilyRule, key: str) -> None:
+    """A payload-sourced family must come from a closed set of ids (issue: injection)."""
+    key = f"{key}.footprint.family"
+    if rule.from_payload and not rule.allowed and not rule.map:
+        raise _KeyedError(
+            "from_payload needs a closed set of values: allowed: [a, b] (other values are "
+            "refused with a 400) or map: {value: family} (other values take default); payload "
+            "text never reaches the command, the environment or the footprint file",
+            key,
+        )
+    for value in rule.allowed:
+        problem = id_problem(value)
+        if problem is not None:
+            raise _KeyedError(f"{printable(value, limit=64)!r} {problem}", f"{key}.allowed")
+    for source, value in rule.map.items():
+        problem = id_problem(value)
+        if problem is not None:
+            raise _KeyedError(
+                f"{printable(value, limit=64)!r} {problem}", f"{key}.map.{printable(source)}"
+            )
+    if rule.default:
+        problem = id_problem(rule.default)
+        if problem is not None:
+            raise _KeyedError(f"{printable(rule.default, limit=64)!r} {problem}", f"{key}.default")
+
+
 def _check_task(task: TaskDef, key: str) -> None:
+    family = task.footprint.family if task.footprint is not None else ""
+    if isinstance(family, FamilyRule):
+        _check_family_rule(family, key)
     for member, spec in task.payload.items():
         if spec.type not in FIELD_TYPES:
             raise _KeyedError(
