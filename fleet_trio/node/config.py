@@ -17,6 +17,7 @@ import attrs
 import cattrs
 import yaml
 
+from fleet_trio.configfile import check_yaml_shape, find_bad_number, read_config_bytes
 from fleet_trio.durations import parse_duration_seconds
 from fleet_trio.errors import ConfigError, DurationError
 from fleet_trio.inputs import id_problem, printable
@@ -354,6 +355,9 @@ def config_from_mapping(raw: object, *, path: str = "", base_dir: str = "") -> N
             raw = {}
         if not isinstance(raw, Mapping):
             raise _KeyedError("the file must hold a mapping with node: and tasks:", "")
+        bad = find_bad_number(raw)
+        if bad is not None:
+            raise _KeyedError(bad[1], bad[0])
         extra = sorted(set(raw) - {"node", "tasks"})
         if extra:
             raise _KeyedError("unknown top-level key (expected node: and tasks:)", str(extra[0]))
@@ -389,15 +393,25 @@ def config_from_mapping(raw: object, *, path: str = "", base_dir: str = "") -> N
 
 
 def load_config(path: str | os.PathLike[str]) -> NodeConfig:
-    """Read and validate a node YAML file. Raises :class:`ConfigError` naming key and file."""
+    """Read and validate a node YAML file. Raises :class:`ConfigError` naming key and file.
+
+    The file is outside input (:mod:`fleet_trio.configfile`): a regular file of at most 1 MiB,
+    nesting and alias expansion bounded before a tree is built, numbers finite and in range.
+    """
     path = os.fspath(path)
+    data = read_config_bytes(path)
     try:
-        with open(path, encoding="utf-8") as f:
-            raw = yaml.safe_load(f)
-    except OSError as exc:
-        raise ConfigError(f"cannot read: {exc.strerror or exc}", path=path) from None
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"not UTF-8 text (byte {exc.start})", path=path) from None
+    check_yaml_shape(text, path=path)
+    try:
+        raw = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise ConfigError(f"invalid YAML: {exc}", path=path) from None
+        raise ConfigError(f"invalid YAML: {' '.join(str(exc).split())}", path=path) from None
+    except (ValueError, RecursionError) as exc:  # e.g. an integer of 5000 digits
+        problem = printable(str(exc), limit=200)
+        raise ConfigError(f"invalid YAML: {problem}", path=path) from None
     base_dir = os.path.dirname(os.path.abspath(path))
     return config_from_mapping(raw, path=path, base_dir=base_dir)
 

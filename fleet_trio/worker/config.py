@@ -35,6 +35,7 @@ import cattrs
 import yaml
 from cattrs.gen import make_dict_structure_fn, override
 
+from fleet_trio.configfile import check_yaml_shape, read_config_bytes
 from fleet_trio.durations import MINUTE, SECOND, go_duration, parse_duration
 from fleet_trio.errors import ConfigError, DurationError
 from fleet_trio.node.config import is_loopback_host, split_host_port
@@ -799,20 +800,19 @@ def load_worker_config(
     Raises :class:`ConfigError` (one line) naming the key and the file.
     """
     path = os.fspath(path)
-    try:
-        with open(path, "rb") as f:
-            raw = f.read()
-    except OSError as exc:
-        raise ConfigError(f"cannot read: {exc.strerror or exc}", path=path) from None
+    raw = read_config_bytes(path)  # a regular file, at most 1 MiB (fleet_trio.configfile)
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         raise ConfigError(f"not UTF-8 text (byte {exc.start})", path=path) from None
     try:
         # yaml.v3's Unmarshal reads the first document and ignores any later one.
+        check_yaml_shape(text, path=path)  # nesting and alias expansion, before any tree
         node = next(iter(yaml.compose_all(text, Loader=yaml.SafeLoader)), None)
     except yaml.YAMLError as exc:
         raise ConfigError(_yaml_error_text(exc), path=path) from None
+    except RecursionError:  # pragma: no cover - bounded by check_yaml_shape
+        raise ConfigError("invalid YAML: nested too deep", path=path) from None
     try:
         tree = None if node is None else _from_node(node, "")
         return _build(tree, path=path, environ=environ, hostname=hostname)
