@@ -171,6 +171,26 @@ def _add_gpu_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--footprints", metavar="PATH", help="footprint store file")
 
 
+def _memory_budget_arg(text: str) -> int:
+    from fleet_trio.memory import check_budget, parse_size
+
+    try:
+        return check_budget(parse_size(text))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _add_memory_budget(p: argparse.ArgumentParser, key: str) -> None:
+    p.add_argument(
+        "--memory-budget",
+        metavar="SIZE",
+        type=_memory_budget_arg,
+        default=None,
+        help=f"most bytes of kept job output in memory, all jobs together (e.g. 512MiB, 2GiB; "
+        f"default: {key} in the config, else 1GiB); the oldest ended jobs' output goes first",
+    )
+
+
 def _add_node(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "node",
@@ -201,6 +221,7 @@ def _add_node(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="require 'Authorization: Bearer TOKEN' on the three routes (default: "
         "$FLEET_TRIO_TOKEN; unset = no auth, as CONTRACT v2)",
     )
+    _add_memory_budget(p, "node.memory_budget")
     p.set_defaults(handler=_cmd_node)
 
 
@@ -264,6 +285,7 @@ def _add_worker(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         help="allow a non-loopback tail_listen (e.g. a tailnet address); the live log tail "
         "has no authentication unless tail_token is set",
     )
+    _add_memory_budget(p, "memory_budget")
     p.set_defaults(handler=_cmd_worker)
 
 
@@ -425,6 +447,7 @@ def _cmd_node(args: argparse.Namespace) -> int:
             gpu=args.gpu,
             fake_gpu_dir=args.fake_gpu_dir,
             footprints=args.footprints,
+            memory_budget=args.memory_budget,
             token=args.token if args.token is not None else os.environ.get("FLEET_TRIO_TOKEN"),
             test_break=_test_break(),  # TEST-ONLY (docs/chaos.md)
         )
@@ -478,6 +501,8 @@ def _cmd_worker(args: argparse.Namespace) -> int:
 
     try:
         config = load_worker_config(args.config)
+        if args.memory_budget is not None:
+            config = attrs.evolve(config, memory_budget=args.memory_budget)
         redact_secrets(config.token, config.tail_token)
         check_tail_listen(config, args.listen_trusted_network)
     except ConfigError as exc:

@@ -21,6 +21,7 @@ from fleet_trio.configfile import check_yaml_shape, find_bad_number, read_config
 from fleet_trio.durations import parse_duration_seconds
 from fleet_trio.errors import ConfigError, DurationError
 from fleet_trio.inputs import id_problem, printable
+from fleet_trio.memory import DEFAULT_BUDGET, check_budget, parse_size
 
 DEFAULT_LISTEN = "127.0.0.1:18811"
 FALLBACK_NODE_ID = "fleet-node"
@@ -29,6 +30,8 @@ FIELD_TYPES = ("string", "integer", "number", "boolean", "object", "array", "any
 
 Duration = NewType("Duration", float)
 """Float seconds, written in YAML as a Go duration string."""
+MemorySize = NewType("MemorySize", int)
+"""Bytes, written in YAML as a size string (``1GiB``, ``512MiB``) or a whole number of bytes."""
 
 
 @attrs.frozen
@@ -68,6 +71,8 @@ class NodeSettings:
     footprints: FootprintSettings = attrs.Factory(FootprintSettings)
     gpu_lock_path: str = ""
     timings: Timings = attrs.Factory(Timings)
+    memory_budget: MemorySize = MemorySize(DEFAULT_BUDGET)
+    """Results and log histories of all jobs together (``fleet_trio.memory``)."""
 
 
 @attrs.frozen
@@ -182,6 +187,15 @@ def _structure_duration(value: object, _: type) -> Duration:
     return Duration(seconds)
 
 
+def _structure_size(value: object, _: type) -> MemorySize:
+    if isinstance(value, bool) or not isinstance(value, str | int):
+        raise ValueError(f"expected a size such as 1GiB or 512MiB, got {value!r}")
+    try:
+        return MemorySize(check_budget(parse_size(str(value))))
+    except ValueError as exc:
+        raise ValueError(str(exc)) from None
+
+
 def _strict_str(value: object, _: type) -> str:
     if not isinstance(value, str):
         raise ValueError(f"expected a string, got {value!r}")
@@ -209,6 +223,7 @@ def _strict_float(value: object, _: type) -> float:
 def register_hooks(converter: cattrs.Converter) -> None:
     """The YAML config edge: Go durations, strict scalars, ``footprint: false``, families."""
     converter.register_structure_hook(Duration, _structure_duration)
+    converter.register_structure_hook(MemorySize, _structure_size)
     converter.register_structure_hook(str, _strict_str)
     converter.register_structure_hook(bool, _strict_bool)
     converter.register_structure_hook(int, _strict_int)
@@ -540,6 +555,7 @@ __all__ = [
     "FootprintSpec",
     "GpuSettings",
     "ListenRefused",
+    "MemorySize",
     "NodeConfig",
     "NodeSettings",
     "QuantRule",

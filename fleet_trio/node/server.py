@@ -30,6 +30,8 @@ from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve as hypercorn_serve
 
 from fleet_trio.errors import FleetTrioError
+from fleet_trio.logbus import LogBus
+from fleet_trio.memory import MemoryBudget
 from fleet_trio.metrics import NodeMetrics
 from fleet_trio.node.app import FootprintSource, NodeContext, VramStatus, create_app
 from fleet_trio.node.config import (
@@ -42,6 +44,7 @@ from fleet_trio.node.config import (
     resolve_node_id,
 )
 from fleet_trio.node.jobs import INTERRUPTED, JobStore
+from fleet_trio.node.retention import attach_result_budget
 from fleet_trio.node.tasks import JOB_MARKER, PreparedJob, TaskRegistry, TaskRunner
 from fleet_trio.nursery import DEFAULT_SIGNALS, TaskTree, open_task_tree, serve_shutdown_signals
 
@@ -67,6 +70,8 @@ class NodeOptions:
     gpu: str = "auto"
     fake_gpu_dir: str | None = None
     footprints: str | None = None
+    memory_budget: int | None = None
+    """``--memory-budget``: overrides ``node.memory_budget``."""
     token: str | None = None
     test_break: frozenset[str] = frozenset()
     """TEST-ONLY deliberate defects (``FLEET_TRIO_TEST_BREAK``, docs/chaos.md):
@@ -286,6 +291,9 @@ async def serve_node(
     sample, record = footprint_hooks(gpu)
     runner = TaskRunner(kill_grace=t.kill_grace, sample_peak=sample, record_peak=record)
     store = JobStore(ttl=t.job_ttl, janitor_interval=t.janitor_interval)
+    # memory budget: kept results and log histories share one ceiling (docs/node.md)
+    budget = MemoryBudget(options.memory_budget or node.memory_budget)
+    attach_result_budget(store.table, budget)
     ctx = NodeContext(
         node_id=node_id,
         gpu_arch=gpu.arch,
@@ -297,6 +305,7 @@ async def serve_node(
         max_snapshot_age=t.max_snapshot_age,
         token=options.token or None,
         metrics=NodeMetrics(gpu=str(node.gpu.index)),
+        bus=LogBus(budget=budget),
     )
 
     async def mark_interrupted() -> None:

@@ -38,6 +38,7 @@ from cattrs.gen import make_dict_structure_fn, override
 from fleet_trio.configfile import check_yaml_shape, read_config_bytes
 from fleet_trio.durations import MINUTE, SECOND, go_duration, parse_duration
 from fleet_trio.errors import ConfigError, DurationError
+from fleet_trio.memory import DEFAULT_BUDGET, check_budget, format_size, parse_size
 from fleet_trio.node.config import is_loopback_host, split_host_port
 
 log = logging.getLogger(__name__)
@@ -165,6 +166,8 @@ class WorkerConfig:
     """fleet-trio only: ``HOST:PORT`` of the live log tail websocket; empty = off."""
     tail_token: str = ""
     """fleet-trio only: bearer token the tail listener requires; empty = none."""
+    memory_budget: int = DEFAULT_BUDGET
+    """fleet-trio only: bytes of job log history kept across jobs (``fleet_trio.memory``)."""
     path: str = ""
     """The file it came from ("" when built in code)."""
     ignored_keys: tuple[str, ...] = ()
@@ -254,6 +257,7 @@ class WorkerConfig:
             "require_manual_clear": self.require_manual_clear,
             "tail_listen": self.tail_listen or None,
             "tail_token": REDACTED if self.tail_token else "",
+            "memory_budget": format_size(self.memory_budget),
             "ignored_keys": list(self.ignored_keys),
         }
 
@@ -594,6 +598,7 @@ _TOP_KEYS: dict[str, Any] = {
     # fleet-trio only (unknown to the Go worker, which ignores them)
     "tail_listen": str,
     "tail_token": str,
+    "memory_budget": str,
 }
 _HOOKS_KEYS = frozenset(f.name for f in attrs.fields(HooksConfig))
 _DEVICE_KEYS = frozenset(f.name for f in attrs.fields(DeviceConfig))
@@ -726,6 +731,11 @@ def _build(
             raise _KeyedError(problem, "tail_listen")
     values["tail_listen"] = tail_listen
     values["tail_token"] = values.get("tail_token", "").strip()
+    budget = values.get("memory_budget", "").strip()
+    try:
+        values["memory_budget"] = check_budget(parse_size(budget)) if budget else DEFAULT_BUDGET
+    except ValueError as exc:
+        raise _KeyedError(str(exc), "memory_budget") from None
 
     host = values.get("host", "")
     if not host:
