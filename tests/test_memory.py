@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
@@ -147,3 +150,29 @@ def test_parse_size_refuses(text: str) -> None:
 
 def test_format_size() -> None:
     assert [format_size(n) for n in (1 << 30, 3 << 20, 1000)] == ["1GiB", "3MiB", "1000B"]
+
+
+def test_the_flag_is_a_usage_error_when_bad(capsys: pytest.CaptureFixture[str]) -> None:
+    from fleet_trio.cli import main
+
+    for value in ("lots", "10KiB"):
+        with pytest.raises(SystemExit) as info:
+            main(["node", "--memory-budget", value])
+        assert info.value.code == 2
+        assert "--memory-budget" in capsys.readouterr().err
+
+
+def test_worker_flag_overrides_the_config(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from fleet_trio.cli import main
+
+    cfg = tmp_path / "w.yaml"
+    cfg.write_text("controller_url: http://c:1\ntoken: t\nhost: h\ndevices: [gpu0]\n")
+    assert main(["worker", "-c", str(cfg), "--check"]) == 0
+    assert json.loads(capsys.readouterr().out)["memory_budget"] == "1GiB"
+    cfg.write_text(cfg.read_text() + "memory_budget: 512MiB\n")
+    assert main(["worker", "-c", str(cfg), "--check"]) == 0
+    assert json.loads(capsys.readouterr().out)["memory_budget"] == "512MiB"
+    assert main(["worker", "-c", str(cfg), "--check", "--memory-budget", "2GiB"]) == 0
+    assert json.loads(capsys.readouterr().out)["memory_budget"] == "2GiB"

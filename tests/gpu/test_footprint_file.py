@@ -7,14 +7,20 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
+import socket
+import sys
+from collections.abc import Callable
 from pathlib import Path
 
+import httpx
 import pytest
 import trio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fleet_trio.gpu import FootprintKey, FootprintStore
+from fleet_trio.gpu.fake import init_device
 from fleet_trio.gpu.footprints import MAX_FILE_BYTES, FootprintFileError, parse_records
 
 GOOD = '[{"model_family": "sdxl", "vram_peak_gb": 2.4, "observed_peak_gb": 2, "samples": 1}]'
@@ -204,3 +210,68 @@ def test_fuzz_parse_records_hostile_text(prefix: str, token: str, cut: int) -> N
         parse_records(text.encode("utf-8", errors="surrogatepass"))
     except FootprintFileError:
         pass
+
+
+# --- a real node process ----------------------------------------------------------------------
+
+
+async def _health_of_node_with(tmp_path: Path, footprints: Path, then: Callable[[], None]) -> str:
+    """Start ``fleet-trio node`` on the fake GPU with ``--footprints``; health must answer 200
+    before and after ``then()`` (which corrupts the file while it runs). Returns stderr."""
+    gpu_dir = tmp_path / "gpu"
+    init_device(str(gpu_dir))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    argv = [sys.executable, "-m", "fleet_trio", "node", "--gpu", "fake", "--fake-gpu-dir"]
+    argv += [str(gpu_dir), "--listen", f"127.0.0.1:{port}", "--footprints", str(footprints)]
+    err = tmp_path / "stderr.txt"
+    errfd = os.open(err, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    with trio.fail_after(30):
+        try:
+            proc = await trio.lowlevel.open_process(argv, stderr=errfd)
+        finally:
+            os.close(errfd)
+        try:
+            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
+                while True:
+                    try:
+                        r = await client.get("/fleet/health")
+                        break
+                    except httpx.TransportError:
+                        assert proc.returncode is None, err.read_text()
+                        await trio.sleep(0.05)
+                assert r.status_code == 200 and r.json()["model_footprints"] == []
+                then()
+                for _ in range(3):
+                    r = await client.get("/fleet/health")
+                    assert r.status_code == 200
+            proc.send_signal(signal.SIGTERM)
+            assert await proc.wait() == 0
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+    return err.read_text()
+
+
+async def test_a_node_starts_and_answers_health_with_a_hostile_file(tmp_path: Path) -> None:
+    path = tmp_path / "fp.json"
+    path.write_text(HOSTILE["samples 1e400"])
+
+    def corrupt() -> None:
+        tmp = tmp_path / "new"
+        tmp.write_text(HOSTILE["5000 deep"])
+        os.replace(tmp, path)
+
+    stderr = await _health_of_node_with(tmp_path, path, corrupt)
+    assert "Traceback" not in stderr
+    assert stderr.count("starting empty") == 1
+    assert stderr.count("keeping the last good table") == 1
+
+
+async def test_a_node_starts_with_a_fifo_as_its_footprints(tmp_path: Path) -> None:
+    fifo = tmp_path / "fp.json"
+    os.mkfifo(fifo)
+    stderr = await _health_of_node_with(tmp_path, fifo, lambda: None)
+    assert "Traceback" not in stderr and "not a regular file" in stderr

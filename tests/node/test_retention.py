@@ -4,6 +4,7 @@ evicted result polls as a clear error; evictions show in the metrics."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import trio
@@ -13,6 +14,7 @@ from fleet_trio.memory import MemoryBudget
 from fleet_trio.metrics import NodeMetrics
 from fleet_trio.node.jobs import Done, Failed, JobState, JobTable
 from fleet_trio.node.retention import EVICTED_PREFIX, attach_result_budget
+from tests.node.harness import node_config, running_node
 
 MB = 1 << 20
 
@@ -121,3 +123,28 @@ async def test_results_and_logs_share_one_budget_and_the_metrics_show_it() -> No
     assert float(samples['fleet_trio_memory_evictions_total{kind="result"}']) == 0
     assert float(samples['fleet_trio_memory_retained_bytes{kind="result"}']) == 6 * MB
     assert float(samples['fleet_trio_memory_evicted_bytes_total{kind="log"}']) == 6 * MB
+
+
+BIG = r"""
+import json, sys
+p = json.loads(sys.stdin.read())
+sys.stdout.write('{"blob": "' + p["c"] * 700000 + '"}')
+"""
+
+
+async def test_a_node_over_its_budget_polls_the_oldest_result_as_evicted(tmp_path: Path) -> None:
+    task = {"command": [sys.executable, "-c", BIG], "payload": {"c": {"type": "string"}}}
+    config = node_config(tmp_path, {"big": task}, memory_budget="2MiB")
+    async with running_node(tmp_path, config) as h:
+        for i, c in enumerate("abcd"):
+            assert (await h.dispatch(f"j{i}", "big", {"c": c})).status_code == 202
+            await h.wait_terminal(f"j{i}")
+        first = (await h.poll("j0")).json()
+        assert first["state"] == "error" and first["error"].startswith(EVICTED_PREFIX)
+        assert "2MiB" in first["error"]
+        last = (await h.poll("j3")).json()
+        assert last["state"] == "done" and last["data"]["blob"] == "d" * 700000
+        again = await h.dispatch("j0", "big", {"c": "a"})
+        assert again.status_code == 409 and EVICTED_PREFIX in again.text
+        text = (await h.client.get("/metrics")).text
+        assert 'fleet_trio_memory_evictions_total{kind="result"}' in text
