@@ -393,6 +393,9 @@ def config_from_mapping(raw: object, *, path: str = "", base_dir: str = "") -> N
             key = f"tasks.{name}"
             if not isinstance(name, str) or not name:
                 raise _KeyedError("a task type must be a non-empty string", key)
+            problem = id_problem(name)
+            if problem is not None:  # dispatch checks task types against the same set
+                raise _KeyedError(f"a task type {problem}", f"tasks.{printable(name)}")
             if not isinstance(body, Mapping):
                 raise _KeyedError("expected a mapping", key)
             if "name" in body:

@@ -148,3 +148,11 @@ def test_every_placeholder_source_is_the_node_or_a_closed_set(tmp_path: Path) ->
     assert job.argv == ("echo", "j1", "t", job.work_dir, "fam", "")
     assert all(HOSTILE not in v for v in job.env.values())
     job.cleanup()
+
+
+@pytest.mark.parametrize("name", ["two words", "a/b", "-flag", "tab\there", "é"])
+def test_task_types_are_ids(name: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        config_from_mapping({"tasks": {name: {"command": ["true"]}}}, path="node.yaml")
+    assert "a task type must be 1-256 characters" in str(info.value)
+    assert "\t" not in str(info.value)
