@@ -15,6 +15,7 @@ import math
 import os
 import stat
 from collections.abc import Mapping
+from typing import Any
 
 import yaml
 
@@ -55,17 +56,14 @@ def read_config_bytes(path: str, *, max_bytes: int = MAX_CONFIG_BYTES) -> bytes:
     return b"".join(chunks)
 
 
-def yaml_shape_problem(
-    text: str, *, max_depth: int = YAML_MAX_DEPTH, max_nodes: int = YAML_MAX_NODES
-) -> str | None:
-    """Why ``text``'s YAML shape is refused, or ``None``. A syntax error is left to the loader
-    (``None``), which reports it with its own line and column."""
+def _scan(text: str, loader: Any, max_depth: int, max_nodes: int) -> str | None:
+    """The event-stream check with ``loader``'s parser; a syntax error raises."""
     anchors: dict[str, int] = {}
     open_anchors: set[str] = set()
     names: list[str | None] = []  # the open collections' anchors ...
     sizes: list[int] = []  # ... and their expanded node counts so far
     try:
-        for event in yaml.parse(text, Loader=yaml.SafeLoader):
+        for event in yaml.parse(text, Loader=loader):
             if isinstance(event, yaml.CollectionStartEvent):
                 if len(sizes) >= max_depth:
                     mark = event.start_mark
@@ -97,11 +95,30 @@ def yaml_shape_problem(
                     return f"more than {max_nodes} nodes once aliases are expanded"
             elif count > max_nodes:
                 return f"more than {max_nodes} nodes once aliases are expanded"
-    except yaml.YAMLError:
-        return None
-    except RecursionError:  # pragma: no cover - the parser is iterative
+    except RecursionError:  # pragma: no cover - both parsers are iterative
         return f"nested deeper than {max_depth} levels"
     return None
+
+
+def yaml_shape_problem(
+    text: str, *, max_depth: int = YAML_MAX_DEPTH, max_nodes: int = YAML_MAX_NODES
+) -> str | None:
+    """Why ``text``'s YAML shape is refused, or ``None``. A syntax error is left to the loader
+    (``None``), which reports it with its own line and column.
+
+    libyaml's parser (when PyYAML has it) scans fast; on any error of its own (it also stops at
+    1000 levels) the pure-Python parser, which yields events lazily, decides.
+    """
+    fast = getattr(yaml, "CSafeLoader", None)
+    if fast is not None:
+        try:
+            return _scan(text, fast, max_depth, max_nodes)
+        except yaml.YAMLError:
+            pass
+    try:
+        return _scan(text, yaml.SafeLoader, max_depth, max_nodes)
+    except yaml.YAMLError:
+        return None
 
 
 def check_yaml_shape(text: str, *, path: str) -> None:
