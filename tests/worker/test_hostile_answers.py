@@ -23,6 +23,7 @@ from fleet_trio.worker.client import (
     decode_answer,
     make_converter,
 )
+from fleet_trio.worker.relay import FrameError, decode_frame
 from tests.worker.test_worker import PY, dev, running, until_terminal
 
 CONV = make_converter()
@@ -208,3 +209,22 @@ def test_fuzz_answer_bytes(token: str, cut: int, tail: bytes) -> None:
         decode_answer(CONV, raw)
     except WireError as exc:
         assert str(exc).isprintable()
+
+
+# --- relay frames (the controller's E9 stream) ------------------------------------------------
+
+HOSTILE_FRAMES = [
+    b"[" * 5000 + b"]" * 5000,
+    b'{"t": "r", "rows": 1e400}',
+    b'{"t": "r", "rows": NaN}',
+    b'{"t": "d", "b": ' + b"[" * 3000 + b"]" * 3000 + b"}",
+    b'{"t": "r", "rows": ' + b"9" * 5000 + b"}",
+    b'{"t": "d", "b": "\xff"}',
+]
+
+
+@pytest.mark.parametrize("line", HOSTILE_FRAMES)
+def test_a_hostile_relay_frame_is_a_frame_error(line: bytes) -> None:
+    with pytest.raises(FrameError) as info:
+        decode_frame(line)
+    assert str(info.value).startswith(("malformed frame", "frame field"))
