@@ -175,6 +175,26 @@ def _add_gpu_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--footprints", metavar="PATH", help="footprint store file")
 
 
+def _memory_budget_arg(text: str) -> int:
+    from fleet_trio.memory import check_budget, parse_size
+
+    try:
+        return check_budget(parse_size(text))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _add_memory_budget(p: argparse.ArgumentParser, key: str) -> None:
+    p.add_argument(
+        "--memory-budget",
+        metavar="SIZE",
+        type=_memory_budget_arg,
+        default=None,
+        help=f"most bytes of kept job output in memory, all jobs together (e.g. 512MiB, 2GiB; "
+        f"default: {key} in the config, else 1GiB); the oldest ended jobs' output goes first",
+    )
+
+
 def _add_node(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "node",
@@ -214,6 +234,7 @@ def _add_node(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "to node.allow_origins). Requests carrying any other Origin get 403; see "
         "docs/security.md",
     )
+    _add_memory_budget(p, "node.memory_budget")
     p.set_defaults(handler=_cmd_node)
 
 
@@ -286,6 +307,7 @@ def _add_worker(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         "repeatable; added to tail_allow_origins). Any other Origin gets 403; see "
         "docs/security.md",
     )
+    _add_memory_budget(p, "memory_budget")
     p.set_defaults(handler=_cmd_worker)
 
 
@@ -447,6 +469,7 @@ def _cmd_node(args: argparse.Namespace) -> int:
             gpu=args.gpu,
             fake_gpu_dir=args.fake_gpu_dir,
             footprints=args.footprints,
+            memory_budget=args.memory_budget,
             token=args.token if args.token is not None else os.environ.get("FLEET_TRIO_TOKEN"),
             allow_origins=tuple(args.allow_origin),
             test_break=_test_break(),  # TEST-ONLY (docs/chaos.md)
@@ -516,6 +539,8 @@ def _cmd_worker(args: argparse.Namespace) -> int:
 
     try:
         config = load_worker_config(args.config)
+        if args.memory_budget is not None:
+            config = attrs.evolve(config, memory_budget=args.memory_budget)
         redact_secrets(config.token, config.tail_token)
         config = _with_allowed_origins(config, args.allow_origin)
         check_tail_listen(config, args.listen_trusted_network)

@@ -129,8 +129,12 @@ class BaseMetrics:
         info.labels(version=__version__, role=self.role).set(1)
 
     def watch_bus(self, bus: Any) -> None:
-        """Export the log bus (``fleet_trio.logbus.LogBus``) at scrape time."""
+        """Export the log bus (``fleet_trio.logbus.LogBus``) at scrape time, and the memory
+        budget it charges when it has one."""
         self.collector.add("log bus", functools.partial(bus_section, bus))
+        budget = getattr(bus, "budget", None)
+        if budget is not None:
+            self.collector.add("memory budget", functools.partial(memory_section, budget))
 
     def render(self, accept: str | None = None) -> tuple[bytes, str]:
         """The exposition for an ``Accept`` header: ``(body, content type)``. Prometheus text
@@ -194,6 +198,39 @@ def bus_section(bus: Any, now: float) -> Iterator[Metric]:
     logs.add_metric(["ended"], float(len(jobs) - running))
     yield retained
     yield logs
+
+
+def memory_section(budget: Any, now: float) -> Iterator[Metric]:
+    """The memory budget (``fleet_trio.memory.MemoryBudget``): limit, what is charged, and
+    what was evicted to stay within it, by kind (``result``, ``log``)."""
+    yield GaugeMetricFamily(
+        "fleet_trio_memory_budget_bytes",
+        "The memory budget: most bytes of kept job output (results and log histories).",
+        value=float(budget.limit),
+    )
+    retained = GaugeMetricFamily(
+        "fleet_trio_memory_retained_bytes",
+        "Bytes of job output charged to the memory budget now, by kind.",
+        labels=["kind"],
+    )
+    for kind, value in sorted(budget.retained().items()):
+        retained.add_metric([kind], float(value))
+    yield retained
+    entries = CounterMetricFamily(
+        "fleet_trio_memory_evictions",
+        "Ended jobs' results and log histories evicted to stay within the memory budget.",
+        labels=["kind"],
+    )
+    nbytes = CounterMetricFamily(
+        "fleet_trio_memory_evicted_bytes",
+        "Bytes freed by memory-budget evictions, by kind.",
+        labels=["kind"],
+    )
+    for kind in sorted(budget.evicted.entries):
+        entries.add_metric([kind], float(budget.evicted.entries[kind]))
+        nbytes.add_metric([kind], float(budget.evicted.nbytes[kind]))
+    yield entries
+    yield nbytes
 
 
 # --------------------------------------------------------------------------------------------

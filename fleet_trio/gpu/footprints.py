@@ -24,6 +24,7 @@ import logging
 import math
 import os
 import re
+import stat
 import tempfile
 import time
 from collections.abc import Iterable, Iterator, Mapping
@@ -34,6 +35,8 @@ from typing import Any
 import attrs
 import trio
 
+from fleet_trio.inputs import ID_MAX_LEN, InputError, loads_json, printable
+
 log = logging.getLogger(__name__)
 
 DEFAULT_MARGIN = 1.2
@@ -42,6 +45,13 @@ FILE_NAME = "footprints.json"
 TEMP_PREFIX = ".footprints-"
 TEMP_SUFFIX = ".tmp"
 LOCK_POLL = 0.01
+MAX_FILE_BYTES = 4 << 20
+"""The largest footprint file read (4 MiB, some 20,000 records); a larger one is corrupt."""
+MAX_GB = 1_000_000.0
+"""The largest peak a record may hold (GiB); larger, negative or non-finite is corrupt."""
+MAX_SAMPLES = (1 << 63) - 1
+FILE_MAX_DEPTH = 8
+"""The file is an array of flat objects (depth 2); anything nested deeper is corrupt."""
 
 
 class FootprintFileError(ValueError):
@@ -283,40 +293,43 @@ def dump_records(records: Iterable[FootprintRecord]) -> str:
     return "[\n" + ",\n".join(items) + "\n]"
 
 
-def _reject_constant(name: str) -> Any:
-    raise FootprintFileError(f"invalid JSON number {name}")
-
-
 def _str_member(obj: Mapping[str, Any], name: str) -> str:
     value = obj.get(name, "")
     if value is None:
         return ""
     if not isinstance(value, str):
         raise FootprintFileError(f"{name} must be a string")
+    if len(value) > ID_MAX_LEN or not value.isprintable():
+        raise FootprintFileError(
+            f"{name} must be at most {ID_MAX_LEN} printable characters, "
+            f"got {printable(value, limit=64)!r}"
+        )
     return value
 
 
-def _num_member(obj: Mapping[str, Any], name: str) -> float:
+def _num_member(obj: Mapping[str, Any], name: str, high: float = MAX_GB) -> float:
     value = obj.get(name, 0)
     if value is None:
         return 0.0
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise FootprintFileError(f"{name} must be a number")
+    if not 0 <= value <= high:  # also NaN (no JSON spells it; a caller's data might)
+        raise FootprintFileError(f"{name} out of range (0 to {high:g}): {str(value)[:32]}")
     return float(value)
 
 
 def parse_records(text: str | bytes) -> list[FootprintRecord]:
     """Parse the file text. Tolerant of missing members; last duplicate key wins (§4.2).
 
-    Raises :class:`FootprintFileError` for invalid JSON, wrong member types or an unparseable
-    ``updated`` (upstream treats the whole file as corrupt then).
+    Raises :class:`FootprintFileError` for invalid JSON, nesting deeper than
+    :data:`FILE_MAX_DEPTH`, wrong member types, a non-finite or out-of-range number, a string
+    that is not a short printable text, or an unparseable ``updated`` (upstream treats the
+    whole file as corrupt then). Nothing else escapes.
     """
     try:
-        data = json.loads(text, parse_constant=_reject_constant)
-    except (ValueError, UnicodeDecodeError) as exc:
-        if isinstance(exc, FootprintFileError):
-            raise
-        raise FootprintFileError(f"invalid JSON: {exc}") from exc
+        data = loads_json(text, max_depth=FILE_MAX_DEPTH)
+    except InputError as exc:
+        raise FootprintFileError(str(exc)) from None
     if data is None:
         return []  # Go decodes a JSON null into an empty slice
     if not isinstance(data, list):
@@ -330,8 +343,8 @@ def parse_records(text: str | bytes) -> list[FootprintRecord]:
             _str_member(item, "quant"),
             _str_member(item, "task_type"),
         )
-        samples = _num_member(item, "samples")
-        if samples != int(samples):
+        samples = _num_member(item, "samples", MAX_SAMPLES)
+        if samples != int(samples) or samples > MAX_SAMPLES:
             raise FootprintFileError("samples must be an integer")
         updated = item.get("updated")
         if updated is None:
@@ -362,19 +375,41 @@ def _sig(st: os.stat_result) -> FileSig:
 
 
 def read_file(path: str) -> tuple[list[FootprintRecord], FileSig] | None:
-    """Read and parse; ``None`` when the file does not exist. Other errors raise."""
+    """Read and parse; ``None`` when the file does not exist.
+
+    Raises :class:`OSError` or :class:`FootprintFileError` (and nothing else): the path must be
+    a regular file of at most :data:`MAX_FILE_BYTES` (a FIFO, a device such as ``/dev/zero``
+    or a directory is refused without reading, and the open never blocks).
+    """
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY)
     except FileNotFoundError:
         return None
     try:
-        sig = _sig(os.fstat(fd))
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise FootprintFileError("not a regular file")
+        if st.st_size > MAX_FILE_BYTES:
+            raise FootprintFileError(f"larger than {MAX_FILE_BYTES} bytes ({st.st_size})")
+        sig = _sig(st)
         chunks = []
+        size = 0
         while chunk := os.read(fd, 1 << 16):
+            size += len(chunk)
+            if size > MAX_FILE_BYTES:  # grew while being read
+                raise FootprintFileError(f"larger than {MAX_FILE_BYTES} bytes")
             chunks.append(chunk)
     finally:
         os.close(fd)
     return parse_records(b"".join(chunks)), sig
+
+
+def _not_regular(path: str) -> bool:
+    """True when ``path`` exists and is not a regular file (nothing is written over it)."""
+    try:
+        return not stat.S_ISREG(os.stat(path).st_mode)
+    except OSError:
+        return False
 
 
 def resolve_path(path: str) -> str:
@@ -452,6 +487,8 @@ def _record_locked(
     directory = os.path.dirname(path) or "."
     rec: FootprintRecord | None = None
     try:
+        if _not_regular(path):
+            raise OSError(errno.EINVAL, "not a regular file; not writing over it")
         os.makedirs(directory, mode=0o755, exist_ok=True)
         with dir_lock(directory):
             try:
@@ -490,6 +527,8 @@ class FootprintStore:
         self.table = table
         self.limiter = limiter if limiter is not None else trio.CapacityLimiter(1)
         self._seen = seen
+        self._refused: FileSig | None = None
+        """The signature of the last file version refused as corrupt (warned about once)."""
         self._lock = trio.Lock()
 
     @property
@@ -504,8 +543,9 @@ class FootprintStore:
         margin: float = DEFAULT_MARGIN,
         limiter: trio.CapacityLimiter | None = None,
     ) -> FootprintStore:
-        """Load ``path`` (§4.4): missing → empty silently; unreadable or corrupt → empty plus
-        one log line; never raises for the file's sake."""
+        """Load ``path`` (§4.4): missing → empty silently; unreadable, corrupt, not a regular
+        file or over :data:`MAX_FILE_BYTES` → empty plus one warning; never raises for the
+        file's sake."""
         path = resolve_path(path)
         table = FootprintTable(margin)
         store = cls(path, table, limiter=limiter)
@@ -513,6 +553,7 @@ class FootprintStore:
             loaded = await trio.to_thread.run_sync(read_file, path, limiter=store.limiter)
         except (OSError, FootprintFileError) as exc:
             log.warning("footprints: starting empty, could not load %s: %s", path, exc)
+            store._refused = stat_sig(path)
             return store
         if loaded is not None:
             table.merge(loaded[0])
@@ -546,17 +587,23 @@ class FootprintStore:
 
         The gate is the file's identity (device, inode, size, mtime): every atomic write is a
         new inode, so two writes within one mtime tick are both seen. The gate advances only
-        after a successful parse (§11 B); a half-written or corrupt file is retried next time.
+        after a successful parse (§11 B). A corrupt file (or one that is not a regular file)
+        keeps the last good table: one warning per version of the file, which is not read
+        again until it changes.
         """
         # One stat, inline: health calls this on every request and must never queue behind a
         # record's fsync on the store's limiter. Only a changed file is read in a thread.
         sig = stat_sig(self.path)
-        if sig is None or sig == self._seen:
+        if sig is None or sig == self._seen or sig == self._refused:
             await trio.lowlevel.checkpoint()
             return False
         try:
             loaded = await trio.to_thread.run_sync(read_file, self.path, limiter=self.limiter)
-        except (OSError, FootprintFileError):
+        except (OSError, FootprintFileError) as exc:
+            self._refused = sig
+            log.warning(
+                "footprints: keeping the last good table, could not load %s: %s", self.path, exc
+            )
             return False
         if loaded is None:
             return False
@@ -584,6 +631,7 @@ def default_store_path() -> str:
 __all__ = [
     "DEFAULT_MARGIN",
     "FILE_NAME",
+    "MAX_FILE_BYTES",
     "FootprintEntry",
     "FootprintFileError",
     "FootprintKey",

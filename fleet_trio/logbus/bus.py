@@ -38,6 +38,7 @@ import attrs
 import trio
 
 from fleet_trio.logbus import spill as _spill
+from fleet_trio.memory import MemoryBudget
 from fleet_trio.proc.sinks import Sink
 
 Stream: TypeAlias = Literal["stdout", "stderr"]
@@ -160,6 +161,20 @@ class History:
             del self._offsets[: self._head]
             del self._chunks[: self._head]
             self._head = 0
+
+    def drop(self) -> None:
+        """Evict every chunk no holding cursor still needs, the newest too (memory budget: an
+        ended log's history)."""
+        self.limit = 0
+        while len(self) > 0:
+            head_end = self._offsets[self._head] + len(self._chunks[self._head].data)
+            if self._holders and self._held(head_end):
+                break
+            self.size -= len(self._chunks[self._head].data)
+            self._head += 1
+        del self._offsets[: self._head]
+        del self._chunks[: self._head]
+        self._head = 0
 
     def hold(self, cursor: Cursor) -> None:
         """Keep the bytes ``cursor`` has not read yet, beyond ``limit`` when needed, up to its
@@ -340,8 +355,12 @@ class JobLog:
         limiter: trio.CapacityLimiter | None = None,
         on_end: Callable[[JobLog], None] | None = None,
         stats: BusStats | None = None,
+        budget: MemoryBudget | None = None,
     ) -> None:
         self.job_id = _spill.check_job_id(job_id)
+        self._budget = budget
+        """Memory budget: the history is charged as ``("log", job_id)``; once the job has
+        ended the budget may evict it (:meth:`_evict_history`)."""
         self._stats = stats if stats is not None else BusStats()
         self._on_end = on_end
         self.meta: Mapping[str, str] = MappingProxyType(dict(meta or {}))
@@ -380,6 +399,9 @@ class JobLog:
         t = time.time()
         offset = self._history.append(stream, data, t)
         self._stats.bytes_written[stream] += len(data)
+        if self._budget is not None:  # memory budget: running output is charged, never evicted
+            self._budget.charge(("log", self.job_id), self._history.size, self._evict_history)
+            self._budget.settle()
         if self._spill_path is not None and not self._spill_broken:
             if not self._runs or self._runs[-1][0] != stream:
                 self._run_offsets.append(offset)
@@ -401,6 +423,17 @@ class JobLog:
         self._wake()
         if self._on_end is not None:
             self._on_end(self)
+        if self._budget is not None:  # memory budget: an ended log may now be evicted
+            self._budget.end(("log", self.job_id))
+            self._budget.settle()
+
+    def _evict_history(self) -> int:
+        """Memory budget: drop the ended log's in-memory history (readers get it from the spill
+        file when there is one, else a ``Skipped``), except what a holding reader still needs.
+        Returns the bytes still in memory."""
+        self._history.drop()
+        self._wake()
+        return self._history.size
 
     @property
     def ended(self) -> End | None:
@@ -642,7 +675,10 @@ class LogBus:
         spill_dir: str | None = None,
         keep_ended: int = 100,
         keep_ended_for: float = 3600.0,
+        budget: MemoryBudget | None = None,
     ) -> None:
+        self.budget = budget
+        """The memory budget the histories are charged to (``None``: not counted)."""
         self.history_bytes = history_bytes
         self.spill_dir = spill_dir
         self.keep_ended = keep_ended
@@ -700,6 +736,7 @@ class LogBus:
                 limiter=self._limiter,
                 on_end=self._log_ended,
                 stats=self._stats,
+                budget=self.budget,
             )
             self._logs[job_id] = log
         return log
@@ -728,6 +765,8 @@ class LogBus:
             del self._ended[job_id]
             if self._logs.get(job_id) is log:
                 del self._logs[job_id]
+                if self.budget is not None:
+                    self.budget.release(("log", job_id))
 
 
 def _check_stream(stream: str) -> None:

@@ -17,8 +17,11 @@ import attrs
 import cattrs
 import yaml
 
+from fleet_trio.configfile import check_yaml_shape, find_bad_number, read_config_bytes
 from fleet_trio.durations import parse_duration_seconds
 from fleet_trio.errors import ConfigError, DurationError
+from fleet_trio.inputs import id_problem, printable
+from fleet_trio.memory import DEFAULT_BUDGET, check_budget, parse_size
 
 DEFAULT_LISTEN = "127.0.0.1:18811"
 FALLBACK_NODE_ID = "fleet-node"
@@ -27,6 +30,8 @@ FIELD_TYPES = ("string", "integer", "number", "boolean", "object", "array", "any
 
 Duration = NewType("Duration", float)
 """Float seconds, written in YAML as a Go duration string."""
+MemorySize = NewType("MemorySize", int)
+"""Bytes, written in YAML as a size string (``1GiB``, ``512MiB``) or a whole number of bytes."""
 
 
 @attrs.frozen
@@ -69,6 +74,8 @@ class NodeSettings:
     allow_origins: list[str] = attrs.Factory(list)
     """Browser origins served besides the node's own (``--allow-origin`` adds more;
     docs/security.md). Each is ``scheme://host[:port]``."""
+    memory_budget: MemorySize = MemorySize(DEFAULT_BUDGET)
+    """Results and log histories of all jobs together (``fleet_trio.memory``)."""
 
 
 @attrs.frozen
@@ -83,17 +90,24 @@ class FieldSpec:
 
 @attrs.frozen
 class FamilyRule:
-    """``family: {from_payload: kind, map: {music: acestep}, default: chatterbox}``.
+    """``family: {from_payload: kind, map: {music: acestep}, default: chatterbox}`` or
+    ``family: {from_payload: model_family, allowed: [sdxl, flux-dev], default: comfy-graph}``.
 
     The source value is the payload member ``from_payload`` (a non-empty string) or, without
     ``from_payload``, the task's own ``family``; it goes through ``map`` when ``map`` is given
     (unmapped values take ``default``). No usable source value: ``default``. So
     ``{default: sdxl}`` reads "the task's family, or ``sdxl`` when it is empty" (§5.3).
+
+    Payload text never reaches a command line, the environment or the footprint file as it is:
+    a rule with ``from_payload`` must name a closed set, ``allowed`` (a payload value outside it
+    is a 400 at ack time) or ``map`` (unmapped values take ``default``), and every value of the
+    set is an id (:mod:`fleet_trio.inputs`). :func:`config_from_mapping` refuses anything else.
     """
 
     from_payload: str = ""
     map: dict[str, str] = attrs.Factory(dict)
     default: str = ""
+    allowed: tuple[str, ...] = ()
 
 
 QUANT_SOURCES = ("family", "env.")
@@ -176,6 +190,15 @@ def _structure_duration(value: object, _: type) -> Duration:
     return Duration(seconds)
 
 
+def _structure_size(value: object, _: type) -> MemorySize:
+    if isinstance(value, bool) or not isinstance(value, str | int):
+        raise ValueError(f"expected a size such as 1GiB or 512MiB, got {value!r}")
+    try:
+        return MemorySize(check_budget(parse_size(str(value))))
+    except ValueError as exc:
+        raise ValueError(str(exc)) from None
+
+
 def _strict_str(value: object, _: type) -> str:
     if not isinstance(value, str):
         raise ValueError(f"expected a string, got {value!r}")
@@ -203,6 +226,7 @@ def _strict_float(value: object, _: type) -> float:
 def register_hooks(converter: cattrs.Converter) -> None:
     """The YAML config edge: Go durations, strict scalars, ``footprint: false``, families."""
     converter.register_structure_hook(Duration, _structure_duration)
+    converter.register_structure_hook(MemorySize, _structure_size)
     converter.register_structure_hook(str, _strict_str)
     converter.register_structure_hook(bool, _strict_bool)
     converter.register_structure_hook(int, _strict_int)
@@ -291,7 +315,36 @@ def _structure(converter: cattrs.Converter, value: object, cls: type[Any], key: 
         raise _KeyedError(message, where) from None
 
 
+def _check_family_rule(rule: FamilyRule, key: str) -> None:
+    """A payload-sourced family must come from a closed set of ids (issue: injection)."""
+    key = f"{key}.footprint.family"
+    if rule.from_payload and not rule.allowed and not rule.map:
+        raise _KeyedError(
+            "from_payload needs a closed set of values: allowed: [a, b] (other values are "
+            "refused with a 400) or map: {value: family} (other values take default); payload "
+            "text never reaches the command, the environment or the footprint file",
+            key,
+        )
+    for value in rule.allowed:
+        problem = id_problem(value)
+        if problem is not None:
+            raise _KeyedError(f"{printable(value, limit=64)!r} {problem}", f"{key}.allowed")
+    for source, value in rule.map.items():
+        problem = id_problem(value)
+        if problem is not None:
+            raise _KeyedError(
+                f"{printable(value, limit=64)!r} {problem}", f"{key}.map.{printable(source)}"
+            )
+    if rule.default:
+        problem = id_problem(rule.default)
+        if problem is not None:
+            raise _KeyedError(f"{printable(rule.default, limit=64)!r} {problem}", f"{key}.default")
+
+
 def _check_task(task: TaskDef, key: str) -> None:
+    family = task.footprint.family if task.footprint is not None else ""
+    if isinstance(family, FamilyRule):
+        _check_family_rule(family, key)
     for member, spec in task.payload.items():
         if spec.type not in FIELD_TYPES:
             raise _KeyedError(
@@ -333,6 +386,9 @@ def config_from_mapping(raw: object, *, path: str = "", base_dir: str = "") -> N
             raw = {}
         if not isinstance(raw, Mapping):
             raise _KeyedError("the file must hold a mapping with node: and tasks:", "")
+        bad = find_bad_number(raw)
+        if bad is not None:
+            raise _KeyedError(bad[1], bad[0])
         extra = sorted(set(raw) - {"node", "tasks"})
         if extra:
             raise _KeyedError("unknown top-level key (expected node: and tasks:)", str(extra[0]))
@@ -354,6 +410,9 @@ def config_from_mapping(raw: object, *, path: str = "", base_dir: str = "") -> N
             key = f"tasks.{name}"
             if not isinstance(name, str) or not name:
                 raise _KeyedError("a task type must be a non-empty string", key)
+            problem = id_problem(name)
+            if problem is not None:  # dispatch checks task types against the same set
+                raise _KeyedError(f"a task type {problem}", f"tasks.{printable(name)}")
             if not isinstance(body, Mapping):
                 raise _KeyedError("expected a mapping", key)
             if "name" in body:
@@ -369,15 +428,25 @@ def config_from_mapping(raw: object, *, path: str = "", base_dir: str = "") -> N
 
 
 def load_config(path: str | os.PathLike[str]) -> NodeConfig:
-    """Read and validate a node YAML file. Raises :class:`ConfigError` naming key and file."""
+    """Read and validate a node YAML file. Raises :class:`ConfigError` naming key and file.
+
+    The file is outside input (:mod:`fleet_trio.configfile`): a regular file of at most 1 MiB,
+    nesting and alias expansion bounded before a tree is built, numbers finite and in range.
+    """
     path = os.fspath(path)
+    data = read_config_bytes(path)
     try:
-        with open(path, encoding="utf-8") as f:
-            raw = yaml.safe_load(f)
-    except OSError as exc:
-        raise ConfigError(f"cannot read: {exc.strerror or exc}", path=path) from None
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"not UTF-8 text (byte {exc.start})", path=path) from None
+    check_yaml_shape(text, path=path)
+    try:
+        raw = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise ConfigError(f"invalid YAML: {exc}", path=path) from None
+        raise ConfigError(f"invalid YAML: {' '.join(str(exc).split())}", path=path) from None
+    except (ValueError, RecursionError) as exc:  # e.g. an integer of 5000 digits
+        problem = printable(str(exc), limit=200)
+        raise ConfigError(f"invalid YAML: {problem}", path=path) from None
     base_dir = os.path.dirname(os.path.abspath(path))
     return config_from_mapping(raw, path=path, base_dir=base_dir)
 
@@ -506,6 +575,7 @@ __all__ = [
     "FootprintSpec",
     "GpuSettings",
     "ListenRefused",
+    "MemorySize",
     "NodeConfig",
     "NodeSettings",
     "QuantRule",

@@ -118,6 +118,9 @@ class JobTable:
         self._entries: dict[str, _Entry] = {}
         self._draining = False
         self._in_flight = 0
+        self.on_change: Callable[[str, JobView | None], None] | None = None
+        """Memory budget hook (``fleet_trio.node.retention``): called with the view of an entry
+        that just became terminal, and with ``None`` when the sweep removes one."""
 
     # -- queries ---------------------------------------------------------------------------
     @property
@@ -184,6 +187,8 @@ class JobTable:
             entry.error = outcome.message or DEFERRED
         entry.terminal_at = now
         self._in_flight -= 1
+        if self.on_change is not None:
+            self.on_change(job_id, entry.view(job_id))
         return True
 
     def begin_drain(self) -> bool:
@@ -209,7 +214,20 @@ class JobTable:
         ]
         for job_id in evicted:
             del self._entries[job_id]
+            if self.on_change is not None:
+                self.on_change(job_id, None)
         return evicted
+
+    def drop_result(self, job_id: str, message: str) -> bool:
+        """Memory budget: a ``done`` entry's result is dropped; it becomes ``error: message``
+        (its terminal time unchanged, no ``on_change`` call). False in any other state."""
+        entry = self._entries.get(job_id)
+        if entry is None or entry.state is not JobState.DONE:
+            return False
+        entry.state = JobState.ERROR
+        entry.data = None
+        entry.error = message
+        return True
 
 
 # --------------------------------------------------------------------------------------------

@@ -31,6 +31,8 @@ from hypercorn.trio import serve as hypercorn_serve
 
 from fleet_trio.edge import EdgePolicy, OriginError, listen_is_loopback
 from fleet_trio.errors import FleetTrioError
+from fleet_trio.logbus import LogBus
+from fleet_trio.memory import MemoryBudget
 from fleet_trio.metrics import NodeMetrics
 from fleet_trio.node.app import FootprintSource, NodeContext, VramStatus, create_app
 from fleet_trio.node.config import (
@@ -43,6 +45,7 @@ from fleet_trio.node.config import (
     resolve_node_id,
 )
 from fleet_trio.node.jobs import INTERRUPTED, JobStore
+from fleet_trio.node.retention import attach_result_budget
 from fleet_trio.node.tasks import JOB_MARKER, PreparedJob, TaskRegistry, TaskRunner
 from fleet_trio.nursery import DEFAULT_SIGNALS, TaskTree, open_task_tree, serve_shutdown_signals
 
@@ -68,6 +71,8 @@ class NodeOptions:
     gpu: str = "auto"
     fake_gpu_dir: str | None = None
     footprints: str | None = None
+    memory_budget: int | None = None
+    """``--memory-budget``: overrides ``node.memory_budget``."""
     token: str | None = None
     allow_origins: tuple[str, ...] = ()
     """``--allow-origin``: browser origins served besides the node's own (docs/security.md)."""
@@ -296,6 +301,9 @@ async def serve_node(
     sample, record = footprint_hooks(gpu)
     runner = TaskRunner(kill_grace=t.kill_grace, sample_peak=sample, record_peak=record)
     store = JobStore(ttl=t.job_ttl, janitor_interval=t.janitor_interval)
+    # memory budget: kept results and log histories share one ceiling (docs/node.md)
+    budget = MemoryBudget(options.memory_budget or node.memory_budget)
+    attach_result_budget(store.table, budget)
     ctx = NodeContext(
         node_id=node_id,
         gpu_arch=gpu.arch,
@@ -308,6 +316,7 @@ async def serve_node(
         token=options.token or None,
         metrics=NodeMetrics(gpu=str(node.gpu.index)),
         edge=edge,
+        bus=LogBus(budget=budget),
     )
 
     async def mark_interrupted() -> None:

@@ -116,6 +116,16 @@ def _family_for(task: TaskDef, members: Mapping[str, tuple[Any, str]]) -> tuple[
             value = members.get(family.from_payload, (None, ""))[0]
         else:
             value = task.family
+        # a closed set (node.config refuses a payload rule without one): anything outside it
+        # is refused at ack time, so payload text never reaches argv, env or the store
+        if (
+            family.from_payload
+            and family.allowed
+            and value not in (None, "")
+            and (not isinstance(value, str) or value not in family.allowed)
+        ):
+            allowed = ", ".join(family.allowed)
+            raise payload_error(task.name, f"{family.from_payload} must be one of {allowed}")
         if isinstance(value, str) and value:
             chosen = family.map.get(value, family.default) if family.map else value
         else:

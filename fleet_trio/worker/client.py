@@ -31,6 +31,7 @@ import trio
 
 from fleet_trio.durations import go_duration_seconds
 from fleet_trio.errors import WireError
+from fleet_trio.inputs import InputError, id_problem, loads_json, printable
 
 if TYPE_CHECKING:
     from fleet_trio.metrics import WorkerMetrics
@@ -46,6 +47,10 @@ LOG_FLUSH_BYTES = 65536
 """§8.1: flush once the buffer holds this many bytes."""
 MAX_REASON_BYTES = 65536
 """A terminal report's reason is cut to this many bytes (the kept report stays bounded)."""
+MAX_ANSWER_SECONDS = (1 << 31) - 1
+"""The largest ``max_runtime_seconds`` / ``idle_timeout_seconds`` accepted (some 68 years)."""
+ANSWER_MAX_DEPTH = 8
+"""A poll answer is nested 4 deep (answer, assignments, assignment, env); deeper is refused."""
 
 Labels = dict[str, dict[str, str]]
 
@@ -259,23 +264,30 @@ def register_hooks(conv: cattrs.Converter) -> None:
         return body
 
     def structure_assignment(data: Any, _: type) -> Assignment:
+        """Strict: every member its wire type, ids in the documented set, seconds in range."""
         if not isinstance(data, Mapping):
             raise WireError("assignment is not an object")
+        job_id = answer_id(data, "job_id")
+        where = f"assignment {job_id}"
         env = data.get("env") or {}
         command = data.get("command") or []
         if not isinstance(env, Mapping) or not isinstance(command, list):
-            raise WireError("assignment env/command have the wrong type")
+            raise WireError(f"{where}: env/command have the wrong type")
+        if not all(isinstance(c, str) for c in command):
+            raise WireError(f"{where}: command must be an array of strings")
+        if not all(isinstance(v, str) for v in env.values()):
+            raise WireError(f"{where}: env must map strings to strings")
         return Assignment(
-            job_id=str(data.get("job_id") or ""),
-            device_id=str(data.get("device_id") or ""),
-            command=tuple(str(c) for c in command),
-            cwd=str(data.get("cwd") or ""),
-            env={str(k): str(v) for k, v in env.items()},
-            max_runtime_seconds=int(data.get("max_runtime_seconds") or 0),
-            idle_timeout_seconds=int(data.get("idle_timeout_seconds") or 0),
-            submitter=str(data.get("submitter") or ""),
-            kind=str(data.get("kind") or ""),
-            stdio=str(data.get("stdio") or ""),
+            job_id=job_id,
+            device_id=answer_id(data, "device_id", where),
+            command=tuple(command),
+            cwd=answer_str(data, "cwd", where),
+            env=dict(env),
+            max_runtime_seconds=answer_seconds(data, "max_runtime_seconds", where),
+            idle_timeout_seconds=answer_seconds(data, "idle_timeout_seconds", where),
+            submitter=answer_str(data, "submitter", where),
+            kind=answer_str(data, "kind", where),
+            stdio=answer_str(data, "stdio", where),
         )
 
     def structure_poll(data: Any, _: type) -> PollAnswer:
@@ -285,15 +297,74 @@ def register_hooks(conv: cattrs.Converter) -> None:
         kills = data.get("kills") or []
         if not isinstance(raw, list) or not isinstance(kills, list):
             raise WireError("poll answer has the wrong shape")
+        for k in kills:
+            if not isinstance(k, str) or id_problem(k) is not None:
+                raise WireError(f"kills: invalid job id {_shown(k)}")
         return PollAnswer(
             assignments=tuple(conv.structure(a, Assignment) for a in raw),
-            kills=tuple(str(k) for k in kills),
+            kills=tuple(kills),
         )
 
     conv.register_unstructure_hook(Registration, unstructure_registration)
     conv.register_unstructure_hook(StatusReport, unstructure_status)
     conv.register_structure_hook(Assignment, structure_assignment)
     conv.register_structure_hook(PollAnswer, structure_poll)
+
+
+def _shown(value: object) -> str:
+    """A value from the controller, safe for a log line (quoted, escaped, cut)."""
+    text = value if isinstance(value, str) else json.dumps(value)[:80]
+    return '"' + printable(text, limit=80) + '"' if isinstance(value, str) else printable(text)
+
+
+def answer_id(data: Mapping[str, Any], name: str, where: str = "assignment") -> str:
+    """A controller-side id used in paths, env and logs: checked like every outside id."""
+    value = data.get(name)
+    if not isinstance(value, str):
+        raise WireError(f"{where}: {name} must be a string, got {_shown(value)}")
+    problem = id_problem(value)
+    if problem is not None:
+        raise WireError(f"{where}: invalid {name} {_shown(value)}: {problem}")
+    return value
+
+
+def answer_str(data: Mapping[str, Any], name: str, where: str) -> str:
+    value = data.get(name)
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise WireError(f"{where}: {name} must be a string, got {_shown(value)}")
+    return value
+
+
+def answer_seconds(data: Mapping[str, Any], name: str, where: str) -> int:
+    """Whole seconds, 0 (none) to :data:`MAX_ANSWER_SECONDS`; Go refuses ``1.5`` and so do we."""
+    value = data.get(name)
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise WireError(f"{where}: {name} must be an integer, got {_shown(value)}")
+    if not 0 <= value <= MAX_ANSWER_SECONDS:
+        raise WireError(
+            f"{where}: {name} out of range (0 to {MAX_ANSWER_SECONDS}), got {_shown(value)}"
+        )
+    return value
+
+
+def decode_answer(conv: cattrs.Converter, content: bytes) -> PollAnswer:
+    """An E4 answer body → :class:`PollAnswer`; any problem is a :class:`WireError` whose
+    message is safe to log (depth-bounded, finite numbers only, strict types, checked ids)."""
+    try:
+        data = loads_json(content, max_depth=ANSWER_MAX_DEPTH)
+    except InputError as exc:
+        raise WireError(str(exc)) from None
+    try:
+        answer: PollAnswer = conv.structure(data, PollAnswer)
+    except WireError:
+        raise
+    except (ValueError, TypeError, cattrs.BaseValidationError) as exc:  # pragma: no cover
+        raise WireError(printable(str(exc), limit=200)) from None
+    return answer
 
 
 def make_converter() -> cattrs.Converter:
@@ -417,16 +488,24 @@ class ControllerClient:
             "POST", "/v1/workers/register", content=encode(self.converter, registration)
         )
         if response.status_code != 200:
+            text = printable(response.text.strip(), limit=200)
             raise ControllerError(
-                f"register: HTTP {response.status_code}: {response.text.strip()}",
+                f"register: HTTP {response.status_code}: {text}",
                 response.status_code,
             )
         try:
-            worker_id = response.json()["worker_id"]
-        except (ValueError, KeyError, TypeError) as exc:
-            raise ControllerError(f"register: undecodable answer: {exc}", 200) from exc
+            body = loads_json(response.content, max_depth=ANSWER_MAX_DEPTH)
+            worker_id = body["worker_id"]
+        except (InputError, KeyError, TypeError) as exc:
+            text = printable(str(exc), limit=200)
+            raise ControllerError(f"register: undecodable answer: {text}", 200) from None
         if not isinstance(worker_id, str) or not worker_id:
             raise ControllerError("register: empty worker_id", 200)
+        problem = id_problem(worker_id)
+        if problem is not None:
+            raise ControllerError(
+                f"register: invalid worker_id {_shown(worker_id)}: {problem}", 200
+            )
         return worker_id
 
     async def push_labels(self, worker_id: str, registration: Registration) -> bool:
@@ -477,14 +556,13 @@ class ControllerClient:
             return PollAnswer()
         if response.status_code != 200:
             raise ControllerError(
-                f"poll: HTTP {response.status_code}: {response.text.strip()}",
+                f"poll: HTTP {response.status_code}: {printable(response.text.strip(), limit=200)}",
                 response.status_code,
             )
         try:
-            answer: PollAnswer = self.converter.structure(response.json(), PollAnswer)
-        except (ValueError, TypeError, WireError, cattrs.BaseValidationError) as exc:
-            raise ControllerError(f"poll: undecodable answer: {exc}", 200) from exc
-        return answer
+            return decode_answer(self.converter, response.content)
+        except WireError as exc:
+            raise ControllerError(f"poll: undecodable answer: {exc}", 200) from None
 
     # -- E5 / E6 / E7 ------------------------------------------------------------------------
     async def report_running(self, job_id: str, worker_id: str) -> bool:
@@ -738,6 +816,7 @@ __all__ = [
     "Registration",
     "StatusReport",
     "Timings",
+    "decode_answer",
     "encode",
     "make_converter",
     "register_hooks",

@@ -35,8 +35,10 @@ import cattrs
 import yaml
 from cattrs.gen import make_dict_structure_fn, override
 
+from fleet_trio.configfile import check_yaml_shape, read_config_bytes
 from fleet_trio.durations import MINUTE, SECOND, go_duration, parse_duration
 from fleet_trio.errors import ConfigError, DurationError
+from fleet_trio.memory import DEFAULT_BUDGET, check_budget, format_size, parse_size
 from fleet_trio.node.config import is_loopback_host, split_host_port
 
 log = logging.getLogger(__name__)
@@ -167,6 +169,8 @@ class WorkerConfig:
     tail_allow_origins: tuple[str, ...] = ()
     """fleet-trio only: browser origins the tail listener serves besides its own
     (``scheme://host[:port]``, docs/security.md)."""
+    memory_budget: int = DEFAULT_BUDGET
+    """fleet-trio only: bytes of job log history kept across jobs (``fleet_trio.memory``)."""
     path: str = ""
     """The file it came from ("" when built in code)."""
     ignored_keys: tuple[str, ...] = ()
@@ -257,6 +261,7 @@ class WorkerConfig:
             "tail_listen": self.tail_listen or None,
             "tail_token": REDACTED if self.tail_token else "",
             "tail_allow_origins": list(self.tail_allow_origins),
+            "memory_budget": format_size(self.memory_budget),
             "ignored_keys": list(self.ignored_keys),
         }
 
@@ -598,6 +603,7 @@ _TOP_KEYS: dict[str, Any] = {
     "tail_listen": str,
     "tail_token": str,
     "tail_allow_origins": None,  # handled by _origins
+    "memory_budget": str,
 }
 _HOOKS_KEYS = frozenset(f.name for f in attrs.fields(HooksConfig))
 _DEVICE_KEYS = frozenset(f.name for f in attrs.fields(DeviceConfig))
@@ -753,6 +759,11 @@ def _build(
             raise _KeyedError(problem, "tail_listen")
     values["tail_listen"] = tail_listen
     values["tail_token"] = values.get("tail_token", "").strip()
+    budget = values.get("memory_budget", "").strip()
+    try:
+        values["memory_budget"] = check_budget(parse_size(budget)) if budget else DEFAULT_BUDGET
+    except ValueError as exc:
+        raise _KeyedError(str(exc), "memory_budget") from None
 
     host = values.get("host", "")
     if not host:
@@ -827,20 +838,19 @@ def load_worker_config(
     Raises :class:`ConfigError` (one line) naming the key and the file.
     """
     path = os.fspath(path)
-    try:
-        with open(path, "rb") as f:
-            raw = f.read()
-    except OSError as exc:
-        raise ConfigError(f"cannot read: {exc.strerror or exc}", path=path) from None
+    raw = read_config_bytes(path)  # a regular file, at most 1 MiB (fleet_trio.configfile)
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         raise ConfigError(f"not UTF-8 text (byte {exc.start})", path=path) from None
     try:
         # yaml.v3's Unmarshal reads the first document and ignores any later one.
+        check_yaml_shape(text, path=path)  # nesting and alias expansion, before any tree
         node = next(iter(yaml.compose_all(text, Loader=yaml.SafeLoader)), None)
     except yaml.YAMLError as exc:
         raise ConfigError(_yaml_error_text(exc), path=path) from None
+    except RecursionError:  # pragma: no cover - bounded by check_yaml_shape
+        raise ConfigError("invalid YAML: nested too deep", path=path) from None
     try:
         tree = None if node is None else _from_node(node, "")
         return _build(tree, path=path, environ=environ, hostname=hostname)

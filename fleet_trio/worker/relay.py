@@ -67,6 +67,7 @@ import attrs
 import h11
 import trio
 
+from fleet_trio.inputs import InputError, loads_json
 from fleet_trio.proc.pty import PtySession, PtyStartError, start_pty
 from fleet_trio.proc.run import run
 from fleet_trio.proc.sinks import NullSink, Sink, TeeSink
@@ -168,8 +169,8 @@ def decode_frame(line: bytes) -> Frame | None:
     if not text:
         return None
     try:
-        obj = json.loads(text)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        obj = loads_json(text, max_depth=8)  # controller input: depth-bounded, finite numbers
+    except InputError as exc:
         raise FrameError(f"malformed frame: {exc}") from None
     if not isinstance(obj, dict):
         raise FrameError(f"frame is not a JSON object: {text[:64]!r}")
@@ -311,8 +312,8 @@ async def _error_detail(conn: _Conn, response: h11.Response) -> str:
             pass
     text = bytes(body[:MAX_ERROR_BODY]).decode("utf-8", errors="replace").strip()
     try:
-        obj = json.loads(text)
-    except ValueError:
+        obj = loads_json(text, max_depth=8)
+    except InputError:
         obj = None
     if isinstance(obj, dict) and isinstance(obj.get("message"), str):
         text = obj["message"]

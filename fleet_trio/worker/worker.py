@@ -35,6 +35,7 @@ from fleet_trio import proc
 from fleet_trio.durations import SECOND
 from fleet_trio.logbus import JobLog, LogBus, Stream
 from fleet_trio.logs import job_context
+from fleet_trio.memory import MemoryBudget
 from fleet_trio.metrics import WorkerMetrics
 from fleet_trio.nursery import TaskTree, TaskTreeClosed, open_task_tree
 from fleet_trio.proc.recovery import gather_recovery_proof
@@ -295,7 +296,7 @@ class Worker:
         self.test_break = test_break
         """TEST-ONLY deliberate defects (``FLEET_TRIO_TEST_BREAK``, docs/chaos.md):
         ``skip-sweep`` skips the RC_JOB_ID sweep. Never set in production."""
-        self.bus = bus if bus is not None else LogBus()
+        self.bus = bus if bus is not None else LogBus(budget=MemoryBudget(config.memory_budget))
         """Every job's output (the tail listener's source, docs/tail.md)."""
         self.tail_trusted_network = tail_trusted_network
         """``--listen-trusted-network``: allow a non-loopback ``tail_listen``."""

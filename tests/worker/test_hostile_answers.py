@@ -1,0 +1,230 @@
+"""Controller answers are outside input (issue 14, items 4 and 6): a hostile poll answer is a
+logged, skipped answer (the worker polls again), never an exit or a traceback; the ids it
+carries are checked before use."""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+import httpx
+import pytest
+import trio
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from fleet_trio.errors import WireError
+from fleet_trio.worker.client import (
+    MAX_ANSWER_SECONDS,
+    ControllerClient,
+    ControllerError,
+    Registration,
+    decode_answer,
+    make_converter,
+)
+from fleet_trio.worker.relay import FrameError, decode_frame
+from tests.worker.test_worker import PY, dev, running, until_terminal
+
+CONV = make_converter()
+
+
+def assignment(**over: Any) -> dict[str, Any]:
+    return {"job_id": "j-1", "device_id": "gpubox:gpu0", "command": ["true"], **over}
+
+
+def body(*assignments: dict[str, Any], **extra: Any) -> bytes:
+    return json.dumps({"assignments": list(assignments), **extra}).encode()
+
+
+HOSTILE: dict[str, bytes] = {
+    "max_runtime 1e400": b'{"assignments": [{"job_id": "j", "device_id": "h:g", '
+    b'"command": ["true"], "max_runtime_seconds": 1e400}]}',
+    "idle NaN": b'{"assignments": [{"job_id": "j", "device_id": "h:g", "idle_timeout_seconds": '
+    b"NaN}]}",
+    "max_runtime huge int": body(assignment(max_runtime_seconds=10**30)),
+    "max_runtime negative": body(assignment(max_runtime_seconds=-1)),
+    "max_runtime over the cap": body(assignment(max_runtime_seconds=MAX_ANSWER_SECONDS + 1)),
+    "max_runtime float": body(assignment(max_runtime_seconds=1.5)),
+    "max_runtime string": body(assignment(max_runtime_seconds="5")),
+    "max_runtime bool": body(assignment(max_runtime_seconds=True)),
+    "5000-digit int": b'{"assignments": [{"job_id": "j", "device_id": "h:g", '
+    b'"max_runtime_seconds": ' + b"9" * 5000 + b"}]}",
+    "env 3000 deep": b'{"assignments": [{"job_id": "j", "device_id": "h:g", "env": '
+    + b'{"a":' * 3000
+    + b"1"
+    + b"}" * 3000
+    + b"}]}",
+    "env value object": body(assignment(env={"A": {"b": "c"}})),
+    "env value number": body(assignment(env={"A": 1})),
+    "command not strings": body(assignment(command=["echo", 3])),
+    "job id newline": body(assignment(job_id="j\nFORGED line")),
+    "job id NUL": body(assignment(job_id="j\x00")),
+    "job id surrogate": b'{"assignments": [{"job_id": "j\\ud800", "device_id": "h:g"}]}',
+    "job id slash": body(assignment(job_id="../../etc")),
+    "job id empty": body(assignment(job_id="")),
+    "job id number": body(assignment(job_id=7)),
+    "job id too long": body(assignment(job_id="a" * 300)),
+    "device id escape": body(assignment(device_id="h:\x1b[2Jgpu0")),
+    "device id missing": body({"job_id": "j", "command": ["true"]}),
+    "kill id newline": body(kills=["k\nx"]),
+    "kill id number": body(kills=[3]),
+    "cwd number": body(assignment(cwd=3)),
+    "not utf-8": b'{"assignments": [{"job_id": "\xff"}]}',
+}
+
+
+@pytest.mark.parametrize("raw", HOSTILE.values(), ids=HOSTILE.keys())
+def test_a_hostile_answer_is_a_wire_error_with_a_safe_message(raw: bytes) -> None:
+    with pytest.raises(WireError) as info:
+        decode_answer(CONV, raw)
+    message = str(info.value)
+    assert message and message.isprintable()
+    assert len(message) < 400
+
+
+def test_a_good_answer_decodes() -> None:
+    answer = decode_answer(
+        CONV,
+        body(
+            assignment(
+                env={"A": "b"}, max_runtime_seconds=14400, idle_timeout_seconds=600, cwd="/src"
+            ),
+            kills=["8a2e-1"],
+        ),
+    )
+    (a,) = answer.assignments
+    assert (a.job_id, a.device_id, a.env, a.max_runtime_seconds, a.idle_timeout_seconds) == (
+        "j-1",
+        "gpubox:gpu0",
+        {"A": "b"},
+        14400,
+        600,
+    )
+    assert answer.kills == ("8a2e-1",)
+
+
+async def test_the_client_turns_it_into_a_controller_error() -> None:
+    answers = iter(HOSTILE.values())
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path.endswith("/register"):
+            return httpx.Response(200, json={"worker_id": "w\n1"})
+        return httpx.Response(200, content=next(answers))
+
+    async with ControllerClient(
+        "http://ctrl", "t", transport=httpx.MockTransport(handler)
+    ) as client:
+        with pytest.raises(ControllerError) as info:
+            await client.register(Registration("h"))
+        assert "invalid worker_id" in str(info.value) and "\n" not in str(info.value)
+        for _ in HOSTILE:
+            with pytest.raises(ControllerError) as info:
+                await client.poll("w1", 0.01)
+            assert str(info.value).startswith("poll: undecodable answer: ")
+            assert str(info.value).isprintable()
+
+
+async def test_the_worker_skips_hostile_answers_and_keeps_working(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO)
+    with trio.fail_after(40):
+        async with running() as (ctrl, worker):
+            for raw in HOSTILE.values():
+                ctrl.fail_next("assignments", status=200, body=raw)
+            n = len(ctrl.polls())
+            await ctrl.wait_for(lambda: len(ctrl.polls()) >= n + len(HOSTILE) + 1, timeout=30)
+            job = ctrl.submit(dev("gpu0"), [PY, "-c", "print('still here')"])
+            assert await until_terminal(ctrl, job) == ["running", "succeeded"]
+            await ctrl.wait_for(lambda: worker.supervised() == [], timeout=5)
+    skipped = [r for r in caplog.records if r.getMessage().startswith("poll failed: ")]
+    assert len(skipped) >= len(HOSTILE)
+    assert all(r.exc_info is None for r in caplog.records)
+    assert all(r.getMessage().isprintable() for r in skipped)  # no forged line, no escape
+
+
+# --- fuzz -------------------------------------------------------------------------------------
+
+_scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(10**40), max_value=10**40),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.text(max_size=12),
+)
+_values = st.recursive(
+    _scalars,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner),
+    max_leaves=12,
+)
+_assignment = st.fixed_dictionaries(
+    {},
+    optional={
+        k: _values | st.text(max_size=12)
+        for k in (
+            "job_id",
+            "device_id",
+            "command",
+            "cwd",
+            "env",
+            "max_runtime_seconds",
+            "idle_timeout_seconds",
+            "submitter",
+            "kind",
+            "stdio",
+        )
+    },
+)
+_answer = st.fixed_dictionaries(
+    {},
+    optional={"assignments": st.lists(_assignment, max_size=3) | _values, "kills": _values},
+)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_answer | _values)
+def test_fuzz_answer_shapes(data: object) -> None:
+    try:
+        answer = decode_answer(CONV, json.dumps(data).encode())
+    except WireError as exc:
+        assert str(exc).isprintable()
+        return
+    for a in answer.assignments:
+        assert a.job_id.isprintable() and a.device_id.isprintable()
+        assert 0 <= a.max_runtime_seconds <= MAX_ANSWER_SECONDS
+        assert all(isinstance(v, str) for v in a.env.values())
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.sampled_from(["1e400", "-1e400", "NaN", "Infinity", "[" * 100, '"\\udc00"', "9" * 5000]),
+    st.integers(min_value=0, max_value=60),
+    st.binary(max_size=20),
+)
+def test_fuzz_answer_bytes(token: str, cut: int, tail: bytes) -> None:
+    good = body(assignment(max_runtime_seconds=5))
+    raw = good[:cut] + token.encode() + tail
+    try:
+        decode_answer(CONV, raw)
+    except WireError as exc:
+        assert str(exc).isprintable()
+
+
+# --- relay frames (the controller's E9 stream) ------------------------------------------------
+
+HOSTILE_FRAMES = [
+    b"[" * 5000 + b"]" * 5000,
+    b'{"t": "r", "rows": 1e400}',
+    b'{"t": "r", "rows": NaN}',
+    b'{"t": "d", "b": ' + b"[" * 3000 + b"]" * 3000 + b"}",
+    b'{"t": "r", "rows": ' + b"9" * 5000 + b"}",
+    b'{"t": "d", "b": "\xff"}',
+]
+
+
+@pytest.mark.parametrize("line", HOSTILE_FRAMES)
+def test_a_hostile_relay_frame_is_a_frame_error(line: bytes) -> None:
+    with pytest.raises(FrameError) as info:
+        decode_frame(line)
+    assert str(info.value).startswith(("malformed frame", "frame field"))
