@@ -30,10 +30,9 @@ def _sleepy_config(seconds: float = 0.0, node_gpu: Any = None, **task: Any) -> d
     """One task ``sleepy`` (family ``fam``): sleeps, prints its pinning and its start/end."""
     script = (
         "import json, os, sys, time; p = json.loads(sys.stdin.read() or '{}'); t0 = time.time();"
-        " time.sleep(p.get('sleep', %r)); "
+        f" time.sleep(p.get('sleep', {seconds!r})); "
         "print(json.dumps({'cuda': os.environ.get('CUDA_VISIBLE_DEVICES'), "
         "'nvidia': os.environ.get('NVIDIA_VISIBLE_DEVICES'), 't0': t0, 't1': time.time()}))"
-        % seconds
     )
     node: dict[str, Any] = {
         "timings": {
