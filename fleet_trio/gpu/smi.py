@@ -129,7 +129,7 @@ def parse_smi_devices(text: str) -> list[SmiDeviceRow]:
         uuid = fields[1]
         if index < 0 or not uuid or uuid.startswith("["):
             raise GpuError(f"nvidia-smi: bad device line {line[:200]!r}")
-        name = ",".join(fields[2:-2]).strip()
+        name = line.split(",", 2)[2].rsplit(",", 2)[0].strip()  # it may hold commas
         memory: tuple[float, float] | GpuError
         try:
             memory = parse_smi_memory(f"{fields[-2]}, {fields[-1]}")
