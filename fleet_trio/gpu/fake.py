@@ -70,6 +70,8 @@ DEFAULT_TOTAL_GIB = 80.0
 DEVICE_DIR_PREFIX = "gpu"
 MAX_FAKE_GPUS = 64
 
+_UUID_OK = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$")
+"""What a device id may look like (it goes into a job's ``CUDA_VISIBLE_DEVICES``)."""
 _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([KMGT]?)(?:I?B)?\s*$", re.I)
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
@@ -305,11 +307,13 @@ def open_fake_devices(directory: str, count: int = 1) -> DeviceSet:
             except OSError as exc:
                 raise GpuError(f"fake gpu: {path}: {exc.strerror or exc}") from exc
         dev = read_device(path)
-        devices.append(
-            GpuDevice(
-                index=index, uuid=dev.uuid or fake_uuid(path), name=dev.name, source=FakeGpu(path)
-            )
-        )
+        uuid = dev.uuid or fake_uuid(path)
+        if not _UUID_OK.match(uuid):
+            raise GpuError(f"fake gpu: {path}: uuid {uuid!r} is not a device id (GPU-…)")
+        devices.append(GpuDevice(index=index, uuid=uuid, name=dev.name, source=FakeGpu(path)))
+    seen = [d.uuid for d in devices]
+    if len(set(seen)) != len(seen):
+        raise GpuError(f"fake gpu: two devices share a uuid ({', '.join(seen)})")
     return DeviceSet("fake", tuple(devices))
 
 

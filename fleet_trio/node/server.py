@@ -40,6 +40,7 @@ from fleet_trio.node.config import (
     os_hostname,
     resolve_listen,
     resolve_node_id,
+    task_gpus,
 )
 from fleet_trio.node.jobs import INTERRUPTED, JobStore
 from fleet_trio.node.placement import Placement, footprint_need
@@ -208,7 +209,10 @@ async def open_gpu(config: NodeConfig, options: NodeOptions) -> GpuServices:
     except GpuError as exc:
         where = f" ({config.path})" if config.path else ""
         raise NodeStartError(f"GPU probe failed: {exc}{where}") from exc
-    placement = Placement([d.uuid for d in devices])
+    try:
+        placement = Placement([d.uuid for d in devices])
+    except ValueError as exc:  # AllocationError: two devices with one UUID
+        raise NodeStartError(f"GPU probe failed: {exc}") from exc
     sampler.listeners.append(placement.update)
     primary = next((d for d in devices if d.uuid == node.gpu.primary_gpu_uuid), devices[0])
     source = primary.source
@@ -333,6 +337,14 @@ async def serve_node(
     if gpu is None:
         gpu = await open_gpu(config, options)
     registry = TaskRegistry(config.tasks, base_dir=config.base_dir, work_root=work_root)
+    if gpu.placement is not None:  # multi-GPU: a task that can never be placed, said once
+        for name in registry.supported:
+            task = registry.get(name)
+            if task is not None and task_gpus(task) > len(gpu.placement.uuids):
+                say(
+                    f"task {name}: gpus: {task_gpus(task)} but this node has "
+                    f"{len(gpu.placement.uuids)} device(s); its jobs will fail"
+                )
     sample, record = footprint_hooks(gpu)
     runner = TaskRunner(
         kill_grace=t.kill_grace,

@@ -245,3 +245,15 @@ async def test_primary_uuid_and_single_device(autojump_clock: Any) -> None:
     single = DeviceSampler(devices[:1])
     assert single.gpu_devices(trio.current_time()) is None  # absent for a single device
     assert single.status(trio.current_time()) == (None, NO_SNAPSHOT)
+
+
+def test_fake_devices_refuse_bad_or_duplicate_uuids(tmp_path: Path) -> None:
+    root = str(tmp_path / "multi")
+    fake.open_fake_devices(root, 2)
+    fake.init_device(os.path.join(root, "gpu1"), uuid="GPU-a\nCUDA=0")
+    with pytest.raises(GpuError, match="not a device id"):
+        fake.open_fake_devices(root, 2)
+    fake.init_device(os.path.join(root, "gpu0"), uuid="GPU-same")
+    fake.init_device(os.path.join(root, "gpu1"), uuid="GPU-same")
+    with pytest.raises(GpuError, match="share a uuid"):
+        fake.open_fake_devices(root, 2)
