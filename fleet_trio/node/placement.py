@@ -13,7 +13,7 @@ UUIDs (:func:`pin_env`), so CUDA's own device ordering never matters.
 from __future__ import annotations
 
 import math
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, Protocol
 
@@ -79,7 +79,11 @@ class Placement:
 
     @asynccontextmanager
     async def acquire(
-        self, count: int = 1, need_gb: float | None = None
+        self,
+        count: int = 1,
+        need_gb: float | None = None,
+        *,
+        on_wait: Callable[[], None] | None = None,
     ) -> AsyncIterator[tuple[str, ...]]:
         """Wait (FIFO) for ``count`` devices that fit ``need_gb``; hold them for the block.
 
@@ -95,6 +99,8 @@ class Placement:
             if held is None:
                 event = trio.Event()
                 self._events[ticket] = event
+                if on_wait is not None:
+                    on_wait()
                 await event.wait()
                 held = self.allocator.granted(ticket)
                 assert held is not None

@@ -209,11 +209,15 @@ async def open_gpu(config: NodeConfig, options: NodeOptions) -> GpuServices:
     except GpuError as exc:
         where = f" ({config.path})" if config.path else ""
         raise NodeStartError(f"GPU probe failed: {exc}{where}") from exc
-    try:
-        placement = Placement([d.uuid for d in devices])
-    except ValueError as exc:  # AllocationError: two devices with one UUID
-        raise NodeStartError(f"GPU probe failed: {exc}") from exc
-    sampler.listeners.append(placement.update)
+    if len(found.devices) == 1:
+        # a one-GPU machine is the v2 node: one GPU job at a time, nothing pinned or gated
+        placement = Placement.single()
+    else:
+        try:
+            placement = Placement([d.uuid for d in devices])
+        except ValueError as exc:  # AllocationError: two devices with one UUID
+            raise NodeStartError(f"GPU probe failed: {exc}") from exc
+        sampler.listeners.append(placement.update)
     primary = next((d for d in devices if d.uuid == node.gpu.primary_gpu_uuid), devices[0])
     source = primary.source
     arch = node.gpu.arch

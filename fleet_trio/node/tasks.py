@@ -600,8 +600,18 @@ class TaskRunner:
         """GPU placement: wait (FIFO) for ``wanted`` devices that fit the job's known
         footprint, run the job pinned to them, give them back on every path."""
         need = self.footprint_need(job) if self.footprint_need is not None else None
+
+        def waiting() -> None:
+            log.info(
+                "job %s: waiting for %d free GPU device(s)%s",
+                job.job_id,
+                wanted,
+                f" with {need:g} GiB free" if need is not None else "",
+                extra=job_context(job_id=job.job_id, task=job.task.name),
+            )
+
         try:
-            async with self.placement.acquire(wanted, need) as devices:
+            async with self.placement.acquire(wanted, need, on_wait=waiting) as devices:
                 job.pin(devices)
                 return await self._run(job, tee)
         except AllocationError as exc:

@@ -198,3 +198,24 @@ async def test_node_multi_gpu_stale_device_does_not_stop_the_others(tmp_path: Pa
         ids = [await node.submit("sleepy") for _ in range(3)]
         pinned = {(await _data(node, i))["cuda"] for i in ids}
     assert pinned == {gpu.uuid(1)}
+
+
+async def test_node_multi_gpu_one_gpu_machine_stays_v2(tmp_path: Path) -> None:
+    async with (
+        open_fake_gpu(tmp_path / "gpu") as gpu,
+        open_node(_sleepy_config(gpu=True), fake_gpu=gpu, workdir=tmp_path / "n") as node,
+    ):
+        _status, body = await _health(node)
+        data = await _data(node, await node.submit("sleepy"))
+    assert "gpu_devices" not in body
+    assert data["cuda"] is None and data["nvidia"] is None  # the job's environment untouched
+
+
+async def test_node_multi_gpu_devices_keeping_one_still_pins(tmp_path: Path) -> None:
+    async with open_fake_gpu(tmp_path / "gpu", devices=3) as gpu:
+        config = _sleepy_config(node_gpu={"devices": [1]}, gpu=True)
+        async with open_node(config, fake_gpu=gpu, workdir=tmp_path / "n") as node:
+            _status, body = await _health(node)
+            data = await _data(node, await node.submit("sleepy"))
+    assert "gpu_devices" not in body  # one device from the node's view
+    assert data["cuda"] == data["nvidia"] == gpu.uuid(1)
