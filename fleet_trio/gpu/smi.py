@@ -138,6 +138,8 @@ def parse_smi_devices(text: str) -> list[SmiDeviceRow]:
         rows.append(SmiDeviceRow(index=index, uuid=uuid, name=name, memory=memory))
     if not rows:
         raise GpuError("nvidia-smi: empty output")
+    if len({r.index for r in rows}) != len(rows) or len({r.uuid for r in rows}) != len(rows):
+        raise GpuError("nvidia-smi: the same device index or uuid on two lines")
     return rows
 
 

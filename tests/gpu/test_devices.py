@@ -38,7 +38,17 @@ def test_parse_smi_devices() -> None:
 
 
 @pytest.mark.parametrize(
-    "text", ["", "\n", "0, GPU-a, X, 1", "x, GPU-a, X, 1, 1", "0, [N/A], X, 1, 1", "-1, G, X, 1, 1"]
+    "text",
+    [
+        "",
+        "\n",
+        "0, GPU-a, X, 1",
+        "x, GPU-a, X, 1, 1",
+        "0, [N/A], X, 1, 1",
+        "-1, G, X, 1, 1",
+        "0, GPU-a, X, 1, 1\n0, GPU-b, X, 1, 1",
+        "0, GPU-a, X, 1, 1\n1, GPU-a, X, 1, 1",
+    ],
 )
 def test_parse_smi_devices_rejects(text: str) -> None:
     with pytest.raises(GpuError):
