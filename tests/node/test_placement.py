@@ -181,3 +181,46 @@ def test_footprint_need_exact_key_then_largest_of_the_family() -> None:
     assert footprint_need(store, "none", "", "x") is None
     assert footprint_need(store, "", "", "x") is None
     assert footprint_need(None, "sdxl", "", "x") is None
+
+
+@pytest.mark.parametrize("mode", ["global", "auto"])
+async def test_peak_is_measured_on_the_pinned_device_only(tmp_path: Path, mode: str) -> None:
+    """Global delta on that device only; per-process attribution on that device only."""
+    import os
+
+    from fleet_trio.gpu import GIB, fake
+    from fleet_trio.node.server import GpuServices, footprint_hooks
+
+    root = str(tmp_path / "gpu")
+    found = fake.open_fake_devices(root, 2)
+    gpu = GpuServices(
+        sampler=None,  # type: ignore[arg-type]
+        footprints=Store(),  # type: ignore[arg-type]
+        source=found.devices[0].source,
+        sampler_mode=mode,
+        render_interval=0.05,
+        devices=found.devices,
+    )
+    sample, _record = footprint_hooks(gpu)
+    assert sample is not None
+    job = _registry(tmp_path).prepare("t", "{}", "j-peak")
+    job.pin((found.devices[0].uuid,))
+    me = os.getpid()
+    stop = trio.Event()
+    peaks: list[float | None] = []
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+
+            async def measure() -> None:
+                peaks.append(await sample(job, stop, os.getpgid(0)))
+
+            nursery.start_soon(measure)
+            await trio.sleep(0.2)  # the baseline is taken
+            fake.write_holding(os.path.join(root, "gpu0"), me, 2 * GIB)  # the job's device
+            fake.write_holding(os.path.join(root, "gpu1"), me, 5 * GIB)  # another device
+            await trio.sleep(0.3)
+            stop.set()
+    fake.remove_holding(os.path.join(root, "gpu0"), me)
+    fake.remove_holding(os.path.join(root, "gpu1"), me)
+    job.cleanup()
+    assert peaks == [2.0]
