@@ -599,7 +599,9 @@ class TaskRunner:
     async def _run_placed(self, job: PreparedJob, wanted: int, tee: JobTee | None) -> Outcome:
         """GPU placement: wait (FIFO) for ``wanted`` devices that fit the job's known
         footprint, run the job pinned to them, give them back on every path."""
-        need = self.footprint_need(job) if self.footprint_need is not None else None
+        need = None
+        if self.footprint_need is not None and self.placement.knows_vram:
+            need = self.footprint_need(job)
 
         def waiting() -> None:
             log.info(
