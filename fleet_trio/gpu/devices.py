@@ -100,6 +100,34 @@ class DeviceSampler:
         ever = any(s.snapshot() is not None for s in self.samplers)
         return None, None, STALE_SNAPSHOT if ever else NO_SNAPSHOT
 
+    # -- what /metrics reads (the GlobalSampler surface) ---------------------------------------
+    def snapshot(self) -> VramSnapshot | None:
+        """The headline device's last good snapshot, even a stale one (the pinned device,
+        else the largest of those ever sampled); ``None`` before any success."""
+        if len(self.samplers) == 1:
+            return self.samplers[0].snapshot()
+        if self.primary_uuid:
+            sampler = self.sampler_of(self.primary_uuid)
+            return sampler.snapshot() if sampler is not None else None
+        best: VramSnapshot | None = None
+        for sampler in self.samplers:
+            snap = sampler.snapshot()
+            if snap is not None and (
+                best is None or (snap.total_gb, snap.free_gb) > (best.total_gb, best.free_gb)
+            ):
+                best = snap
+        return best
+
+    @property
+    def samples(self) -> int:
+        """Successful samples, all devices together."""
+        return sum(s.samples for s in self.samplers)
+
+    @property
+    def failures(self) -> int:
+        """Failed samples, all devices together."""
+        return sum(s.failures for s in self.samplers)
+
     def status(self, now: float) -> tuple[VramSnapshot | None, str | None]:
         """The headline device's ``(snapshot, None)`` or ``(None, reason)``: health's 503
         rule applies to it (the ``GlobalSampler.status`` contract)."""

@@ -13,9 +13,10 @@ from typing import Any
 
 import trio
 
-from fleet_trio.gpu import FootprintKey, FootprintStore
+from fleet_trio.gpu import GIB, FootprintKey, FootprintStore
 from fleet_trio.node.wire import GPU_DEVICE_FIELDS, HEALTH_FIELDS
 from fleet_trio.sim.harness import NodeHandle, open_fake_gpu, open_node
+from tests.metrics.scrape import scrape, value
 
 # -- single device: the v2 health payload is byte-identical to the one before multi-GPU ------
 
@@ -78,6 +79,11 @@ async def test_node_multi_gpu_single_device_health_bytes(tmp_path: Path) -> None
                     break
                 await trio.sleep(0.1)
         assert r.content == SINGLE_HEALTH
+        # and /metrics still reads the sampler as before (snapshot, counters, gpu="0")
+        samples = await scrape(node.client)
+    assert value(samples, "fleet_trio_gpu_vram_free_bytes", gpu="0") == 78.5 * GIB
+    assert (value(samples, "fleet_trio_gpu_samples_total", gpu="0") or 0) >= 1
+    assert value(samples, "fleet_trio_gpu_sample_failures_total", gpu="0") == 0
 
 
 # -- acceptance: three gpu: true jobs of 1.5 s on two devices --------------------------------

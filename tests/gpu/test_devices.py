@@ -252,9 +252,12 @@ async def test_primary_uuid_and_single_device(autojump_clock: Any) -> None:
     snap, _ = sampler.status(trio.current_time())
     assert snap is not None and snap.total_gb == 40
     assert seen == [("GPU-0", True), ("GPU-1", True)]
+    assert sampler.snapshot() is not None and sampler.snapshot().total_gb == 40  # type: ignore[union-attr]
+    assert (sampler.samples, sampler.failures) == (2, 0)  # /metrics reads these
     single = DeviceSampler(devices[:1])
     assert single.gpu_devices(trio.current_time()) is None  # absent for a single device
     assert single.status(trio.current_time()) == (None, NO_SNAPSHOT)
+    assert single.snapshot() is None and single.samples == 0
 
 
 def test_fake_devices_refuse_bad_or_duplicate_uuids(tmp_path: Path) -> None:
