@@ -503,7 +503,15 @@ async def multi_gpu_section(
     uuids = {d["uuid"] for d in expected}
     pins = [r["cuda_visible_devices"] for r in results]
     print(f"pinned to: {pins}")
-    if any(r["cuda_visible_devices"] not in uuids for r in results) or any(
+    if len(expected) == 1:
+        # a one-GPU machine is the v2 node: the job's environment is left alone; the job
+        # must still see exactly that one device
+        if any(pins):
+            fail(f"a one-GPU node pinned a job ({pins}); it should leave CUDA_VISIBLE_DEVICES")
+            ok = False
+        for r in results:
+            r["cuda_visible_devices"] = expected[0]["uuid"]
+    elif any(r["cuda_visible_devices"] not in uuids for r in results) or any(
         r["cuda_visible_devices"] != r["nvidia_visible_devices"] for r in results
     ):
         fail("a job was not pinned to exactly one of the node's devices by UUID")

@@ -55,3 +55,18 @@ def test_compare_devices() -> None:
     assert smoke.compare_devices(listed, two) == []
     assert smoke.compare_devices(listed[:1], two) != []
     assert smoke.compare_devices(None, two) != []
+
+
+async def test_multi_gpu_section_on_a_one_gpu_machine(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from fleet_trio.gpu.fake import init_device
+
+    smoke = _load()
+    init_device(str(tmp_path / "gpu"))
+    args = ("--gpu", "fake", "--fake-gpu-dir", str(tmp_path / "gpu"))
+    with trio.fail_after(120):
+        ok = await smoke.multi_gpu_section(None, gpu_args=args, port=_free_port())
+    out = capsys.readouterr().out
+    assert ok, out
+    assert "gpu_devices: null" in out and "pinned to: ['']" in out
