@@ -118,6 +118,13 @@ class DeviceSampler:
                 best = snap
         return best
 
+    def device_snapshots(self) -> list[tuple[GpuDevice, VramSnapshot | None]]:
+        """Multi-GPU ``/metrics``: every device with its last good snapshot (even stale),
+        ``[]`` for a single device (the headline gauges already are that device)."""
+        if not self.multi:
+            return []
+        return [(d, s.snapshot()) for d, s in zip(self.devices, self.samplers, strict=True)]
+
     @property
     def samples(self) -> int:
         """Successful samples, all devices together."""

@@ -118,6 +118,7 @@ async def test_node_multi_gpu_health_lists_every_device(tmp_path: Path) -> None:
             while (await _health(node))[1]["vram_free_gb"] != 70.0:
                 await trio.sleep(0.05)
         status, body = await _health(node)
+        samples = await scrape(node.client)
     assert status == 200
     assert list(body) == [*HEALTH_FIELDS, "gpu_devices"]
     assert body["schema_version"] == 1
@@ -139,6 +140,10 @@ async def test_node_multi_gpu_health_lists_every_device(tmp_path: Path) -> None:
         },
     ]
     assert all(list(d) == list(GPU_DEVICE_FIELDS) for d in body["gpu_devices"])
+    free = {u: value(samples, "fleet_trio_gpu_device_vram_free_bytes", index=str(i), uuid=u)
+            for i, u in enumerate((gpu.uuid(0), gpu.uuid(1)))}  # fmt: skip
+    assert free == {gpu.uuid(0): 40 * GIB, gpu.uuid(1): 70 * GIB}
+    assert value(samples, "fleet_trio_gpu_vram_free_bytes", gpu="0") == 70 * GIB  # headline
 
 
 async def test_node_multi_gpu_primary_uuid_pins_the_headline(tmp_path: Path) -> None:
