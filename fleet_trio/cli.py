@@ -172,6 +172,14 @@ def _add_gpu_args(p: argparse.ArgumentParser) -> None:
         metavar="DIR",
         help="state directory of the fake GPU (--gpu fake; default $FLEET_TRIO_FAKE_GPU_DIR)",
     )
+    p.add_argument(  # multi-GPU
+        "--fake-gpus",
+        metavar="N",
+        type=_fake_gpu_count,
+        default=1,
+        help="the fake GPU presents N devices, DIR/gpu0 .. DIR/gpu{N-1}, each with its own "
+        "UUID (made when missing; --gpu fake; default 1: DIR is the device)",
+    )
     p.add_argument("--footprints", metavar="PATH", help="footprint store file")
 
 
@@ -193,6 +201,14 @@ def _add_memory_budget(p: argparse.ArgumentParser, key: str) -> None:
         help=f"most bytes of kept job output in memory, all jobs together (e.g. 512MiB, 2GiB; "
         f"default: {key} in the config, else 1GiB); the oldest ended jobs' output goes first",
     )
+def _fake_gpu_count(text: str) -> int:  # multi-GPU: --fake-gpus
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if not 1 <= value <= 64:
+        raise argparse.ArgumentTypeError(f"must be 1 to 64, got {value}")
+    return value
 
 
 def _add_node(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -468,6 +484,7 @@ def _cmd_node(args: argparse.Namespace) -> int:
             node_id=args.node_id,
             gpu=args.gpu,
             fake_gpu_dir=args.fake_gpu_dir,
+            fake_gpus=args.fake_gpus,
             footprints=args.footprints,
             memory_budget=args.memory_budget,
             token=args.token if args.token is not None else os.environ.get("FLEET_TRIO_TOKEN"),
@@ -500,6 +517,7 @@ def _cmd_measure(args: argparse.Namespace) -> int:
         options = MeasureOptions(
             gpu=args.gpu,
             fake_gpu_dir=args.fake_gpu_dir,
+            fake_gpus=args.fake_gpus,
             footprints=args.footprints,
             tasks=tuple(args.task),
         )

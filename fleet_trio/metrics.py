@@ -281,6 +281,7 @@ class NodeMetrics(BaseMetrics):
         """Read the node's state at scrape time: job table, VRAM sampler, footprints, bus."""
         self.collector.add("job table", functools.partial(node_jobs_section, ctx))
         self.collector.add("vram sampler", lambda now: vram_section(ctx.sampler, self.gpu, now))
+        self.collector.add("gpu devices", lambda now: device_section(ctx.sampler, now))
         self.collector.add("footprints", lambda now: footprint_section(ctx.footprints, now))
         self.watch_bus(ctx.bus)
 
@@ -361,6 +362,45 @@ def vram_section(sampler: Any, gpu: str, now: float) -> Iterator[Metric]:
             family = CounterMetricFamily(name, help_text, labels=["gpu"])
             family.add_metric([gpu], float(value))
             yield family
+
+
+def device_section(sampler: Any, now: float) -> Iterator[Metric]:
+    """Multi-GPU: each device's last good sample, labelled by its index and UUID (absent on a
+    one-device node, whose ``fleet_trio_gpu_vram_*`` gauges are that device)."""
+    read = getattr(sampler, "device_snapshots", None)
+    rows = read() if callable(read) else []
+    if not rows:
+        return
+    labels = ["index", "uuid"]
+    families = {
+        "free": GaugeMetricFamily(
+            "fleet_trio_gpu_device_vram_free_bytes",
+            "Multi-GPU: VRAM free on each device, from its last good sample.",
+            labels=labels,
+        ),
+        "total": GaugeMetricFamily(
+            "fleet_trio_gpu_device_vram_total_bytes",
+            "Multi-GPU: VRAM of each device, from its last good sample.",
+            labels=labels,
+        ),
+        "age": GaugeMetricFamily(
+            "fleet_trio_gpu_device_sample_age_seconds",
+            "Multi-GPU: seconds since each device's last good sample (stale past max age: "
+            "no new jobs on it).",
+            labels=labels,
+        ),
+    }
+    for device, snap in rows:
+        if snap is None:
+            continue
+        key = [str(device.index), str(device.uuid)]
+        if math.isfinite(snap.free_gb):
+            families["free"].add_metric(key, snap.free_gb * GIB)
+        if math.isfinite(snap.total_gb):
+            families["total"].add_metric(key, snap.total_gb * GIB)
+        if not math.isnan(now):
+            families["age"].add_metric(key, max(0.0, now - snap.taken_at))
+    yield from families.values()
 
 
 def _gauge(name: str, help_text: str, gpu: str, value: float) -> GaugeMetricFamily:
@@ -620,6 +660,7 @@ __all__ = [
     "WorkerMetrics",
     "bus_section",
     "controller_endpoint",
+    "device_section",
     "footprint_section",
     "node_jobs_section",
     "vram_section",

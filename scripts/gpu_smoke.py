@@ -14,6 +14,11 @@ Sections (each prints a ``==`` header):
 4. End to end: ``fleet-trio node --gpu auto`` with a one-task config (``examples/tasks/
    torch_alloc.py``), a dispatch, polls until ``done``, and the ``model_footprints`` that health
    then advertises (the node's own per-job sampler measured it).
+6. Multi-GPU: ``fleet-trio node --gpu auto``'s health lists exactly the devices NVML
+   enumerates in ``gpu_devices`` (index, UUID, name, total; absent on a one-device machine),
+   and ``gpu: true`` jobs (one per device, at once) each see exactly the device they were
+   pinned to: torch in the child reports one device, whose UUID is its
+   ``CUDA_VISIBLE_DEVICES``. The torch part is skipped, with a note, when torch is absent.
 
 Exit status: 0 when every step that must work did; 1 when one failed (no GPU source, a failed
 snapshot, a torch child that failed or was not attributed); 2 on usage errors.
@@ -349,6 +354,189 @@ async def worker_section(python: str | None) -> bool:
     return ok
 
 
+MULTI_PORT = 18898
+PINNED_TASK = "pinned"
+PINNED_CHILD = r"""
+import json, os, sys, time
+out = {"cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES", ""),
+       "nvidia_visible_devices": os.environ.get("NVIDIA_VISIBLE_DEVICES", "")}
+try:
+    import torch
+except ImportError:
+    out["torch"] = None
+else:
+    out["torch"] = torch.__version__
+    out["count"] = torch.cuda.device_count()
+    if out["count"]:
+        props = torch.cuda.get_device_properties(0)
+        uuid = getattr(props, "uuid", None)
+        out["uuid"] = None if uuid is None else str(uuid)
+        out["name"] = props.name
+        torch.empty(1 << 20, dtype=torch.uint8, device="cuda")
+        torch.cuda.synchronize()
+time.sleep(float(os.environ.get("PINNED_HOLD", "2")))
+print(json.dumps(out))
+"""
+
+
+def _bare_uuid(text: str) -> str:
+    """``GPU-8f6c…`` and torch's ``8f6c…`` compare equal (MIG ids keep their prefix)."""
+    return text.strip().lower().removeprefix("gpu-")
+
+
+def pinned_config(python: str) -> str:
+    return (
+        "node:\n"
+        "  node_id: gpu-smoke-multi\n"
+        "tasks:\n"
+        f"  {PINNED_TASK}:\n"
+        f"    command: [{json.dumps(python)}, '-c', {json.dumps(PINNED_CHILD)}]\n"
+        "    timeout: 2m\n"
+        "    gpu: true\n"
+    )
+
+
+def compare_devices(
+    listed: list[dict[str, Any]] | None, expected: list[dict[str, Any]]
+) -> list[str]:
+    """What differs between health's ``gpu_devices`` and the enumeration (empty: they match).
+    ``expected``: index, uuid, name, vram_total_gb per device; free is not compared (it moves).
+    """
+    if len(expected) == 1:
+        return [] if listed is None else ["gpu_devices is present on a one-device machine"]
+    if listed is None:
+        return [f"gpu_devices is absent but the machine has {len(expected)} devices"]
+    problems = []
+    keys = ["index", "uuid", "name", "vram_total_gb", "vram_free_gb"]
+    for entry in listed:
+        if list(entry) != keys:
+            problems.append(f"gpu_devices entry has members {list(entry)}, want {keys}")
+    got = [(d.get("index"), d.get("uuid"), d.get("name"), d.get("vram_total_gb")) for d in listed]
+    want = [(d["index"], d["uuid"], d["name"], d["vram_total_gb"]) for d in expected]
+    if got != want:
+        problems.append(f"gpu_devices {got} != enumerated {want}")
+    return problems
+
+
+async def multi_gpu_section(
+    python: str | None,
+    *,
+    gpu_args: tuple[str, ...] = ("--gpu", "auto"),
+    port: int = MULTI_PORT,
+) -> bool:
+    """Health's ``gpu_devices`` against the enumeration, then one pinned job per device."""
+    from fleet_trio.gpu.source import open_devices
+
+    header("multi-GPU: health's gpu_devices against the enumeration, pinned jobs")
+    kind = gpu_args[gpu_args.index("--gpu") + 1] if "--gpu" in gpu_args else "auto"
+    fake_dir = gpu_args[gpu_args.index("--fake-gpu-dir") + 1] if kind == "fake" else None
+    fake_gpus = int(gpu_args[gpu_args.index("--fake-gpus") + 1]) if "--fake-gpus" in gpu_args else 1
+    try:
+        found = await open_devices(kind, fake_dir=fake_dir, fake_gpus=fake_gpus)
+        expected = []
+        for device in found.devices:
+            snap = await device.source.snapshot()
+            expected.append(
+                {
+                    "index": device.index,
+                    "uuid": device.uuid,
+                    "name": device.name,
+                    "vram_total_gb": snap.total_gb,
+                }
+            )
+        await found.aclose()
+    except GpuError as exc:
+        fail(f"device enumeration: {exc}")
+        return False
+    for d in expected:
+        print(f"device {d['index']}: {d['uuid']} {d['name']} {d['vram_total_gb']:.2f} GiB")
+    child_python = python or sys.executable
+    base = f"http://127.0.0.1:{port}"
+    ok = True
+    with tempfile.TemporaryDirectory(prefix="gpu-smoke-multi-") as tmp:
+        cfg = Path(tmp) / "node.yaml"
+        cfg.write_text(pinned_config(child_python))
+        argv = [sys.executable, "-m", "fleet_trio", "node", "-c", str(cfg), *gpu_args]
+        argv += ["--listen", f"127.0.0.1:{port}", "--footprints", f"{tmp}/fp.json"]
+        node = await trio.lowlevel.open_process(argv)
+        results: list[dict[str, Any]] = []
+        try:
+            with trio.fail_after(NODE_TIMEOUT):
+                async with httpx.AsyncClient(base_url=base, timeout=10) as client:
+                    while True:
+                        try:
+                            health = await client.get("/fleet/health")
+                            if health.status_code == 200:
+                                break
+                        except httpx.TransportError:
+                            pass
+                        await trio.sleep(0.2)
+                    listed = health.json().get("gpu_devices")
+                    print(f"gpu_devices: {json.dumps(listed)}")
+                    for problem in compare_devices(listed, expected):
+                        fail(problem)
+                        ok = False
+                    jobs = [f"pinned-{uuid.uuid4().hex[:8]}" for _ in expected[:8]]
+                    for job_id in jobs:
+                        body = {"job_id": job_id, "task_type": PINNED_TASK}
+                        await client.post("/fleet/dispatch", json=body)
+                    for job_id in jobs:
+                        while True:
+                            status = (await client.get(f"/fleet/jobs/{job_id}")).json()
+                            if status["state"] in ("done", "error"):
+                                break
+                            await trio.sleep(0.3)
+                        if status["state"] != "done":
+                            fail(f"pinned job {job_id}: {status.get('error')}")
+                            ok = False
+                            continue
+                        results.append(status["data"])
+        except trio.TooSlowError:
+            fail(f"the multi-GPU check did not finish within {NODE_TIMEOUT:g}s")
+            return False
+        finally:
+            node.terminate()
+            with trio.move_on_after(40, shield=True):
+                await node.wait()
+            if node.returncode is None:
+                node.kill()
+    uuids = {d["uuid"] for d in expected}
+    pins = [r["cuda_visible_devices"] for r in results]
+    print(f"pinned to: {pins}")
+    if len(expected) == 1:
+        # a one-GPU machine is the v2 node: the job's environment is left alone; the job
+        # must still see exactly that one device
+        if any(pins):
+            fail(f"a one-GPU node pinned a job ({pins}); it should leave CUDA_VISIBLE_DEVICES")
+            ok = False
+        for r in results:
+            r["cuda_visible_devices"] = expected[0]["uuid"]
+    elif any(r["cuda_visible_devices"] not in uuids for r in results) or any(
+        r["cuda_visible_devices"] != r["nvidia_visible_devices"] for r in results
+    ):
+        fail("a job was not pinned to exactly one of the node's devices by UUID")
+        ok = False
+    if len(set(pins)) != len(pins):
+        fail("two jobs that ran at once were pinned to the same device")
+        ok = False
+    if python is None or not results or results[0].get("torch") is None:
+        print("torch is not available to the child: the torch pinning check is skipped")
+        return ok
+    for r in results:
+        if r.get("count") != 1:
+            pinned = r["cuda_visible_devices"]
+            fail(f"torch in a job pinned to {pinned} sees {r.get('count')} devices")
+            ok = False
+        elif r.get("uuid") is None:
+            print(f"torch {r['torch']} reports no device UUID; it sees one device ({r['name']})")
+        elif _bare_uuid(r["uuid"]) != _bare_uuid(r["cuda_visible_devices"]):
+            fail(f"torch sees {r['uuid']} but the job was pinned to {r['cuda_visible_devices']}")
+            ok = False
+        else:
+            print(f"torch in the job sees exactly {r['cuda_visible_devices']} ({r['name']})")
+    return ok
+
+
 async def amain() -> int:
     header("GPU source: NVML (fleet_trio.gpu.open_source)")
     source = await trio.to_thread.run_sync(open_gpu)
@@ -370,6 +558,8 @@ async def amain() -> int:
         else:
             header("footprint record: skipped (no peak without torch)")
         if not await worker_section(python):
+            status = 1
+        if not await multi_gpu_section(python):
             status = 1
     finally:
         aclose = getattr(source, "aclose", None)

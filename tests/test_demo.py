@@ -40,6 +40,7 @@ MARK = "DEMO_TEST_MARK"
 STEPS = (
     "render-ok",
     "footprint",
+    "two-gpus",
     "render-fail",
     "train-ok",
     "train-fail",

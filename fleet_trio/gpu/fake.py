@@ -3,12 +3,18 @@
 The GPU is a directory:
 
 * ``device.json`` (optional): ``{"name": "Fake H200", "total_gib": 80, "base_used_gib": 0.5,
-  "per_process": true}``; every member is optional (defaults: ``"Fake GPU"``, 80, 0, true).
+  "per_process": true, "uuid": "GPU-…"}``; every member is optional (defaults: ``"Fake GPU"``,
+  80, 0, true, and a UUID derived from the directory's path).
   ``per_process: false`` makes :meth:`FakeGpu.process_used_bytes` answer ``None``, like NVML
   under WDDM or MIG, so the global-delta fallback can be exercised.
 * one file per holding process, named after its pid, holding a size: ``2.5G``, ``512M``,
   ``64K``, ``1T`` (binary units; ``GiB``/``MiB`` spellings too) or plain bytes.
 * ``fail`` (optional): while it exists every snapshot fails with its text (fault injection).
+
+A multi-device fake (``--fake-gpus N``) is a directory of device directories ``gpu0`` …
+``gpu{N-1}``, each one a device as above with its own UUID, total and holdings. Inside a
+job, the helper picks the device the job was pinned to: the first entry of
+``$CUDA_VISIBLE_DEVICES`` (a UUID or an index), else ``gpu0``.
 
 Only files of **live** (non-zombie) pids count; a file left by a dead pid is removed on the
 next read. So a process that escaped its job and still "holds" memory stays visible in both
@@ -39,13 +45,21 @@ import re
 import signal
 import sys
 import tempfile
+import uuid as uuid_mod
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
 import attrs
 import trio
 
-from fleet_trio.gpu.source import GIB, GpuError, VramSnapshot, check_memory
+from fleet_trio.gpu.source import (
+    GIB,
+    DeviceSet,
+    GpuDevice,
+    GpuError,
+    VramSnapshot,
+    check_memory,
+)
 from fleet_trio.proc.procfs import read_proc_stat
 
 ENV_DIR = "FLEET_TRIO_FAKE_GPU_DIR"
@@ -53,7 +67,11 @@ DEVICE_FILE = "device.json"
 FAIL_FILE = "fail"
 DEFAULT_NAME = "Fake GPU"
 DEFAULT_TOTAL_GIB = 80.0
+DEVICE_DIR_PREFIX = "gpu"
+MAX_FAKE_GPUS = 64
 
+_UUID_OK = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$")
+"""What a device id may look like (it goes into a job's ``CUDA_VISIBLE_DEVICES``)."""
 _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([KMGT]?)(?:I?B)?\s*$", re.I)
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
@@ -73,12 +91,20 @@ def default_fake_dir() -> str:
     return os.environ.get(ENV_DIR, "")
 
 
+def fake_uuid(directory: str) -> str:
+    """A stable UUID for a device directory (``GPU-`` + a UUID5 of its real path)."""
+    real = os.path.realpath(directory)
+    return f"GPU-{uuid_mod.uuid5(uuid_mod.NAMESPACE_URL, 'fleet-trio-fake-gpu:' + real)}"
+
+
 @attrs.frozen
 class FakeDevice:
     name: str = DEFAULT_NAME
     total_gib: float = DEFAULT_TOTAL_GIB
     base_used_gib: float = 0.0
     per_process: bool = True
+    uuid: str = ""
+    """``""``: derived from the directory (:func:`fake_uuid`)."""
 
 
 def _num(obj: dict[str, Any], key: str, default: float) -> float:
@@ -103,11 +129,13 @@ def read_device(directory: str) -> FakeDevice:
     if not isinstance(data, dict):
         raise GpuError(f"fake gpu: {path}: want a JSON object")
     name = data.get("name", DEFAULT_NAME)
+    uuid = data.get("uuid", "")
     return FakeDevice(
         name=name if isinstance(name, str) else DEFAULT_NAME,
         total_gib=_num(data, "total_gib", DEFAULT_TOTAL_GIB),
         base_used_gib=_num(data, "base_used_gib", 0.0),
         per_process=bool(data.get("per_process", True)),
+        uuid=uuid if isinstance(uuid, str) else "",
     )
 
 
@@ -220,11 +248,73 @@ class FakeGpu:
         await trio.lowlevel.checkpoint()
 
 
-def init_device(directory: str, name: str = DEFAULT_NAME, total_gib: float = 80.0) -> None:
-    """Create the directory and its ``device.json`` (blocking)."""
+def init_device(
+    directory: str, name: str = DEFAULT_NAME, total_gib: float = 80.0, uuid: str = ""
+) -> None:
+    """Create the directory and its ``device.json`` (blocking). ``uuid`` is written only when
+    given (else readers derive it from the path, :func:`fake_uuid`)."""
     os.makedirs(directory, exist_ok=True)
+    data: dict[str, Any] = {"name": name, "total_gib": total_gib}
+    if uuid:
+        data["uuid"] = uuid
     with open(os.path.join(directory, DEVICE_FILE), "w", encoding="utf-8") as f:
-        json.dump({"name": name, "total_gib": total_gib}, f)
+        json.dump(data, f)
+
+
+def device_dirs(root: str, count: int) -> list[str]:
+    """``root/gpu0`` … ``root/gpu{count-1}``."""
+    return [os.path.join(root, f"{DEVICE_DIR_PREFIX}{i}") for i in range(count)]
+
+
+def _is_multi_root(directory: str) -> bool:
+    return not os.path.exists(os.path.join(directory, DEVICE_FILE)) and os.path.isdir(
+        os.path.join(directory, f"{DEVICE_DIR_PREFIX}0")
+    )
+
+
+def resolve_device_dir(directory: str, visible: str | None) -> str:
+    """The device directory a job's helper acts on: ``directory`` itself for a single-device
+    fake; for a multi-device root, the device named by the first entry of ``visible`` (the
+    job's ``CUDA_VISIBLE_DEVICES``: a UUID or an index), else ``gpu0``. Blocking."""
+    if not _is_multi_root(directory):
+        return directory
+    first = (visible or "").split(",")[0].strip()
+    if not first:
+        return os.path.join(directory, f"{DEVICE_DIR_PREFIX}0")
+    if first.isdigit():
+        return os.path.join(directory, f"{DEVICE_DIR_PREFIX}{int(first)}")
+    for name in sorted(os.listdir(directory)):
+        path = os.path.join(directory, name)
+        if name.startswith(DEVICE_DIR_PREFIX) and os.path.isdir(path):
+            with contextlib.suppress(GpuError):
+                if (read_device(path).uuid or fake_uuid(path)) == first:
+                    return path
+    raise GpuError(f"fake gpu: no device {first!r} under {directory}")
+
+
+def open_fake_devices(directory: str, count: int = 1) -> DeviceSet:
+    """The fake GPU's devices (blocking). ``count == 1``: ``directory`` is the device (as
+    always); more: ``directory/gpu0`` … ``gpu{count-1}``, made (80 GiB, ``Fake GPU``) when
+    missing. Each device's UUID is its ``device.json``'s, else :func:`fake_uuid`."""
+    if not 1 <= count <= MAX_FAKE_GPUS:
+        raise GpuError(f"fake gpu: --fake-gpus must be 1 to {MAX_FAKE_GPUS}, got {count}")
+    dirs = [directory] if count == 1 else device_dirs(directory, count)
+    devices = []
+    for index, path in enumerate(dirs):
+        if count > 1 and not os.path.exists(os.path.join(path, DEVICE_FILE)):
+            try:
+                init_device(path, DEFAULT_NAME, DEFAULT_TOTAL_GIB)
+            except OSError as exc:
+                raise GpuError(f"fake gpu: {path}: {exc.strerror or exc}") from exc
+        dev = read_device(path)
+        uuid = dev.uuid or fake_uuid(path)
+        if not _UUID_OK.match(uuid):
+            raise GpuError(f"fake gpu: {path}: uuid {uuid!r} is not a device id (GPU-…)")
+        devices.append(GpuDevice(index=index, uuid=uuid, name=dev.name, source=FakeGpu(path)))
+    seen = [d.uuid for d in devices]
+    if len(set(seen)) != len(seen):
+        raise GpuError(f"fake gpu: two devices share a uuid ({', '.join(seen)})")
+    return DeviceSet("fake", tuple(devices))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -299,6 +389,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     directory: str = args.dir
     if not directory:
         parser.error(f"no fake GPU directory: pass --dir or set ${ENV_DIR}")
+    if args.verb in ("hold", "alloc", "free", "fail", "recover"):
+        try:
+            directory = resolve_device_dir(directory, os.environ.get("CUDA_VISIBLE_DEVICES"))
+        except (GpuError, OSError) as exc:
+            print(str(exc), file=sys.stderr)
+            return 1
     try:
         if args.verb == "hold":
             pid = os.getppid() if args.parent else (args.pid or os.getpid())
@@ -333,11 +429,15 @@ __all__ = [
     "FakeDevice",
     "FakeGpu",
     "default_fake_dir",
+    "device_dirs",
+    "fake_uuid",
     "init_device",
     "main",
+    "open_fake_devices",
     "parse_size",
     "read_device",
     "read_holdings",
     "remove_holding",
+    "resolve_device_dir",
     "write_holding",
 ]

@@ -11,12 +11,22 @@ Tests inject a ``pynvml``-like object through the ``nvml`` parameter.
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 import trio
 
-from fleet_trio.gpu.source import GIB, GpuError, VramSnapshot, check_memory
+from fleet_trio.gpu.source import (
+    GIB,
+    DeviceSet,
+    GpuDevice,
+    GpuError,
+    VramSnapshot,
+    check_memory,
+)
+
+log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
@@ -194,4 +204,41 @@ class NvmlSource:
             await trio.to_thread.run_sync(self._shutdown_sync, limiter=self.limiter)
 
 
-__all__ = ["NvmlSource", "gpu_rows_sync"]
+def open_nvml_devices(nvml: Any | None = None) -> DeviceSet:
+    """Every device NVML sees, in index order, each an :class:`NvmlSource` of its own (own
+    limiter: a device whose calls hang does not hold up the others). A device whose handle,
+    UUID or name cannot be read is left out with a warning; none left is a :class:`GpuError`.
+    Blocking (``nvmlInit``).
+    """
+    lib = nvml if nvml is not None else _load_pynvml()
+    try:
+        lib.nvmlInit()
+    except Exception as exc:
+        raise GpuError(f"nvml: init failed: {exc}") from exc
+    devices: list[GpuDevice] = []
+    try:
+        try:
+            count = int(lib.nvmlDeviceGetCount())
+        except Exception as exc:
+            raise GpuError(f"nvml: device count failed: {exc}") from exc
+        for index in range(count):
+            source = NvmlSource(index=index, nvml=lib)
+            try:
+                source.init_sync()
+                uuid = _text(lib.nvmlDeviceGetUUID(source._handle)).strip()
+                name = _text(lib.nvmlDeviceGetName(source._handle)).strip()
+            except Exception as exc:
+                log.warning("nvml: device %d left out: %s", index, exc)
+                with contextlib.suppress(Exception):
+                    source._shutdown_sync()
+                continue
+            devices.append(GpuDevice(index=index, uuid=uuid, name=name, source=source))
+    finally:
+        with contextlib.suppress(Exception):
+            lib.nvmlShutdown()  # the enumeration's own init; each source holds its own
+    if not devices:
+        raise GpuError("nvml: no usable device")
+    return DeviceSet("nvml", tuple(devices))
+
+
+__all__ = ["NvmlSource", "gpu_rows_sync", "open_nvml_devices"]

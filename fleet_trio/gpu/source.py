@@ -2,7 +2,9 @@
 
 Three sources implement :class:`GpuSource`: NVML (:mod:`fleet_trio.gpu.nvml`, preferred),
 ``nvidia-smi`` (:mod:`fleet_trio.gpu.smi`, the contract's CLI path) and a fake GPU driven by
-real processes (:mod:`fleet_trio.gpu.fake`). :func:`open_source` chooses one.
+real processes (:mod:`fleet_trio.gpu.fake`). :func:`open_source` chooses one device;
+:func:`open_devices` enumerates every device of the machine (multi-GPU nodes), each a
+:class:`GpuDevice` with its own source.
 """
 
 from __future__ import annotations
@@ -80,6 +82,106 @@ class GpuSource(Protocol):
         ...
 
 
+@attrs.frozen
+class GpuDevice:
+    """One enumerated device: its index (the driver's), UUID, product name and its source."""
+
+    index: int
+    uuid: str
+    name: str
+    source: GpuSource = attrs.field(eq=False, repr=False)
+
+
+@attrs.frozen
+class DeviceSet:
+    """Every device a node uses (index order), from one kind of source."""
+
+    kind: str
+    """``"nvml"``, ``"smi"`` or ``"fake"``."""
+    devices: tuple[GpuDevice, ...]
+
+    def __len__(self) -> int:
+        return len(self.devices)
+
+    def by_uuid(self, uuid: str) -> GpuDevice | None:
+        for device in self.devices:
+            if device.uuid == uuid:
+                return device
+        return None
+
+    async def aclose(self) -> None:
+        for device in self.devices:
+            close = getattr(device.source, "aclose", None)
+            if close is not None:
+                await close()
+
+
+def select_devices(
+    devices: tuple[GpuDevice, ...], wanted: tuple[int | str, ...]
+) -> tuple[GpuDevice, ...]:
+    """The devices named in ``wanted`` (an index or a UUID each), in index order; all of them
+    when ``wanted`` is empty. :class:`GpuError` names the first entry that matches nothing."""
+    if not wanted:
+        return devices
+    chosen: dict[int, GpuDevice] = {}
+    for entry in wanted:
+        match = [
+            d
+            for d in devices
+            if (isinstance(entry, int) and d.index == entry)
+            or (isinstance(entry, str) and d.uuid == entry)
+        ]
+        if not match:
+            present = ", ".join(f"{d.index} ({d.uuid})" for d in devices) or "none"
+            raise GpuError(f"no device {entry!r} on this machine (devices: {present})")
+        chosen[match[0].index] = match[0]
+    return tuple(chosen[i] for i in sorted(chosen))
+
+
+async def open_devices(
+    kind: str = "auto",
+    *,
+    fake_dir: str | None = None,
+    fake_gpus: int = 1,
+    smi_timeout: float = 5.0,
+) -> DeviceSet:
+    """Enumerate every device of the machine (NVML first, then ``nvidia-smi``'s 5-field
+    per-device query, or the fake GPU) as a :class:`DeviceSet`; :class:`GpuError` when none
+    is usable.
+
+    ``fake`` with ``fake_gpus == 1`` is today's single device at ``fake_dir``; with more, the
+    devices are ``fake_dir/gpu0`` … ``gpu{N-1}`` (made when missing, each with its own UUID).
+    """
+    if kind == "fake":
+        from fleet_trio.gpu.fake import default_fake_dir, open_fake_devices
+
+        directory = fake_dir or default_fake_dir()
+        if not directory:
+            raise GpuError("fake gpu: no directory (pass fake_dir or set FLEET_TRIO_FAKE_GPU_DIR)")
+        return await trio.to_thread.run_sync(open_fake_devices, directory, fake_gpus)
+    if kind == "smi":
+        from fleet_trio.gpu.smi import open_smi_devices
+
+        return await open_smi_devices(smi_timeout=smi_timeout)
+    if kind in ("nvml", "auto"):
+        from fleet_trio.gpu.nvml import open_nvml_devices
+
+        try:
+            return await trio.to_thread.run_sync(open_nvml_devices)
+        except GpuError as nvml_error:
+            if kind == "nvml":
+                raise
+            from fleet_trio.gpu.smi import find_nvidia_smi, open_smi_devices
+
+            if find_nvidia_smi() is None:
+                raise GpuError(
+                    f"no GPU source: NVML did not initialise ({nvml_error}) and nvidia-smi is "
+                    "not on PATH; install the NVIDIA driver, or use the fake GPU (--gpu fake)"
+                ) from nvml_error
+            return await open_smi_devices(smi_timeout=smi_timeout)
+    raise GpuError(f"unknown gpu source {kind!r} (expected one of {', '.join(SOURCE_KINDS)})")
+
+
 def open_source(
     kind: str = "auto",
     *,
@@ -137,9 +239,13 @@ __all__ = [
     "GIB",
     "MIB",
     "SOURCE_KINDS",
+    "DeviceSet",
+    "GpuDevice",
     "GpuError",
     "GpuSource",
     "VramSnapshot",
     "check_memory",
+    "open_devices",
     "open_source",
+    "select_devices",
 ]

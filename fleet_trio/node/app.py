@@ -41,6 +41,7 @@ from fleet_trio.node.wire import (
     MSG_TOO_LARGE,
     MSG_UNAUTHORIZED,
     MSG_UNKNOWN_JOB,
+    GpuDeviceWire,
     Health,
     ack_body,
     check_content_type,
@@ -72,7 +73,8 @@ class SnapshotLike(Protocol):
 
 
 class VramStatus(Protocol):
-    """The global sampler as health sees it (``fleet_trio.gpu.sampler.GlobalSampler``)."""
+    """The global sampler as health sees it (``fleet_trio.gpu.sampler.GlobalSampler``; a
+    multi-GPU node's ``fleet_trio.gpu.devices.DeviceSampler`` also has ``gpu_devices``)."""
 
     def status(self, now: float) -> tuple[SnapshotLike | None, str | None]: ...
 
@@ -188,8 +190,18 @@ async def health(ctx: NodeContext) -> Response:
         loadable_model_families=ctx.registry.families,
         model_footprints=sorted(footprints, key=lambda f: (f.model_family, f.quant, f.task_type)),
         queue_depth=ctx.store.queue_depth,
+        gpu_devices=_gpu_devices(ctx, now),
     )
     return _json(dumps(ctx.converter.unstructure(body)), 200)
+
+
+def _gpu_devices(ctx: NodeContext, now: float) -> list[GpuDeviceWire] | None:
+    """Multi-GPU: health's ``gpu_devices`` (``None``: absent, a single-device node)."""
+    read = getattr(ctx.sampler, "gpu_devices", None)
+    rows = read(now) if read is not None else None
+    if rows is None:
+        return None
+    return [GpuDeviceWire(**row) for row in rows]
 
 
 async def _read_capped_body() -> bytes:

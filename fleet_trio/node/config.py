@@ -40,6 +40,11 @@ class GpuSettings:
     arch: str = "auto"
     """``auto`` = the product-name mapping of §7.2, or a literal such as ``ampere``."""
     index: int = 0
+    """Legacy single-device choice: a non-zero index with no ``devices`` means ``[index]``."""
+    devices: tuple[int | str, ...] = ()
+    """Multi-GPU: the devices this node uses, by index or UUID; empty = every device."""
+    primary_gpu_uuid: str = ""
+    """Multi-GPU: the device whose VRAM health's headline reports ("": the largest)."""
 
 
 @attrs.frozen
@@ -150,6 +155,8 @@ class TaskDef:
     timeout: Duration = Duration(0.0)
     """0 = no limit."""
     gpu: bool = False
+    gpus: int = 0
+    """Multi-GPU: how many devices a job takes (0: one when ``gpu: true``, else none)."""
     expect_file: str = ""
     payload: dict[str, FieldSpec] = attrs.Factory(dict)
     materialize: dict[str, str] = attrs.Factory(dict)
@@ -165,6 +172,11 @@ class NodeConfig:
     """The file it came from ("" when built in code)."""
     base_dir: str = ""
     """Where relative paths in ``command`` and ``cwd`` resolve (the YAML file's folder)."""
+
+
+def task_gpus(task: TaskDef) -> int:
+    """How many devices a job of ``task`` takes: ``gpus``, else 1 for ``gpu: true``, else 0."""
+    return task.gpus if task.gpus > 0 else (1 if task.gpu else 0)
 
 
 # --------------------------------------------------------------------------------------------
@@ -272,6 +284,22 @@ def register_hooks(converter: cattrs.Converter) -> None:
 
     converter.register_structure_hook_func(lambda t: t == tuple[str, ...], command)
 
+    def devices(value: object, _: type) -> tuple[int | str, ...]:
+        if not isinstance(value, list):
+            raise ValueError("expected a list of device indexes or UUIDs")
+        out: list[int | str] = []
+        for item in value:
+            if isinstance(item, bool) or not isinstance(item, int | str):
+                raise ValueError(f"expected a device index or UUID, got {item!r}")
+            if isinstance(item, int) and item < 0:
+                raise ValueError(f"a device index must be >= 0, got {item}")
+            if isinstance(item, str) and not item.strip():
+                raise ValueError("a device UUID must not be empty")
+            out.append(item.strip() if isinstance(item, str) else item)
+        return tuple(out)
+
+    converter.register_structure_hook_func(lambda t: t == tuple[int | str, ...], devices)
+
 
 def make_converter() -> cattrs.Converter:
     converter = cattrs.Converter(forbid_extra_keys=True)
@@ -358,6 +386,8 @@ def _check_task(task: TaskDef, key: str) -> None:
                 raise _KeyedError(
                     f"unknown source {source!r} (family or env.NAME)", f"{key}.footprint.quant"
                 )
+    if task.gpus < 0:
+        raise _KeyedError(f"must be >= 0, got {task.gpus}", f"{key}.gpus")
     for name, filename in task.materialize.items():
         if not filename or "/" in filename or filename in (".", ".."):
             raise _KeyedError(
@@ -592,4 +622,5 @@ __all__ = [
     "resolve_listen",
     "resolve_node_id",
     "split_host_port",
+    "task_gpus",
 ]

@@ -48,6 +48,8 @@ class MeasureUsageError(FleetTrioError):
 class MeasureOptions:
     gpu: str = "auto"
     fake_gpu_dir: str | None = None
+    fake_gpus: int = 1
+    """Multi-GPU: devices of the fake GPU (``--fake-gpus``)."""
     footprints: str | None = None
     tasks: tuple[str, ...] = ()
     """Only these tasks (in declaration order); empty = every configured task."""
@@ -137,7 +139,10 @@ async def measure(
         gpu = await open_gpu(
             config,
             NodeOptions(
-                gpu=options.gpu, fake_gpu_dir=options.fake_gpu_dir, footprints=options.footprints
+                gpu=options.gpu,
+                fake_gpu_dir=options.fake_gpu_dir,
+                fake_gpus=options.fake_gpus,
+                footprints=options.footprints,
             ),
         )
     await check_gpu(gpu)
@@ -151,8 +156,13 @@ async def measure(
         peaks[job.job_id] = peak
         await record(job, peak)
 
+    # each probe runs pinned to a device of the node's placement (multi-GPU) and is measured
+    # on that device; probes run one at a time
     runner = TaskRunner(
-        kill_grace=config.node.timings.kill_grace, sample_peak=sample, record_peak=record_and_keep
+        kill_grace=config.node.timings.kill_grace,
+        placement=gpu.placement,
+        sample_peak=sample,
+        record_peak=record_and_keep,
     )
     results: list[ProbeResult] = []
 

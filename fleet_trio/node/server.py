@@ -43,8 +43,10 @@ from fleet_trio.node.config import (
     os_hostname,
     resolve_listen,
     resolve_node_id,
+    task_gpus,
 )
 from fleet_trio.node.jobs import INTERRUPTED, JobStore
+from fleet_trio.node.placement import Placement, footprint_need
 from fleet_trio.node.retention import attach_result_budget
 from fleet_trio.node.tasks import JOB_MARKER, PreparedJob, TaskRegistry, TaskRunner
 from fleet_trio.nursery import DEFAULT_SIGNALS, TaskTree, open_task_tree, serve_shutdown_signals
@@ -70,6 +72,8 @@ class NodeOptions:
     node_id: str | None = None
     gpu: str = "auto"
     fake_gpu_dir: str | None = None
+    fake_gpus: int = 1
+    """Multi-GPU: how many devices the fake GPU presents (``--fake-gpus``)."""
     footprints: str | None = None
     memory_budget: int | None = None
     """``--memory-budget``: overrides ``node.memory_budget``."""
@@ -96,6 +100,10 @@ class GpuServices:
     """The ``GpuSource`` for per-job sampling (``None``: jobs are not sampled)."""
     sampler_mode: str = "auto"
     render_interval: float = 0.5
+    devices: tuple[Any, ...] = ()
+    """Multi-GPU: the node's ``GpuDevice``s (index order); empty: ``source`` alone."""
+    placement: Placement | None = None
+    """Multi-GPU: which GPU job runs on which device (``None``: one anonymous device)."""
 
 
 def server_timeouts(hc: HypercornConfig, app: Any) -> dict[str, float | None]:
@@ -181,34 +189,49 @@ class RunningNode:
 
 
 async def open_gpu(config: NodeConfig, options: NodeOptions) -> GpuServices:
-    """The real GPU wiring (``fleet_trio.gpu``). Raises :class:`NodeStartError`."""
-    from fleet_trio.gpu import FootprintStore, GpuError, open_source
-    from fleet_trio.gpu.sampler import GlobalSampler
+    """The real GPU wiring (``fleet_trio.gpu``): every device of the machine (or those of
+    ``node.gpu.devices``), one sampler per device, the placement. Raises
+    :class:`NodeStartError`."""
+    from fleet_trio.gpu import FootprintStore, GpuError
+    from fleet_trio.gpu.devices import DeviceSampler
+    from fleet_trio.gpu.source import open_devices, select_devices
 
     node = config.node
     t = node.timings
+    wanted = node.gpu.devices or ((node.gpu.index,) if node.gpu.index else ())
     try:
-        source = await trio.to_thread.run_sync(
-            functools.partial(
-                open_source,
-                options.gpu,
-                index=node.gpu.index,
-                fake_dir=options.fake_gpu_dir,
-                smi_timeout=t.smi_timeout,
-            )
+        found = await open_devices(
+            options.gpu,
+            fake_dir=options.fake_gpu_dir,
+            fake_gpus=options.fake_gpus,
+            smi_timeout=t.smi_timeout,
+        )
+        devices = select_devices(found.devices, wanted)
+        sampler = DeviceSampler(
+            devices,
+            interval=t.health_sample_interval,
+            max_age=t.max_snapshot_age,
+            sample_timeout=t.smi_timeout,
+            primary_uuid=node.gpu.primary_gpu_uuid,
         )
     except GpuError as exc:
-        raise NodeStartError(f"GPU probe failed: {exc}") from exc
-    sampler = GlobalSampler(
-        source,
-        interval=t.health_sample_interval,
-        max_age=t.max_snapshot_age,
-        sample_timeout=t.smi_timeout,
-    )
+        where = f" ({config.path})" if config.path else ""
+        raise NodeStartError(f"GPU probe failed: {exc}{where}") from exc
+    if len(found.devices) == 1:
+        # a one-GPU machine is the v2 node: one GPU job at a time, nothing pinned or gated
+        placement = Placement.single()
+    else:
+        try:
+            placement = Placement([d.uuid for d in devices])
+        except ValueError as exc:  # AllocationError: two devices with one UUID
+            raise NodeStartError(f"GPU probe failed: {exc}") from exc
+        sampler.listeners.append(placement.update)
+    primary = next((d for d in devices if d.uuid == node.gpu.primary_gpu_uuid), devices[0])
+    source = primary.source
     arch = node.gpu.arch
     if arch == "auto":
         try:
-            name = await source.device_name()
+            name = primary.name or await source.device_name()
         except GpuError:
             name = ""
         try:
@@ -229,6 +252,8 @@ async def open_gpu(config: NodeConfig, options: NodeOptions) -> GpuServices:
         source=source,
         sampler_mode=mode,
         render_interval=t.render_sample_interval,
+        devices=tuple(devices),
+        placement=placement,
     )
 
 
@@ -243,25 +268,58 @@ def footprint_hooks(
     from fleet_trio.gpu import FootprintKey
     from fleet_trio.gpu.sampler import SharedProcessView, measure_job_peak
 
-    source, store = gpu.source, gpu.footprints
-    # one per-process query per tick for all running jobs, not one per job
-    shared = SharedProcessView(source, JOB_MARKER, max_age=gpu.render_interval / 2)
+    store = gpu.footprints
+    # per device: its source, and one per-process query per tick for all its running jobs
+    sources: dict[str, Any] = {d.uuid: d.source for d in gpu.devices} or {"": gpu.source}
+    shared = {
+        uuid: SharedProcessView(src, JOB_MARKER, max_age=gpu.render_interval / 2)
+        for uuid, src in sources.items()
+    }
 
-    async def sample(job: PreparedJob, stop: trio.Event, pgid: int) -> float | None:
+    async def sample_on(uuid: str, job: PreparedJob, stop: trio.Event, pgid: int) -> float | None:
         return await measure_job_peak(
-            source,
+            sources[uuid],
             pgid=pgid,
             marker=(JOB_MARKER, job.job_id),
             interval=gpu.render_interval,
             stop=stop,
             mode=gpu.sampler_mode,
-            shared=shared,
+            shared=shared[uuid],
         )
+
+    async def sample(job: PreparedJob, stop: trio.Event, pgid: int) -> float | None:
+        # on the device(s) the job was given; a job pinned to none sees (and is measured on)
+        # every device. Several devices: the sum of their peaks.
+        uuids = [u for u in job.devices if u in sources] or list(sources)
+        if len(uuids) == 1:
+            return await sample_on(uuids[0], job, stop, pgid)
+        peaks: list[float | None] = []
+
+        async def one(uuid: str) -> None:
+            peaks.append(await sample_on(uuid, job, stop, pgid))
+
+        async with trio.open_nursery() as nursery:
+            for uuid in uuids:
+                nursery.start_soon(one, uuid)
+        seen = [p for p in peaks if p is not None]
+        return sum(seen) if seen else None
 
     async def record(job: PreparedJob, peak: float) -> None:
         await store.record(FootprintKey(job.family, job.quant, job.task.name), peak)  # type: ignore[attr-defined]
 
     return sample, record
+
+
+def need_hook(gpu: GpuServices) -> Callable[[PreparedJob], float | None] | None:
+    """GPU placement: a job's known footprint (GiB) from the store, for the allocator."""
+    footprints = gpu.footprints
+    if footprints is None or gpu.placement is None:
+        return None
+
+    def need(job: PreparedJob) -> float | None:
+        return footprint_need(footprints, job.family, job.quant, job.task.name)
+
+    return need
 
 
 async def serve_node(
@@ -298,8 +356,22 @@ async def serve_node(
     if gpu is None:
         gpu = await open_gpu(config, options)
     registry = TaskRegistry(config.tasks, base_dir=config.base_dir, work_root=work_root)
+    if gpu.placement is not None:  # multi-GPU: a task that can never be placed, said once
+        for name in registry.supported:
+            task = registry.get(name)
+            if task is not None and task_gpus(task) > len(gpu.placement.uuids):
+                say(
+                    f"task {name}: gpus: {task_gpus(task)} but this node has "
+                    f"{len(gpu.placement.uuids)} device(s); its jobs will fail"
+                )
     sample, record = footprint_hooks(gpu)
-    runner = TaskRunner(kill_grace=t.kill_grace, sample_peak=sample, record_peak=record)
+    runner = TaskRunner(
+        kill_grace=t.kill_grace,
+        placement=gpu.placement,
+        footprint_need=need_hook(gpu),
+        sample_peak=sample,
+        record_peak=record,
+    )
     store = JobStore(ttl=t.job_ttl, janitor_interval=t.janitor_interval)
     # memory budget: kept results and log histories share one ceiling (docs/node.md)
     budget = MemoryBudget(options.memory_budget or node.memory_budget)
@@ -358,9 +430,11 @@ async def serve_node(
         urls: list[str] = await tree.role.start(
             serve_http, app, hypercorn_config(listen), name="http"
         )
+        devices = f" on {len(gpu.devices)} GPUs" if len(gpu.devices) > 1 else ""
         say(
             f"fleet-trio node {node_id} serving on {listen} "
-            f"(vram total {snap.total_gb:.1f} GiB; tasks: {', '.join(registry.supported)})"
+            f"(vram total {snap.total_gb:.1f} GiB{devices}; "
+            f"tasks: {', '.join(registry.supported)})"
         )
         serving = True
         task_status.started(RunningNode(tree=tree, context=ctx, listen=listen, urls=urls))
@@ -377,6 +451,7 @@ __all__ = [
     "NodeStartError",
     "RunningNode",
     "hypercorn_config",
+    "need_hook",
     "node_env_token",
     "open_gpu",
     "serve_http",

@@ -9,9 +9,10 @@ stdin and prints one JSON object on stdout, which becomes the job's ``data``.
   materializes raw members into files. Nothing here awaits: ack stays on the hot path.
 - :class:`TaskRunner` executes a :class:`PreparedJob` through :func:`fleet_trio.proc.run.run`
   (own process group, SIGTERM → grace → SIGKILL on cancel, ``timeout`` as ``max_runtime``),
-  under the single-slot GPU lock for ``gpu: true`` tasks (taken *before* the spawn), maps the
-  result to a job :data:`~fleet_trio.node.jobs.Outcome`, and removes the work dir whatever
-  happens.
+  on its own GPU device(s) for ``gpu: true`` / ``gpus: N`` tasks (taken from the node's
+  :class:`~fleet_trio.node.placement.Placement` *before* the spawn, pinned through
+  ``CUDA_VISIBLE_DEVICES``), maps the result to a job
+  :data:`~fleet_trio.node.jobs.Outcome`, and removes the work dir whatever happens.
 
 The child's environment gains ``FLEET_JOB_ID`` (the job's marker), ``FLEET_TASK_TYPE``,
 ``FLEET_WORK_DIR``, ``FLEET_FAMILY``, ``FLEET_QUANT`` and ``FLEET_FILE_<NAME>``. When a job
@@ -37,8 +38,9 @@ import trio
 from fleet_trio.durations import go_duration_seconds
 from fleet_trio.errors import WireError
 from fleet_trio.logs import job_context
-from fleet_trio.node.config import FamilyRule, FieldSpec, QuantRule, TaskDef
+from fleet_trio.node.config import FamilyRule, FieldSpec, QuantRule, TaskDef, task_gpus
 from fleet_trio.node.jobs import Done, Failed, Outcome
+from fleet_trio.node.placement import AllocationError, Placement, pin_env
 from fleet_trio.node.wire import JsonSyntaxError, msg_unsupported, scan_object
 from fleet_trio.proc.run import run
 from fleet_trio.proc.sinks import CappedBuffer, Sink, TailBuffer, TeeSink
@@ -187,7 +189,15 @@ class PreparedJob:
     files: dict[str, str]
     family: str
     quant: str
+    devices: tuple[str, ...] = ()
+    """GPU placement: the UUIDs of the devices the job was given (empty: none / unknown)."""
     _cleaned: bool = False
+
+    def pin(self, devices: tuple[str, ...]) -> None:
+        """GPU placement: run on ``devices`` (``CUDA_VISIBLE_DEVICES`` and
+        ``NVIDIA_VISIBLE_DEVICES`` set to their UUIDs)."""
+        self.devices = devices
+        self.env.update(pin_env(devices))
 
     def cleanup(self) -> None:
         """Remove the work dir. Idempotent; safe even when there is nothing to remove."""
@@ -534,7 +544,8 @@ class TaskRunner:
         self,
         *,
         kill_grace: float,
-        gpu_slot: trio.Lock | None = None,
+        placement: Placement | None = None,
+        footprint_need: Callable[[PreparedJob], float | None] | None = None,
         sample_peak: PeakSampler | None = None,
         record_peak: PeakRecorder | None = None,
         spawn_concurrency: int = SPAWN_CONCURRENCY,
@@ -548,7 +559,9 @@ class TaskRunner:
         # waits behind them. Bounded, a burst starts at the rate the machine forks.
         self.spawn_limiter = trio.CapacityLimiter(spawn_concurrency)
         self.cleanup_limiter = trio.CapacityLimiter(spawn_concurrency)
-        self.gpu_slot = gpu_slot if gpu_slot is not None else trio.Lock()
+        # GPU placement: the node's devices (a stand-in: one anonymous device, as a lock)
+        self.placement = placement if placement is not None else Placement.single()
+        self.footprint_need = footprint_need
         self.sample_peak = sample_peak
         self.record_peak = record_peak
         self.metrics: NodeMetrics | None = None
@@ -564,9 +577,9 @@ class TaskRunner:
         outcome: Outcome | None = None
         failure: BaseException | None = None
         try:
-            if job.task.gpu:
-                async with self.gpu_slot:
-                    outcome = await self._run(job, tee)
+            wanted = task_gpus(job.task)
+            if wanted:
+                outcome = await self._run_placed(job, wanted, tee)
             else:
                 outcome = await self._run(job, tee)
             return outcome
@@ -592,6 +605,29 @@ class TaskRunner:
                     else "error: " + (outcome.message or "deferred").partition("\n")[0]
                 )
                 log.info("job %s: %s", job.job_id, ended, extra=context)
+
+    async def _run_placed(self, job: PreparedJob, wanted: int, tee: JobTee | None) -> Outcome:
+        """GPU placement: wait (FIFO) for ``wanted`` devices that fit the job's known
+        footprint, run the job pinned to them, give them back on every path."""
+        need = None
+        if self.footprint_need is not None and self.placement.knows_vram:
+            need = self.footprint_need(job)
+
+        def waiting() -> None:
+            log.info(
+                "job %s: waiting for %d free GPU device(s)%s",
+                job.job_id,
+                wanted,
+                f" with {need:g} GiB free" if need is not None else "",
+                extra=job_context(job_id=job.job_id, task=job.task.name),
+            )
+
+        try:
+            async with self.placement.acquire(wanted, need, on_wait=waiting) as devices:
+                job.pin(devices)
+                return await self._run(job, tee)
+        except AllocationError as exc:
+            return Failed(f"{job.task.name} failed: {exc}")
 
     async def _run(self, job: PreparedJob, tee: JobTee | None = None) -> Outcome:
         stdout = CappedBuffer(RESULT_CAP)

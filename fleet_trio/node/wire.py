@@ -381,8 +381,25 @@ def _fp_tuple(values: Iterable[FootprintWire]) -> tuple[FootprintWire, ...]:
 
 
 @attrs.frozen
+class GpuDeviceWire:
+    """One ``gpu_devices`` entry (multi-GPU nodes): exactly these five members, in this order.
+    Sizes are GiB, not rounded (as the headline's)."""
+
+    index: int
+    uuid: str
+    name: str
+    vram_total_gb: float
+    vram_free_gb: float
+
+
+def _devices_tuple(values: Iterable[GpuDeviceWire] | None) -> tuple[GpuDeviceWire, ...] | None:
+    return None if values is None else tuple(values)
+
+
+@attrs.frozen
 class Health:
-    """The 200 body of ``GET /fleet/health``: exactly the ten v2 fields, in upstream order."""
+    """The 200 body of ``GET /fleet/health``: exactly the ten v2 fields, in upstream order,
+    then ``gpu_devices`` on a multi-GPU node only (additive; absent for a single device)."""
 
     node_id: str
     gpu_arch: str
@@ -394,6 +411,9 @@ class Health:
     queue_depth: int = 0
     schema_version: int = SCHEMA_VERSION
     gpu_vendor: str = GPU_VENDOR
+    gpu_devices: tuple[GpuDeviceWire, ...] | None = attrs.field(
+        converter=_devices_tuple, default=None
+    )
 
 
 HEALTH_FIELDS = (
@@ -408,6 +428,10 @@ HEALTH_FIELDS = (
     "model_footprints",
     "queue_depth",
 )
+
+
+GPU_DEVICES_FIELD = "gpu_devices"
+GPU_DEVICE_FIELDS = ("index", "uuid", "name", "vram_total_gb", "vram_free_gb")
 
 
 def _unstructure_footprint(fp: FootprintWire) -> dict[str, Any]:
@@ -442,7 +466,19 @@ def _unstructure_health(h: Health) -> dict[str, Any]:
         "model_footprints": [_unstructure_footprint(f) for f in h.model_footprints],
         "queue_depth": h.queue_depth,
     }
-    return {name: values[name] for name in HEALTH_FIELDS}
+    out = {name: values[name] for name in HEALTH_FIELDS}
+    if h.gpu_devices is not None:  # multi-GPU only: after the v2 fields, additive
+        out[GPU_DEVICES_FIELD] = [
+            {
+                "index": d.index,
+                "uuid": d.uuid,
+                "name": d.name,
+                "vram_total_gb": d.vram_total_gb,
+                "vram_free_gb": d.vram_free_gb,
+            }
+            for d in h.gpu_devices
+        ]
+    return out
 
 
 def register_hooks(converter: cattrs.Converter) -> None:
@@ -482,6 +518,8 @@ def job_body(job_id: str, state: str, *, data: bytes | None, error: str | None) 
 
 __all__ = [
     "ENVELOPE_MEMBERS",
+    "GPU_DEVICES_FIELD",
+    "GPU_DEVICE_FIELDS",
     "GPU_VENDOR",
     "HEALTH_FIELDS",
     "MAX_DEPTH",
@@ -498,6 +536,7 @@ __all__ = [
     "SCHEMA_VERSION",
     "DispatchRequest",
     "FootprintWire",
+    "GpuDeviceWire",
     "Health",
     "JsonSyntaxError",
     "ack_body",

@@ -129,12 +129,22 @@ payload = json.loads(sys.stdin.read() or "{}")
 steps = int(payload.get("steps", 3))
 hold = payload.get("hold") or ""
 holder = None
+started = time.time()
+device = os.environ.get("CUDA_VISIBLE_DEVICES", "")
 fake_dir = os.environ.get("FLEET_TRIO_FAKE_GPU_DIR")
+if fake_dir and not os.path.exists(os.path.join(fake_dir, "device.json")):
+    # a multi-GPU fake: one directory per device; ours is the one the node pinned us to
+    for name in sorted(os.listdir(fake_dir)):
+        with open(os.path.join(fake_dir, name, "device.json"), encoding="utf-8") as f:
+            if json.load(f).get("uuid") == device:
+                fake_dir = os.path.join(fake_dir, name)
+                break
 if fake_dir and hold:
     holder = os.path.join(fake_dir, str(os.getpid()))
     with open(holder, "w", encoding="utf-8") as f:
         f.write(hold)
-    print(f"render: holding {hold} of fake VRAM", file=sys.stderr, flush=True)
+    where = f" on {device}" if device else ""
+    print(f"render: holding {hold} of fake VRAM{where}", file=sys.stderr, flush=True)
 try:
     for i in range(1, steps + 1):
         print(f"denoise step {i}/{steps}", file=sys.stderr, flush=True)
@@ -147,7 +157,8 @@ finally:
     if holder is not None:
         os.unlink(holder)
 out = os.path.join(os.environ.get("FLEET_WORK_DIR", "."), "out.png")
-print(json.dumps({"image": out, "steps": steps}))
+print(json.dumps({"image": out, "steps": steps, "device": device,
+                  "started": started, "ended": time.time()}))
 """
 
 TRAIN_PY = r"""
@@ -217,11 +228,17 @@ def _write(path: str, text: str, mode: int = 0o644) -> None:
     os.chmod(path, mode)
 
 
-def write_fake_gpu(directory: str, name: str, total_gib: float = 24.0) -> None:
+def write_fake_gpu(directory: str, name: str, total_gib: float = 24.0, uuid: str = "") -> None:
     """(Re)create a fake GPU with nothing in use (blocking)."""
     os.makedirs(directory, exist_ok=True)
-    device = {"name": name, "total_gib": total_gib, "base_used_gib": 0.0}
+    device: dict[str, Any] = {"name": name, "total_gib": total_gib, "base_used_gib": 0.0}
+    if uuid:
+        device["uuid"] = uuid
     _write(os.path.join(directory, "device.json"), json.dumps(device) + "\n")
+
+
+NODE_GPUS = 2
+"""The demo node is a multi-GPU node: two fake devices, one pinned GPU job on each."""
 
 
 def node_yaml(files: DemoFiles) -> dict[str, Any]:
@@ -314,7 +331,10 @@ def prepare_files(root: str, python: str = sys.executable) -> DemoFiles:
     )
     os.makedirs(files.empty_dir, exist_ok=True)
     os.makedirs(files.work_root, exist_ok=True)
-    write_fake_gpu(files.fake_gpu("node"), "Fake GPU (demo node)")
+    from fleet_trio.gpu.fake import device_dirs, fake_uuid
+
+    for i, path in enumerate(device_dirs(files.fake_gpu("node"), NODE_GPUS)):
+        write_fake_gpu(path, f"Fake GPU {i} (demo node)", uuid=fake_uuid(path))
     write_fake_gpu(files.fake_gpu("gpu0"), "Fake GPU 0 (demo worker)")
     write_fake_gpu(files.fake_gpu("gpu1"), "Fake GPU 1 (demo worker)")
     _dump_yaml(
@@ -632,6 +652,13 @@ class Story:
             self.step_footprint,
         )
         add(
+            "two-gpus",
+            "node",
+            "two render jobs at once on the two-GPU node",
+            "both done, on 2 devices, at once",
+            self.step_two_gpus,
+        )
+        add(
             "render-fail",
             "node",
             "a node job that fails",
@@ -899,6 +926,41 @@ class Story:
         )
         step.ok = peak >= 2.0
 
+    async def step_two_gpus(self, step: Step) -> None:
+        f = self.fleet
+        payload = {"steps": 6, "hold": "1G"}
+        recs: list[DispatchRecord] = []
+
+        async def one(job_id: str) -> None:
+            rec, _ = await self.node_job(job_id, "render", payload, family="demo-diffusion")
+            recs.append(rec)
+
+        async with trio.open_nursery() as nursery:
+            for job_id in ("render-gpu-a", "render-gpu-b"):
+                nursery.start_soon(one, job_id)
+        results = [r.result for r in recs if r.state == "done" and isinstance(r.result, dict)]
+        if len(results) != 2:
+            states = ", ".join(f"{r.job_id}: {r.state} {r.error or ''}".strip() for r in recs)
+            step.observed = f"not both done ({states})"
+            step.ok = False
+            return
+        devices = {str(r.get("device", "")) for r in results}
+        overlap = max(float(r["started"]) for r in results) < min(
+            float(r["ended"]) for r in results
+        )
+        health = f.disp.health(f.node.url.rstrip("/")) or {}
+        listed = [d.get("uuid") for d in health.get("gpu_devices") or ()]
+        self.note(step, f"health lists gpu_devices {listed}")
+        self.note(
+            step,
+            "each job ran with CUDA_VISIBLE_DEVICES set to its own device's UUID: "
+            + ", ".join(sorted(devices)),
+        )
+        step.observed = f"both done, on {len(devices - {''})} devices" + (
+            ", at once" if overlap else ", one after the other"
+        )
+        step.ok = len(devices - {""}) == 2 and devices <= set(listed) and overlap
+
     async def step_render_fail(self, step: Step) -> None:
         rec, _ = await self.node_job(
             "render-fail", "render", {"steps": 2, "fail": True}, family="demo-diffusion"
@@ -1153,7 +1215,7 @@ async def _run_node(
 
     try:
         config = await trio.to_thread.run_sync(load_config, files.node_yaml)
-        options = NodeOptions(gpu="fake", fake_gpu_dir=files.fake_gpu("node"))
+        options = NodeOptions(gpu="fake", fake_gpu_dir=files.fake_gpu("node"), fake_gpus=NODE_GPUS)
         await serve_node(
             config,
             options,
@@ -1250,7 +1312,10 @@ async def run_demo(options: DemoOptions, files: DemoFiles, con: Console) -> int:
 
             node_done = trio.Event()
             node: RunningNode = await infra.start(_run_node, files, node_done)
-            con.say(f"  node {NODE_ID:<22} {node.url}  tasks: render, train (fake GPU, 24 GiB)")
+            con.say(
+                f"  node {NODE_ID:<22} {node.url}  tasks: render, train "
+                f"({NODE_GPUS} fake GPUs, 24 GiB each)"
+            )
 
             worker = await trio.to_thread.run_sync(_make_worker, files)
             worker_done = trio.Event()

@@ -4,9 +4,9 @@ It places jobs on ``fleet-trio node`` instances the way the real dispatcher does
 
 * **health-aware admission**: a node is a candidate for a job when its last good
   ``GET /fleet/health`` lists the job's ``task_type`` in ``supported_task_types`` and its
-  ``vram_free_gb`` covers the advertised footprint (``model_footprints``) for the job's
-  ``(model_family, task_type)``, plus an optional margin; candidates are tried in order of most
-  free VRAM;
+  ``vram_free_gb`` (on a multi-GPU node, the most free on one of its ``gpu_devices``) covers
+  the advertised footprint (``model_footprints``) for the job's ``(model_family,
+  task_type)``, plus an optional margin; candidates are tried in order of most free VRAM;
 * **the refusal rule**: any answer to ``POST /fleet/dispatch`` other than 202 (or a connection
   error) is a refusal, and the same ``job_id`` goes to the next candidate; when none is left
   the job is ``unplaced``;
@@ -114,6 +114,24 @@ def _footprint(health: Mapping[str, Any], model_family: str | None, task_type: s
         if isinstance(peak, int | float) and (best is None or peak > best):
             best = float(peak)
     return best
+
+
+def _best_free(health: Mapping[str, Any]) -> float:
+    """The VRAM a job can get on the node: the headline ``vram_free_gb``, or on a multi-GPU
+    node (``gpu_devices``, where a job runs on one device) the most free on one device."""
+    free = float(health["vram_free_gb"])
+    devices = health.get("gpu_devices")
+    if isinstance(devices, list):
+        per_device = [
+            float(d["vram_free_gb"])
+            for d in devices
+            if isinstance(d, Mapping)
+            and isinstance(d.get("vram_free_gb"), int | float)
+            and not isinstance(d.get("vram_free_gb"), bool)
+        ]
+        if per_device:
+            free = max(per_device)
+    return free
 
 
 def _health_problem(body: Any) -> str | None:
@@ -360,7 +378,7 @@ class SimDispatcher:
             if task_type not in body["supported_task_types"]:
                 skipped.append(f"{url} (task_type {task_type!r} not supported)")
                 continue
-            free = float(body["vram_free_gb"])
+            free = _best_free(body)
             need = _footprint(body, model_family, task_type)
             if need is not None and free < need + self.vram_margin_gb:
                 skipped.append(

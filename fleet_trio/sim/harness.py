@@ -132,8 +132,21 @@ class FakeGpuDir:
 
     @property
     def env(self) -> dict[str, str]:
-        """``{"FLEET_TRIO_FAKE_GPU_DIR": <first device>}``, for a job's environment."""
-        return {fake.ENV_DIR: str(self.dir)}
+        """``{"FLEET_TRIO_FAKE_GPU_DIR": <the device>}`` for a job's environment; with several
+        devices, the root (the helper then holds on the device of the job's
+        ``CUDA_VISIBLE_DEVICES``)."""
+        return {fake.ENV_DIR: str(self.node_dir)}
+
+    @property
+    def node_dir(self) -> Path:
+        """What a node is given as ``--fake-gpu-dir``: the device, or the root of several."""
+        return self.dir if len(self.dirs) == 1 else self.root
+
+    def uuid(self, device: int = 0) -> str:
+        """The UUID the node sees for ``device`` (and puts in a job's
+        ``CUDA_VISIBLE_DEVICES``)."""
+        path = str(self.device_dir(device))
+        return fake.read_device(path).uuid or fake.fake_uuid(path)
 
     def device_dir(self, device: int = 0) -> Path:
         try:
@@ -182,31 +195,37 @@ class FakeGpuDir:
             await path.unlink()
 
 
-def _init_fake_dirs(dirs: Sequence[Path], name: str, total_gib: float) -> None:
-    for d in dirs:
-        fake.init_device(str(d), name, total_gib)
+def _init_fake_dirs(dirs: Sequence[Path], name: str, totals: Sequence[float]) -> None:
+    for d, total in zip(dirs, totals, strict=True):
+        fake.init_device(str(d), name, total)
 
 
 @asynccontextmanager
 async def open_fake_gpu(
     path: str | os.PathLike[str],
     *,
-    total_gib: float = 80.0,
+    total_gib: float | Sequence[float] = 80.0,
     devices: int = 1,
     name: str = "Fake GPU",
 ) -> AsyncIterator[FakeGpuDir]:
-    """Create ``path/gpu0`` … ``path/gpu{devices-1}``, each a fake GPU of ``total_gib``.
+    """Create ``path/gpu0`` … ``path/gpu{devices-1}``, each a fake GPU of ``total_gib`` (one
+    number for all, or one per device). A node on it sees ``devices`` devices, each with its
+    own UUID (:meth:`FakeGpuDir.uuid`), total and holdings.
 
     On exit this process's own holdings are dropped; holdings of job processes end with them.
     """
     if devices < 1:
         raise HarnessError(f"devices must be >= 1, got {devices}")
-    if not total_gib > 0:
-        raise HarnessError(f"total_gib must be > 0, got {total_gib}")
+    totals = [float(total_gib)] * devices if isinstance(total_gib, int | float) else list(total_gib)
+    if len(totals) != devices:
+        raise HarnessError(f"total_gib: {len(totals)} value(s) for {devices} device(s)")
+    for total in totals:
+        if not total > 0:
+            raise HarnessError(f"total_gib must be > 0, got {total}")
     root = Path(path)
     dirs = tuple(root / f"gpu{i}" for i in range(devices))
-    await trio.to_thread.run_sync(_init_fake_dirs, dirs, name, total_gib)
-    gpu = FakeGpuDir(root=root, dirs=dirs, total_gib=total_gib)
+    await trio.to_thread.run_sync(_init_fake_dirs, dirs, name, totals)
+    gpu = FakeGpuDir(root=root, dirs=dirs, total_gib=max(totals))
     try:
         yield gpu
     finally:
@@ -431,13 +450,15 @@ async def open_node(
     node_id: str = "sim-node",
     token: str | None = None,
     total_gib: float = 80.0,
+    fake_gpus: int = 1,
     drain_on_exit: bool = False,
     start_timeout: float = 30.0,
 ) -> AsyncIterator[NodeHandle]:
     """``fleet-trio node`` as a trio task, from ``config`` (see :func:`load_node_config`).
 
     The node listens on ``127.0.0.1`` port 0 and measures the fake GPU (``fake_gpu``, or a
-    new one of ``total_gib`` under ``workdir``); every task gets ``FLEET_TRIO_FAKE_GPU_DIR``
+    new one of ``fake_gpus`` devices of ``total_gib`` under ``workdir``); every task gets
+    ``FLEET_TRIO_FAKE_GPU_DIR``
     in its environment. Job work directories and the footprint store live in ``workdir``
     (default: a temporary directory). Signals are left alone.
 
@@ -449,7 +470,7 @@ async def open_node(
     async with _workdir(workdir, "fleet-node-") as root:
         if fake_gpu is None:
             async with (
-                open_fake_gpu(root / "fake-gpu", total_gib=total_gib) as gpu,
+                open_fake_gpu(root / "fake-gpu", total_gib=total_gib, devices=fake_gpus) as gpu,
                 _serve_node(cfg, gpu, root, node_id, token, drain_on_exit, start_timeout) as h,
             ):
                 yield h
@@ -478,7 +499,8 @@ async def _serve_node(
         listen="127.0.0.1:0",
         node_id=node_id,
         gpu="fake",
-        fake_gpu_dir=str(gpu.dir),
+        fake_gpu_dir=str(gpu.node_dir),
+        fake_gpus=len(gpu.dirs),
         footprints=str(footprints),
         token=token,
     )

@@ -3,7 +3,8 @@
 Registered through the ``pytest11`` entry point ``fleet_trio``, so installing fleet-trio makes
 these fixtures available to every test session:
 
-* ``fake_gpu`` — a :class:`~fleet_trio.sim.harness.FakeGpuDir` under ``tmp_path``;
+* ``fake_gpu`` — a :class:`~fleet_trio.sim.harness.FakeGpuDir` under ``tmp_path``, of
+  ``fake_gpus`` devices (default 1; override the fixture for a multi-GPU node);
 * ``rc_controller`` — a serving simulated rc controller;
 * ``fleet_node`` — ``fleet-trio node`` configured by ``fleet_node_config``, on ``fake_gpu``;
 * ``fleet_worker`` — ``fleet-trio worker`` configured by ``fleet_worker_config``, registered
@@ -59,11 +60,18 @@ def fleet_worker_config() -> Any:
 
 
 @pytest.fixture
-async def fake_gpu(tmp_path: Path) -> AsyncIterator[FakeGpuDir]:
-    """One fake GPU of 80 GiB in ``tmp_path/fake-gpu/gpu0``."""
+def fake_gpus() -> int:
+    """How many devices ``fake_gpu`` presents (default 1); override it (or parametrize it) to
+    test a multi-GPU node."""
+    return 1
+
+
+@pytest.fixture
+async def fake_gpu(tmp_path: Path, fake_gpus: int) -> AsyncIterator[FakeGpuDir]:
+    """A fake GPU of ``fake_gpus`` devices of 80 GiB each in ``tmp_path/fake-gpu/gpu0`` …"""
     from fleet_trio.sim.harness import open_fake_gpu
 
-    async with open_fake_gpu(tmp_path / "fake-gpu") as gpu:
+    async with open_fake_gpu(tmp_path / "fake-gpu", devices=fake_gpus) as gpu:
         yield gpu
 
 

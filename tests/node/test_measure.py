@@ -149,3 +149,39 @@ async def test_measure_refuses_without_a_gpu(tmp_path: Path) -> None:
         proc = await trio.run_process(argv, env=env, capture_stderr=True, check=False)
     assert proc.returncode == 1 and "error: GPU probe failed" in proc.stderr.decode()
     assert not (tmp_path / "fp.json").exists()
+
+
+# Multi-GPU: the probe holds 2 GiB on the device it was pinned to and 3 GiB on the other one;
+# only its own device counts.
+HOLD_ON_BOTH = (
+    "import os, subprocess, sys; "
+    "fake = [sys.executable, '-m', 'fleet_trio.gpu.fake', 'hold']; "
+    "other = os.path.join(os.environ['FLEET_TRIO_FAKE_GPU_DIR'], 'gpu1'); "
+    "a = subprocess.Popen(fake + ['2G', '--for', '0.8']); "
+    "b = subprocess.Popen(fake + ['3G', '--for', '0.8', '--dir', other]); "
+    "assert a.wait() == 0 and b.wait() == 0; "
+    "print('{\"pinned\": \"' + os.environ['CUDA_VISIBLE_DEVICES'] + '\"}')"
+)
+
+
+async def test_measure_with_fake_gpus_measures_the_pinned_device(tmp_path: Path) -> None:
+    cfg = write_config(tmp_path, {"image-gen": {**HOLDER, "command": [PY, "-c", HOLD_ON_BOTH]}})
+    root = tmp_path / "multi"
+    proc = await run_measure(
+        tmp_path,
+        "-c",
+        str(cfg),
+        "--gpu",
+        "fake",
+        "--fake-gpu-dir",
+        str(root),
+        "--fake-gpus",
+        "2",
+        env={"FLEET_TRIO_FAKE_GPU_DIR": str(root)},
+    )
+    err = proc.stderr.decode()
+    assert proc.returncode == 0, err
+    assert (root / "gpu0" / "device.json").exists() and (root / "gpu1" / "device.json").exists()
+    assert json.loads(proc.stdout) == [
+        {"model_family": "sdxl", "quant": "bf16", "task_type": "image-gen", "vram_peak_gb": 2.4}
+    ]
