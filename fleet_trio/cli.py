@@ -21,6 +21,7 @@ import trio
 from fleet_trio import __version__
 from fleet_trio.durations import parse_duration_seconds
 from fleet_trio.errors import DurationError
+from fleet_trio.gpu.fake_cli import add_parser as add_fake_gpu_parser
 from fleet_trio.logs import (
     LogSetupError,
     add_log_arguments,
@@ -166,7 +167,8 @@ def _add_gpu_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--fake-gpu-dir",
         metavar="DIR",
-        help="state directory of the fake GPU (--gpu fake; default $FLEET_TRIO_FAKE_GPU_DIR)",
+        help="state directory of the fake GPU (--gpu fake; default $FLEET_TRIO_FAKE_GPU_DIR, "
+        "else fake-gpu under $XDG_STATE_HOME/fleet-trio; created and initialised if missing)",
     )
     p.add_argument("--footprints", metavar="PATH", help="footprint store file")
 
@@ -280,6 +282,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_tail(sub)  # fleet-trio tail (docs/tail.md)
     add_sim_parser(sub)  # fleet-trio sim chaos (docs/chaos.md)
     add_demo_parser(sub)  # fleet-trio demo (docs/demo.md)
+    add_fake_gpu_parser(sub)  # fleet-trio fake-gpu (docs/gpu.md)
     add_log_arguments(parser)  # after every subcommand: they all get --log-level/--log-format
     return parser
 
@@ -395,11 +398,18 @@ def _cmd_exec(args: argparse.Namespace) -> int:
 # -- fleet-trio node ----------------------------------------------------------------------------
 
 
-def _export_fake_gpu_dir(args: argparse.Namespace) -> None:
-    """With ``--gpu fake --fake-gpu-dir DIR``, jobs see the same fake GPU through
-    ``FLEET_TRIO_FAKE_GPU_DIR`` (the variable its helper command and job scripts read)."""
-    if args.gpu == "fake" and args.fake_gpu_dir:
-        os.environ["FLEET_TRIO_FAKE_GPU_DIR"] = os.path.abspath(args.fake_gpu_dir)
+def _export_fake_gpu_dir(args: argparse.Namespace) -> str | None:
+    """With ``--gpu fake``, jobs see the same fake GPU through ``FLEET_TRIO_FAKE_GPU_DIR``
+    (the variable its helper command and job scripts read). The directory (default: under the
+    state directory) is created and initialised when needed; returns the line that says so.
+    Raises ``ConfigError``."""
+    if args.gpu != "fake":
+        return None
+    from fleet_trio.gpu.fake_cli import prepare_fake_gpu
+
+    args.fake_gpu_dir, note = prepare_fake_gpu(args.fake_gpu_dir)
+    os.environ["FLEET_TRIO_FAKE_GPU_DIR"] = args.fake_gpu_dir
+    return note
 
 
 def _test_break() -> frozenset[str]:
@@ -415,9 +425,10 @@ def _cmd_node(args: argparse.Namespace) -> int:
     def say(line: str) -> None:
         console(f"{PROG} node: {line}", event=line, logger="fleet_trio.node")
 
-    _export_fake_gpu_dir(args)
     try:
         config = load_config(args.config) if args.config else NodeConfig()
+        if note := _export_fake_gpu_dir(args):
+            say(note)
         options = NodeOptions(
             listen=args.listen,
             trusted_network=args.listen_trusted_network,
@@ -448,9 +459,10 @@ def _cmd_measure(args: argparse.Namespace) -> int:
     def say(line: str) -> None:
         print(f"[{PROG} measure] {line}", file=sys.stderr, flush=True)
 
-    _export_fake_gpu_dir(args)
     try:
         config = load_config(args.config) if args.config else NodeConfig()
+        if note := _export_fake_gpu_dir(args):
+            say(note)
         options = MeasureOptions(
             gpu=args.gpu,
             fake_gpu_dir=args.fake_gpu_dir,

@@ -469,8 +469,11 @@ def _q(text: str) -> str:
 
 
 def expand_path(path: str, base_dir: str) -> str:
-    """``~`` expanded; a relative path resolved against ``base_dir`` (if given)."""
-    path = os.path.expanduser(path)
+    """``~`` and ``${XDG_STATE_HOME}`` expanded (fleet_trio.statedir); a relative path resolved
+    against ``base_dir`` (if given)."""
+    from fleet_trio.statedir import expand_vars
+
+    path = os.path.expanduser(expand_vars(path))
     if base_dir and not os.path.isabs(path):
         path = os.path.join(base_dir, path)
     return path

@@ -339,7 +339,7 @@ async def serve_node(
             serve_http, app, hypercorn_config(listen), name="http"
         )
         say(
-            f"fleet-trio node {node_id} serving on {listen} "
+            f"node {node_id} serving on {listen} "
             f"(vram total {snap.total_gb:.1f} GiB; tasks: {', '.join(registry.supported)})"
         )
         serving = True
