@@ -534,6 +534,10 @@ TAIL_BACKOFF_MAX = 8.0
 EXIT_TAIL_FAILED = 2
 """The tail itself failed: bad usage, refused, an ``error`` message, connection lost."""
 TAIL_MAX_MESSAGE = 4 << 20
+TAIL_CONNECT_TIMEOUT = 4.0
+"""Connecting (TCP and the websocket handshake) gives up after this: a node that is not there
+fails the tail in well under 5 s."""
+TAIL_DISCONNECT_TIMEOUT = 2.0
 
 
 def _add_tail(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -619,16 +623,41 @@ def _rejection(exc: Exception) -> str:
         message = json.loads(body).get("error", "")
     except (ValueError, AttributeError):
         message = body.decode("utf-8", errors="replace").strip()
+    message = " ".join(message.split())[:200]  # one line, bounded, whatever the server sent
     return f"refused: HTTP {status}" + (f" ({message})" if message else "")
 
 
+def _connection_problem(exc: BaseException) -> str:
+    """One short line for why a websocket could not be opened or was lost."""
+    from trio_websocket import ConnectionClosed
+
+    if isinstance(exc, ConnectionClosed) and exc.reason is not None:
+        reason = exc.reason
+        return f"closed {reason.code}" + (f" {reason.reason}" if reason.reason else "")
+    # HandshakeError wraps the OSError that says why; trio's "all attempts to connect … failed"
+    # wraps (in a group) the errno of each attempt: the first errno found is the reason.
+    todo: list[BaseException] = [exc]
+    visited: set[int] = set()  # chains can loop (a group's context is its own member)
+    fallback = ""
+    while todo and len(visited) < 100:
+        seen = todo.pop(0)
+        if id(seen) in visited:
+            continue
+        visited.add(id(seen))
+        if isinstance(seen, OSError):
+            if seen.errno is not None and seen.errno > 0:
+                return os.strerror(seen.errno)
+            if seen.errno is not None and seen.strerror:  # getaddrinfo's negative codes
+                return seen.strerror
+            fallback = fallback or str(seen)
+        if isinstance(seen, BaseExceptionGroup):
+            todo.extend(seen.exceptions)
+        todo.extend(e for e in (seen.__cause__, seen.__context__) if e is not None)
+    return fallback or str(exc) or type(exc).__name__
+
+
 async def _tail(args: argparse.Namespace) -> int:
-    from trio_websocket import (
-        ConnectionClosed,
-        ConnectionRejected,
-        HandshakeError,
-        open_websocket_url,
-    )
+    from trio_websocket import ConnectionClosed, ConnectionRejected, HandshakeError
 
     from fleet_trio.logbus.bus import End, Output, Skipped
     from fleet_trio.logbus.tail import (
@@ -638,6 +667,7 @@ async def _tail(args: argparse.Namespace) -> int:
         parse_start,
         parse_streams,
     )
+    from fleet_trio.logbus.tail_client import ConnectTimeout, TailLinkError, follow
 
     out = FdWriter(sys.stdout.fileno(), "stdout")
     err = FdWriter(sys.stderr.fileno(), "stderr")
@@ -652,44 +682,60 @@ async def _tail(args: argparse.Namespace) -> int:
     redact_secrets(token)
     headers = [(b"Authorization", f"Bearer {token}".encode())] if token else []
     failures = 0
+    established = False
+    """A stream was open once: only then is a lost connection worth reconnecting."""
+
+    def opened() -> None:
+        nonlocal established
+        established = True
+
+    async def on_message(text: str | bytes) -> int | None:
+        nonlocal failures, position
+        event = loads(text)
+        failures = 0
+        if isinstance(event, Output):
+            await (out if event.stream == "stdout" else err).write(event.data)
+            position = event.offset + len(event.data)
+        elif isinstance(event, Skipped):
+            position = event.offset + event.nbytes
+            await say(f"{event.nbytes} byte(s) skipped at offset {event.offset}")
+        elif isinstance(event, End):
+            if event.reason or event.state != "done":
+                why = f": {event.reason}" if event.reason else ""
+                await say(f"job {args.job_id} ended {event.state}{why}")
+            return tail_exit_status(event.state, event.exit_code)
+        else:
+            await say(f"error: {event.message}")
+            return EXIT_TAIL_FAILED
+        return None
+
     while True:
         url = tail_url(args.url, args.job_id, TailQuery(position, streams).to_params())
         try:
-            async with open_websocket_url(
+            return await follow(
                 url,
-                extra_headers=headers,
+                on_message,
+                headers=headers,
                 max_message_size=TAIL_MAX_MESSAGE,
-                connect_timeout=10,
-                disconnect_timeout=5,
-            ) as ws:
-                while True:
-                    event = loads(await ws.get_message())
-                    failures = 0
-                    if isinstance(event, Output):
-                        await (out if event.stream == "stdout" else err).write(event.data)
-                        position = event.offset + len(event.data)
-                    elif isinstance(event, Skipped):
-                        position = event.offset + event.nbytes
-                        await say(f"{event.nbytes} byte(s) skipped at offset {event.offset}")
-                    elif isinstance(event, End):
-                        if event.reason or event.state != "done":
-                            why = f": {event.reason}" if event.reason else ""
-                            await say(f"job {args.job_id} ended {event.state}{why}")
-                        return tail_exit_status(event.state, event.exit_code)
-                    else:
-                        await say(f"error: {event.message}")
-                        return EXIT_TAIL_FAILED
+                connect_timeout=TAIL_CONNECT_TIMEOUT,
+                disconnect_timeout=TAIL_DISCONNECT_TIMEOUT,
+                on_open=opened,
+            )
         except ConnectionRejected as exc:
-            await say(_rejection(exc))
+            await say(f"error: {_rejection(exc)}")
             return EXIT_TAIL_FAILED
         except TailProtocolError as exc:
-            await say(f"bad message from the node: {exc}")
+            await say(f"error: bad message from the node: {exc}")
             return EXIT_TAIL_FAILED
-        except (HandshakeError, ConnectionClosed, OSError) as exc:
-            problem = str(exc) or type(exc).__name__
+        except (HandshakeError, ConnectionClosed, OSError, ConnectTimeout, TailLinkError) as exc:
+            problem = _connection_problem(exc)
+        if not established:
+            base = tail_url(args.url, "", {}).split("/fleet/")[0]
+            await say(f"error: cannot connect to {base}: {problem}")
+            return EXIT_TAIL_FAILED
         failures += 1
         if failures > args.retries:
-            await say(f"giving up after {failures - 1} reconnection attempt(s): {problem}")
+            await say(f"error: giving up after {failures - 1} reconnection attempt(s): {problem}")
             return EXIT_TAIL_FAILED
         delay = min(0.5 * 2 ** (failures - 1), TAIL_BACKOFF_MAX)
         await say(
@@ -697,6 +743,22 @@ async def _tail(args: argparse.Namespace) -> int:
             f"(attempt {failures}/{args.retries})"
         )
         await trio.sleep(delay)
+
+
+def check_tail_url(base: str) -> None:
+    """Raise ``ValueError`` for a ``--url`` that cannot name a node (scheme, host, port)."""
+    from urllib.parse import urlsplit
+
+    text = base.strip()
+    parts = urlsplit(text if "://" in text else "ws://" + text)
+    if parts.scheme.lower() not in ("ws", "wss", "http", "https"):
+        raise ValueError(f"--url {base!r}: want ws://, wss://, http:// or https://HOST:PORT")
+    if not parts.hostname:
+        raise ValueError(f"--url {base!r}: no host")
+    try:
+        parts.port  # noqa: B018  (raises for a port out of 0-65535 or not a number)
+    except ValueError as exc:
+        raise ValueError(f"--url {base!r}: {exc}") from None
 
 
 def _cmd_tail(args: argparse.Namespace) -> int:
@@ -707,8 +769,9 @@ def _cmd_tail(args: argparse.Namespace) -> int:
         parse_streams(args.streams)
         if args.retries < 0:
             raise TailProtocolError("--retries must be >= 0")
-    except TailProtocolError as exc:
-        print(f"{PROG} tail: {exc}", file=sys.stderr)
+        check_tail_url(args.url)
+    except ValueError as exc:  # TailProtocolError is one
+        print(f"{PROG} tail: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     try:
         return trio.run(_tail, args)

@@ -79,7 +79,10 @@ def test_fake_gpu_helper_uses_the_state_directory(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert read_device(str(tmp_path / "state" / "fleet-trio" / "fake-gpu")).total_gib == 24
     usage = subprocess.run(
-        [*FLEET_TRIO, "fake-gpu", "hold", "lots"], env=env, capture_output=True, text=True,
+        [*FLEET_TRIO, "fake-gpu", "hold", "lots"],
+        env=env,
+        capture_output=True,
+        text=True,
         timeout=30,
     )
     assert usage.returncode == 2
