@@ -143,7 +143,7 @@ async def serve_http(
         raise NodeStartError(f"cannot listen on {', '.join(hc.bind)}: {first}") from first
 
 
-def _first_leaf(group: BaseExceptionGroup[OSError | OverflowError]) -> OSError | OverflowError:
+def _first_leaf(group: BaseExceptionGroup[Exception]) -> OSError | OverflowError:
     first: BaseException = group
     while isinstance(first, BaseExceptionGroup):
         first = first.exceptions[0]
