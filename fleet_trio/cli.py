@@ -34,6 +34,7 @@ from fleet_trio.proc.run import run
 from fleet_trio.proc.spec import JobSpec, Result
 from fleet_trio.proc.stop import StopToken
 from fleet_trio.sim.chaos_cli import add_parser as add_sim_parser
+from fleet_trio.sim.controller_cli import add_to_sim as add_sim_controller_parsers
 from fleet_trio.sim.demo import add_parser as add_demo_parser
 
 log = logging.getLogger("fleet_trio.cli")
@@ -281,6 +282,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_worker(sub)
     _add_tail(sub)  # fleet-trio tail (docs/tail.md)
     add_sim_parser(sub)  # fleet-trio sim chaos (docs/chaos.md)
+    add_sim_controller_parsers(sub)  # fleet-trio sim controller|submit|jobs|devices
     add_demo_parser(sub)  # fleet-trio demo (docs/demo.md)
     add_fake_gpu_parser(sub)  # fleet-trio fake-gpu (docs/gpu.md)
     add_log_arguments(parser)  # after every subcommand: they all get --log-level/--log-format
