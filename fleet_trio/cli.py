@@ -498,8 +498,14 @@ def _cmd_worker(args: argparse.Namespace) -> int:
         console(f"error: {exc}", event=str(exc), logger="fleet_trio.worker", level=logging.ERROR)
         return 1
     if args.check:
+        from fleet_trio.worker.check import check_paths
+
+        problems = check_paths(config)
+        for problem in problems:
+            level = "error" if problem.error else "warning"
+            print(f"{level}: {args.config}: {problem.key}: {problem.message}", file=sys.stderr)
         print(json.dumps(config.to_summary(), indent=2), flush=True)
-        return 0
+        return 1 if any(p.error for p in problems) else 0
     if config.tail_listen and args.listen_trusted_network:
         who = (
             "tail_token is required"

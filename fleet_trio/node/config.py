@@ -255,6 +255,12 @@ def make_converter() -> cattrs.Converter:
 def _format_exception(exc: BaseException, type_: type | None) -> str:
     if isinstance(exc, ValueError) and str(exc) and type(exc) is ValueError:
         return str(exc)
+    if isinstance(exc, cattrs.ForbiddenExtraKeysError) and attrs.has(exc.cl):
+        from fleet_trio.confighints import did_you_mean
+
+        known = [f.name for f in attrs.fields(exc.cl)]
+        hints = "".join(did_you_mean(str(k), known) for k in sorted(exc.extra_fields))
+        return cattrs.v.format_exception(exc, type_) + hints
     return cattrs.v.format_exception(exc, type_)
 
 
