@@ -9,11 +9,13 @@ exactly as the worker runs a job, see ``docs/exec.md``), ``node`` (serve CONTRAC
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import logging
 import os
 import sys
+from typing import Any
 
 import attrs
 import trio
@@ -46,6 +48,10 @@ EXIT_NOT_STARTED = 127
 """The command could not be started (missing executable, bad cwd …), as a shell reports it."""
 EXIT_INTERNAL = 1
 """A bug: the job task ended without a Result (its traceback is logged)."""
+EXIT_BROKEN_PIPE = 141
+"""Our stdout's reader went away (128 + SIGPIPE, as a shell reports it)."""
+EXIT_INTERRUPTED = 130
+"""SIGINT before the command installed its own handling (128 + SIGINT)."""
 
 
 # -- terminal output without blocking the event loop ---------------------------------------------
@@ -381,7 +387,10 @@ async def _exec(args: argparse.Namespace) -> int:
     if result.err is not None:
         await err.write(f"{PROG} exec: {result.err}\n".encode())
     if args.json:
-        line = json.dumps(result.to_json(), separators=(", ", ": "))
+        report = result.to_json()
+        if not args.job_id:  # no sweep was asked for: nothing to call clean or dirty
+            report["sweep"] = None
+        line = json.dumps(report, separators=(", ", ": "))
         prefix = "" if out.at_line_start else "\n"
         await out.write(f"{prefix}{line}\n".encode())
     return exit_status(result)
@@ -392,7 +401,7 @@ def _cmd_exec(args: argparse.Namespace) -> int:
         # Validate before starting trio: usage errors never spawn anything.
         exec_spec(args)
     except UsageError as exc:
-        print(f"{PROG} exec: {exc}", file=sys.stderr)
+        print(f"{PROG} exec: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     return trio.run(_exec, args)
 
@@ -473,7 +482,7 @@ def _cmd_measure(args: argparse.Namespace) -> int:
         )
         report = trio.run(functools.partial(measure, config, options, say=say, handle_signals=True))
     except MeasureUsageError as exc:
-        print(f"{PROG} measure: {exc}", file=sys.stderr)
+        print(f"{PROG} measure: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except (ConfigError, NodeStartError) as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -799,13 +808,35 @@ def main(argv: list[str] | None = None) -> int:
     try:
         setup_logging(args.log_level, args.log_format)  # docs/logging.md
     except LogSetupError as exc:
-        print(f"{PROG}: {exc}", file=sys.stderr)
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     handler = getattr(args, "handler", None)
     if handler is None:
         parser.print_help(sys.stderr)
         return EXIT_USAGE
-    status: int = handler(args)
+    return run_handler(handler, args)
+
+
+def run_handler(handler: Any, args: argparse.Namespace) -> int:
+    """Run a subcommand; whatever it did not turn into its own one-line error becomes one
+    ``error:`` line too (docs/troubleshooting.md), the traceback going to the DEBUG log."""
+    try:
+        status: int = handler(args)
+    except BrokenPipeError:  # our reader went away (`… | head`): nothing left to say
+        with contextlib.suppress(OSError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+    except Exception as exc:  # a bug, or an error no command anticipated
+        log.debug("unhandled error", exc_info=True)
+        text = " ".join(str(exc).split())[:300]
+        print(
+            f"error: internal error: {type(exc).__name__}: {text} (a bug: please report it; "
+            "--log-level DEBUG shows where)",
+            file=sys.stderr,
+        )
+        return EXIT_INTERNAL
     return status
 
 
