@@ -673,7 +673,7 @@ class Story:
             "leak",
             "worker gpu1",
             "an rc job that leaks fake VRAM; verify fails",
-            "gpu1 quarantined (fault)",
+            "gpu1 unhealthy (fault)",  # quarantined: the controller says unhealthy
             self.step_leak,
         )
         add(

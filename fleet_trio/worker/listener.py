@@ -55,7 +55,11 @@ def _error(message: str, status: int, headers: dict[str, str] | None = None) -> 
 
 
 def create_tail_app(
-    bus: LogBus, *, token: str | None = None, metrics: WorkerMetrics | None = None
+    bus: LogBus,
+    *,
+    token: str | None = None,
+    metrics: WorkerMetrics | None = None,
+    node_id: str = "",
 ) -> QuartTrio:
     """A quart-trio app serving the tail route of ``bus`` (and ``GET /metrics`` when
     ``metrics`` is given, behind the same token: docs/metrics.md)."""
@@ -90,7 +94,7 @@ def create_tail_app(
 
         app.add_url_rule("/metrics", "metrics", _metrics, methods=["GET"])
     # the browser page (GET /fleet/ui and its job list), as on the node
-    mount_ui(app, lambda: bus, lambda header: token_ok(token, bearer(header)))
+    mount_ui(app, lambda: bus, lambda header: token_ok(token, bearer(header)), node_id=node_id)
     return app
 
 
@@ -113,6 +117,7 @@ async def serve_tail_listener(
     *,
     token: str | None = None,
     metrics: WorkerMetrics | None = None,
+    node_id: str = "",
     task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve the tail route of ``bus`` on ``listen`` (``HOST:PORT``) until cancelled.
@@ -122,7 +127,7 @@ async def serve_tail_listener(
     :class:`TailListenError` before ``started``; a failure after it is logged and ends the
     listener without propagating (the worker keeps running its jobs).
     """
-    app = create_tail_app(bus, token=token or None, metrics=metrics)
+    app = create_tail_app(bus, token=token or None, metrics=metrics, node_id=node_id)
     hc = tail_hypercorn_config(listen)
     started = False
     problem: BaseException | None = None

@@ -717,6 +717,7 @@ async def _start_tail_listener(worker: Worker, tree: TaskTree) -> None:
                 cfg.tail_listen,
                 token=cfg.tail_token or None,
                 metrics=worker.metrics,
+                node_id=cfg.host,  # shown on the browser page
             ),
             name="tail-listener",
         )
