@@ -30,6 +30,8 @@ SESSION_FILE = "sim-controller.json"
 EXIT_FAILED = 1
 EXIT_USAGE = 2
 TERMINAL = ("succeeded", "failed", "killed", "lost")
+WAIT_FOR_WORKER = 30.0
+"""How long ``sim submit`` waits for a worker to register before giving up."""
 
 
 class SimCliError(Exception):
@@ -93,6 +95,15 @@ def add_to_sim(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         q.add_argument("--url", help="the controller's URL (default: the running sim's)")
         q.add_argument("--token", metavar="TOKEN", help="client token (default: the sim's)")
 
+    w = simsub.add_parser(
+        "worker",
+        help="run fleet-trio worker against the running sim controller",
+        description=(
+            "Run `fleet-trio worker -c FILE` with the worker.yaml the running `fleet-trio sim "
+            "controller` wrote (its path is in sim-controller.json in the state directory)."
+        ),
+    )
+    w.set_defaults(handler=cmd_worker)
     q = simsub.add_parser(
         "submit",
         help="submit a job to the sim controller (rc run's request) and follow it",
@@ -194,7 +205,13 @@ async def _serve(args: argparse.Namespace, host: str, port: int, root: str, conf
         try:
             text = worker_yaml(url, wtok, args.host, args.devices, root)
             await trio.to_thread.run_sync(_write_private, config, text)
-            info = {"url": url, "client_token": ctok, "worker_token": wtok, "pid": os.getpid()}
+            info = {
+                "url": url,
+                "client_token": ctok,
+                "worker_token": wtok,
+                "worker_config": config,
+                "pid": os.getpid(),
+            }
             await trio.to_thread.run_sync(_write_private, session, json.dumps(info) + "\n")
         except OSError as exc:
             raise SimCliError(f"cannot write {exc.filename}: {exc.strerror}") from None
@@ -267,6 +284,30 @@ def _run_client(main: Any, args: argparse.Namespace) -> int:
     return result
 
 
+def cmd_worker(args: argparse.Namespace) -> int:
+    """Replace this process by ``fleet-trio worker -c <the sim's worker.yaml>``."""
+    try:
+        with open(session_path(), encoding="utf-8") as f:
+            config = json.load(f)["worker_config"]
+    except FileNotFoundError:
+        print(
+            "error: no sim controller is running (start `fleet-trio sim controller` first)",
+            file=sys.stderr,
+        )
+        return EXIT_FAILED
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        print(f"error: {session_path()}: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    argv = [sys.executable, "-m", "fleet_trio", "worker", "-c", str(config)]
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        os.execv(sys.executable, argv)
+    except OSError as exc:
+        print(f"error: cannot start the worker: {exc.strerror or exc}", file=sys.stderr)
+    return EXIT_FAILED
+
+
 def cmd_submit(args: argparse.Namespace) -> int:
     command = list(args.command)
     if command[:1] == ["--"]:
@@ -289,7 +330,7 @@ async def _submit(args: argparse.Namespace) -> int:
         body["device_id"] = args.device
     if args.max_runtime:
         body["max_runtime_seconds"] = args.max_runtime
-    job = await _request("POST", f"{url}/v1/jobs", token, body)
+    job = await _submit_waiting(url, token, body)
     job_id = job["id"]
     print(f"{PROG}: job {job_id} on {job['device_id']} ({job['state']})", file=sys.stderr)
     if args.detach:
@@ -316,6 +357,26 @@ async def _submit(args: argparse.Namespace) -> int:
     if isinstance(code, int) and 0 <= code <= 255 and (code or state == "succeeded"):
         return code
     return 0 if state == "succeeded" else 1
+
+
+async def _submit_waiting(url: str, token: str, body: dict[str, Any]) -> Any:
+    """``POST /v1/jobs``; while no worker has registered yet (409 ``no_device``), wait for one
+    (up to :data:`WAIT_FOR_WORKER` seconds), as a job queued for a device would."""
+    told = False
+    with trio.move_on_after(WAIT_FOR_WORKER):
+        while True:
+            try:
+                return await _request("POST", f"{url}/v1/jobs", token, body)
+            except SimCliError as exc:
+                if "HTTP 409" not in str(exc):
+                    raise
+            if not told:
+                print(f"{PROG}: waiting for a worker to register…", file=sys.stderr, flush=True)
+                told = True
+            await trio.sleep(0.25)
+    raise SimCliError(
+        f"no worker registered within {WAIT_FOR_WORKER:g}s (start one: fleet-trio sim worker)"
+    )
 
 
 async def _jobs(args: argparse.Namespace) -> int:
@@ -354,4 +415,4 @@ def cmd_devices(args: argparse.Namespace) -> int:
     return _run_client(_devices, args)
 
 
-__all__ = ["DEFAULT_LISTEN", "add_to_sim", "session_path", "worker_yaml"]
+__all__ = ["DEFAULT_LISTEN", "WAIT_FOR_WORKER", "add_to_sim", "session_path", "worker_yaml"]

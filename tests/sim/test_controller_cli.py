@@ -96,17 +96,15 @@ async def test_try_it_from_the_shell(tmp_path: Path) -> None:
             assert lines[2].startswith(f"fleet-trio sim controller: worker config: {config}")
             session = tmp_path / "state" / "fleet-trio" / "sim-controller.json"
             assert session.stat().st_mode & 0o077 == 0
+            assert json.loads(session.read_text())["worker_config"] == str(config)
             worker = await trio.lowlevel.open_process(
-                [*FLEET_TRIO, "worker", "-c", str(config)], env=env, stderr=subprocess.DEVNULL
+                [*FLEET_TRIO, "sim", "worker"], env=env, stderr=subprocess.DEVNULL
             )
-            while True:  # the fact: the worker's device is registered and ready
-                devices = await cli("sim", "devices")
-                assert devices.returncode == 0, devices.stderr
-                if b"sim-box:gpu0" in devices.stdout and b"ready" in devices.stdout:
-                    break
-                await trio.sleep(0.2)
+            # submit waits for the worker to register (409 no_device until then)
             done = await cli("sim", "submit", "--", "sh", "-c", "echo hello $RC_JOB_ID; exit 3")
             assert done.returncode == 3, done.stderr
+            devices = await cli("sim", "devices")
+            assert b"sim-box:gpu0" in devices.stdout and b"ready" in devices.stdout
             assert done.stdout.startswith(b"hello ")
             jobs = await cli("sim", "jobs", "--json")
             listed = json.loads(jobs.stdout)
