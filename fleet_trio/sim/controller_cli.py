@@ -113,7 +113,7 @@ def add_to_sim(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
             "one, 2 for a usage or connection error). --detach prints the job id and returns."
         ),
         usage="%(prog)s [-h] [--device ID] [--max-runtime SECONDS] [--detach] [--url URL] "
-        "[--token TOKEN] -- CMD [ARG...]",
+        "[--token TOKEN] [--log-level LEVEL] [--log-format FORMAT] -- CMD [ARG...]",
     )
     q.add_argument("--device", metavar="ID", default="", help="host:gpuN (default: any ready)")
     q.add_argument("--max-runtime", metavar="SECONDS", type=int, default=0)
