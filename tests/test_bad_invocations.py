@@ -45,6 +45,7 @@ TABLE: list[tuple[list[str], int, str]] = [
     (["fake-gpu", "hold", "lots"], 2, "bad size"),
     (["sim", "controller", "--listen", "0.0.0.0:18810"], 2, "loopback only"),
     (["sim", "controller", "--listen", "127.0.0.1:99999"], 2, "port must be 0-65535"),
+    (["sim", "controller", "--listen", "127.0.0.1:{busy}"], 1, "Address already in use"),
     (["sim", "submit"], 2, "missing command"),
     (["sim", "jobs"], 1, "no sim controller is running"),
 ]

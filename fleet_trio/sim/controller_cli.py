@@ -154,6 +154,15 @@ def _write_private(path: str, text: str) -> None:
         f.write(text)
 
 
+def _remove_session(path: str) -> None:
+    """Remove the session file if it is still ours (a second sim controller replaced it)."""
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        with open(path, encoding="utf-8") as f:
+            if json.load(f).get("pid") != os.getpid():
+                return
+        os.unlink(path)
+
+
 def _parse_listen(listen: str) -> tuple[str, int]:
     from fleet_trio.node.config import is_loopback_host, split_host_port
 
@@ -176,10 +185,25 @@ def cmd_controller(args: argparse.Namespace) -> int:
             raise SimCliError("--devices must be 1..16", EXIT_USAGE)
         root = os.path.join(state_dir(), "sim")
         config = os.path.abspath(args.worker_config or os.path.join(root, "worker.yaml"))
-        return trio.run(_serve, args, host, port, root, config)
+        try:
+            return trio.run(_serve, args, host, port, root, config)
+        except BaseExceptionGroup as group:  # raised inside the nursery: a group of one
+            leaf: BaseException = group
+            while isinstance(leaf, BaseExceptionGroup) and len(leaf.exceptions) == 1:
+                leaf = leaf.exceptions[0]
+            if isinstance(leaf, SimCliError):
+                raise leaf from None
+            raise
     except SimCliError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.status
+
+
+def _os_error(exc: BaseException) -> OSError | None:
+    """The ``OSError`` of a bind failure, bare or alone in (nested) groups."""
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc if isinstance(exc, OSError) else None
 
 
 async def _serve(args: argparse.Namespace, host: str, port: int, root: str, config: str) -> int:
@@ -200,8 +224,12 @@ async def _serve(args: argparse.Namespace, host: str, port: int, root: str, conf
                     ctrl, host=host, port=port, task_status=task_status
                 )
             )
-        except OSError as exc:
-            raise SimCliError(f"cannot listen on {args.listen}: {exc.strerror or exc}") from None
+        except (OSError, BaseExceptionGroup) as exc:
+            bind_error = _os_error(exc)
+            if bind_error is None:
+                raise
+            why = bind_error.strerror or str(bind_error)
+            raise SimCliError(f"cannot listen on {args.listen}: {why}") from None
         try:
             text = worker_yaml(url, wtok, args.host, args.devices, root)
             await trio.to_thread.run_sync(_write_private, config, text)
@@ -223,8 +251,7 @@ async def _serve(args: argparse.Namespace, host: str, port: int, root: str, conf
                 async for _ in signals:
                     break
         finally:
-            with contextlib.suppress(OSError):
-                os.unlink(session)
+            _remove_session(session)
             nursery.cancel_scope.cancel()
     say("stopped")
     return 0
