@@ -199,7 +199,8 @@ async def test_malformed_duration_is_a_one_line_error() -> None:
         done = await fleet("exec", flag, "10", "--", "true")
         assert done.returncode == 2
         line = one_line(done.stderr)
-        assert line.startswith(f"fleet-trio exec: error: {flag}: invalid duration '10': missing unit")
+        expected = f"fleet-trio exec: error: {flag}: invalid duration '10': missing unit"
+        assert line.startswith(expected)
         assert done.stdout == b""
 
 
