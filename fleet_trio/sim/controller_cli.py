@@ -366,14 +366,14 @@ async def _submit(args: argparse.Namespace) -> int:
     import httpx
 
     follow = f"{url}/v1/jobs/{job_id}/logs?follow=1"
+    out_limiter = trio.CapacityLimiter(1)  # one write at a time: chunks keep their order
     try:
         async with (
             httpx.AsyncClient(timeout=httpx.Timeout(10.0, read=None)) as client,
             client.stream("GET", follow, headers={"Authorization": f"Bearer {token}"}) as r,
         ):
-            async for chunk in r.aiter_bytes():
-                sys.stdout.buffer.write(chunk)
-                sys.stdout.flush()
+            async for chunk in r.aiter_bytes():  # a slow terminal must not stall the loop
+                await trio.to_thread.run_sync(_write_stdout, chunk, limiter=out_limiter)
     except httpx.HTTPError as exc:
         raise SimCliError(f"lost the job's log stream: {exc}") from None
     final = (await _request("GET", f"{url}/v1/jobs/{job_id}", token))["job"]
@@ -384,6 +384,11 @@ async def _submit(args: argparse.Namespace) -> int:
     if isinstance(code, int) and 0 <= code <= 255 and (code or state == "succeeded"):
         return code
     return 0 if state == "succeeded" else 1
+
+
+def _write_stdout(data: bytes) -> None:
+    sys.stdout.buffer.write(data)
+    sys.stdout.flush()
 
 
 async def _submit_waiting(url: str, token: str, body: dict[str, Any]) -> Any:
