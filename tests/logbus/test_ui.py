@@ -343,3 +343,10 @@ async def test_page_in_headless_chromium(tmp_path: Path) -> None:
                 " f() })",
             )
             assert listed == ["ui-live"]
+            # the page names the node and each job's task type
+            node_id = h.node.context.node_id
+            heading = await cdp.evaluate(session, "document.getElementById('heading').textContent")
+            assert heading == f"fleet-trio jobs · {node_id}"
+            task = await cdp.evaluate(session, "document.querySelector('#jobs td.tt').textContent")
+            assert task == "colour"
+            assert node_id in await cdp.evaluate(session, "document.title")
