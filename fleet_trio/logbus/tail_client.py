@@ -82,11 +82,15 @@ async def follow(
                     await ws.aclose()
                 nursery.cancel_scope.cancel()
     except BaseExceptionGroup as group:
-        if status is not None and not group.split((KeyboardInterrupt, SystemExit))[0]:
+        if group.split(KeyboardInterrupt)[0] is not None:
+            raise KeyboardInterrupt from None  # ^C: bare, as the caller expects it
+        if group.split(SystemExit)[0] is not None:
+            raise
+        if status is not None:
             return status  # the close failed after the end: moot
         leaf = _leaf(group)
-        if isinstance(leaf, trio.Cancelled | KeyboardInterrupt | SystemExit):
-            raise  # a cancellation from outside, or ^C: not ours to handle
+        if isinstance(leaf, trio.Cancelled):
+            raise  # a cancellation from outside: not ours to handle
         raise _translate(leaf)  # noqa: B904 (keeps its own __cause__: the reason)
     except _LINK_ERRORS as exc:
         if status is not None:

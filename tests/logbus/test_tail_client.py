@@ -181,3 +181,33 @@ async def test_reconnects_only_from_an_established_stream() -> None:
     assert r.returncode == 3 and r.stdout == log
     assert "from=6" in seen[1]
     assert b"Traceback" not in r.stderr
+
+
+async def test_ctrl_c_while_following_is_130_without_traceback() -> None:
+    import signal
+    import subprocess
+    import sys
+
+    accepted = trio.Event()
+
+    async def handler(request: WebSocketRequest) -> None:
+        await request.accept()
+        accepted.set()
+        await trio.sleep_forever()
+
+    async with trio.open_nursery() as nursery:
+        server = await nursery.start(serve_websocket, handler, "127.0.0.1", 0, None)
+        argv = [sys.executable, "-m", "fleet_trio", "tail", "--url"]
+        argv += [f"ws://127.0.0.1:{server.port}", "quiet-job"]
+        with trio.fail_after(30):
+            proc = await trio.lowlevel.open_process(argv, stderr=subprocess.PIPE)
+            await accepted.wait()
+            proc.send_signal(signal.SIGINT)
+            err = b""
+            assert proc.stderr is not None
+            async for chunk in proc.stderr:
+                err += chunk
+            code = await proc.wait()
+        nursery.cancel_scope.cancel()
+    assert code == 130, err
+    assert b"Traceback" not in err
