@@ -817,6 +817,24 @@ def main(argv: list[str] | None = None) -> int:
     return run_handler(handler, args)
 
 
+def _save_traceback(exc: BaseException) -> str:
+    """Write ``exc``'s traceback under the state directory; say where (or how to see it)."""
+    import time
+    import traceback
+
+    from fleet_trio.statedir import state_dir
+
+    path = os.path.join(state_dir(), "crash", f"{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}.txt")
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(f"{PROG} {__version__}\n")  # not argv: it may carry a --token
+            f.write("".join(traceback.format_exception(exc)))
+    except OSError:
+        return "the traceback that --log-level DEBUG prints"
+    return f"the traceback in {path}"
+
+
 def run_handler(handler: Any, args: argparse.Namespace) -> int:
     """Run a subcommand; whatever it did not turn into its own one-line error becomes one
     ``error:`` line too (docs/troubleshooting.md), the traceback going to the DEBUG log."""
@@ -828,12 +846,20 @@ def run_handler(handler: Any, args: argparse.Namespace) -> int:
         return EXIT_BROKEN_PIPE
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
-    except Exception as exc:  # a bug, or an error no command anticipated
+    except BaseException as exc:  # a bug, or an error no command anticipated
+        interrupted, rest = (
+            exc.split(KeyboardInterrupt) if isinstance(exc, BaseExceptionGroup) else (None, exc)
+        )
+        if interrupted is not None and rest is None:  # ^C inside a nursery arrives wrapped
+            return EXIT_INTERRUPTED
+        if not isinstance(exc, Exception):  # SystemExit, and the like: not ours
+            raise
         log.debug("unhandled error", exc_info=True)
         text = " ".join(str(exc).split())[:300]
+        where = _save_traceback(exc)
         print(
-            f"error: internal error: {type(exc).__name__}: {text} (a bug: please report it; "
-            "--log-level DEBUG shows where)",
+            f"error: internal error: {type(exc).__name__}: {text} (a bug: please report it "
+            f"with {where})",
             file=sys.stderr,
         )
         return EXIT_INTERNAL

@@ -106,3 +106,28 @@ async def test_bad_invocation_is_one_error_line(
     assert text.format(**subst) in errors[0], err
     assert "Traceback" not in err, err
     assert done.returncode == code, err
+
+
+def test_an_unanticipated_error_is_one_line_and_its_traceback_is_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import argparse
+
+    from fleet_trio.cli import run_handler
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
+    monkeypatch.delenv("STATE_DIRECTORY", raising=False)
+
+    def buggy(args: argparse.Namespace) -> int:
+        raise ValueError("boom\nsecond line")
+
+    assert run_handler(buggy, argparse.Namespace()) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: internal error: ValueError: boom ")
+    [saved] = (tmp_path / "fleet-trio" / "crash").iterdir()
+    assert str(saved) in err and "Traceback" in saved.read_text()
+
+    def interrupted(args: argparse.Namespace) -> int:
+        raise BaseExceptionGroup("nursery", [KeyboardInterrupt()])
+
+    assert run_handler(interrupted, argparse.Namespace()) == 130
