@@ -15,7 +15,8 @@ How, as a newcomer would, with three documented adaptations:
   ``--listen`` gets one;
 * a line ending in ``&`` starts a long-running server: it is started in the background, waited
   for (``serving on`` for a node, ``worker config:`` for the sim controller) and stopped with
-  SIGTERM after the block; every other line must exit 0 within its timeout.
+  SIGTERM after the block; every other line must exit 0 within its timeout, print no
+  traceback and no error envelope (``"status":"error"``: ``curl -s`` exits 0 on an HTTP error).
 
 Each block runs from the repository root with a fresh temporary ``HOME`` (no ``XDG_*``, no
 ``FLEET_TRIO_*``); afterwards nothing may have been written outside ``HOME``'s state directory
@@ -170,6 +171,8 @@ def test_quickstart_block_works_verbatim(tmp_path: Path, block_id: str, block: s
             transcript.append(f"$ {line}\n{done.stdout}{done.stderr}")
             assert done.returncode == 0, "\n".join(transcript)
             assert "Traceback" not in done.stderr, "\n".join(transcript)
+            # curl -s exits 0 on an HTTP error too: the error envelope must not be what we got
+            assert '"status":"error"' not in done.stdout, "\n".join(transcript)
     finally:
         for line, proc, log in reversed(servers):
             if proc.poll() is None:
