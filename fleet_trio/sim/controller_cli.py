@@ -52,6 +52,10 @@ def session_path() -> str:
 def add_to_sim(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``controller``, ``submit``, ``jobs`` and ``devices`` under ``fleet-trio sim``."""
     sim = sub.choices["sim"]
+    sim.description = (
+        "Simulation harness commands: seeded chaos schedules (docs/chaos.md) and a simulated "
+        "rc controller to try the worker with (docs/sim-controller.md)."
+    )
     simsub = next(a for a in sim._actions if isinstance(a, argparse._SubParsersAction))
     p = simsub.add_parser(
         "controller",
@@ -121,7 +125,10 @@ def add_to_sim(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     client_args(q)
     q.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD ARG...")
     q.set_defaults(handler=cmd_submit)
-    for name, text in (("jobs", "list the sim controller's jobs"), ("devices", "list devices")):
+    for name, text in (
+        ("jobs", "list the sim controller's jobs"),
+        ("devices", "list the sim controller's devices"),
+    ):
         r = simsub.add_parser(name, help=text, description=f"{text[0].upper()}{text[1:]}.")
         r.add_argument("--json", action="store_true", help="print the controller's JSON")
         client_args(r)
