@@ -207,6 +207,7 @@ def mount_client(app: QuartTrio, ctrl: SimController) -> None:
         async def follow() -> AsyncIterator[bytes]:
             sent = 0
             while True:
+                changed = ctrl._changed  # taken before reading: no change slips between
                 data = ctrl.logs(job_id)
                 if len(data) > sent:
                     yield data[sent:]
@@ -216,8 +217,8 @@ def mount_client(app: QuartTrio, ctrl: SimController) -> None:
                     if rest:
                         yield rest
                     return
-                with trio.move_on_after(1.0):  # a change wakes us; the timeout bounds a miss
-                    await ctrl._changed.wait()
+                with trio.move_on_after(1.0):  # a change wakes us (logs, status, kill)
+                    await changed.wait()
 
         resp = Response(follow(), content_type="text/plain; charset=utf-8")
         resp.timeout = None
