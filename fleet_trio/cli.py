@@ -9,12 +9,13 @@ exactly as the worker runs a job, see ``docs/exec.md``), ``node`` (serve CONTRAC
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import logging
 import os
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import trio
@@ -22,6 +23,7 @@ import trio
 from fleet_trio import __version__
 from fleet_trio.durations import parse_duration_seconds
 from fleet_trio.errors import DurationError
+from fleet_trio.gpu.fake_cli import add_parser as add_fake_gpu_parser
 from fleet_trio.logs import (
     LogSetupError,
     add_log_arguments,
@@ -34,6 +36,7 @@ from fleet_trio.proc.run import run
 from fleet_trio.proc.spec import JobSpec, Result
 from fleet_trio.proc.stop import StopToken
 from fleet_trio.sim.chaos_cli import add_parser as add_sim_parser
+from fleet_trio.sim.controller_cli import add_to_sim as add_sim_controller_parsers
 from fleet_trio.sim.demo import add_parser as add_demo_parser
 
 if TYPE_CHECKING:
@@ -48,6 +51,10 @@ EXIT_NOT_STARTED = 127
 """The command could not be started (missing executable, bad cwd …), as a shell reports it."""
 EXIT_INTERNAL = 1
 """A bug: the job task ended without a Result (its traceback is logged)."""
+EXIT_BROKEN_PIPE = 141
+"""Our stdout's reader went away (128 + SIGPIPE, as a shell reports it)."""
+EXIT_INTERRUPTED = 130
+"""SIGINT before the command installed its own handling (128 + SIGINT)."""
 
 
 # -- terminal output without blocking the event loop ---------------------------------------------
@@ -170,7 +177,8 @@ def _add_gpu_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--fake-gpu-dir",
         metavar="DIR",
-        help="state directory of the fake GPU (--gpu fake; default $FLEET_TRIO_FAKE_GPU_DIR)",
+        help="state directory of the fake GPU (--gpu fake; default $FLEET_TRIO_FAKE_GPU_DIR, "
+        "else fake-gpu under $XDG_STATE_HOME/fleet-trio; created and initialised if missing)",
     )
     p.add_argument(  # multi-GPU
         "--fake-gpus",
@@ -339,7 +347,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_worker(sub)
     _add_tail(sub)  # fleet-trio tail (docs/tail.md)
     add_sim_parser(sub)  # fleet-trio sim chaos (docs/chaos.md)
+    add_sim_controller_parsers(sub)  # fleet-trio sim controller|submit|jobs|devices
     add_demo_parser(sub)  # fleet-trio demo (docs/demo.md)
+    add_fake_gpu_parser(sub)  # fleet-trio fake-gpu (docs/gpu.md)
     add_log_arguments(parser)  # after every subcommand: they all get --log-level/--log-format
     return parser
 
@@ -436,7 +446,10 @@ async def _exec(args: argparse.Namespace) -> int:
     if result.err is not None:
         await err.write(f"{PROG} exec: {result.err}\n".encode())
     if args.json:
-        line = json.dumps(result.to_json(), separators=(", ", ": "))
+        report = result.to_json()
+        if not args.job_id:  # no sweep was asked for: nothing to call clean or dirty
+            report["sweep"] = None
+        line = json.dumps(report, separators=(", ", ": "))
         prefix = "" if out.at_line_start else "\n"
         await out.write(f"{prefix}{line}\n".encode())
     return exit_status(result)
@@ -447,7 +460,7 @@ def _cmd_exec(args: argparse.Namespace) -> int:
         # Validate before starting trio: usage errors never spawn anything.
         exec_spec(args)
     except UsageError as exc:
-        print(f"{PROG} exec: {exc}", file=sys.stderr)
+        print(f"{PROG} exec: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     return trio.run(_exec, args)
 
@@ -455,11 +468,18 @@ def _cmd_exec(args: argparse.Namespace) -> int:
 # -- fleet-trio node ----------------------------------------------------------------------------
 
 
-def _export_fake_gpu_dir(args: argparse.Namespace) -> None:
-    """With ``--gpu fake --fake-gpu-dir DIR``, jobs see the same fake GPU through
-    ``FLEET_TRIO_FAKE_GPU_DIR`` (the variable its helper command and job scripts read)."""
-    if args.gpu == "fake" and args.fake_gpu_dir:
-        os.environ["FLEET_TRIO_FAKE_GPU_DIR"] = os.path.abspath(args.fake_gpu_dir)
+def _export_fake_gpu_dir(args: argparse.Namespace) -> str | None:
+    """With ``--gpu fake``, jobs see the same fake GPU through ``FLEET_TRIO_FAKE_GPU_DIR``
+    (the variable its helper command and job scripts read). The directory (default: under the
+    state directory) is created and initialised when needed; returns the line that says so.
+    Raises ``ConfigError``."""
+    if args.gpu != "fake":
+        return None
+    from fleet_trio.gpu.fake_cli import prepare_fake_gpu
+
+    args.fake_gpu_dir, note = prepare_fake_gpu(args.fake_gpu_dir)
+    os.environ["FLEET_TRIO_FAKE_GPU_DIR"] = args.fake_gpu_dir
+    return note
 
 
 def _test_break() -> frozenset[str]:
@@ -475,9 +495,10 @@ def _cmd_node(args: argparse.Namespace) -> int:
     def say(line: str) -> None:
         console(f"{PROG} node: {line}", event=line, logger="fleet_trio.node")
 
-    _export_fake_gpu_dir(args)
     try:
         config = load_config(args.config) if args.config else NodeConfig()
+        if note := _export_fake_gpu_dir(args):
+            say(note)
         options = NodeOptions(
             listen=args.listen,
             trusted_network=args.listen_trusted_network,
@@ -511,9 +532,10 @@ def _cmd_measure(args: argparse.Namespace) -> int:
     def say(line: str) -> None:
         print(f"[{PROG} measure] {line}", file=sys.stderr, flush=True)
 
-    _export_fake_gpu_dir(args)
     try:
         config = load_config(args.config) if args.config else NodeConfig()
+        if note := _export_fake_gpu_dir(args):
+            say(note)
         options = MeasureOptions(
             gpu=args.gpu,
             fake_gpu_dir=args.fake_gpu_dir,
@@ -523,7 +545,7 @@ def _cmd_measure(args: argparse.Namespace) -> int:
         )
         report = trio.run(functools.partial(measure, config, options, say=say, handle_signals=True))
     except MeasureUsageError as exc:
-        print(f"{PROG} measure: {exc}", file=sys.stderr)
+        print(f"{PROG} measure: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except (ConfigError, NodeStartError) as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -566,8 +588,14 @@ def _cmd_worker(args: argparse.Namespace) -> int:
         console(f"error: {exc}", event=str(exc), logger="fleet_trio.worker", level=logging.ERROR)
         return 1
     if args.check:
+        from fleet_trio.worker.check import check_paths
+
+        problems = check_paths(config)
+        for problem in problems:
+            level = "error" if problem.error else "warning"
+            print(f"{level}: {args.config}: {problem.key}: {problem.message}", file=sys.stderr)
         print(json.dumps(config.to_summary(), indent=2), flush=True)
-        return 0
+        return 1 if any(p.error for p in problems) else 0
     if config.tail_listen and args.listen_trusted_network:
         who = (
             "tail_token is required"
@@ -604,6 +632,10 @@ TAIL_BACKOFF_MAX = 8.0
 EXIT_TAIL_FAILED = 2
 """The tail itself failed: bad usage, refused, an ``error`` message, connection lost."""
 TAIL_MAX_MESSAGE = 4 << 20
+TAIL_CONNECT_TIMEOUT = 4.0
+"""Connecting (TCP and the websocket handshake) gives up after this: a node that is not there
+fails the tail in well under 5 s."""
+TAIL_DISCONNECT_TIMEOUT = 2.0
 
 
 def _add_tail(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -689,16 +721,41 @@ def _rejection(exc: Exception) -> str:
         message = json.loads(body).get("error", "")
     except (ValueError, AttributeError):
         message = body.decode("utf-8", errors="replace").strip()
+    message = " ".join(message.split())[:200]  # one line, bounded, whatever the server sent
     return f"refused: HTTP {status}" + (f" ({message})" if message else "")
 
 
+def _connection_problem(exc: BaseException) -> str:
+    """One short line for why a websocket could not be opened or was lost."""
+    from trio_websocket import ConnectionClosed
+
+    if isinstance(exc, ConnectionClosed) and exc.reason is not None:
+        reason = exc.reason
+        return f"closed {reason.code}" + (f" {reason.reason}" if reason.reason else "")
+    # HandshakeError wraps the OSError that says why; trio's "all attempts to connect … failed"
+    # wraps (in a group) the errno of each attempt: the first errno found is the reason.
+    todo: list[BaseException] = [exc]
+    visited: set[int] = set()  # chains can loop (a group's context is its own member)
+    fallback = ""
+    while todo and len(visited) < 100:
+        seen = todo.pop(0)
+        if id(seen) in visited:
+            continue
+        visited.add(id(seen))
+        if isinstance(seen, OSError):
+            if seen.errno is not None and seen.errno > 0:
+                return os.strerror(seen.errno)
+            if seen.errno is not None and seen.strerror:  # getaddrinfo's negative codes
+                return seen.strerror
+            fallback = fallback or str(seen)
+        if isinstance(seen, BaseExceptionGroup):
+            todo.extend(seen.exceptions)
+        todo.extend(e for e in (seen.__cause__, seen.__context__) if e is not None)
+    return fallback or str(exc) or type(exc).__name__
+
+
 async def _tail(args: argparse.Namespace) -> int:
-    from trio_websocket import (
-        ConnectionClosed,
-        ConnectionRejected,
-        HandshakeError,
-        open_websocket_url,
-    )
+    from trio_websocket import ConnectionClosed, ConnectionRejected, HandshakeError
 
     from fleet_trio.logbus.bus import End, Output, Skipped
     from fleet_trio.logbus.tail import (
@@ -708,6 +765,7 @@ async def _tail(args: argparse.Namespace) -> int:
         parse_start,
         parse_streams,
     )
+    from fleet_trio.logbus.tail_client import ConnectTimeout, TailLinkError, follow
 
     out = FdWriter(sys.stdout.fileno(), "stdout")
     err = FdWriter(sys.stderr.fileno(), "stderr")
@@ -722,44 +780,60 @@ async def _tail(args: argparse.Namespace) -> int:
     redact_secrets(token)
     headers = [(b"Authorization", f"Bearer {token}".encode())] if token else []
     failures = 0
+    established = False
+    """A stream was open once: only then is a lost connection worth reconnecting."""
+
+    def opened() -> None:
+        nonlocal established
+        established = True
+
+    async def on_message(text: str | bytes) -> int | None:
+        nonlocal failures, position
+        event = loads(text)
+        failures = 0
+        if isinstance(event, Output):
+            await (out if event.stream == "stdout" else err).write(event.data)
+            position = event.offset + len(event.data)
+        elif isinstance(event, Skipped):
+            position = event.offset + event.nbytes
+            await say(f"{event.nbytes} byte(s) skipped at offset {event.offset}")
+        elif isinstance(event, End):
+            if event.reason or event.state != "done":
+                why = f": {event.reason}" if event.reason else ""
+                await say(f"job {args.job_id} ended {event.state}{why}")
+            return tail_exit_status(event.state, event.exit_code)
+        else:
+            await say(f"error: {event.message}")
+            return EXIT_TAIL_FAILED
+        return None
+
     while True:
         url = tail_url(args.url, args.job_id, TailQuery(position, streams).to_params())
         try:
-            async with open_websocket_url(
+            return await follow(
                 url,
-                extra_headers=headers,
+                on_message,
+                headers=headers,
                 max_message_size=TAIL_MAX_MESSAGE,
-                connect_timeout=10,
-                disconnect_timeout=5,
-            ) as ws:
-                while True:
-                    event = loads(await ws.get_message())
-                    failures = 0
-                    if isinstance(event, Output):
-                        await (out if event.stream == "stdout" else err).write(event.data)
-                        position = event.offset + len(event.data)
-                    elif isinstance(event, Skipped):
-                        position = event.offset + event.nbytes
-                        await say(f"{event.nbytes} byte(s) skipped at offset {event.offset}")
-                    elif isinstance(event, End):
-                        if event.reason or event.state != "done":
-                            why = f": {event.reason}" if event.reason else ""
-                            await say(f"job {args.job_id} ended {event.state}{why}")
-                        return tail_exit_status(event.state, event.exit_code)
-                    else:
-                        await say(f"error: {event.message}")
-                        return EXIT_TAIL_FAILED
+                connect_timeout=TAIL_CONNECT_TIMEOUT,
+                disconnect_timeout=TAIL_DISCONNECT_TIMEOUT,
+                on_open=opened,
+            )
         except ConnectionRejected as exc:
-            await say(_rejection(exc))
+            await say(f"error: {_rejection(exc)}")
             return EXIT_TAIL_FAILED
         except TailProtocolError as exc:
-            await say(f"bad message from the node: {exc}")
+            await say(f"error: bad message from the node: {exc}")
             return EXIT_TAIL_FAILED
-        except (HandshakeError, ConnectionClosed, OSError) as exc:
-            problem = str(exc) or type(exc).__name__
+        except (HandshakeError, ConnectionClosed, OSError, ConnectTimeout, TailLinkError) as exc:
+            problem = _connection_problem(exc)
+        if not established:
+            base = tail_url(args.url, "", {}).split("/fleet/")[0]
+            await say(f"error: cannot connect to {base}: {problem}")
+            return EXIT_TAIL_FAILED
         failures += 1
         if failures > args.retries:
-            await say(f"giving up after {failures - 1} reconnection attempt(s): {problem}")
+            await say(f"error: giving up after {failures - 1} reconnection attempt(s): {problem}")
             return EXIT_TAIL_FAILED
         delay = min(0.5 * 2 ** (failures - 1), TAIL_BACKOFF_MAX)
         await say(
@@ -767,6 +841,22 @@ async def _tail(args: argparse.Namespace) -> int:
             f"(attempt {failures}/{args.retries})"
         )
         await trio.sleep(delay)
+
+
+def check_tail_url(base: str) -> None:
+    """Raise ``ValueError`` for a ``--url`` that cannot name a node (scheme, host, port)."""
+    from urllib.parse import urlsplit
+
+    text = base.strip()
+    parts = urlsplit(text if "://" in text else "ws://" + text)
+    if parts.scheme.lower() not in ("ws", "wss", "http", "https"):
+        raise ValueError(f"--url {base!r}: want ws://, wss://, http:// or https://HOST:PORT")
+    if not parts.hostname:
+        raise ValueError(f"--url {base!r}: no host")
+    try:
+        parts.port  # noqa: B018  (raises for a port out of 0-65535 or not a number)
+    except ValueError as exc:
+        raise ValueError(f"--url {base!r}: {exc}") from None
 
 
 def _cmd_tail(args: argparse.Namespace) -> int:
@@ -777,8 +867,9 @@ def _cmd_tail(args: argparse.Namespace) -> int:
         parse_streams(args.streams)
         if args.retries < 0:
             raise TailProtocolError("--retries must be >= 0")
-    except TailProtocolError as exc:
-        print(f"{PROG} tail: {exc}", file=sys.stderr)
+        check_tail_url(args.url)
+    except ValueError as exc:  # TailProtocolError is one
+        print(f"{PROG} tail: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     try:
         return trio.run(_tail, args)
@@ -798,13 +889,61 @@ def main(argv: list[str] | None = None) -> int:
     try:
         setup_logging(args.log_level, args.log_format)  # docs/logging.md
     except LogSetupError as exc:
-        print(f"{PROG}: {exc}", file=sys.stderr)
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     handler = getattr(args, "handler", None)
     if handler is None:
         parser.print_help(sys.stderr)
         return EXIT_USAGE
-    status: int = handler(args)
+    return run_handler(handler, args)
+
+
+def _save_traceback(exc: BaseException) -> str:
+    """Write ``exc``'s traceback under the state directory; say where (or how to see it)."""
+    import time
+    import traceback
+
+    from fleet_trio.statedir import state_dir
+
+    path = os.path.join(state_dir(), "crash", f"{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}.txt")
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(f"{PROG} {__version__}\n")  # not argv: it may carry a --token
+            f.write("".join(traceback.format_exception(exc)))
+    except OSError:
+        return "the traceback that --log-level DEBUG prints"
+    return f"the traceback in {path}"
+
+
+def run_handler(handler: Any, args: argparse.Namespace) -> int:
+    """Run a subcommand; whatever it did not turn into its own one-line error becomes one
+    ``error:`` line too (docs/troubleshooting.md), the traceback going to the DEBUG log."""
+    try:
+        status: int = handler(args)
+    except BrokenPipeError:  # our reader went away (`… | head`): nothing left to say
+        with contextlib.suppress(OSError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+    except BaseException as exc:  # a bug, or an error no command anticipated
+        interrupted, rest = (
+            exc.split(KeyboardInterrupt) if isinstance(exc, BaseExceptionGroup) else (None, exc)
+        )
+        if interrupted is not None and rest is None:  # ^C inside a nursery arrives wrapped
+            return EXIT_INTERRUPTED
+        if not isinstance(exc, Exception):  # SystemExit, and the like: not ours
+            raise
+        log.debug("unhandled error", exc_info=True)
+        text = " ".join(str(exc).split())[:300]
+        where = _save_traceback(exc)
+        print(
+            f"error: internal error: {type(exc).__name__}: {text} (a bug: please report it "
+            f"with {where})",
+            file=sys.stderr,
+        )
+        return EXIT_INTERNAL
     return status
 
 

@@ -85,7 +85,7 @@ async def test_json_is_the_last_stdout_line() -> None:
         "killed": False,
         "reason": "",
         "error": None,
-        "sweep": {"scanned": False, "found": [], "remaining": [], "blind": False, "clean": False},
+        "sweep": None,  # no --job-id: no sweep, so no claim of clean or dirty
     }
     assert done.stderr == b"e\n"
 
@@ -199,7 +199,8 @@ async def test_malformed_duration_is_a_one_line_error() -> None:
         done = await fleet("exec", flag, "10", "--", "true")
         assert done.returncode == 2
         line = one_line(done.stderr)
-        assert line.startswith(f"fleet-trio exec: {flag}: invalid duration '10': missing unit")
+        expected = f"fleet-trio exec: error: {flag}: invalid duration '10': missing unit"
+        assert line.startswith(expected)
         assert done.stdout == b""
 
 
@@ -207,7 +208,7 @@ async def test_empty_command() -> None:
     for args in (["exec", "--"], ["exec"], ["exec", "--json", "--"]):
         done = await fleet(*args)
         assert done.returncode == 2
-        assert one_line(done.stderr) == "fleet-trio exec: empty command"
+        assert one_line(done.stderr) == "fleet-trio exec: error: empty command"
         assert done.stdout == b""
 
 

@@ -124,7 +124,7 @@ async def test_keep_running_prints_both_tail_pages_and_exits_0_on_sigint() -> No
                 )
             )
             assert proc.stdout is not None
-            while "fleet-trio tail --url" not in text:
+            while "fleet-trio sim submit --url" not in text:
                 chunk = await proc.stdout.receive_some()
                 assert chunk, f"the demo ended before printing its URLs:\n{text}"
                 text += chunk.decode()
@@ -135,6 +135,26 @@ async def test_keep_running_prints_both_tail_pages_and_exits_0_on_sigint() -> No
                     r = await client.get(page)
                     assert r.status_code == 200
                     assert r.headers["content-type"].startswith("text/html")
+            # its rc controller takes a job from the shell (client token printed)
+            m = re.search(r"fleet-trio sim submit --url (\S+) --token (\S+) ", text)
+            assert m is not None, text
+            submit = ["sim", "submit", "--url", m[1], "--token", m[2], "--"]
+            submitted = await trio.run_process(
+                [
+                    sys.executable,
+                    "-m",
+                    "fleet_trio",
+                    *submit,
+                    "sh",
+                    "-c",
+                    "echo hi from $RC_DEVICE",
+                ],
+                capture_stdout=True,
+                capture_stderr=True,
+                check=False,
+            )
+            assert submitted.returncode == 0, submitted.stderr
+            assert submitted.stdout.startswith(b"hi from demo-box:gpu"), submitted.stdout
             proc.send_signal(signal.SIGINT)
             while chunk := await proc.stdout.receive_some():
                 text += chunk.decode()

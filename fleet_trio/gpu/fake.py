@@ -354,8 +354,8 @@ def _hold(directory: str, pid: int, nbytes: int, seconds: float | None) -> int:
         remove_holding(directory, pid)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m fleet_trio.gpu.fake")
+def main(argv: Sequence[str] | None = None, prog: str = "python -m fleet_trio.gpu.fake") -> int:
+    parser = argparse.ArgumentParser(prog=prog)
     sub = parser.add_subparsers(dest="verb", required=True)
 
     def add_dir(p: argparse.ArgumentParser) -> None:

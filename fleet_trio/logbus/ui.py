@@ -94,6 +94,10 @@ def page_html() -> bytes:
     return resources.files("fleet_trio.logbus").joinpath("static/tail.html").read_bytes()
 
 
+NODE_HEADER = "Fleet-Node-Id"
+"""The node id (or the worker's host) on ``GET /fleet/ui/jobs`` answers."""
+
+
 def job_row(info: JobInfo) -> dict[str, Any]:
     """One job of ``GET /fleet/ui/jobs``."""
     return {
@@ -102,6 +106,8 @@ def job_row(info: JobInfo) -> dict[str, Any]:
         "started": info.started,
         "ended": info.ended,
         "nbytes": info.nbytes,
+        "task_type": info.meta.get("task_type", ""),  # a node job's task type
+        "device": info.meta.get("device", ""),  # a worker job's device
     }
 
 
@@ -119,8 +125,12 @@ def mount_ui(
     check_token: TokenCheck,
     *,
     endpoint_prefix: str = "fleet_ui",
+    node_id: str = "",
 ) -> None:
     """Add ``GET /fleet/ui`` (the page) and ``GET /fleet/ui/jobs`` (its JSON) to ``app``.
+
+    ``node_id`` (the node's id, the worker's host) is sent as the ``Fleet-Node-Id`` header
+    of the job list; the page shows it in its heading.
 
     ``get_bus`` is called per request (the bus may be created after mounting). The page
     expects the websocket tail at ``/fleet/jobs/<id>/tail`` on the same origin.
@@ -144,7 +154,7 @@ def mount_ui(
         return Response(
             json.dumps(rows, separators=(",", ":")),
             status=200,
-            headers={"Cache-Control": "no-store"},
+            headers={"Cache-Control": "no-store", **({NODE_HEADER: node_id} if node_id else {})},
             content_type="application/json",
         )
 
@@ -154,6 +164,7 @@ def mount_ui(
 
 __all__ = [
     "JOBS_PATH",
+    "NODE_HEADER",
     "PAGE_PATH",
     "TokenCheck",
     "job_row",

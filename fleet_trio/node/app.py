@@ -364,7 +364,7 @@ def create_app(ctx: NodeContext) -> QuartTrio:
     # -- browser page of the live tail (docs/tail.md, "Browser page") --------------------------
     from fleet_trio.logbus.ui import mount_ui
 
-    mount_ui(app, lambda: ctx.bus, functools.partial(_token_ok, ctx))
+    mount_ui(app, lambda: ctx.bus, functools.partial(_token_ok, ctx), node_id=ctx.node_id)
     # -- end of the browser page block ---------------------------------------------------------
 
     async def _http_error(exc: HTTPException) -> Response:

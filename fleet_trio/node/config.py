@@ -310,6 +310,12 @@ def make_converter() -> cattrs.Converter:
 def _format_exception(exc: BaseException, type_: type | None) -> str:
     if isinstance(exc, ValueError) and str(exc) and type(exc) is ValueError:
         return str(exc)
+    if isinstance(exc, cattrs.ForbiddenExtraKeysError) and attrs.has(exc.cl):
+        from fleet_trio.confighints import did_you_mean
+
+        known = [f.name for f in attrs.fields(exc.cl)]
+        hints = "".join(did_you_mean(str(k), known) for k in sorted(exc.extra_fields))
+        return cattrs.v.format_exception(exc, type_) + hints
     return cattrs.v.format_exception(exc, type_)
 
 
@@ -585,8 +591,11 @@ def _q(text: str) -> str:
 
 
 def expand_path(path: str, base_dir: str) -> str:
-    """``~`` expanded; a relative path resolved against ``base_dir`` (if given)."""
-    path = os.path.expanduser(path)
+    """``~`` and ``${XDG_STATE_HOME}`` expanded (fleet_trio.statedir); a relative path resolved
+    against ``base_dir`` (if given)."""
+    from fleet_trio.statedir import expand_vars
+
+    path = os.path.expanduser(expand_vars(path))
     if base_dir and not os.path.isabs(path):
         path = os.path.join(base_dir, path)
     return path

@@ -149,21 +149,21 @@ async def serve_http(
     """The HTTP server; ``started`` with the bound URLs. Runs until cancelled."""
     try:
         await hypercorn_serve(app, hc, task_status=task_status)
-    except OSError as exc:
+    except (OSError, OverflowError) as exc:  # OverflowError: a port out of 0-65535
         raise NodeStartError(f"cannot listen on {', '.join(hc.bind)}: {exc}") from exc
     except BaseExceptionGroup as group:  # hypercorn binds inside its nurseries
-        bind_errors, rest = group.split(OSError)
+        bind_errors, rest = group.split((OSError, OverflowError))
         if bind_errors is None or rest is not None:
             raise
         first = _first_leaf(bind_errors)
         raise NodeStartError(f"cannot listen on {', '.join(hc.bind)}: {first}") from first
 
 
-def _first_leaf(group: BaseExceptionGroup[OSError]) -> OSError:
+def _first_leaf(group: BaseExceptionGroup[Exception]) -> OSError | OverflowError:
     first: BaseException = group
     while isinstance(first, BaseExceptionGroup):
         first = first.exceptions[0]
-    assert isinstance(first, OSError)
+    assert isinstance(first, OSError | OverflowError)
     return first
 
 
@@ -432,7 +432,7 @@ async def serve_node(
         )
         devices = f" on {len(gpu.devices)} GPUs" if len(gpu.devices) > 1 else ""
         say(
-            f"fleet-trio node {node_id} serving on {listen} "
+            f"node {node_id} serving on {listen} "
             f"(vram total {snap.total_gb:.1f} GiB{devices}; "
             f"tasks: {', '.join(registry.supported)})"
         )

@@ -999,6 +999,9 @@ def create_app(ctrl: SimController) -> QuartTrio:
 
     mount_relay(app, ctrl)
     # --- end relay ---------------------------------------------------------------------
+    from fleet_trio.sim.client_api import mount_client  # POST /v1/jobs & co. (rc run's side)
+
+    mount_client(app, ctrl)
 
     @app.after_request
     async def _instance(resp: Response) -> Response:

@@ -700,7 +700,7 @@ class Story:
             "leak",
             "worker gpu1",
             "an rc job that leaks fake VRAM; verify fails",
-            "gpu1 quarantined (fault)",
+            "gpu1 unhealthy (fault)",  # quarantined: the controller says unhealthy
             self.step_leak,
         )
         add(
@@ -1305,7 +1305,12 @@ async def run_demo(options: DemoOptions, files: DemoFiles, con: Console) -> int:
 
         async with trio.open_nursery() as infra:
             infra.start_soon(_signals, con, interrupt, hard)
-            ctrl = SimController(token=files.token, reaper_interval=1.0, startup_grace=0.0)
+            ctrl = SimController(
+                token=files.token,
+                tokens={f"client-{files.token}": "client"},  # sim submit (--keep-running)
+                reaper_interval=1.0,
+                startup_grace=0.0,
+            )
             ctrl_url = await infra.start(serve_controller, ctrl)
             await trio.to_thread.run_sync(write_worker_yaml, files, ctrl_url)
             con.say(f"  rc controller (simulated)   {ctrl_url}")
@@ -1378,6 +1383,14 @@ async def _keep_running(con: Console, fleet: Fleet, scope: trio.CancelScope) -> 
         ' -d \'{"job_id":"j1","task_type":"render","payload":{"steps":8}}\''
     )
     con.say(f"        fleet-trio tail --url {node_url} j1")
+    ctrl = fleet.ctrl
+    client = next((t for t, role in ctrl.tokens.items() if role == "client"), "")
+    worker = next((t for t, role in ctrl.tokens.items() if role == "worker"), "")
+    con.say(f"  rc controller:     {ctrl.base_url} (worker token {worker}, client token {client})")
+    con.say(
+        f"  try:  fleet-trio sim submit --url {ctrl.base_url} --token {client} "
+        "-- sh -c 'echo hi from $RC_DEVICE'"
+    )
     with scope:
         await trio.sleep_forever()
 

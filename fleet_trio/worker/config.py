@@ -609,6 +609,22 @@ _HOOKS_KEYS = frozenset(f.name for f in attrs.fields(HooksConfig))
 _DEVICE_KEYS = frozenset(f.name for f in attrs.fields(DeviceConfig))
 
 
+def _key_hint(key: str) -> str:
+    """The closest known key at the same level, or where an exact name belongs instead."""
+    from fleet_trio.confighints import did_you_mean
+
+    where, _, leaf = key.rpartition(".")
+    levels = {"": _TOP_KEYS, "hooks": _HOOKS_KEYS, "devices[]": _DEVICE_KEYS}
+    level = "devices[]" if where.startswith("devices[") else where
+    hint = did_you_mean(leaf, levels.get(level, ()))
+    if hint:
+        return hint
+    for other, known in levels.items():
+        if other != level and leaf in known:
+            return f" ({leaf} is a key of {other + ':' if other else 'the top level'})"
+    return ""
+
+
 def _unknown(data: Mapping[str, object], known: Iterable[str], where: str) -> list[str]:
     known = set(known)
     return [_join(where, k) for k in data if k not in known]
@@ -773,10 +789,8 @@ def _build(
                 "not set, and the machine's host name could not be determined", "host"
             )
 
-    if ignored:
-        log.info(
-            "%s: ignoring keys the worker does not read: %s", path or "config", ", ".join(ignored)
-        )
+    for key in ignored:  # a typo must not pass silently (rc worker ignores them too)
+        log.warning("%s: unknown key %s ignored%s", path or "config", key, _key_hint(key))
     names = [d.name for d in values["devices"]]
     for name in sorted({n for n in names if names.count(n) > 1}):
         log.warning("%s: device %r is declared more than once", path or "config", name)

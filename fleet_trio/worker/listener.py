@@ -61,6 +61,7 @@ def create_tail_app(
     token: str | None = None,
     metrics: WorkerMetrics | None = None,
     edge: EdgePolicy | None = None,
+    node_id: str = "",
 ) -> QuartTrio:
     """A quart-trio app serving the tail route of ``bus`` (and ``GET /metrics`` when
     ``metrics`` is given, behind the same token: docs/metrics.md). ``edge``: the Origin/Host
@@ -98,7 +99,7 @@ def create_tail_app(
 
         app.add_url_rule("/metrics", "metrics", _metrics, methods=["GET"])
     # the browser page (GET /fleet/ui and its job list), as on the node
-    mount_ui(app, lambda: bus, lambda header: token_ok(token, bearer(header)))
+    mount_ui(app, lambda: bus, lambda header: token_ok(token, bearer(header)), node_id=node_id)
     return app
 
 
@@ -122,6 +123,7 @@ async def serve_tail_listener(
     token: str | None = None,
     metrics: WorkerMetrics | None = None,
     allow_origins: tuple[str, ...] = (),
+    node_id: str = "",
     task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve the tail route of ``bus`` on ``listen`` (``HOST:PORT``) until cancelled.
@@ -137,7 +139,7 @@ async def serve_tail_listener(
         edge = EdgePolicy.build(loopback=listen_is_loopback(listen), allow_origins=allow_origins)
     except OriginError as exc:
         raise TailListenError(f"tail_allow_origins: {exc}") from None
-    app = create_tail_app(bus, token=token or None, metrics=metrics, edge=edge)
+    app = create_tail_app(bus, token=token or None, metrics=metrics, edge=edge, node_id=node_id)
     hc = tail_hypercorn_config(listen)
     started = False
     problem: BaseException | None = None

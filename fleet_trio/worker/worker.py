@@ -721,6 +721,7 @@ async def _start_tail_listener(worker: Worker, tree: TaskTree) -> None:
                 token=cfg.tail_token or None,
                 allow_origins=cfg.tail_allow_origins,
                 metrics=worker.metrics,
+                node_id=cfg.host,  # shown on the browser page
             ),
             name="tail-listener",
         )

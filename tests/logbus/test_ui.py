@@ -88,8 +88,13 @@ async def test_page_and_jobs_route(tmp_path: Path) -> None:
         rows = r.json()
         assert [row["job_id"] for row in rows] == ["ui-2", "ui-1"]  # newest first
         for row in rows:
-            assert set(row) == {"job_id", "state", "started", "ended", "nbytes"}
+            assert set(row) == {"job_id", "state", "started", "ended", "nbytes"} | {
+                "task_type",
+                "device",
+            }
             assert row["ended"] >= row["started"] > 0
+            assert row["task_type"] == "colour"  # the page shows the task type
+        assert r.headers["fleet-node-id"] == h.node.context.node_id  # and the node id
         assert [row["state"] for row in rows] == ["error", "done"]
         one_line = len(b"\x1b[31mred 0\x1b[0m plain \x1b[1;32mbold green 0\x1b[0m <b>&amp;\n")
         assert rows[1]["nbytes"] == 2 * one_line + len(b'{"ok": true}')
@@ -338,3 +343,10 @@ async def test_page_in_headless_chromium(tmp_path: Path) -> None:
                 " f() })",
             )
             assert listed == ["ui-live"]
+            # the page names the node and each job's task type
+            node_id = h.node.context.node_id
+            heading = await cdp.evaluate(session, "document.getElementById('heading').textContent")
+            assert heading == f"fleet-trio jobs · {node_id}"
+            task = await cdp.evaluate(session, "document.querySelector('#jobs td.tt').textContent")
+            assert task == "colour"
+            assert node_id in await cdp.evaluate(session, "document.title")

@@ -23,14 +23,14 @@ def test_refuses_non_loopback(capsys: pytest.CaptureFixture[str]) -> None:
     assert 'refusing to bind --listen "0.0.0.0:18811"' in capsys.readouterr().err
 
 
-def test_refuses_without_gpu(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    env_dir = os.environ.pop("FLEET_TRIO_FAKE_GPU_DIR", None)
-    try:
-        assert main(["node", "--gpu", "fake", "--listen", "127.0.0.1:0"]) == 1
-    finally:
-        if env_dir is not None:
-            os.environ["FLEET_TRIO_FAKE_GPU_DIR"] = env_dir
-    assert "error: GPU probe failed" in capsys.readouterr().err
+def test_refuses_an_unusable_fake_gpu(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    argv = ["node", "--gpu", "fake", "--fake-gpu-dir", str(blocker / "gpu")]
+    assert main([*argv, "--listen", "127.0.0.1:0"]) == 1
+    err = capsys.readouterr().err
+    assert f"error: cannot create the fake GPU in {blocker / 'gpu'}: Not a directory" in err
+    assert "Traceback" not in err
 
 
 def test_bad_config_names_key_and_file(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:

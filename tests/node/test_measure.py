@@ -142,12 +142,15 @@ async def test_measure_refuses_without_a_gpu(tmp_path: Path) -> None:
     err = proc.stderr.decode()
     assert proc.returncode == 1 and "error: GPU probe failed" in err, err
     assert proc.stdout == b"" and "started" not in err
-    # --gpu fake without a fake GPU directory is refused too
+    # --gpu fake with a fake GPU directory that cannot be created is refused too (without
+    # one, the directory is created under the state directory: tests/gpu/test_fake_cli.py)
     env = {k: v for k, v in os.environ.items() if k != "FLEET_TRIO_FAKE_GPU_DIR"}
+    (tmp_path / "a-file").write_text("")
     argv = [sys.executable, "-m", "fleet_trio", "measure", "-c", str(cfg), "--gpu", "fake"]
+    argv += ["--fake-gpu-dir", str(tmp_path / "a-file" / "gpu")]
     with trio.fail_after(30):
         proc = await trio.run_process(argv, env=env, capture_stderr=True, check=False)
-    assert proc.returncode == 1 and "error: GPU probe failed" in proc.stderr.decode()
+    assert proc.returncode == 1 and "error: cannot create the fake GPU" in proc.stderr.decode()
     assert not (tmp_path / "fp.json").exists()
 
 

@@ -1,0 +1,123 @@
+"""``fleet-trio sim controller|submit|jobs|devices`` and the sim's client routes
+(``POST /v1/jobs`` as ``rc run`` sends it)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import httpx
+import trio
+
+from fleet_trio.sim import SimController, serve_controller
+
+FLEET_TRIO = [sys.executable, "-m", "fleet_trio"]
+
+
+async def test_client_routes_submit_like_rc_run() -> None:
+    ctrl = SimController(token="wtok", tokens={"ctok": "client"}, startup_grace=0.0)
+    async with trio.open_nursery() as nursery:
+        url = await nursery.start(serve_controller, ctrl)
+        hdr = {"Authorization": "Bearer ctok"}
+        async with httpx.AsyncClient(base_url=url, timeout=10) as c:
+            r = await c.post("/v1/jobs", json={"command": ["true"]}, headers=hdr)
+            assert r.status_code == 409 and r.json()["error"] == "no_device"
+            reg = {"host": "box", "devices": [{"name": "gpu0"}]}
+            r = await c.post(
+                "/v1/workers/register", json=reg, headers={"Authorization": "Bearer wtok"}
+            )
+            assert r.status_code == 200, r.text
+            body = {
+                "device_id": "box:gpu0",
+                "command": ["sh", "-c", "echo hi"],
+                "submitter": "probe@fakehost",
+                "idempotency_key": "k1",
+            }
+            r = await c.post("/v1/jobs", json=body, headers=hdr)
+            assert r.status_code == 201, r.text
+            job = r.json()
+            assert list(job)[:6] == ["id", "selector", "kind", "command", "cwd", "submitter"]
+            assert job["state"] == "assigned" and job["device_id"] == "box:gpu0"
+            again = await c.post("/v1/jobs", json=body, headers=hdr)
+            assert again.json()["id"] == job["id"]  # the same idempotency key: the same job
+            got = await c.get(f"/v1/jobs/{job['id']}", headers=hdr)
+            assert got.json()["job"]["command"] == ["sh", "-c", "echo hi"]
+            sel = await c.post(
+                "/v1/jobs", json={"selector": "vram>=16G", "command": ["x"]}, headers=hdr
+            )
+            assert sel.status_code == 400 and "selectors are not simulated" in sel.text
+            worker = await c.post("/v1/jobs", json=body, headers={"Authorization": "Bearer wtok"})
+            assert worker.status_code == 403
+            anon = await c.get("/v1/devices")
+            assert anon.status_code == 401
+            devs = await c.get("/v1/devices", headers=hdr)
+            assert [d["id"] for d in devs.json()["devices"]] == ["box:gpu0"]
+            killed = await c.post(f"/v1/jobs/{job['id']}/kill", headers=hdr)
+            assert killed.json() == {"killed": True}
+        nursery.cancel_scope.cancel()
+
+
+async def _read_until(stream: Any, needle: bytes, buf: bytearray) -> None:
+    while needle not in buf:
+        chunk = await stream.receive_some()
+        assert chunk, buf.decode()
+        buf += chunk
+
+
+async def test_try_it_from_the_shell(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "STATE_DIRECTORY"}
+    env.update(HOME=str(tmp_path), XDG_STATE_HOME=str(tmp_path / "state"))
+
+    async def cli(*args: str) -> subprocess.CompletedProcess[bytes]:
+        return await trio.run_process(
+            [*FLEET_TRIO, *args], env=env, capture_stdout=True, capture_stderr=True, check=False
+        )
+
+    with trio.fail_after(60):
+        ctrl = await trio.lowlevel.open_process(
+            [*FLEET_TRIO, "sim", "controller", "--listen", "127.0.0.1:0"],
+            env=env,
+            stdout=subprocess.PIPE,
+        )
+        worker = None
+        try:
+            out = bytearray()
+            await _read_until(ctrl.stdout, b"worker config: ", out)
+            await _read_until(ctrl.stdout, b"\n", out)
+            lines = out.decode().splitlines()
+            assert lines[0].startswith("fleet-trio sim controller: serving on http://127.0.0.1:")
+            assert "worker token w-" in lines[1] and "client token c-" in lines[1]
+            config = tmp_path / "state" / "fleet-trio" / "sim" / "worker.yaml"
+            assert lines[2].startswith(f"fleet-trio sim controller: worker config: {config}")
+            session = tmp_path / "state" / "fleet-trio" / "sim-controller.json"
+            assert session.stat().st_mode & 0o077 == 0
+            assert json.loads(session.read_text())["worker_config"] == str(config)
+            worker = await trio.lowlevel.open_process(
+                [*FLEET_TRIO, "sim", "worker"], env=env, stderr=subprocess.DEVNULL
+            )
+            # submit waits for the worker to register (409 no_device until then)
+            done = await cli("sim", "submit", "--", "sh", "-c", "echo hello $RC_JOB_ID; exit 3")
+            assert done.returncode == 3, done.stderr
+            devices = await cli("sim", "devices")
+            assert b"sim-box:gpu0" in devices.stdout and b"ready" in devices.stdout
+            assert done.stdout.startswith(b"hello ")
+            jobs = await cli("sim", "jobs", "--json")
+            listed = json.loads(jobs.stdout)
+            assert listed[0]["state"] == "failed" and listed[0]["exit_code"] == 3
+            missing = await cli("sim", "submit")
+            assert missing.returncode == 2
+            assert missing.stderr.decode().count("error:") == 1
+        finally:
+            for proc in (worker, ctrl):
+                if proc is not None:
+                    proc.send_signal(signal.SIGTERM)
+                    await proc.wait()
+    assert not session.exists()  # removed when the controller stops
+    nobody = await cli("sim", "jobs")
+    assert nobody.returncode == 1
+    assert nobody.stderr.decode().startswith("error: no sim controller is running")
