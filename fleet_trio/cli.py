@@ -201,6 +201,18 @@ def _add_node(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="require 'Authorization: Bearer TOKEN' on the three routes (default: "
         "$FLEET_TRIO_TOKEN; unset = no auth, as CONTRACT v2)",
     )
+    journal = p.add_mutually_exclusive_group()
+    journal.add_argument(
+        "--journal",
+        metavar="PATH",
+        help="job journal file (SQLite), so acked jobs survive a restart (default: config "
+        "node.journal.path, else journal-NODE_ID.sqlite beside the footprint store)",
+    )
+    journal.add_argument(
+        "--no-journal",
+        action="store_true",
+        help="keep jobs in memory only: a restart forgets every acked job",
+    )
     p.set_defaults(handler=_cmd_node)
 
 
@@ -426,6 +438,8 @@ def _cmd_node(args: argparse.Namespace) -> int:
             fake_gpu_dir=args.fake_gpu_dir,
             footprints=args.footprints,
             token=args.token if args.token is not None else os.environ.get("FLEET_TRIO_TOKEN"),
+            journal=args.journal,
+            no_journal=args.no_journal,
             test_break=_test_break(),  # TEST-ONLY (docs/chaos.md)
         )
         redact_secrets(options.token)
