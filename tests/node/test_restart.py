@@ -7,6 +7,7 @@ acked job still answers its poll — a finished one as before the crash, one tha
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -142,7 +143,5 @@ async def test_kill_9_and_restart_acked_jobs_still_answer(tmp_path: Path) -> Non
         await node.close()
         pid_file = tmp_path / "pids" / "s1"
         if pid_file.exists() and pid_file.read_text():
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(int(pid_file.read_text()), signal.SIGKILL)
-            except ProcessLookupError:
-                pass
