@@ -242,7 +242,9 @@ async def sweep_job_survivors(
     kill_bound = SWEEP_KILL_BOUND if kill_bound is None else kill_bound
     max_passes = SWEEP_MAX_PASSES if max_passes is None else max_passes
     key = f"{marker}=".encode()
-    scan_fn: MarkerScanFn = functools.partial(scan_job_marker, key=key) if scan is None else scan
+    scan_fn: MarkerScanFn = (
+        functools.partial(scan_job_marker, key=key) if scan is None else scan
+    )
     kill_fn: KillFn = _kill if kill is None else kill
 
     def first_scan() -> tuple[frozenset[int], MarkerScan]:

@@ -580,7 +580,9 @@ class Worker:
                         await nursery.start(feed.serve)
                     job.started_at = trio.current_time()
                     try:
-                        result = await self._execute(a, shipper, job.stop, joblog=joblog, feed=feed)
+                        result = await self._execute(
+                            a, shipper, job.stop, joblog=joblog, feed=feed
+                        )
                     except Exception as exc:
                         result = proc.Result(exit_code=-1, err=f"worker error: {exc}")
                         raise
