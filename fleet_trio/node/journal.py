@@ -251,7 +251,8 @@ class Journal:
                     self._apply_one(db, rec)
                 db.execute("COMMIT")
             except BaseException:
-                db.execute("ROLLBACK")
+                if db.in_transaction:  # SQLite may have rolled back already (SQLITE_FULL)
+                    db.execute("ROLLBACK")
                 raise
         except (sqlite3.Error, OSError) as exc:
             raise JournalError(f"journal {self.path}: write failed: {_describe(exc)}") from None
