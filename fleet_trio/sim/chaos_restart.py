@@ -43,6 +43,8 @@ SEED_DURATION = 1.0
 LONG_SECONDS = 1.0
 """The ``long`` task's sleep: longer than a seed, so a kill usually finds it running."""
 SETTLE_TIMEOUT = 20.0
+CONFIRMATIONS = 3
+"""Polls that must read the terminal state (the first and two more: it is kept)."""
 TASKS = ("quick", "fail", "short", "long")
 
 _RUN = 'echo "$FLEET_JOB_ID" >> "$FLEET_TRIO_SIM_NODE_DIR/runs"'
@@ -281,7 +283,7 @@ class RestartLineage:
             poll_interval=0.1,
             request_timeout=3.0,
             lost_after=30.0 if journal else 2.0,
-            terminal_confirmations=3,
+            terminal_confirmations=CONFIRMATIONS,
         )
 
     async def start(self) -> None:
@@ -348,7 +350,7 @@ class RestartLineage:
             for job_id in ids:
                 r = disp.record(job_id)
                 if r.node is not None:
-                    while r.state not in ("done", "error") or r.terminal_polls < 3:
+                    while not _settled(r):
                         await trio.sleep(0.05)
         if waited.cancelled_caught:
             notes.append("not every acked job settled within the timeout")
@@ -361,6 +363,13 @@ class RestartLineage:
         return RestartResult(
             seed, tuple(steps), tuple(violations), len(rec.acked), restarts, tuple(notes)
         )
+
+
+def _settled(r: DispatchRecord) -> bool:
+    """Terminal and confirmed by more polls (or given up as lost: a 404 run)."""
+    if r.state not in ("done", "error"):
+        return False
+    return r.terminal_polls >= CONFIRMATIONS or (r.error or "").startswith("lost")
 
 
 def _state(disp: SimDispatcher, job_id: str) -> str:
