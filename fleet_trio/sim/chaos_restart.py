@@ -23,6 +23,7 @@ What is checked (:func:`check_restart`, sans-IO over what was recorded):
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -293,9 +294,8 @@ class RestartLineage:
     async def _start_node(self) -> None:
         """Start the node and wait until the dispatcher's health probe sees it again."""
         await self.node.start()
-        with trio.fail_after(SETTLE_TIMEOUT):
-            while not self.dispatcher.healthy(self.node.url):
-                await trio.sleep(0.02)
+        url = self.node.url
+        await self.dispatcher.wait_for(lambda: self.dispatcher.healthy(url), timeout=SETTLE_TIMEOUT)
 
     async def stop(self) -> None:
         await self.node.stop()
@@ -309,9 +309,8 @@ class RestartLineage:
         await self.node.start()
         ready = trio.current_time()
         found = await trio.to_thread.run_sync(scan_markers, before_kill)
-        with trio.fail_after(SETTLE_TIMEOUT):
-            while not self.dispatcher.healthy(self.node.url):
-                await trio.sleep(0.02)
+        url = self.node.url
+        await self.dispatcher.wait_for(lambda: self.dispatcher.healthy(url), timeout=SETTLE_TIMEOUT)
         rec.leftovers += [Leftover(pid, job, ready) for pid, job in found]
 
     async def play(
@@ -338,21 +337,19 @@ class RestartLineage:
                     await self._restart(step, before, rec)
                 else:
                     ids = [s.job_id for s in steps if s.kind == "submit"]
-                    with trio.fail_after(SETTLE_TIMEOUT):
-                        while any(_state(disp, j) == "pending" for j in ids):
-                            await trio.sleep(0.05)
+                    await disp.wait_for(
+                        lambda: all(_state(disp, j) != "pending" for j in ids),  # noqa: B023
+                        timeout=SETTLE_TIMEOUT,
+                    )
                     for s in steps:
                         if s.kind == "submit" and _state(disp, s.job_id) == "unplaced":
                             nursery.start_soon(submit, s.task, s.job_id)
         ids = [s.job_id for s in steps if s.kind == "submit"]
         notes: list[str] = []
-        with trio.move_on_after(SETTLE_TIMEOUT) as waited:
-            for job_id in ids:
-                r = disp.record(job_id)
-                if r.node is not None:
-                    while not _settled(r):
-                        await trio.sleep(0.05)
-        if waited.cancelled_caught:
+        acked = [disp.record(j) for j in ids if disp.record(j).node is not None]
+        try:
+            await disp.wait_for(lambda: all(_settled(r) for r in acked), timeout=SETTLE_TIMEOUT)
+        except trio.TooSlowError:
             notes.append("not every acked job settled within the timeout")
         rec.records = [disp.record(j) for j in ids]
         rec.acked = {r.job_id for r in rec.records if any(a[1] == 202 for a in r.attempts)}
@@ -397,10 +394,8 @@ async def run_restart_seeds(
                 # what the last incarnation left: every job process with a marker
                 ids = {s.job_id for r in results for s in r.steps if s.kind == "submit"}
                 for pid, _job in await trio.to_thread.run_sync(scan_markers, ids):
-                    try:
+                    with contextlib.suppress(OSError):
                         os.kill(pid, 9)
-                    except OSError:
-                        pass
             nursery.cancel_scope.cancel()
     return results
 
