@@ -24,6 +24,12 @@ class PollLinger:
         self._watch: set[str] = set()
         self._seen: set[str] = set()
         self._changed = trio.Event()
+        self._skipped = False
+
+    def skip(self) -> None:
+        """No poller will come (an in-process harness shutting its node down): no linger."""
+        self._skipped = True
+        self._wake()
 
     def drain_began(self, in_flight: Iterable[str]) -> None:
         """The jobs whose terminal state a poller has yet to read."""
@@ -49,7 +55,7 @@ class PollLinger:
         Cancellation: the task tree bounds it with ``poll_linger``; a cancel simply ends it.
         """
         self.active = True
-        while self.unseen:
+        while self.unseen and not self._skipped:
             await self._changed.wait()
 
 
