@@ -178,8 +178,11 @@ def _add_node(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         description=(
             "Serve GET /fleet/health, POST /fleet/dispatch and GET /fleet/jobs/{id} on "
             "127.0.0.1:18811 (by default). Dispatched jobs run the commands declared under "
-            "tasks: in the YAML config. SIGTERM/SIGINT drain: new dispatches get 503, running "
-            'jobs get the drain timeout, survivors end error "interrupted". Refuses to '
+            "tasks: in the YAML config. SIGTERM/SIGINT drain: dispatches of new ids get 503 "
+            "(known ids re-ack), running jobs get the drain timeout, survivors end error "
+            '"interrupted", then polls alone are answered for up to poll_linger. Acked jobs '
+            "are journaled: after a crash the restarted node answers their polls, ends the "
+            "ones that were running interrupted and stops their processes. Refuses to "
             "start without a working GPU unless --gpu fake."
         ),
         epilog="See docs/node.md.",
