@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import os
 import sqlite3
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -254,3 +255,33 @@ async def test_failed_outcome_write_is_logged_and_still_shown(
         assert view.error == "boom"  # a poll never hangs on the disk
         assert "outcome not recorded" in caplog.text
         journal.apply = original  # type: ignore[method-assign]
+
+
+async def test_an_ack_is_invisible_and_nothing_runs_until_it_is_committed(tmp_path: Path) -> None:
+    journal = opened(tmp_path / "j.sqlite")
+    gate = threading.Event()
+    original = journal.apply
+
+    def slow(records: Any) -> None:
+        gate.wait(10)
+        original(records)
+
+    journal.apply = slow  # type: ignore[method-assign]
+    ran: list[str] = []
+    async with store_in_tree(journal=JournalWriter(journal), janitor=False) as (store, _tree):
+
+        async def work() -> Done:
+            ran.append("j")
+            return Done(b"{}")
+
+        store.register("j", work)
+        await trio.sleep(0.2)
+        assert store.get("j") is None and store.table.pending("j") and ran == []
+        gate.set()
+        assert await store.wait_recorded("j")
+        with trio.fail_after(5):
+            while (view := store.get("j")) is None or not view.state.terminal:
+                await trio.sleep(0.01)
+    assert ran == ["j"]
+    rows = journal.load()
+    assert [(r.job_id, r.state) for r in rows] == [("j", "done")]
