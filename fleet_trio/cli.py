@@ -226,8 +226,11 @@ def _add_node(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         description=(
             "Serve GET /fleet/health, POST /fleet/dispatch and GET /fleet/jobs/{id} on "
             "127.0.0.1:18811 (by default). Dispatched jobs run the commands declared under "
-            "tasks: in the YAML config. SIGTERM/SIGINT drain: new dispatches get 503, running "
-            'jobs get the drain timeout, survivors end error "interrupted". Refuses to '
+            "tasks: in the YAML config. SIGTERM/SIGINT drain: dispatches of new ids get 503 "
+            "(known ids re-ack), running jobs get the drain timeout, survivors end error "
+            '"interrupted", then polls alone are answered for up to poll_linger. Acked jobs '
+            "are journaled: after a crash the restarted node answers their polls, ends the "
+            "ones that were running interrupted and stops their processes. Refuses to "
             "start without a working GPU unless --gpu fake."
         ),
         epilog="See docs/node.md.",
@@ -259,6 +262,18 @@ def _add_node(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "docs/security.md",
     )
     _add_memory_budget(p, "node.memory_budget")
+    journal = p.add_mutually_exclusive_group()
+    journal.add_argument(
+        "--journal",
+        metavar="PATH",
+        help="job journal file (SQLite), so acked jobs survive a restart (default: config "
+        "node.journal.path, else journal-NODE_ID.sqlite beside the footprint store)",
+    )
+    journal.add_argument(
+        "--no-journal",
+        action="store_true",
+        help="keep jobs in memory only: a restart forgets every acked job",
+    )
     p.set_defaults(handler=_cmd_node)
 
 
@@ -510,6 +525,8 @@ def _cmd_node(args: argparse.Namespace) -> int:
             memory_budget=args.memory_budget,
             token=args.token if args.token is not None else os.environ.get("FLEET_TRIO_TOKEN"),
             allow_origins=tuple(args.allow_origin),
+            journal=args.journal,
+            no_journal=args.no_journal,
             test_break=_test_break(),  # TEST-ONLY (docs/chaos.md)
         )
         redact_secrets(options.token)

@@ -102,11 +102,11 @@ def systemd_seconds(text: str) -> float:
 
 
 def node_shutdown_bound() -> float:
-    """docs/task-tree.md: drain + interrupt budget + kill grace + slack + the tails' end,
-    node defaults."""
+    """docs/task-tree.md: drain + interrupt budget + kill grace + slack + the tails' end + the
+    poll linger, node defaults."""
     t = Timings()
     tree = float(t.drain_timeout) + DEFAULT_INTERRUPT_BUDGET + float(t.kill_grace)
-    return tree + SHUTDOWN_SLACK + JOBS_CLOSED_BUDGET
+    return tree + SHUTDOWN_SLACK + JOBS_CLOSED_BUDGET + float(t.poll_linger)
 
 
 def worker_shutdown_bound() -> float:

@@ -31,7 +31,8 @@ from fleet_trio.inputs import id_problem
 from fleet_trio.logbus.bus import LogBus
 from fleet_trio.logbus.ui import stream_tail
 from fleet_trio.metrics import NodeMetrics
-from fleet_trio.node.jobs import JobState, JobStore, Registration
+from fleet_trio.node.jobs import MSG_JOURNAL_UNAVAILABLE, JobState, JobStore, Registration
+from fleet_trio.node.linger import PollLinger
 from fleet_trio.node.tasks import PreparedJob, TaskRegistry, TaskRunner, job_log_meta
 from fleet_trio.node.wire import (
     MAX_DISPATCH_BODY,
@@ -114,6 +115,8 @@ class NodeContext:
     """Origin/Host checks of every route (``fleet_trio.edge``, docs/security.md): a loopback
     listener by default (the Host rule on); ``serve_node`` turns the Host rule off for a
     non-loopback ``--listen`` and adds ``--allow-origin`` / ``node.allow_origins``."""
+    linger: PollLinger = attrs.field(factory=PollLinger, repr=False)
+    """The poll linger after the drain (docs/node.md "Linger"): only polls are served."""
 
     def __attrs_post_init__(self) -> None:
         # live log tail: the runner tees into this bus (a stand-in runner without one: no tee)
@@ -163,6 +166,8 @@ async def health(ctx: NodeContext) -> Response:
     """§2.2: 503 unavailable / 503 stale / 200 with exactly the ten fields."""
     if not _token_ok(ctx, request.headers.get("Authorization")):
         return _unauthorized()
+    if ctx.linger.active:  # linger: polls only
+        return _error(MSG_DRAINING, 503)
     now = trio.current_time()
     snap: SnapshotLike | None = None
     reason: str | None = None
@@ -241,23 +246,42 @@ async def dispatch(ctx: NodeContext) -> Response:
         req = parse_dispatch(body)  # 2 + 3
         _check_ids(req.job_id, req.task_type)  # 3b: the id rules, before anything is stored
         store = ctx.store
-        if store.draining:  # 4
-            return _error(MSG_DRAINING, 503)
+        if store.draining:  # 4: a known id re-acks through a drain; only a new one gets 503
+            known = await _known_job(ctx, req.job_id)
+            return known if known is not None else _error(MSG_DRAINING, 503)
         prepared = ctx.registry.prepare(req.task_type, req.payload_raw, req.job_id)  # 5
     except WireError as exc:
         return _error(str(exc), exc.status)
     # 6: no await between the lookup and the insert (exactly-once).
-    outcome = store.register(req.job_id, functools.partial(ctx.runner.execute, prepared))
+    outcome = store.register(
+        req.job_id,
+        functools.partial(ctx.runner.execute, prepared),
+        work_dir=prepared.work_dir,
+        discard=prepared.cleanup,
+    )
     if outcome is Registration.CREATED:
+        # with the journal: the ack is committed before the 202 (and before the job runs)
+        if not await store.wait_recorded(req.job_id):
+            return _error(MSG_JOURNAL_UNAVAILABLE, 503)
         _open_job_log(ctx, prepared)  # live log tail: subscribable from the ack on
         return _json(ack_body(req.job_id), 202)
     prepared.cleanup()
-    existing = store.get(req.job_id)
+    known = await _known_job(ctx, req.job_id)
+    return known if known is not None else _error(MSG_DRAINING, 503)  # drain began at 4–6
+
+
+async def _known_job(ctx: NodeContext, job_id: str) -> Response | None:
+    """The duplicate table of §2.3 for a known id (202, or 409 when it failed); ``None`` for
+    an unknown id. An ack still being written is waited for."""
+    store = ctx.store
+    if store.table.pending(job_id):
+        await store.wait_recorded(job_id)
+    existing = store.get(job_id)
     if existing is None:
-        return _error(MSG_DRAINING, 503)  # drain began between step 4 and step 6
+        return None
     if existing.state is JobState.ERROR:
         return _error(msg_previously_failed(existing.error or ""), 409)
-    return _json(ack_body(req.job_id), 202)
+    return _json(ack_body(job_id), 202)
 
 
 async def job_status(ctx: NodeContext, job_id: str) -> Response:
@@ -267,7 +291,15 @@ async def job_status(ctx: NodeContext, job_id: str) -> Response:
     view = ctx.store.get(job_id)
     if view is None:
         return _error(MSG_UNKNOWN_JOB, 404)
-    return _json(job_body(view.job_id, view.state.value, data=view.data, error=view.error), 200)
+    data = view.data
+    if view.data_file is not None:  # a large result, kept in a file beside the journal
+        try:
+            data = await ctx.store.read_data(view)
+        except OSError:
+            return _error("internal error", 500)
+    if view.state.terminal:
+        ctx.linger.polled_terminal(job_id)
+    return _json(job_body(view.job_id, view.state.value, data=data, error=view.error), 200)
 
 
 # -- live log tail (docs/tail.md) ----------------------------------------------------------------
@@ -307,6 +339,8 @@ async def tail(ctx: NodeContext, job_id: str) -> Response | None:
     """
     if not _tail_token_ok(ctx):
         return _unauthorized()
+    if ctx.linger.active:  # linger: polls only
+        return _error(MSG_DRAINING, 503)
     await stream_tail(ctx.bus, job_id)
     return None
 
@@ -322,6 +356,8 @@ async def metrics_endpoint(ctx: NodeContext) -> Response:
     """
     if not _token_ok(ctx, request.headers.get("Authorization")):
         return _unauthorized()
+    if ctx.linger.active:  # linger: polls only
+        return _error(MSG_DRAINING, 503)
     body, content_type = ctx.metrics.render(request.headers.get("Accept"))
     return Response(body, status=200, content_type=content_type)
 

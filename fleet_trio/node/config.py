@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import re
 import socket
 from collections.abc import Callable, Mapping
 from typing import Any, NewType
@@ -64,6 +65,26 @@ class Timings:
     drain_timeout: Duration = Duration(30.0)
     kill_grace: Duration = Duration(5.0)
     smi_timeout: Duration = Duration(5.0)
+    poll_linger: Duration = Duration(5.0)
+    """After the drain, how long polls (only) keep being answered (0 = none); the linger ends
+    earlier once every job that ended in the shutdown has been polled."""
+
+
+JOURNAL_SYNC_MODES = ("normal", "full")
+
+
+@attrs.frozen
+class JournalSettings:
+    """The job journal (docs/node.md "Job journal")."""
+
+    enabled: bool = True
+    path: str = ""
+    """Empty: ``journal-<node_id>.sqlite`` in the node's state directory (the folder of the
+    footprint store)."""
+    sync: str = "normal"
+    """``normal``: a commit survives a crash of the process; ``full``: also a power cut."""
+    inline_max: int = 64 * 1024
+    """Results larger than this (bytes) live in files beside the journal, not in RAM."""
 
 
 @attrs.frozen
@@ -81,6 +102,7 @@ class NodeSettings:
     docs/security.md). Each is ``scheme://host[:port]``."""
     memory_budget: MemorySize = MemorySize(DEFAULT_BUDGET)
     """Results and log histories of all jobs together (``fleet_trio.memory``)."""
+    journal: JournalSettings = attrs.Factory(JournalSettings)
 
 
 @attrs.frozen
@@ -438,6 +460,12 @@ def config_from_mapping(raw: object, *, path: str = "", base_dir: str = "") -> N
         if node.timings.kill_grace <= 0:
             raise _KeyedError("must be > 0", "node.timings.kill_grace")
         _check_origins((raw.get("node") or {}).get("allow_origins"), node.allow_origins)
+        if node.journal.sync not in JOURNAL_SYNC_MODES:
+            raise _KeyedError(
+                f"unknown sync {node.journal.sync!r} (normal or full)", "node.journal.sync"
+            )
+        if node.journal.inline_max < 0:
+            raise _KeyedError("must be >= 0", "node.journal.inline_max")
         raw_tasks = raw.get("tasks") or {}
         if not isinstance(raw_tasks, Mapping):
             raise _KeyedError("expected a mapping of task type -> definition", "tasks")
@@ -590,6 +618,16 @@ def _q(text: str) -> str:
     return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
+def journal_path(configured: str, node_id: str, footprints_path: str, base_dir: str = "") -> str:
+    """The journal's file: the configured path, else ``journal-<node_id>.sqlite`` in the
+    node's state directory (the folder of the footprint store)."""
+    if configured:
+        return expand_path(configured, base_dir)
+    safe = re.sub(r"[^A-Za-z0-9._-]", "_", node_id)[:100] or "node"
+    folder = os.path.dirname(os.path.abspath(expand_path(footprints_path, base_dir)))
+    return os.path.join(folder, f"journal-{safe}.sqlite")
+
+
 def expand_path(path: str, base_dir: str) -> str:
     """``~`` and ``${XDG_STATE_HOME}`` expanded (fleet_trio.statedir); a relative path resolved
     against ``base_dir`` (if given)."""
@@ -613,6 +651,7 @@ __all__ = [
     "FootprintSettings",
     "FootprintSpec",
     "GpuSettings",
+    "JournalSettings",
     "ListenRefused",
     "MemorySize",
     "NodeConfig",
@@ -624,6 +663,7 @@ __all__ = [
     "config_from_mapping",
     "expand_path",
     "is_loopback_host",
+    "journal_path",
     "load_config",
     "make_converter",
     "os_hostname",

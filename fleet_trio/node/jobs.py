@@ -11,13 +11,17 @@ passed in) and no I/O. It carries the invariants of §3:
 - a sweep evicts terminal entries whose terminal time is strictly before ``now - ttl``;
   in-flight entries are never evicted;
 - :meth:`JobTable.mark_interrupted` turns every non-terminal entry into
-  ``error: "interrupted"``.
+  ``error: "interrupted"``;
+- with a journal, a change is first *claimed* (decided, so no other outcome can take its
+  place), then written, then *published* (visible): an entry registered but not yet recorded
+  reads as absent (:meth:`JobTable.get`), a claimed outcome is invisible until published.
 
-:class:`JobStore` is the trio shell: it launches one execution per registered job (through a
-``spawn`` function, by default its own nursery, in ``fleet-trio node`` the task tree's jobs
-scope), records the outcome unless the job is already terminal, runs the janitor and
-implements the drain of §3.7 (mark interrupted *before* cancelling, then wait for the cancelled
-executions' cleanup, bounded by ``kill_grace``).
+:class:`JobStore` is the trio shell: it launches one execution per registered job through a
+``spawn`` function (in ``fleet-trio node`` the task tree's ``start_job``, so every job lives in
+the jobs scope), journals every ack, state change and result before it is visible
+(:mod:`fleet_trio.node.journal`; optional), and runs the janitor. The drain itself is the task
+tree's (``fleet_trio.nursery.tree``): the node passes :meth:`JobStore.begin_drain` as its
+``on_stop_accepting`` and :meth:`JobStore.mark_interrupted` as its ``on_interrupt``.
 """
 
 from __future__ import annotations
@@ -25,11 +29,22 @@ from __future__ import annotations
 import enum
 import logging
 import math
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+import time
+from collections.abc import Awaitable, Callable, Iterable
 
 import attrs
 import trio
+
+from fleet_trio.node.journal import (
+    Accept,
+    Evict,
+    Finish,
+    JournalError,
+    JournalWriter,
+    Record,
+    Row,
+    Start,
+)
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +93,9 @@ class JobView:
     error: str | None = None
     """The error text (``error`` only, never empty)."""
     terminal_at: float | None = None
+    data_file: str | None = None
+    """A large result kept in a file beside the journal instead of ``data`` (read it with
+    :meth:`JobStore.read_data`)."""
 
 
 @attrs.frozen
@@ -103,9 +121,14 @@ class _Entry:
     data: bytes | None = None
     error: str | None = None
     terminal_at: float | None = None
+    data_file: str | None = None
+    recorded: bool = True
+    """False between the registration and the journal's commit of the ack: invisible."""
+    claimed: bool = False
+    """A terminal outcome is decided (and being written); no other outcome may be recorded."""
 
     def view(self, job_id: str) -> JobView:
-        return JobView(job_id, self.state, self.data, self.error, self.terminal_at)
+        return JobView(job_id, self.state, self.data, self.error, self.terminal_at, self.data_file)
 
 
 class JobTable:
@@ -133,8 +156,14 @@ class JobTable:
         return self._in_flight
 
     def get(self, job_id: str) -> JobView | None:
+        """The visible entry (``None`` for an unknown id or an ack not yet recorded)."""
         entry = self._entries.get(job_id)
-        return None if entry is None else entry.view(job_id)
+        return None if entry is None or not entry.recorded else entry.view(job_id)
+
+    def pending(self, job_id: str) -> bool:
+        """True while ``job_id`` is registered and its ack is not yet recorded."""
+        entry = self._entries.get(job_id)
+        return entry is not None and not entry.recorded
 
     def __contains__(self, job_id: object) -> bool:
         return job_id in self._entries
@@ -149,39 +178,72 @@ class JobTable:
         return [i for i, e in self._entries.items() if not e.state.terminal]
 
     def state_counts(self) -> dict[JobState, int]:
-        """Entries per state, every state present (read by the metrics scrape)."""
+        """Visible entries per state, every state present (read by the metrics scrape)."""
         counts = dict.fromkeys(JobState, 0)
         for entry in self._entries.values():
-            counts[entry.state] += 1
+            if entry.recorded:
+                counts[entry.state] += 1
         return counts
 
     # -- transitions -----------------------------------------------------------------------
-    def register(self, job_id: str) -> Registration:
-        """§3.2: refuse when draining or when the id exists in any state; else ``accepted``."""
+    def register(self, job_id: str, *, recorded: bool = True) -> Registration:
+        """§3.2: refuse when draining or when the id exists in any state; else ``accepted``.
+
+        ``recorded=False``: the entry is reserved (exactly-once holds) but invisible until
+        :meth:`confirm` (the journal has the ack) or gone after :meth:`forget`."""
         if self._draining:
             return Registration.DRAINING
         if job_id in self._entries:
             return Registration.EXISTS
-        self._entries[job_id] = _Entry(JobState.ACCEPTED)
+        self._entries[job_id] = _Entry(JobState.ACCEPTED, recorded=recorded)
         self._in_flight += 1
         return Registration.CREATED
 
-    def start(self, job_id: str) -> bool:
-        """``accepted → running``; a no-op (False) in any other state."""
+    def confirm(self, job_id: str) -> None:
+        """The ack is recorded: the entry becomes visible."""
         entry = self._entries.get(job_id)
-        if entry is None or entry.state is not JobState.ACCEPTED:
+        if entry is not None:
+            entry.recorded = True
+
+    def forget(self, job_id: str) -> bool:
+        """Drop a registration whose ack could not be recorded (never a visible entry)."""
+        entry = self._entries.get(job_id)
+        if entry is None or entry.recorded:
+            return False
+        del self._entries[job_id]
+        if not entry.state.terminal:
+            self._in_flight -= 1
+        return True
+
+    def start(self, job_id: str) -> bool:
+        """``accepted → running``; a no-op (False) in any other state or once claimed."""
+        entry = self._entries.get(job_id)
+        if entry is None or entry.state is not JobState.ACCEPTED or entry.claimed:
             return False
         entry.state = JobState.RUNNING
         return True
 
-    def finish(self, job_id: str, outcome: Outcome, now: float) -> bool:
-        """Record an outcome. Dropped (False) when the job is unknown or already terminal."""
+    def claim(self, job_id: str) -> bool:
+        """Decide that ``job_id`` ends now: True for the first claim of an in-flight entry;
+        later claims and finishes are refused. Nothing changes visibly until :meth:`publish`."""
+        entry = self._entries.get(job_id)
+        if entry is None or entry.state.terminal or entry.claimed:
+            return False
+        entry.claimed = True
+        return True
+
+    def publish(
+        self, job_id: str, outcome: Outcome, now: float, *, data_file: str | None = None
+    ) -> bool:
+        """Make a claimed outcome visible (write-once: False when already terminal)."""
         entry = self._entries.get(job_id)
         if entry is None or entry.state.terminal:
             return False
+        entry.claimed = True
         if isinstance(outcome, Done):
             entry.state = JobState.DONE
-            entry.data = bytes(outcome.data)
+            entry.data = None if data_file else bytes(outcome.data)
+            entry.data_file = data_file
         else:
             entry.state = JobState.ERROR
             entry.error = outcome.message or DEFERRED
@@ -191,32 +253,76 @@ class JobTable:
             self.on_change(job_id, entry.view(job_id))
         return True
 
+    def finish(self, job_id: str, outcome: Outcome, now: float) -> bool:
+        """Record an outcome (claim + publish). Dropped (False) when the job is unknown,
+        already terminal or already claimed."""
+        if not self.claim(job_id):
+            return False
+        return self.publish(job_id, outcome, now)
+
     def begin_drain(self) -> bool:
         """Set draining (it never ends). True when this call set it."""
         was = self._draining
         self._draining = True
         return not was
 
+    def claim_in_flight(self) -> list[str]:
+        """Claim every in-flight entry not claimed yet (the drain's survivors)."""
+        return [job_id for job_id in self.in_flight_ids() if self.claim(job_id)]
+
     def mark_interrupted(self, now: float) -> list[str]:
-        """§3.7 step 3: every ``accepted``/``running`` entry becomes ``error: "interrupted"``."""
-        marked = self.in_flight_ids()
+        """§3.7 step 3: every unclaimed ``accepted``/``running`` entry becomes
+        ``error: "interrupted"``."""
+        marked = self.claim_in_flight()
         for job_id in marked:
-            self.finish(job_id, Failed(INTERRUPTED), now)
+            self.publish(job_id, Failed(INTERRUPTED), now)
         return marked
 
-    def sweep(self, now: float) -> list[str]:
-        """§3.4: remove terminal entries whose terminal time is strictly before ``now - ttl``."""
+    def expired(self, now: float) -> list[str]:
+        """Terminal entries whose terminal time is strictly before ``now - ttl`` (§3.4)."""
         cutoff = now - self.ttl
-        evicted = [
+        return [
             job_id
             for job_id, e in self._entries.items()
             if e.state.terminal and e.terminal_at is not None and e.terminal_at < cutoff
         ]
-        for job_id in evicted:
-            del self._entries[job_id]
-            if self.on_change is not None:
-                self.on_change(job_id, None)
-        return evicted
+
+    def evict(self, job_ids: Iterable[str]) -> list[JobView]:
+        """Remove these terminal entries; returns what was removed (for their files)."""
+        removed = []
+        for job_id in job_ids:
+            entry = self._entries.get(job_id)
+            if entry is not None and entry.state.terminal:
+                removed.append(entry.view(job_id))
+                del self._entries[job_id]
+                if self.on_change is not None:
+                    self.on_change(job_id, None)
+        return removed
+
+    def sweep(self, now: float) -> list[str]:
+        """§3.4: remove terminal entries whose terminal time is strictly before ``now - ttl``."""
+        return [view.job_id for view in self.evict(self.expired(now))]
+
+    def load(self, row: Row, now: float, now_wall: float) -> bool:
+        """Restore a terminal job from the journal (restart). Its terminal time keeps its age
+        (wall clock), so the TTL runs from when it really ended. False when not terminal,
+        already present, or older than the TTL."""
+        if not row.terminal or row.job_id in self._entries:
+            return False
+        ended = row.terminal_wall if row.terminal_wall is not None else now_wall
+        age = max(0.0, now_wall - ended)
+        if age > self.ttl:
+            return False
+        if row.state == "done":
+            entry = _Entry(JobState.DONE, data=row.data, data_file=row.data_file)
+        else:
+            entry = _Entry(JobState.ERROR, error=row.error or DEFERRED)
+        entry.claimed = True
+        entry.terminal_at = now - age
+        self._entries[row.job_id] = entry
+        if self.on_change is not None:
+            self.on_change(row.job_id, entry.view(row.job_id))
+        return True
 
     def drop_result(self, job_id: str, message: str) -> bool:
         """Memory budget: a ``done`` entry's result is dropped; it becomes ``error: message``
@@ -237,13 +343,37 @@ class JobTable:
 Execution = Callable[[], Awaitable[Outcome]]
 """One job's work: returns its outcome. Raising an ``Exception`` records an error."""
 
+MSG_JOURNAL_UNAVAILABLE = "journal unavailable"
+"""The 503 message of a dispatch whose ack could not be written (disk full, I/O error)."""
+
+
+def finish_record(
+    job_id: str, outcome: Outcome, wall: float, *, data_file: str | None = None
+) -> Finish:
+    """The journal record of an outcome (``data_file``: the result goes to that file)."""
+    if isinstance(outcome, Done):
+        data = bytes(outcome.data)
+        if data_file is not None:
+            return Finish(job_id, "done", wall, data_file=data_file, file_data=data)
+        return Finish(job_id, "done", wall, data=data)
+    return Finish(job_id, "error", wall, error=outcome.message or DEFERRED)
+
+
+class _Ack:
+    """An ack waiting for its commit."""
+
+    def __init__(self) -> None:
+        self.done = trio.Event()
+        self.ok = False
+
 
 class JobStore:
-    """The trio shell around :class:`JobTable`: executions, janitor and drain (§3.7, §3.9).
+    """The trio shell around :class:`JobTable`: executions, journal and janitor (§3.4, §3.9).
 
-    ``spawn(async_fn, *args, name=...)`` starts an execution task; :meth:`run_executions`
-    (used by :func:`open_job_store`) gives the store its own nursery. In ``fleet-trio node``
-    the task tree's ``start_job`` is passed instead, so every job lives in the jobs scope.
+    ``spawn(async_fn, *args, name=...)`` starts an execution task (``fleet-trio node`` passes
+    the task tree's ``start_job``). With a ``journal`` (a :class:`JournalWriter` served in the
+    services scope), every ack, state change and result is committed before it is visible;
+    without one, changes are visible at once and a restart loses them (§3.8).
     """
 
     def __init__(
@@ -252,18 +382,17 @@ class JobStore:
         ttl: float = DEFAULT_TTL,
         janitor_interval: float = DEFAULT_JANITOR_INTERVAL,
         spawn: Callable[..., None] | None = None,
+        journal: JournalWriter | None = None,
     ) -> None:
         self.table = JobTable(ttl=ttl)
         self.janitor_interval = janitor_interval
+        self.journal = journal
         self._spawn = spawn
-        self._scopes: set[trio.CancelScope] = set()
-        self._cancelled = False
-        self._running = 0
-        self._idle = trio.Event()
-        self._idle.set()
-        self._janitor_scope: trio.CancelScope | None = None
-        self._janitor_stopped = False
+        self._acks: dict[str, _Ack] = {}
+        self._read_limiter = trio.CapacityLimiter(2)
         self.executions_started = 0
+        self.on_evict: list[Callable[[list[JobView]], None]] = []
+        """Called with what each janitor sweep removed (memory accounting hooks)."""
 
     # -- queries -------------------------------------------------------------------------------
     @property
@@ -274,155 +403,185 @@ class JobStore:
     def queue_depth(self) -> int:
         return self.table.queue_depth
 
-    @property
-    def running_executions(self) -> int:
-        """Execution tasks not yet returned (may exceed queue depth while cleanups run)."""
-        return self._running
-
     def get(self, job_id: str) -> JobView | None:
         return self.table.get(job_id)
+
+    async def read_data(self, view: JobView) -> bytes | None:
+        """A view's result bytes: inline, or read from its file (off the event loop)."""
+        if view.data_file is None or self.journal is None:
+            return view.data
+        journal = self.journal.journal
+        try:
+            return await trio.to_thread.run_sync(
+                journal.read_result, view.data_file, limiter=self._read_limiter
+            )
+        except OSError as exc:
+            log.error("job %s: cannot read its result file: %s", view.job_id, exc)
+            raise
 
     # -- registration ----------------------------------------------------------------------------
     def set_spawn(self, spawn: Callable[..., None]) -> None:
         self._spawn = spawn
 
-    def register(self, job_id: str, execution: Execution) -> Registration:
+    def register(
+        self,
+        job_id: str,
+        execution: Execution,
+        *,
+        work_dir: str = "",
+        discard: Callable[[], None] | None = None,
+    ) -> Registration:
         """Atomically register ``job_id`` and, when created, launch its execution.
 
-        No ``await`` between the check and the insert: registration is exactly-once.
+        No ``await`` between the check and the insert: registration is exactly-once. With a
+        journal the entry is invisible until :meth:`wait_recorded` says its ack is committed;
+        the execution does not begin before that, and ``discard`` (the prepared job's
+        cleanup) is called instead when the ack is refused.
         """
-        outcome = self.table.register(job_id)
+        journal = self.journal
+        outcome = self.table.register(job_id, recorded=journal is None)
         if not outcome.created:
             return outcome
         if self._spawn is None:
             raise RuntimeError("the job store has nowhere to run executions")
-        self._running += 1
-        self._idle = trio.Event() if self._idle.is_set() else self._idle
+        if journal is not None:
+            ack = self._acks[job_id] = _Ack()
+
+            def committed(error: JournalError | None) -> None:
+                self._acks.pop(job_id, None)
+                if error is None:
+                    self.table.confirm(job_id)
+                    ack.ok = True
+                else:
+                    self.table.forget(job_id)
+                ack.done.set()
+
+            journal.submit([Accept(job_id, time.time(), work_dir)], committed)
         self.executions_started += 1
         try:
-            self._spawn(self._execute, job_id, execution, name=f"job {job_id}")
+            self._spawn(self._execute, job_id, execution, discard, name=f"job {job_id}")
         except BaseException as exc:
-            self._execution_ended()
             self.table.finish(job_id, Failed(f"could not start: {exc}"), trio.current_time())
             raise
         return outcome
 
-    async def _execute(self, job_id: str, execution: Execution) -> None:
-        scope = trio.CancelScope()
-        self._scopes.add(scope)
-        if self._cancelled:
-            scope.cancel()
+    async def wait_recorded(self, job_id: str) -> bool:
+        """Wait until the ack of ``job_id`` is committed: True when it is visible, False when
+        the journal refused it (the registration is gone)."""
+        ack = self._acks.get(job_id)
+        if ack is not None:
+            await ack.done.wait()
+            return ack.ok
+        return self.table.get(job_id) is not None
+
+    async def _execute(
+        self, job_id: str, execution: Execution, discard: Callable[[], None] | None = None
+    ) -> None:
+        ran = False
         try:
-            with scope:
-                self.table.start(job_id)
-                try:
-                    result: Outcome = await execution()
-                except Exception as exc:
-                    log.exception("job %s: execution raised", job_id, extra={"job_id": job_id})
-                    result = Failed(f"internal error: {exc}" if str(exc) else "internal error")
-                self.table.finish(job_id, result, trio.current_time())
+            if not await self.wait_recorded(job_id):
+                return  # the ack was never recorded: the dispatch answered 503
+            self._start(job_id)
+            ran = True
+            try:
+                result: Outcome = await execution()
+            except Exception as exc:
+                log.exception("job %s: execution raised", job_id, extra={"job_id": job_id})
+                result = Failed(f"internal error: {exc}" if str(exc) else "internal error")
+            await self.finish(job_id, result)
         finally:
-            self._scopes.discard(scope)
-            # Whatever happened (cancel from the store or from the tree), an acked job ends
-            # terminal: a no-op when it already is (the drain marked it first).
-            self.table.finish(job_id, Failed(INTERRUPTED), trio.current_time())
-            self._execution_ended()
+            if not ran and discard is not None:
+                discard()  # the job never ran: its prepared files go (the runner's would)
+            # Whatever happened (a cancel from the tree), an acked job ends terminal: a no-op
+            # when it already is or its outcome is claimed (the drain marked it first).
+            if self.table.claim(job_id):
+                with trio.CancelScope(shield=True):
+                    await self._publish([job_id], Failed(INTERRUPTED))
 
-    def _execution_ended(self) -> None:
-        self._running -= 1
-        if self._running == 0:
-            self._idle.set()
+    def _start(self, job_id: str) -> None:
+        if self.journal is None:
+            self.table.start(job_id)
+            return
+        self.journal.submit([Start(job_id)], lambda error: self._started(job_id, error))
 
-    async def wait_idle(self) -> None:
-        """Return once no execution task is running."""
-        await self._idle.wait()
+    def _started(self, job_id: str, error: JournalError | None) -> None:
+        if error is not None:
+            log.error("job %s: running is not recorded (%s)", job_id, error)
+        self.table.start(job_id)
 
-    # -- drain (§3.7) ----------------------------------------------------------------------------
+    async def finish(self, job_id: str, outcome: Outcome) -> bool:
+        """Record an outcome (journal first); False when the job already has one."""
+        if not self.table.claim(job_id):
+            return False
+        await self._publish([job_id], outcome)
+        return True
+
+    async def _publish(self, job_ids: list[str], outcome: Outcome) -> None:
+        """Write the claimed outcome of ``job_ids``, then make it visible. A failed write is
+        logged and the outcome shown anyway (a poll must not hang on the disk); such a job
+        reads ``interrupted`` after a restart."""
+        journal = self.journal
+        if journal is None:
+            now = trio.current_time()
+            for job_id in job_ids:
+                self.table.publish(job_id, outcome, now)
+            return
+        wall = time.time()
+        files: dict[str, str | None] = {}
+        records: list[Record] = []
+        for job_id in job_ids:
+            big = isinstance(outcome, Done) and len(outcome.data) > journal.journal.inline_max
+            files[job_id] = journal.journal.result_file(job_id) if big else None
+            records.append(finish_record(job_id, outcome, wall, data_file=files[job_id]))
+
+        def committed(error: JournalError | None) -> None:
+            if error is not None:
+                log.error("jobs %s: outcome not recorded (%s)", ", ".join(job_ids), error)
+            now = trio.current_time()
+            for job_id in job_ids:
+                data_file = files[job_id] if error is None else None
+                self.table.publish(job_id, outcome, now, data_file=data_file)
+
+        await journal.submit(records, committed).wait()
+
+    # -- drain (the task tree's hooks) -----------------------------------------------------------
     def begin_drain(self) -> None:
-        """Step 1: dispatch refuses from now on (sync; the tree's ``on_stop_accepting``)."""
+        """Dispatch of new ids refuses from now on (sync; the tree's ``on_stop_accepting``)."""
         if self.table.begin_drain():
             log.info("job store draining: %d job(s) in flight", self.table.queue_depth)
 
-    def mark_interrupted(self) -> list[str]:
-        """Step 3: every in-flight job becomes ``error: "interrupted"`` (before any cancel)."""
-        marked = self.table.mark_interrupted(trio.current_time())
+    async def mark_interrupted(self) -> list[str]:
+        """Every in-flight job becomes ``error: "interrupted"`` (the tree's ``on_interrupt``,
+        before any cancel): claimed at once, journaled, then visible."""
+        marked = self.table.claim_in_flight()
         if marked:
+            await self._publish(marked, Failed(INTERRUPTED))
             log.warning("marked %d job(s) interrupted: %s", len(marked), ", ".join(marked))
         return marked
 
-    def cancel_executions(self) -> None:
-        """Step 4: cancel every execution (and any that starts later)."""
-        self._cancelled = True
-        for scope in list(self._scopes):
-            scope.cancel()
-
-    def stop_janitor(self) -> None:
-        self._janitor_stopped = True
-        if self._janitor_scope is not None:
-            self._janitor_scope.cancel()
-
-    async def drain(
-        self, drain_timeout: float = DEFAULT_DRAIN_TIMEOUT, kill_grace: float = DEFAULT_KILL_GRACE
-    ) -> None:
-        """``DrainAndStop(timeout)``: bounded by ``drain_timeout + kill_grace``; idempotent.
-
-        1. draining; 2. wait ≤ ``drain_timeout`` for the executions; 3. mark the survivors
-        interrupted; 4. only then cancel them; 5. wait ≤ ``kill_grace`` for their cleanup;
-        6. stop the janitor. Steps 3–6 are shielded, so a cancel of the caller cannot put the
-        cancel before the mark.
-        """
-        self.begin_drain()
-        with trio.move_on_after(drain_timeout):
-            await self.wait_idle()
-        with trio.CancelScope(shield=True):
-            self.mark_interrupted()
-            self.cancel_executions()
-            with trio.move_on_after(kill_grace):
-                await self.wait_idle()
-            if self._running:
-                log.error("drain: %d execution(s) still cleaning up after the grace", self._running)
-            self.stop_janitor()
-
     # -- janitor (§3.4) --------------------------------------------------------------------------
+    def sweep(self, now: float) -> list[JobView]:
+        """Evict what the TTL allows; the journal forgets it too (and its result files)."""
+        removed = self.table.evict(self.table.expired(now))
+        if removed and self.journal is not None:
+            self.journal.submit([Evict(v.job_id, v.data_file) for v in removed])
+        for hook in self.on_evict:
+            try:
+                hook(removed)
+            except Exception:
+                log.exception("janitor: an eviction hook failed")
+        return removed
+
     async def serve_janitor(
         self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
     ) -> None:
-        """Sweep every ``janitor_interval`` until stopped (by a drain or a cancel)."""
-        with trio.CancelScope() as scope:
-            self._janitor_scope = scope
-            if self._janitor_stopped:
-                scope.cancel()
-            task_status.started()
-            while True:
-                await trio.sleep(self.janitor_interval)
-                evicted = self.table.sweep(trio.current_time())
-                if evicted:
-                    log.debug("janitor evicted %d job(s)", len(evicted))
-
-
-@asynccontextmanager
-async def open_job_store(
-    *,
-    ttl: float = DEFAULT_TTL,
-    janitor_interval: float = DEFAULT_JANITOR_INTERVAL,
-    janitor: bool = True,
-) -> AsyncIterator[JobStore]:
-    """A stand-alone store with its own nursery (tests, tools). Drains on exit if not drained."""
-    async with trio.open_nursery() as nursery:
-
-        def spawn(fn: Callable[..., Awaitable[object]], *args: object, name: str) -> None:
-            nursery.start_soon(fn, *args, name=name)
-
-        store = JobStore(ttl=ttl, janitor_interval=janitor_interval, spawn=spawn)
-        if janitor:
-            await nursery.start(store.serve_janitor)
-        try:
-            yield store
-        finally:
-            store.begin_drain()
-            store.mark_interrupted()
-            store.cancel_executions()
-            store.stop_janitor()
+        """Sweep every ``janitor_interval`` until cancelled (services scope)."""
+        task_status.started()
+        while True:
+            await trio.sleep(self.janitor_interval)
+            evicted = self.sweep(trio.current_time())
+            if evicted:
+                log.debug("janitor evicted %d job(s)", len(evicted))
 
 
 __all__ = [
@@ -432,6 +591,7 @@ __all__ = [
     "DEFAULT_TTL",
     "DEFERRED",
     "INTERRUPTED",
+    "MSG_JOURNAL_UNAVAILABLE",
     "Done",
     "Execution",
     "Failed",
@@ -441,5 +601,5 @@ __all__ = [
     "JobView",
     "Outcome",
     "Registration",
-    "open_job_store",
+    "finish_record",
 ]

@@ -11,7 +11,14 @@ Shutdown (SIGTERM or SIGINT): dispatch answers 503 ``node draining`` at once (th
 draining flag is the tree's ``on_stop_accepting``), health and polls keep answering, the jobs
 get ``drain_timeout``; survivors are marked ``error:"interrupted"`` (``on_interrupt``) before
 the jobs scope is cancelled, and each job's process group gets SIGTERM → ``kill_grace`` →
-SIGKILL. Then the listener closes and the services stop.
+SIGKILL. Then the poll linger (``poll_linger``, docs/node.md "Linger"): only
+``GET /fleet/jobs/{id}`` is served until every job the shutdown ended has been polled in its
+terminal state, or the linger's deadline passes. Then the listener closes and the services stop.
+
+Start: with the job journal on (the default), the journal is opened (a corrupt, locked or
+unwritable one refuses the start) and the previous run's jobs are recovered
+(``fleet_trio.node.recovery``: finished ones answer polls again, in-flight ones end
+``interrupted`` and their processes are stopped) before the listener opens.
 """
 
 from __future__ import annotations
@@ -40,13 +47,17 @@ from fleet_trio.node.config import (
     NodeConfig,
     check_listen,
     expand_path,
+    journal_path,
     os_hostname,
     resolve_listen,
     resolve_node_id,
     task_gpus,
 )
 from fleet_trio.node.jobs import INTERRUPTED, JobStore
+from fleet_trio.node.journal import Journal, JournalError, JournalWriter
+from fleet_trio.node.linger import PollLinger
 from fleet_trio.node.placement import Placement, footprint_need
+from fleet_trio.node.recovery import recover
 from fleet_trio.node.retention import attach_result_budget
 from fleet_trio.node.tasks import JOB_MARKER, PreparedJob, TaskRegistry, TaskRunner
 from fleet_trio.nursery import DEFAULT_SIGNALS, TaskTree, open_task_tree, serve_shutdown_signals
@@ -80,6 +91,10 @@ class NodeOptions:
     token: str | None = None
     allow_origins: tuple[str, ...] = ()
     """``--allow-origin``: browser origins served besides the node's own (docs/security.md)."""
+    journal: str | None = None
+    """``--journal PATH``: the job journal's file (overrides ``node.journal.path``)."""
+    no_journal: bool = False
+    """``--no-journal``: keep jobs in memory only (a restart loses them)."""
     test_break: frozenset[str] = frozenset()
     """TEST-ONLY deliberate defects (``FLEET_TRIO_TEST_BREAK``, docs/chaos.md):
     ``skip-interrupted`` skips marking drain survivors interrupted. Never set in production."""
@@ -257,6 +272,57 @@ async def open_gpu(config: NodeConfig, options: NodeOptions) -> GpuServices:
     )
 
 
+async def open_journal(config: NodeConfig, options: NodeOptions, node_id: str) -> Journal | None:
+    """Open the job journal (``None`` when it is off). Raises :class:`NodeStartError` with
+    the journal's one-line reason (corrupt, locked by another node, unwritable, not a file)."""
+    settings = config.node.journal
+    if options.no_journal or not settings.enabled:
+        return None
+    path = journal_path(
+        options.journal or settings.path,
+        node_id,
+        options.footprints or config.node.footprints.path,
+        config.base_dir,
+    )
+    journal = Journal(path, inline_max=settings.inline_max, sync=settings.sync)
+    try:
+        await trio.to_thread.run_sync(journal.open)
+    except JournalError as exc:
+        raise NodeStartError(str(exc)) from None
+    return journal
+
+
+async def start_journal(
+    tree: TaskTree, store: JobStore, journal: Journal, kill_grace: float
+) -> str | None:
+    """Recover the previous run from ``journal`` into ``store`` (before the listener opens:
+    no poll sees a state it will not keep, no dispatch races the sweep of the previous run's
+    processes), then serve its writer in the services scope. Returns the line to announce."""
+    try:
+        report = await recover(journal, store.table, kill_grace=kill_grace)
+    except JournalError as exc:
+        journal.close()
+        raise NodeStartError(str(exc)) from None
+    except BaseException:
+        journal.close()
+        raise
+    writer = JournalWriter(journal)
+
+    async def serve_writer(
+        *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        try:
+            await writer.serve(task_status=task_status)
+        finally:
+            journal.close()
+
+    await tree.services.start(serve_writer, name="journal-writer")
+    store.journal = writer
+    if report.restored or report.interrupted or report.expired:
+        return report.describe()
+    return None
+
+
 def footprint_hooks(
     gpu: GpuServices,
 ) -> tuple[
@@ -376,6 +442,7 @@ async def serve_node(
     # memory budget: kept results and log histories share one ceiling (docs/node.md)
     budget = MemoryBudget(options.memory_budget or node.memory_budget)
     attach_result_budget(store.table, budget)
+    linger = PollLinger()
     ctx = NodeContext(
         node_id=node_id,
         gpu_arch=gpu.arch,
@@ -389,17 +456,19 @@ async def serve_node(
         metrics=NodeMetrics(gpu=str(node.gpu.index)),
         edge=edge,
         bus=LogBus(budget=budget),
+        linger=linger,
     )
 
     async def mark_interrupted() -> None:
         if "skip-interrupted" in options.test_break:  # TEST-ONLY defect (docs/chaos.md)
             return
-        store.mark_interrupted()
+        await store.mark_interrupted()
 
     serving = False
 
     def stop_accepting() -> None:
         store.begin_drain()
+        linger.drain_began(store.table.in_flight_ids())
         if serving:  # not on a failed start
             say(f"node {node_id}: draining for up to {t.drain_timeout:g}s")
 
@@ -416,6 +485,8 @@ async def serve_node(
         on_stop_accepting=stop_accepting,
         on_interrupt=mark_interrupted,
         on_jobs_closed=tails_end,
+        linger=t.poll_linger,
+        on_linger=linger.wait,
     ) as tree:
         store.set_spawn(tree.start_job)
         if signals:
@@ -425,6 +496,11 @@ async def serve_node(
         snap, reason = gpu.sampler.status(trio.current_time())
         if snap is None or not (math.isfinite(snap.total_gb) and snap.total_gb > 0):
             raise NodeStartError(f"GPU probe returned no usable VRAM ({reason or 'total <= 0'})")
+        journal = await open_journal(config, options, node_id)  # job journal (docs/node.md)
+        if journal is not None:
+            line = await start_journal(tree, store, journal, t.kill_grace)
+            if line:
+                say(line)
         await tree.services.start(store.serve_janitor, name="janitor")
         app = create_app(ctx)
         urls: list[str] = await tree.role.start(
@@ -454,7 +530,9 @@ __all__ = [
     "need_hook",
     "node_env_token",
     "open_gpu",
+    "open_journal",
     "serve_http",
     "serve_node",
     "server_timeouts",
+    "start_journal",
 ]

@@ -25,13 +25,18 @@ The shutdown sequence (run when the body of :func:`open_task_tree` exits):
    teardown: the supervisor's SIGTERM → ``kill_grace`` → SIGKILL → reap); then, if given,
    ``await on_jobs_closed()`` inside ``trio.move_on_after(JOBS_CLOSED_BUDGET, shield=True)``
    (node: let the live tails send the jobs' ``end`` before the HTTP server goes);
-5. cancel the role scope and wait, then the services scope and wait.
+5. if given, the linger: ``await on_linger()`` inside ``trio.move_on_after(linger,
+   shield=True)`` — a step of its own, after the jobs are gone and before the role scope is
+   cancelled (node: keep answering polls so a poller reads the terminal states); it also
+   ends on a new shutdown request;
+6. cancel the role scope and wait, then the services scope and wait.
 
 If the body raises (or is cancelled), step 2 is skipped; steps 1, 3, 4 and 5 run in a
 shielded scope, and the body's exception is re-raised unchanged (not wrapped in a group).
 
 The bound: ``drain + interrupt_budget + kill_grace + SHUTDOWN_SLACK``, plus
-``JOBS_CLOSED_BUDGET`` with ``on_jobs_closed`` (see :attr:`TaskTree.shutdown_bound`). The
+``JOBS_CLOSED_BUDGET`` with ``on_jobs_closed``, plus ``linger`` with ``on_linger`` (see
+:attr:`TaskTree.shutdown_bound`). The
 tree cannot abandon a task (structured concurrency): when a scope overruns its allowance the
 tree logs which tasks are late and keeps waiting.
 The bound therefore holds when jobs bound their teardown by :attr:`TaskTree.kill_grace`, which
@@ -292,8 +297,11 @@ class TaskTree:
         on_interrupt: Callable[[], Awaitable[None]] | None = None,
         interrupt_budget: float = DEFAULT_INTERRUPT_BUDGET,
         on_jobs_closed: Callable[[], Awaitable[None]] | None = None,
+        linger: float = 0.0,
+        on_linger: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         _check_seconds("drain", drain, allow_zero=True)
+        _check_seconds("linger", linger, allow_zero=True)
         _check_seconds("kill_grace", kill_grace, allow_zero=False)
         _check_seconds("interrupt_budget", interrupt_budget, allow_zero=True)
         self.drain = drain
@@ -303,6 +311,8 @@ class TaskTree:
         self._on_stop_accepting = on_stop_accepting
         self._on_interrupt = on_interrupt
         self._on_jobs_closed = on_jobs_closed
+        self.linger = linger
+        self._on_linger = on_linger
         self._state = ShutdownState()
         self._requested = trio.Event()
         self._wake = trio.lowlevel.ParkingLot()
@@ -362,6 +372,8 @@ class TaskTree:
     def shutdown_bound(self) -> float:
         """Seconds the shutdown takes at most once it starts draining (jobs keeping the grace)."""
         extra = JOBS_CLOSED_BUDGET if self._on_jobs_closed is not None else 0.0
+        if self._on_linger is not None:
+            extra += self.linger
         return self.drain + self.interrupt_budget + self.kill_grace + SHUTDOWN_SLACK + extra
 
     async def wait_shutdown(self) -> None:
@@ -401,6 +413,7 @@ class TaskTree:
                 self._state.phase.label,
                 self.shutdown_bound,
             )
+            self._wake.unpark_all()  # ends the linger step, if it runs
         return outcome
 
     def cancel_on_shutdown(self, scope: trio.CancelScope) -> None:
@@ -531,6 +544,7 @@ class TaskTree:
             self._state.begin_cancel()
             await self._close(self._jobs, self.kill_grace + JOB_TEARDOWN_SLACK)
             await self._jobs_closed()
+            await self._linger()
             await self._close(self._role, SCOPE_TEARDOWN_SLACK)
             await self._close(self._services, SCOPE_TEARDOWN_SLACK)
             self._state.finish()
@@ -546,6 +560,29 @@ class TaskTree:
                 log.exception("on_jobs_closed failed; closing the role scope")
         if budget.cancelled_caught:
             log.warning("on_jobs_closed overran its %gs budget", JOBS_CLOSED_BUDGET)
+
+    async def _linger(self) -> None:
+        """The linger step: ``on_linger`` for at most ``linger`` s; a new request ends it."""
+        if self._on_linger is None or self.linger <= 0:
+            return
+        hook = self._on_linger
+        requests = self._state.requests
+        started = trio.current_time()
+        with trio.move_on_after(self.linger, shield=True):
+            async with trio.open_nursery() as nursery:
+
+                async def run_hook() -> None:
+                    try:
+                        await hook()
+                    except Exception:
+                        log.exception("on_linger failed; ending the linger")
+                    nursery.cancel_scope.cancel()
+
+                nursery.start_soon(run_hook)
+                while self._state.requests == requests:
+                    await self._wake.park()
+                nursery.cancel_scope.cancel()
+        log.info("linger: ended after %.3fs", trio.current_time() - started)
 
     async def _interrupt(self) -> None:
         self._state.begin_interrupt()
@@ -601,6 +638,8 @@ async def open_task_tree(
     on_interrupt: Callable[[], Awaitable[None]] | None = None,
     interrupt_budget: float = DEFAULT_INTERRUPT_BUDGET,
     on_jobs_closed: Callable[[], Awaitable[None]] | None = None,
+    linger: float = 0.0,
+    on_linger: Callable[[], Awaitable[None]] | None = None,
 ) -> AsyncIterator[TaskTree]:
     """Open the services, role and jobs scopes; run the shutdown sequence when the body exits.
 
@@ -612,6 +651,8 @@ async def open_task_tree(
     ``interrupt_budget`` and shielded.
     ``on_jobs_closed``: async, after step 4, before the role is cancelled; bounded by
     :data:`JOBS_CLOSED_BUDGET` and shielded.
+    ``on_linger``: async, after ``on_jobs_closed``, before the role is cancelled; bounded by
+    ``linger`` seconds (0: skipped) and shielded; a new shutdown request ends it.
 
     The body's exception, if any, is re-raised as it was, after steps 1, 3, 4 and 5.
     """
@@ -622,6 +663,8 @@ async def open_task_tree(
         on_interrupt=on_interrupt,
         interrupt_budget=interrupt_budget,
         on_jobs_closed=on_jobs_closed,
+        linger=linger,
+        on_linger=on_linger,
     )
     pending: BaseException | None = None
     async with trio.open_nursery() as root:

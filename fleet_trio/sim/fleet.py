@@ -46,11 +46,18 @@ KILL_WAIT = 10.0
 
 NODE_DRAIN = 0.5
 NODE_KILL_GRACE = 1.5
+NODE_POLL_LINGER = 5.0
+"""The node's default ``poll_linger`` (docs/node.md "Linger")."""
 NODE_STOP_BOUND = (
-    NODE_DRAIN + DEFAULT_INTERRUPT_BUDGET + NODE_KILL_GRACE + SHUTDOWN_SLACK + JOBS_CLOSED_BUDGET
+    NODE_DRAIN
+    + DEFAULT_INTERRUPT_BUDGET
+    + NODE_KILL_GRACE
+    + SHUTDOWN_SLACK
+    + JOBS_CLOSED_BUDGET
+    + NODE_POLL_LINGER
 )
 """docs/node.md "Stopping": drain + 5 s interrupt budget + kill grace + 3 s slack + 1.5 s for
-the live tails' end."""
+the live tails' end + the poll linger."""
 
 WORKER_DRAIN = 45.0
 WORKER_KILL_GRACE = 10.0
@@ -244,6 +251,7 @@ class NodeProcess(ManagedProcess):
         nursery: trio.Nursery,
         events: list[ProcessEvent],
         shutdowns: list[ShutdownRecord],
+        journal: str | None = None,
     ) -> None:
         argv = [
             sys.executable,
@@ -261,6 +269,8 @@ class NodeProcess(ManagedProcess):
             "--node-id",
             name,
         ]
+        if journal is not None:  # the job journal, kept across restarts (docs/node.md)
+            argv += ["--journal", journal]
         super().__init__(name, argv, env=env, nursery=nursery, events=events, shutdowns=shutdowns)
         self.port = port
         self.gpu_dir = gpu_dir
@@ -459,6 +469,7 @@ async def open_fleet(
                     nursery=nursery,
                     events=events,
                     shutdowns=shutdowns,
+                    journal=os.path.join(ndir, "journal.sqlite"),
                 )
             )
         worker_procs: list[WorkerProcess] = []

@@ -521,6 +521,7 @@ async def _serve_node(
                 yield NodeHandle(running, c, cfg, gpu, work_root, footprints)
         finally:
             busy = bool(running.store.table.in_flight_ids())
+            running.context.linger.skip()  # nobody polls once the harness exits
             _stop(running.request_shutdown, drain_on_exit, busy)
 
 

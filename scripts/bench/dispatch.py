@@ -1,5 +1,6 @@
 """Dispatch ack latency of ``fleet-trio node`` vs a bare quart-trio app (target p99 ratio ≤ 1.5),
-and health latency while jobs run and are sampled vs an idle node (target ratio ≈ 1).
+with the job journal on vs off (target p50 and p99 ratios ≤ 1.2), and health latency while jobs
+run and are sampled vs an idle node (target ratio ≈ 1).
 
 Part 1 (ack): ``--clients`` concurrent clients (one ``httpx.AsyncClient`` each, so no shared
 pool serialises them) each POST ``/fleet/dispatch`` with a unique job id, timing send → 202,
@@ -8,6 +9,9 @@ every 3 s; at 50 ms the polls, not the acks, would be the load). The same burst 
 
 * the node: ``serve_node`` with a trivial task (a Python child that reads ``{}`` on stdin and
   prints ``{}``; ``gpu: false``, no footprint) and the fake GPU;
+* the same node with its job journal off (``journal: {enabled: false}``): the journal's cost
+  is the difference (every ack is committed to SQLite before the 202; concurrent acks share a
+  commit);
 * the floor: a bare quart-trio app on hypercorn (trio worker, the node's hypercorn settings)
   that parses the body and answers 202 with the same ack body, and ``done`` to every poll.
 
@@ -28,7 +32,7 @@ mostly measure the client. Separate processes treat both sides alike (as the dis
 another host would). Only 127.0.0.1 is used.
 
     .venv/bin/python scripts/bench/dispatch.py [--clients 256] [--jobs 32] [--rounds 2]
-                                               [--child python|sh]
+                                               [--child python|sh] [--ack-only]
 
 Exit status: 0 whether or not the targets are met; 1 when the run is broken (a server does
 not start, a request fails, an ack is not 202, a job ends in ``error``, no footprint).
@@ -54,6 +58,8 @@ import trio
 from benchlib import BrokenRun, pct, serve_node_child, start_served, stop_served
 
 ACK_TARGET = 1.5
+JOURNAL_TARGET = 1.2
+SIDES = {"node": "node, journal on", "nojournal": "node, journal off", "floor": "bare quart-trio"}
 POLL_INTERVAL = 0.5
 HEALTH_INTERVAL = 0.01
 JOB_POLL_INTERVAL = 0.5
@@ -89,7 +95,7 @@ def trivial_command() -> list[str]:
 # server side (``--serve node|floor STATE_DIR``), run in a child process
 
 
-def write_config(state: Path) -> Path:
+def write_config(state: Path, journal: bool = True) -> Path:
     fake = state / "gpu"
     cfg = {
         "node": {
@@ -97,6 +103,7 @@ def write_config(state: Path) -> Path:
             "node_id": "bench",
             "footprints": {"path": str(state / "footprints.json")},
             "timings": {"drain_timeout": "3s", "kill_grace": "1s"},
+            "journal": {"enabled": journal, "path": str(state / "journal.sqlite")},
         },
         "tasks": {
             "trivial": {"command": trivial_command(), "gpu": False},
@@ -110,7 +117,7 @@ def write_config(state: Path) -> Path:
             },
         },
     }
-    path = state / "node.yaml"
+    path = state / ("node.yaml" if journal else "node-nojournal.yaml")
     path.write_text(json.dumps(cfg))  # JSON is YAML
     return path
 
@@ -148,11 +155,13 @@ async def serve_floor_child(url_file: Path) -> None:
 
 def serve_main(kind: str, state: Path) -> int:
     url_file = state / f"{kind}.url"
-    if kind == "node":
+    if kind in ("node", "nojournal"):
         import fleet_trio.gpu.fake as fake
 
-        fake.init_device(str(state / "gpu"), "Fake H200", 141.0)
-        trio.run(serve_node_child, write_config(state), state / "gpu", url_file)
+        if not (state / "gpu").exists():
+            fake.init_device(str(state / "gpu"), "Fake H200", 141.0)
+        config = write_config(state, journal=kind == "node")
+        trio.run(serve_node_child, config, state / "gpu", url_file)
     else:
         trio.run(serve_floor_child, url_file)
     return 0
@@ -216,16 +225,16 @@ async def connect(clients: list[httpx.AsyncClient]) -> None:
                     nursery.start_soon(c.get, "/fleet/jobs/bench-connect")
 
 
-async def bench_acks(node_url: str, floor_url: str, n: int, rounds: int) -> dict[str, list[float]]:
-    acks: dict[str, list[float]] = {"node": [], "floor": []}
-    urls = {"node": node_url, "floor": floor_url}
+async def bench_acks(urls: dict[str, str], n: int, rounds: int) -> dict[str, list[float]]:
+    acks: dict[str, list[float]] = {k: [] for k in urls}
     pools = {k: [new_client(u) for _ in range(n)] for k, u in urls.items()}
     try:
-        for k in ("node", "floor"):
+        for k in urls:
             await connect(pools[k])
             await ack_burst(pools[k], None)  # warm-up: code paths, job spawns
+        sides = list(urls)
         for rnd in range(rounds):
-            order = ("node", "floor") if rnd % 2 == 0 else ("floor", "node")
+            order = sides[rnd % len(sides) :] + sides[: rnd % len(sides)]
             for k in order:
                 await ack_burst(pools[k], acks[k])
                 await trio.sleep(0.5)  # let the other side's stragglers settle
@@ -329,6 +338,7 @@ def main(argv: list[str] | None = None) -> int:
         default="python",
         help="part 1's trivial task: a Python child (default) or a cheaper /bin/sh one",
     )
+    parser.add_argument("--ack-only", action="store_true", help="part 1 only (the ack latencies)")
     parser.add_argument("--serve", nargs=2, metavar=("KIND", "STATE"), help=argparse.SUPPRESS)
     parser.add_argument("--jobs-client", nargs=2, metavar=("URL", "N"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -350,17 +360,17 @@ def main(argv: list[str] | None = None) -> int:
         state = Path(tmp)
         procs: list[subprocess.Popen[bytes]] = []
         try:
-            node, node_url = start_server("node", state)
-            procs.append(node)
-            floor, floor_url = start_server("floor", state)
-            procs.append(floor)
-            acks = trio.run(bench_acks, node_url, floor_url, args.clients, args.rounds)
+            urls: dict[str, str] = {}
+            for kind in SIDES:
+                proc, urls[kind] = start_server(kind, state)
+                procs.append(proc)
+            acks = trio.run(bench_acks, urls, args.clients, args.rounds)
             print(
                 f"ack latency: {args.clients} concurrent clients x {args.rounds} rounds per side "
                 f"(+1 warm-up), trivial {args.child} task, servers in their own processes, "
                 f"{os.cpu_count()} CPUs"
             )
-            for k, label in (("node", "fleet-trio node"), ("floor", "bare quart-trio")):
+            for k, label in SIDES.items():
                 v = acks[k]
                 print(
                     f"  {label:<20} p50 {pct(v, 0.5):8.2f} ms   p99 {pct(v, 0.99):8.2f} ms   "
@@ -371,12 +381,23 @@ def main(argv: list[str] | None = None) -> int:
             verdict = "ok" if ratio <= ACK_TARGET else "ABOVE TARGET"
             print(f"  ratio p99 node/floor {ratio:.2f}   (target <= {ACK_TARGET}: {verdict})")
             print(f"  p99 difference       {p99n - p99f:+.2f} ms (client-side time cancels out)")
+            on, off = acks["node"], acks["nojournal"]
+            r50 = pct(on, 0.5) / pct(off, 0.5)
+            r99 = pct(on, 0.99) / pct(off, 0.99)
+            ok = "ok" if max(r50, r99) <= JOURNAL_TARGET else "ABOVE TARGET"
+            print(
+                f"  journal on/off       p50 {r50:.2f}   p99 {r99:.2f}   "
+                f"(target <= {JOURNAL_TARGET}: {ok})"
+            )
+            if args.ack_only:
+                print(f"total {time.monotonic() - started:.1f} s")
+                return 0
 
             print(
                 f"health latency: {args.jobs} jobs holding 512 MiB of the fake GPU for "
                 f"{HOLD_SECONDS:g} s, sampled every 500 ms, vs idle; {args.rounds} rounds"
             )
-            idle_s, busy_s = trio.run(bench_health, node_url, args.jobs, args.rounds)
+            idle_s, busy_s = trio.run(bench_health, urls["node"], args.jobs, args.rounds)
             idle = [ms for _, ms in idle_s]
             busy = [ms for _, ms in busy_s]
             # steady: every job spawned and being sampled, none finished yet

@@ -16,6 +16,7 @@ from tests.node.harness import (
     echo_task,
     node_config,
     running_node,
+    runs,
     work_dirs,
 )
 
@@ -24,15 +25,36 @@ def tasks(tmp_path: Path) -> dict[str, object]:
     return {"image-gen": echo_task(tmp_path, family="sdxl")}
 
 
-async def test_node_102_draining_refuses_even_done_duplicate(tmp_path: Path) -> None:
+async def test_node_102_superseded_known_ids_reack_through_a_drain(tmp_path: Path) -> None:
+    """Item 102 ("503 even for an id that is already done") is superseded (docs/node.md,
+    "Dispatch during a drain"): a known id re-acks through a drain — 202 for a running or done
+    job, 409 for a failed one — and only a new id gets 503. Nothing runs twice."""
     async with running_node(tmp_path, node_config(tmp_path, tasks(tmp_path))) as h:
         await h.dispatch("done-1", "image-gen", {})
         assert (await h.wait_terminal("done-1"))["state"] == "done"
-        await h.dispatch("hold", "image-gen", {"sleep": 0.5})
+        await h.dispatch("failed-1", "image-gen", {"exit": 3})
+        assert (await h.wait_terminal("failed-1"))["state"] == "error"
+        await h.dispatch("running-1", "image-gen", {"sleep": 1.0})
+        with trio.fail_after(5):
+            while (await h.poll("running-1")).json()["state"] != "running":
+                await trio.sleep(0.01)
         h.node.request_shutdown()
-        r = await h.dispatch("done-1", "image-gen", {})
+        assert h.node.store.draining
+        for job in ("running-1", "done-1"):
+            r = await h.dispatch(job, "image-gen", {})
+            assert r.status_code == 202, (job, r.text)
+            assert r.json() == {"job_id": job, "status": "accepted"}
+        r = await h.dispatch("failed-1", "image-gen", {})
+        assert r.status_code == 409
+        assert r.json()["error"].startswith("job previously failed on this node: ")
+        r = await h.dispatch("new-1", "image-gen", {})
         assert r.status_code == 503 and r.json()["error"] == "node draining"
+        assert (await h.poll("new-1")).status_code == 404
         assert (await h.poll("done-1")).json()["state"] == "done"  # polls keep working
+        assert (await h.wait_terminal("running-1"))["state"] == "done"  # within the drain
+    for job in ("done-1", "failed-1", "running-1"):
+        assert runs(tmp_path, job) == 1, job
+    assert runs(tmp_path, "new-1") == 0
 
 
 async def test_node_103_health_200_during_drain(tmp_path: Path) -> None:

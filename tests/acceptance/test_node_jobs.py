@@ -1,4 +1,8 @@
-"""node.md §9, items 1–19: the job store, with fake executions (trio tasks)."""
+"""node.md §9, items 1–19: the job store, with fake executions (trio tasks).
+
+The store runs in a real task tree wired as ``serve_node`` wires it (``tests.node.store_tree``):
+items 14–19 ("the drain") exercise the tree's shutdown sequence — the code that drains a node in
+production — with the drain timeout as the tree's ``drain``."""
 
 from __future__ import annotations
 
@@ -13,8 +17,8 @@ from fleet_trio.node.jobs import (
     JobTable,
     Outcome,
     Registration,
-    open_job_store,
 )
+from tests.node.store_tree import store_in_tree
 
 
 class Blocker:
@@ -38,7 +42,7 @@ async def settle() -> None:
 
 
 async def test_node_001_registered_job_readable_immediately(autojump_clock: object) -> None:
-    async with open_job_store() as store:
+    async with store_in_tree() as (store, _tree):
         work = Blocker()
         assert store.register("j1", work) is Registration.CREATED
         view = store.get("j1")
@@ -47,7 +51,7 @@ async def test_node_001_registered_job_readable_immediately(autojump_clock: obje
 
 
 async def test_node_002_blocked_execution_is_running(autojump_clock: object) -> None:
-    async with open_job_store() as store:
+    async with store_in_tree() as (store, _tree):
         work = Blocker()
         store.register("j1", work)
         await work.started.wait()
@@ -58,7 +62,7 @@ async def test_node_002_blocked_execution_is_running(autojump_clock: object) -> 
 
 async def test_node_003_success_is_done_with_identical_data(autojump_clock: object) -> None:
     raw = b'{"image_path": "/tmp/x.png",  "seed":7, "f": 16.0}'
-    async with open_job_store() as store:
+    async with store_in_tree() as (store, _tree):
         work = Blocker(Done(raw))
         store.register("j1", work)
         work.release.set()
@@ -69,7 +73,7 @@ async def test_node_003_success_is_done_with_identical_data(autojump_clock: obje
 
 
 async def test_node_004_failure_is_error_with_exact_message(autojump_clock: object) -> None:
-    async with open_job_store() as store:
+    async with store_in_tree() as (store, _tree):
         work = Blocker(Failed("oom: cudaMalloc failed"))
         store.register("j1", work)
         work.release.set()
@@ -80,7 +84,7 @@ async def test_node_004_failure_is_error_with_exact_message(autojump_clock: obje
 
 
 async def test_node_005_duplicate_not_created_running_and_done(autojump_clock: object) -> None:
-    async with open_job_store() as store:
+    async with store_in_tree() as (store, _tree):
         work = Blocker()
         assert store.register("j1", work).created
         await work.started.wait()
@@ -95,7 +99,7 @@ async def test_node_005_duplicate_not_created_running_and_done(autojump_clock: o
 
 
 async def test_node_006_concurrent_registrations_exactly_once(autojump_clock: object) -> None:
-    async with open_job_store() as store:
+    async with store_in_tree() as (store, _tree):
         work = Blocker()
         results: list[Registration] = []
 
@@ -114,7 +118,7 @@ async def test_node_006_concurrent_registrations_exactly_once(autojump_clock: ob
 
 
 async def test_node_007_queue_depth(autojump_clock: object) -> None:
-    async with open_job_store() as store:
+    async with store_in_tree() as (store, _tree):
         assert store.queue_depth == 0
         a, b = Blocker(), Blocker()
         store.register("a", a)
@@ -168,7 +172,7 @@ def test_node_012_in_flight_never_evicted() -> None:
 
 async def test_node_013_janitor_evicts_within_3s_real_time() -> None:
     with trio.fail_after(5):
-        async with open_job_store(ttl=0.001, janitor_interval=0.01) as store:
+        async with store_in_tree(ttl=0.001, janitor_interval=0.01) as (store, _tree):
 
             async def quick() -> Outcome:
                 return Done(b"{}")
@@ -181,69 +185,70 @@ async def test_node_013_janitor_evicts_within_3s_real_time() -> None:
 
 
 async def test_node_014_drain_marks_blocked_job_interrupted(autojump_clock: object) -> None:
-    async with open_job_store() as store:
-        work = Blocker()
+    work = Blocker()
+    async with store_in_tree(drain=0.05) as (store, tree):
         store.register("j", work)
         await work.started.wait()
+        tree.request_shutdown()
         t0 = trio.current_time()
-        await store.drain(0.05)
-        assert trio.current_time() - t0 < 3.0
-        view = store.get("j")
-        assert view is not None and view.state is JobState.ERROR and view.error == INTERRUPTED
+    assert trio.current_time() - t0 < 3.0
+    view = store.get("j")
+    assert view is not None and view.state is JobState.ERROR and view.error == INTERRUPTED
 
 
 async def test_node_015_late_success_never_replaces_interrupted(autojump_clock: object) -> None:
-    async with open_job_store() as store:
+    async with store_in_tree(drain=0.05) as (store, tree):
 
         async def stubborn() -> Outcome:
             try:
                 await trio.sleep_forever()
             finally:
                 # A late "success" produced during the post-cancel cleanup.
-                store.table.finish("j", Done(b'{"late":true}'), trio.current_time())
+                with trio.CancelScope(shield=True):
+                    await store.finish("j", Done(b'{"late":true}'))
             raise AssertionError("unreachable")
 
         store.register("j", stubborn)
         await settle()
-        await store.drain(0.05)
-        view = store.get("j")
-        assert view is not None and view.error == INTERRUPTED and view.data is None
+        tree.request_shutdown()
+    view = store.get("j")
+    assert view is not None and view.error == INTERRUPTED and view.data is None
 
 
 async def test_node_016_drain_waits_for_cleanup(autojump_clock: object) -> None:
-    async with open_job_store() as store:
-        cleaned = trio.Event()
+    cleaned = trio.Event()
 
-        async def slow_cleanup() -> Outcome:
-            try:
-                await trio.sleep_forever()
-            finally:
-                with trio.CancelScope(shield=True):
-                    await trio.sleep(1.0)
-                cleaned.set()
-            raise AssertionError("unreachable")
+    async def slow_cleanup() -> Outcome:
+        try:
+            await trio.sleep_forever()
+        finally:
+            with trio.CancelScope(shield=True):
+                await trio.sleep(1.0)
+            cleaned.set()
+        raise AssertionError("unreachable")
 
+    async with store_in_tree(drain=0.05) as (store, tree):
         store.register("j", slow_cleanup)
         await settle()
+        tree.request_shutdown()
         t0 = trio.current_time()
-        await store.drain(0.05)
-        elapsed = trio.current_time() - t0
-        assert cleaned.is_set()
-        assert 1.0 <= elapsed < 4.0
-        view = store.get("j")
-        assert view is not None and view.error == INTERRUPTED
+    elapsed = trio.current_time() - t0
+    assert cleaned.is_set()
+    assert 1.0 <= elapsed < 4.0
+    view = store.get("j")
+    assert view is not None and view.error == INTERRUPTED
 
 
 async def test_node_017_after_drain_registration_refused(autojump_clock: object) -> None:
-    async with open_job_store() as store:
-        await store.drain(0.05)
-        assert store.draining
-        assert store.register("late", Blocker()) is Registration.DRAINING
-        assert store.get("late") is None
+    async with store_in_tree(drain=0.05) as (store, tree):
+        tree.request_shutdown()
+    assert store.draining
+    assert store.register("late", Blocker()) is Registration.DRAINING
+    assert store.get("late") is None
 
 
 async def test_node_018_job_finishing_within_drain_keeps_outcome(autojump_clock: object) -> None:
-    async with open_job_store() as store:
+    async with store_in_tree(drain=5.0) as (store, tree):
 
         async def quick() -> Outcome:
             await trio.sleep(0.03)
@@ -251,18 +256,19 @@ async def test_node_018_job_finishing_within_drain_keeps_outcome(autojump_clock:
 
         store.register("j", quick)
         await settle()
-        await store.drain(5.0)
-        view = store.get("j")
-        assert view is not None and view.state is JobState.DONE and view.data == b'{"v":1}'
+        tree.request_shutdown()
+    view = store.get("j")
+    assert view is not None and view.state is JobState.DONE and view.data == b'{"v":1}'
 
 
 async def test_node_019_second_drain_is_harmless(autojump_clock: object) -> None:
-    async with open_job_store() as store:
-        work = Blocker()
+    work = Blocker()
+    async with store_in_tree(drain=0.05) as (store, tree):
         store.register("j", work)
         await settle()
-        await store.drain(0.05)
-        await store.drain(0.05)
-        view = store.get("j")
-        assert view is not None and view.error == INTERRUPTED
-        assert store.queue_depth == 0
+        tree.request_shutdown()
+        tree.request_shutdown()  # the second request only shortens what is left of the drain
+    tree.request_shutdown()  # and one after the tree closed changes nothing
+    view = store.get("j")
+    assert view is not None and view.error == INTERRUPTED
+    assert store.queue_depth == 0

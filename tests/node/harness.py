@@ -135,8 +135,17 @@ def reference_config(tmp_path: Path, only: Sequence[str] | None = None) -> NodeC
 
 
 def node_config(tmp_path: Path, tasks: dict[str, Any], **node: Any) -> NodeConfig:
-    timings = {"drain_timeout": "2s", "kill_grace": "500ms", **node.pop("timings", {})}
-    raw = {"node": {"listen": "127.0.0.1:0", "timings": timings, **node}, "tasks": tasks}
+    timings = {
+        "drain_timeout": "2s",
+        "kill_grace": "500ms",
+        "poll_linger": "1s",
+        **node.pop("timings", {}),
+    }
+    journal = {"path": str(tmp_path / "journal.sqlite"), **node.pop("journal", {})}
+    raw = {
+        "node": {"listen": "127.0.0.1:0", "timings": timings, "journal": journal, **node},
+        "tasks": tasks,
+    }
     return config_from_mapping(raw, path=str(tmp_path / "node.yaml"), base_dir=str(tmp_path))
 
 

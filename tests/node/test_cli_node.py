@@ -51,6 +51,7 @@ def test_port_in_use_is_a_one_line_error(
         taken.listen()
         port = taken.getsockname()[1]
         argv = ["node", "--gpu", "fake", "--fake-gpu-dir", str(gpu_dir)]
+        argv += ["--journal", str(tmp_path / "journal.sqlite")]
         assert main([*argv, "--listen", f"127.0.0.1:{port}"]) == 1
     err = capsys.readouterr().err
     assert f"error: cannot listen on 127.0.0.1:{port}: [Errno 98] Address already in use" in err

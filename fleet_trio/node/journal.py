@@ -1,0 +1,442 @@
+"""The node's job journal: every ack, state change and result, in SQLite, for restarts.
+
+Polls read the in-memory :class:`~fleet_trio.node.jobs.JobTable`; the journal is only read at
+startup (:mod:`fleet_trio.node.recovery`). What the HTTP surface shows is written here first:
+the store submits a record and makes the change visible in the commit's callback.
+
+- :class:`Journal` is the blocking part: one ``sqlite3`` connection (standard library), WAL
+  mode, ``locking_mode=EXCLUSIVE`` (a second node on the same file fails at startup instead of
+  sharing it), ``synchronous=NORMAL`` by default (a commit survives a crash of the process —
+  ``kill -9`` — but not a power cut; ``synchronous: full`` survives both at the cost of an
+  ``fsync`` per commit). Results larger than ``inline_max`` bytes live in files in the folder
+  ``<journal>.results`` beside it, not in the database and not in RAM.
+- :class:`JournalWriter` is the trio shell: one task (in the services scope) that takes every
+  record submitted since its last commit and writes them in one transaction (a group commit)
+  through ``trio.to_thread.run_sync`` with a limiter of one, then runs the submitters' callbacks
+  in order. Concurrent acks therefore share one commit.
+
+The records are small frozen values (:class:`Accept`, :class:`Start`, :class:`Finish`,
+:class:`Evict`); the journal enforces the table's rules too (``done``/``error`` are write-once;
+``running`` only from ``accepted``), so a replay cannot disagree with what was shown.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import os
+import sqlite3
+import stat
+from collections.abc import Callable, Iterable, Sequence
+
+import attrs
+import trio
+
+log = logging.getLogger(__name__)
+
+SCHEMA_VERSION = "1"
+DEFAULT_INLINE_MAX = 64 * 1024
+"""Results larger than this (bytes) are kept in a file beside the journal, not in RAM."""
+JOURNAL_FILE = "journal-{node_id}.sqlite"
+"""The default file name, in the node's state directory (the footprint store's folder)."""
+SYNC_MODES = ("normal", "full")
+
+_SCHEMA = (
+    "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS jobs ("
+    " job_id TEXT PRIMARY KEY,"
+    " state TEXT NOT NULL,"
+    " data BLOB,"
+    " data_file TEXT,"
+    " error TEXT,"
+    " work_dir TEXT NOT NULL DEFAULT '',"
+    " accepted_wall REAL NOT NULL,"
+    " terminal_wall REAL)",
+)
+
+
+class JournalError(Exception):
+    """The journal cannot be opened or written (one line, naming the file)."""
+
+
+@attrs.frozen
+class Accept:
+    job_id: str
+    wall: float
+    work_dir: str = ""
+
+
+@attrs.frozen
+class Start:
+    job_id: str
+
+
+@attrs.frozen
+class Finish:
+    job_id: str
+    state: str
+    """``done`` or ``error``."""
+    wall: float
+    data: bytes | None = None
+    """Inline result (``done`` only); ``None`` when it went to ``data_file`` or is absent."""
+    error: str | None = None
+    data_file: str | None = None
+    """A large result: written to this file (under the results folder) before the commit."""
+    file_data: bytes | None = None
+    """The bytes written to ``data_file`` (not stored in the database)."""
+
+
+@attrs.frozen
+class Evict:
+    job_id: str
+    data_file: str | None = None
+
+
+Record = Accept | Start | Finish | Evict
+
+
+@attrs.frozen
+class Row:
+    """One job as the journal holds it."""
+
+    job_id: str
+    state: str
+    data: bytes | None
+    data_file: str | None
+    error: str | None
+    work_dir: str
+    accepted_wall: float
+    terminal_wall: float | None
+
+    @property
+    def terminal(self) -> bool:
+        return self.state in ("done", "error")
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc) or type(exc).__name__
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+class Journal:
+    """The blocking SQLite side. Call every method from one thread at a time."""
+
+    def __init__(
+        self,
+        path: str,
+        *,
+        inline_max: int = DEFAULT_INLINE_MAX,
+        sync: str = "normal",
+        max_pages: int | None = None,
+    ) -> None:
+        if sync not in SYNC_MODES:
+            raise ValueError(f"sync must be one of {', '.join(SYNC_MODES)}, got {sync!r}")
+        self.path = path
+        self.inline_max = inline_max
+        self.sync = sync
+        self.max_pages = max_pages
+        """Test hook: ``PRAGMA max_page_count`` (makes "database or disk is full" reachable)."""
+        self.results_dir = "" if path == ":memory:" else path + ".results"
+        self._db: sqlite3.Connection | None = None
+
+    # -- opening -------------------------------------------------------------------------------
+    def open(self) -> None:
+        """Open (creating it if needed), take the exclusive lock, check it. Raises
+        :class:`JournalError` with a one-line reason: not a regular file, unwritable folder,
+        corrupt file, another process holding it."""
+        if self.path != ":memory:":
+            self._check_path()
+        try:
+            db = sqlite3.connect(
+                self.path, timeout=0, isolation_level=None, check_same_thread=False
+            )
+        except sqlite3.Error as exc:
+            raise JournalError(f"journal {self.path}: cannot open: {_describe(exc)}") from None
+        try:
+            db.execute("PRAGMA locking_mode=EXCLUSIVE")
+            mode = db.execute("PRAGMA journal_mode=WAL").fetchone()
+            if self.path != ":memory:" and (mode is None or str(mode[0]).lower() != "wal"):
+                raise JournalError(f"journal {self.path}: cannot switch to WAL mode ({mode})")
+            db.execute(f"PRAGMA synchronous={self.sync.upper()}")
+            if self.max_pages is not None:
+                db.execute(f"PRAGMA max_page_count={int(self.max_pages)}")
+            db.execute("BEGIN EXCLUSIVE")
+            for statement in _SCHEMA:
+                db.execute(statement)
+            db.execute(
+                "INSERT OR IGNORE INTO meta (key, value) VALUES ('schema', ?)", (SCHEMA_VERSION,)
+            )
+            (version,) = db.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone()
+            if version != SCHEMA_VERSION:
+                raise JournalError(
+                    f"journal {self.path}: schema {version!r}, this node reads {SCHEMA_VERSION!r}"
+                )
+            db.execute("COMMIT")
+            check = db.execute("PRAGMA quick_check").fetchone()
+            if check is None or check[0] != "ok":
+                raise JournalError(f"journal {self.path}: corrupt ({check[0] if check else '?'})")
+        except JournalError:
+            db.close()
+            raise
+        except sqlite3.Error as exc:
+            db.close()
+            text = _describe(exc)
+            if "locked" in text or "busy" in text:
+                text += " (another fleet-trio node uses this journal?)"
+            raise JournalError(f"journal {self.path}: {text}") from None
+        if self.results_dir:
+            try:
+                os.makedirs(self.results_dir, exist_ok=True)
+            except OSError as exc:
+                db.close()
+                raise JournalError(
+                    f"journal {self.path}: cannot create {self.results_dir}: {exc.strerror}"
+                ) from None
+        self._db = db
+
+    def _check_path(self) -> None:
+        folder = os.path.dirname(os.path.abspath(self.path))
+        try:
+            os.makedirs(folder, exist_ok=True)
+        except OSError as exc:
+            raise JournalError(
+                f"journal {self.path}: cannot create its folder: {exc.strerror}"
+            ) from None
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            raise JournalError(f"journal {self.path}: {exc.strerror}") from None
+        if not stat.S_ISREG(st.st_mode):
+            raise JournalError(f"journal {self.path}: not a regular file")
+
+    def close(self) -> None:
+        if self._db is not None:
+            self._db.close()
+            self._db = None
+
+    @property
+    def db(self) -> sqlite3.Connection:
+        if self._db is None:
+            raise JournalError(f"journal {self.path}: not open")
+        return self._db
+
+    # -- files for large results -----------------------------------------------------------
+    def result_file(self, job_id: str) -> str | None:
+        """Where a large result of ``job_id`` goes (``None``: no folder, keep it inline)."""
+        if not self.results_dir:
+            return None
+        digest = hashlib.sha256(job_id.encode("utf-8", "surrogatepass")).hexdigest()[:40]
+        return os.path.join(self.results_dir, digest + ".json")
+
+    def read_result(self, path: str) -> bytes:
+        with open(path, "rb") as f:
+            return f.read()
+
+    # -- writing ---------------------------------------------------------------------------
+    def apply(self, records: Sequence[Record]) -> None:
+        """Write ``records`` in one transaction (large results go to their files first).
+
+        Raises :class:`JournalError`; nothing of the batch is committed then."""
+        db = self.db
+        try:
+            for rec in records:
+                if isinstance(rec, Finish) and rec.data_file and rec.file_data is not None:
+                    self._write_file(rec.data_file, rec.file_data)
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                for rec in records:
+                    self._apply_one(db, rec)
+                db.execute("COMMIT")
+            except BaseException:
+                if db.in_transaction:  # SQLite may have rolled back already (SQLITE_FULL)
+                    db.execute("ROLLBACK")
+                raise
+        except (sqlite3.Error, OSError) as exc:
+            raise JournalError(f"journal {self.path}: write failed: {_describe(exc)}") from None
+        for rec in records:
+            if isinstance(rec, Evict) and rec.data_file:
+                _unlink(rec.data_file)
+
+    @staticmethod
+    def _write_file(path: str, data: bytes) -> None:
+        tmp = path + ".tmp"
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+
+    @staticmethod
+    def _apply_one(db: sqlite3.Connection, rec: Record) -> None:
+        if isinstance(rec, Accept):
+            db.execute(
+                "INSERT OR REPLACE INTO jobs (job_id, state, work_dir, accepted_wall) "
+                "VALUES (?, 'accepted', ?, ?)",
+                (rec.job_id, rec.work_dir, rec.wall),
+            )
+        elif isinstance(rec, Start):
+            db.execute(
+                "UPDATE jobs SET state = 'running' WHERE job_id = ? AND state = 'accepted'",
+                (rec.job_id,),
+            )
+        elif isinstance(rec, Finish):
+            db.execute(
+                "UPDATE jobs SET state = ?, data = ?, data_file = ?, error = ?, terminal_wall = ? "
+                "WHERE job_id = ? AND state IN ('accepted', 'running')",
+                (rec.state, rec.data, rec.data_file, rec.error, rec.wall, rec.job_id),
+            )
+        else:
+            db.execute(
+                "DELETE FROM jobs WHERE job_id = ? AND state IN ('done', 'error')", (rec.job_id,)
+            )
+
+    # -- reading ---------------------------------------------------------------------------
+    def load(self) -> list[Row]:
+        """Every job in the journal, in acceptance order."""
+        try:
+            cursor = self.db.execute(
+                "SELECT job_id, state, data, data_file, error, work_dir, accepted_wall, "
+                "terminal_wall FROM jobs ORDER BY accepted_wall, rowid"
+            )
+            return [Row(*row) for row in cursor.fetchall()]
+        except sqlite3.Error as exc:
+            raise JournalError(f"journal {self.path}: cannot read: {_describe(exc)}") from None
+
+    def drop_stale_files(self, keep: Iterable[str]) -> int:
+        """Remove result files no job refers to (a crash between file and commit)."""
+        if not self.results_dir:
+            return 0
+        wanted = set(keep)
+        removed = 0
+        try:
+            names = os.listdir(self.results_dir)
+        except OSError:
+            return 0
+        for name in names:
+            path = os.path.join(self.results_dir, name)
+            if path not in wanted:
+                _unlink(path)
+                removed += 1
+        return removed
+
+
+def _unlink(path: str) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(path)
+
+
+# --------------------------------------------------------------------------------------------
+# The trio shell: group commits.
+# --------------------------------------------------------------------------------------------
+
+Callback = Callable[[JournalError | None], None]
+
+
+class Ticket:
+    """One submission: its records, its callback, and an event set after the callback ran."""
+
+    def __init__(self, records: Sequence[Record], callback: Callback | None) -> None:
+        self.records = tuple(records)
+        self.callback = callback
+        self.error: JournalError | None = None
+        self.done = trio.Event()
+
+    def settle(self, error: JournalError | None) -> None:
+        self.error = error
+        try:
+            if self.callback is not None:
+                self.callback(error)
+        finally:
+            self.done.set()
+
+    async def wait(self) -> JournalError | None:
+        await self.done.wait()
+        return self.error
+
+
+class JournalWriter:
+    """Writes what is submitted, in submission order, many submissions per transaction."""
+
+    def __init__(self, journal: Journal) -> None:
+        self.journal = journal
+        self._queue: list[Ticket] = []
+        self._lot = trio.lowlevel.ParkingLot()
+        self._limiter = trio.CapacityLimiter(1)
+        self._closed = False
+        self.commits = 0
+        self.failed = 0
+        self._failing = False
+
+    def submit(self, records: Sequence[Record], callback: Callback | None = None) -> Ticket:
+        """Queue ``records``; ``callback(error)`` runs on the event loop after their commit
+        (``error`` is ``None`` when it committed). Synchronous; never raises."""
+        ticket = Ticket(records, callback)
+        if self._closed:
+            ticket.settle(JournalError(f"journal {self.journal.path}: closed"))
+            return ticket
+        self._queue.append(ticket)
+        self._lot.unpark_all()
+        return ticket
+
+    async def run_sync(self, fn: Callable[[], object]) -> object:
+        """Run a blocking journal call (reads at startup) on the writer's thread limiter."""
+        return await trio.to_thread.run_sync(fn, limiter=self._limiter)
+
+    async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """The writer task. Cancellation: stops after the commit in progress (a commit is never
+        abandoned); what is still queued then is settled with a "closed" error."""
+        task_status.started()
+        try:
+            while True:
+                while not self._queue:
+                    await self._lot.park()
+                batch, self._queue = self._queue, []
+                records = [rec for ticket in batch for rec in ticket.records]
+                error: JournalError | None = None
+                try:
+                    await trio.to_thread.run_sync(
+                        self.journal.apply, records, limiter=self._limiter
+                    )
+                except JournalError as exc:
+                    error = exc
+                self._note(error)
+                for ticket in batch:
+                    try:
+                        ticket.settle(error)
+                    except Exception:
+                        log.exception("journal: a commit callback failed")
+        finally:
+            self._closed = True
+            pending, self._queue = self._queue, []
+            for ticket in pending:
+                ticket.settle(JournalError(f"journal {self.journal.path}: closed"))
+
+    def _note(self, error: JournalError | None) -> None:
+        if error is None:
+            self.commits += 1
+            if self._failing:
+                self._failing = False
+                log.warning("journal: writes succeed again (%s)", self.journal.path)
+            return
+        self.failed += 1
+        if not self._failing:
+            self._failing = True
+            log.error("%s; new dispatches get 503 until a write succeeds", error)
+
+
+__all__ = [
+    "DEFAULT_INLINE_MAX",
+    "JOURNAL_FILE",
+    "SYNC_MODES",
+    "Accept",
+    "Evict",
+    "Finish",
+    "Journal",
+    "JournalError",
+    "JournalWriter",
+    "Record",
+    "Row",
+    "Start",
+    "Ticket",
+]

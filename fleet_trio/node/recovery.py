@@ -1,0 +1,167 @@
+"""Restart recovery: what a node does with its journal before it accepts work.
+
+On start, :func:`recover` reads the journal (:mod:`fleet_trio.node.journal`) and
+
+1. restores every ``done``/``error`` job still within its TTL, so it answers polls as before
+   the crash (its TTL keeps running from when it really ended; older ones are dropped);
+2. ends every job the journal shows as ``accepted`` or ``running`` with
+   ``error: "interrupted"`` — exactly like a drain survivor — recorded in the journal first;
+3. stops those jobs' processes: each is found by its ``FLEET_JOB_ID`` marker, the sweep the
+   job's own supervisor uses (``fleet_trio.proc.sweep``), SIGTERM → the node's ``kill_grace``
+   → SIGKILL;
+4. removes their ``fleet-job-*`` work directories (recorded with the ack) and result files no
+   job refers to.
+
+The node serves HTTP only after this returns, so no poll sees a job of the previous run in a
+state it will not keep, and no dispatch races the sweep.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import time
+
+import attrs
+import trio
+
+from fleet_trio.node.jobs import INTERRUPTED, Failed, JobTable, finish_record
+from fleet_trio.node.journal import Evict, Journal, Record, Row
+from fleet_trio.node.tasks import JOB_MARKER, WORK_DIR_PREFIX
+from fleet_trio.proc.spec import SweepReport
+from fleet_trio.proc.sweep import sweep_job_survivors
+
+log = logging.getLogger(__name__)
+
+
+@attrs.frozen
+class RecoveryReport:
+    restored: int = 0
+    """Terminal jobs of the previous run that answer polls again."""
+    interrupted: tuple[str, ...] = ()
+    """Jobs the previous run left ``accepted``/``running``, now ``error: "interrupted"``."""
+    expired: int = 0
+    """Terminal jobs older than the TTL, dropped."""
+    sweeps: dict[str, SweepReport] = attrs.field(factory=dict)
+    work_dirs_removed: int = 0
+
+    @property
+    def survivors(self) -> dict[str, tuple[int, ...]]:
+        """Processes that outlived even the SIGKILL (job id → pids)."""
+        return {j: r.remaining for j, r in self.sweeps.items() if r.remaining}
+
+    def describe(self) -> str:
+        killed = sum(len(r.found) for r in self.sweeps.values())
+        text = (
+            f"journal: {self.restored} finished job(s) restored, "
+            f"{len(self.interrupted)} interrupted by the restart"
+        )
+        if killed:
+            text += f", {killed} leftover process(es) stopped"
+        if self.work_dirs_removed:
+            text += f", {self.work_dirs_removed} work dir(s) removed"
+        if self.expired:
+            text += f", {self.expired} expired"
+        return text
+
+
+def _interrupted_row(row: Row, wall: float) -> Row:
+    return attrs.evolve(row, state="error", error=INTERRUPTED, data=None, terminal_wall=wall)
+
+
+def _is_work_dir(path: str) -> bool:
+    return bool(path) and os.path.basename(path.rstrip("/")).startswith(WORK_DIR_PREFIX)
+
+
+def _remove_dirs(paths: list[str]) -> int:
+    removed = 0
+    for path in paths:
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path, ignore_errors=True)
+            removed += 1
+    return removed
+
+
+def replay(
+    table: JobTable, journal: Journal, now: float, now_wall: float
+) -> tuple[int, list[Row], int]:
+    """The synchronous core (blocking: run it in a thread): load the journal into ``table``,
+    interrupt what was in flight (journal first). Returns ``(restored, interrupted rows,
+    expired)``. Raises :class:`~fleet_trio.node.journal.JournalError`."""
+    rows = journal.load()
+    records: list[Record] = []
+    restored = expired = 0
+    in_flight: list[Row] = []
+    keep: list[str] = []
+    for row in rows:
+        if not row.terminal:
+            in_flight.append(row)
+            records.append(finish_record(row.job_id, Failed(INTERRUPTED), now_wall))
+        elif table.load(row, now, now_wall):
+            restored += 1
+            if row.data_file:
+                keep.append(row.data_file)
+        else:
+            expired += 1
+            records.append(Evict(row.job_id, row.data_file))
+    if records:
+        journal.apply(records)
+    for row in in_flight:
+        table.load(_interrupted_row(row, now_wall), now, now_wall)
+    journal.drop_stale_files(keep)
+    return restored, in_flight, expired
+
+
+async def recover(
+    journal: Journal,
+    table: JobTable,
+    *,
+    kill_grace: float,
+    marker: str = JOB_MARKER,
+    limiter: trio.CapacityLimiter | None = None,
+) -> RecoveryReport:
+    """Replay the journal into ``table`` and stop what the previous run left running.
+
+    Raises :class:`~fleet_trio.node.journal.JournalError` when the journal cannot be read or
+    written. Cancellation: a cancel during the sweeps leaves the journal consistent (the
+    interruptions are committed before any signal is sent).
+    """
+    limiter = limiter if limiter is not None else trio.CapacityLimiter(2)
+    now, wall = trio.current_time(), time.time()
+    restored, in_flight, expired = await trio.to_thread.run_sync(
+        replay, table, journal, now, wall, limiter=limiter
+    )
+    ids = tuple(row.job_id for row in in_flight)
+    sweeps: dict[str, SweepReport] = {}
+    if ids:
+        log.warning(
+            "journal: %d job(s) were in flight when the node stopped; ended interrupted: %s",
+            len(ids),
+            ", ".join(ids),
+        )
+        me = os.getpid()
+
+        async def sweep(job_id: str) -> None:
+            sweeps[job_id] = await sweep_job_survivors(
+                job_id, me, limiter=limiter, grace=kill_grace, marker=marker
+            )
+
+        async with trio.open_nursery() as nursery:
+            for job_id in ids:
+                nursery.start_soon(sweep, job_id)
+    dirs = [row.work_dir for row in in_flight if _is_work_dir(row.work_dir)]
+    removed = await trio.to_thread.run_sync(_remove_dirs, dirs, limiter=limiter) if dirs else 0
+    report = RecoveryReport(
+        restored=restored,
+        interrupted=ids,
+        expired=expired,
+        sweeps=sweeps,
+        work_dirs_removed=removed,
+    )
+    for job_id, pids in report.survivors.items():
+        log.error("journal: job %s: processes %s survived SIGKILL", job_id, list(pids))
+    return report
+
+
+__all__ = ["RecoveryReport", "recover", "replay"]

@@ -1,0 +1,93 @@
+"""The poll linger: after the drain the node answers ``GET /fleet/jobs/{id}`` (only) until
+every job the shutdown ended has been polled in its terminal state, or ``poll_linger`` passes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import trio
+
+from fleet_trio.node.jobs import JobState
+from tests.node.harness import Harness, echo_task, node_config, running_node
+
+
+def config(tmp_path: Path, linger: str) -> object:
+    return node_config(
+        tmp_path,
+        {"image-gen": echo_task(tmp_path)},
+        timings={"drain_timeout": "200ms", "kill_grace": "500ms", "poll_linger": linger},
+    )
+
+
+async def running(h: Harness, job_id: str) -> None:
+    assert (await h.dispatch(job_id, "image-gen", {"sleep": 30})).status_code == 202
+    with trio.fail_after(5):
+        while (view := h.node.store.get(job_id)) is None or view.state is not JobState.RUNNING:
+            await trio.sleep(0.01)
+
+
+async def wait_gone(h: Harness) -> float:
+    """Poll until the listener closes; the time it took."""
+    t0 = trio.current_time()
+    with trio.fail_after(30):
+        while True:
+            try:
+                await h.client.get("/fleet/jobs/none", timeout=1)
+            except httpx.TransportError:
+                return trio.current_time() - t0
+            await trio.sleep(0.02)
+
+
+async def test_linger_serves_polls_only_and_ends_once_polled(tmp_path: Path) -> None:
+    async with running_node(tmp_path, config(tmp_path, "20s")) as h:  # type: ignore[arg-type]
+        await running(h, "j1")
+        await h.dispatch("done-1", "image-gen", {})
+        await h.wait_terminal("done-1")
+        h.node.request_shutdown()
+        with trio.fail_after(10):
+            while not h.node.context.linger.active:
+                await trio.sleep(0.01)
+        # the linger: health, metrics and new dispatches are refused, polls are answered
+        health = await h.client.get("/fleet/health")
+        assert health.status_code == 503 and health.json()["error"] == "node draining"
+        assert (await h.client.get("/metrics")).status_code == 503
+        assert (await h.dispatch("new", "image-gen", {})).status_code == 503
+        assert (await h.dispatch("done-1", "image-gen", {})).status_code == 202  # known: re-ack
+        assert (await h.poll("done-1")).json()["state"] == "done"
+        assert (await h.client.get("/fleet/jobs/zzz")).status_code == 404
+        # the job the shutdown ended: one poll reads its terminal state, and the linger ends
+        r = await h.poll("j1")
+        assert r.json() == {"job_id": "j1", "state": "error", "error": "interrupted"}
+        assert await wait_gone(h) < 5.0  # far below the 20 s linger
+
+
+async def test_linger_is_bounded_without_pollers(tmp_path: Path) -> None:
+    async with running_node(tmp_path, config(tmp_path, "1500ms")) as h:  # type: ignore[arg-type]
+        await running(h, "j1")
+        h.node.request_shutdown()
+        with trio.fail_after(10):
+            while not h.node.context.linger.active:
+                await trio.sleep(0.01)
+        gone = await wait_gone(h)  # polls of other ids do not end it
+        assert 1.0 <= gone < 3.0, gone
+        assert h.node.tree.shutdown_bound >= 1.5
+
+
+async def test_no_linger_when_no_job_was_in_flight(tmp_path: Path) -> None:
+    async with running_node(tmp_path, config(tmp_path, "20s")) as h:  # type: ignore[arg-type]
+        await h.dispatch("done-1", "image-gen", {})
+        await h.wait_terminal("done-1")
+        h.node.request_shutdown()
+        assert await wait_gone(h) < 3.0
+
+
+async def test_second_request_ends_the_linger(tmp_path: Path) -> None:
+    async with running_node(tmp_path, config(tmp_path, "20s")) as h:  # type: ignore[arg-type]
+        await running(h, "j1")
+        h.node.request_shutdown()
+        with trio.fail_after(10):
+            while not h.node.context.linger.active:
+                await trio.sleep(0.01)
+        h.node.request_shutdown("second signal")
+        assert await wait_gone(h) < 3.0
