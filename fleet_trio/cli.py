@@ -492,7 +492,8 @@ def _export_fake_gpu_dir(args: argparse.Namespace) -> str | None:
         return None
     from fleet_trio.gpu.fake_cli import prepare_fake_gpu
 
-    args.fake_gpu_dir, note = prepare_fake_gpu(args.fake_gpu_dir)
+    count = getattr(args, "fake_gpus", 1) or 1
+    args.fake_gpu_dir, note = prepare_fake_gpu(args.fake_gpu_dir, count)
     os.environ["FLEET_TRIO_FAKE_GPU_DIR"] = args.fake_gpu_dir
     return note
 

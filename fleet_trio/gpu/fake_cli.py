@@ -27,23 +27,34 @@ def default_dir() -> str:
     return os.environ.get(ENV_DIR) or os.path.join(state_dir(), "fake-gpu")
 
 
-def prepare_fake_gpu(directory: str | None) -> tuple[str, str | None]:
-    """The fake GPU's directory (absolute), created and initialised when it has no
-    ``device.json`` yet, and the one line that says so (``None`` when it was there).
-    Raises :class:`ConfigError` when it cannot be created."""
-    from fleet_trio.gpu.fake import DEFAULT_NAME, DEFAULT_TOTAL_GIB, DEVICE_FILE, init_device
+def prepare_fake_gpu(directory: str | None, count: int = 1) -> tuple[str, str | None]:
+    """The fake GPU's directory (absolute), its ``count`` devices created and initialised when
+    they have no ``device.json`` yet (``count > 1``: ``DIR/gpu0`` …, the multi-GPU layout), and
+    the one line that says so (``None`` when they were all there). Raises
+    :class:`ConfigError` when it cannot be created."""
+    from fleet_trio.gpu.fake import (
+        DEFAULT_NAME,
+        DEFAULT_TOTAL_GIB,
+        DEVICE_FILE,
+        device_dirs,
+        init_device,
+    )
 
     path = os.path.abspath(os.path.expanduser(directory or default_dir()))
-    if os.path.isfile(os.path.join(path, DEVICE_FILE)):
+    dirs = [path] if count <= 1 else device_dirs(path, count)
+    missing = [d for d in dirs if not os.path.isfile(os.path.join(d, DEVICE_FILE))]
+    if not missing:
         return path, None
     try:
-        init_device(path)
+        for d in missing:
+            init_device(d)
     except OSError as exc:
         reason = exc.strerror or str(exc)
         raise ConfigError(f"cannot create the fake GPU in {path}: {reason}") from None
+    devices = "one device" if count <= 1 else f"{count} devices"
     note = (
-        f"fake GPU initialised in {path} ({DEFAULT_NAME}, {DEFAULT_TOTAL_GIB:g} GiB, one "
-        "device; `fleet-trio fake-gpu` changes it)"
+        f"fake GPU initialised in {path} ({DEFAULT_NAME}, {DEFAULT_TOTAL_GIB:g} GiB, {devices}; "
+        "`fleet-trio fake-gpu` changes it)"
     )
     return path, note
 

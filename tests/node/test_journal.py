@@ -194,7 +194,7 @@ async def test_disk_full_refuses_new_dispatches_with_503(
     async with store_in_tree(journal=JournalWriter(journal), janitor=False) as (store, _tree):
         ctx = make_ctx(work, store)
         transport = httpx.ASGITransport(app=create_app(ctx))
-        async with httpx.AsyncClient(transport=transport, base_url="http://node") as client:
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
             answers: dict[int, int] = {}
             with caplog.at_level(logging.ERROR):
                 for i in range(400):

@@ -134,7 +134,8 @@ sys.stdout.write('{"blob": "' + p["c"] * 700000 + '"}')
 
 async def test_a_node_over_its_budget_polls_the_oldest_result_as_evicted(tmp_path: Path) -> None:
     task = {"command": [sys.executable, "-c", BIG], "payload": {"c": {"type": "string"}}}
-    config = node_config(tmp_path, {"big": task}, memory_budget="2MiB")
+    # results kept in RAM: no journal (with one, results over inline_max live in its files)
+    config = node_config(tmp_path, {"big": task}, memory_budget="2MiB", journal={"enabled": False})
     async with running_node(tmp_path, config) as h:
         for i, c in enumerate("abcd"):
             assert (await h.dispatch(f"j{i}", "big", {"c": c})).status_code == 202
@@ -148,3 +149,19 @@ async def test_a_node_over_its_budget_polls_the_oldest_result_as_evicted(tmp_pat
         assert again.status_code == 409 and EVICTED_PREFIX in again.text
         text = (await h.client.get("/metrics")).text
         assert 'fleet_trio_memory_evictions_total{kind="result"}' in text
+
+
+async def test_with_the_journal_big_results_live_in_files_and_are_not_evicted(
+    tmp_path: Path,
+) -> None:
+    """The journal keeps results over ``inline_max`` in files beside it, not in RAM: they cost
+    the memory budget nothing, so nothing is evicted and every result polls ``done``."""
+    task = {"command": [sys.executable, "-c", BIG], "payload": {"c": {"type": "string"}}}
+    config = node_config(tmp_path, {"big": task}, memory_budget="2MiB")
+    async with running_node(tmp_path, config) as h:
+        for i, c in enumerate("abcd"):
+            assert (await h.dispatch(f"j{i}", "big", {"c": c})).status_code == 202
+            await h.wait_terminal(f"j{i}")
+        for i, c in enumerate("abcd"):
+            polled = (await h.poll(f"j{i}")).json()
+            assert polled["state"] == "done" and polled["data"]["blob"] == c * 700000
