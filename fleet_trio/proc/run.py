@@ -132,9 +132,10 @@ async def run(
     arrives while the run waits for a slot raises ``Cancelled`` without spawning; a stop token
     set meanwhile still spawns and stops the child (E8), as without a limiter.
 
-    ``record(result)`` is called once with the ``Result`` of a spawned child on every path,
-    including a trio cancellation, so a caller that bounds ``run`` with a cancel scope (a pass
-    budget: ``with trio.move_on_at(deadline)``) still learns how the child ended.
+    ``record(result)`` is called once with the ``Result`` on every path that has one (start
+    errors included; a cancellation before the spawn has none), a trio cancellation included,
+    so a caller that bounds ``run`` with a cancel scope (a pass budget:
+    ``with trio.move_on_at(deadline)``) still learns how the child ended.
 
     Cancellation: a cancellation before the spawn (while waiting for a ``spawn_limiter``
     slot) raises ``Cancelled`` with nothing spawned; the spawn itself is shielded; after it, a
@@ -143,10 +144,10 @@ async def run(
     hands the ``Result`` to ``record`` and re-raises ``Cancelled``.
     """
     if not spec.command:
-        return Result(exit_code=-1, err="empty command")
+        return _recorded(Result(exit_code=-1, err="empty command"), record)
     argv, lookup_error = resolve_argv(spec.command, spec.env)
     if lookup_error is not None:
-        return Result(exit_code=-1, err=f"start: {lookup_error}")
+        return _recorded(Result(exit_code=-1, err=f"start: {lookup_error}"), record)
     env: dict[str, str] | None = None
     if spec.env:
         env = dict(os.environ)
@@ -173,7 +174,7 @@ async def run(
                 )
             except OSError as exc:
                 err = spawn_error_text(exc, argv[0], spec.cwd)
-                return Result(exit_code=-1, err=f"start: {err}")
+                return _recorded(Result(exit_code=-1, err=f"start: {err}"), record)
     if on_spawn is not None:
         on_spawn(proc.pid)
     sup = Supervisor(
@@ -194,6 +195,12 @@ async def run(
     if spec.stdin_source is not None and proc.stdin is not None:
         stdin = (spec.stdin_source, proc.stdin)
     return await sup.supervise(pumps, stdin, record=record)
+
+
+def _recorded(result: Result, record: Callable[[Result], None] | None) -> Result:
+    if record is not None:
+        record(result)
+    return result
 
 
 def grow_pipe(stream: trio.abc.ReceiveStream) -> int:
