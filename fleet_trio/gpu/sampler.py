@@ -75,7 +75,12 @@ class GlobalSampler:
         return snap, None
 
     async def sample_once(self) -> bool:
-        """Take one sample now; True when it succeeded (and was published)."""
+        """Take one sample now; True when it succeeded (and was published).
+
+        Cancellation: the sample runs under ``sample_timeout`` (an overrun is a failed
+        sample); cancelling the caller cancels the query (NVML calls are abandoned in their
+        thread), publishes nothing and raises ``Cancelled``.
+        """
         error: str | None = None
         snap: VramSnapshot | None = None
         with trio.move_on_after(self.sample_timeout) as scope:
@@ -99,7 +104,11 @@ class GlobalSampler:
         return True
 
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Sample now, report started, then every ``interval`` until cancelled."""
+        """Sample now, report started, then every ``interval`` until cancelled.
+
+        Cancellation: the normal way to stop it; the last published snapshot stays readable.
+        Start-up takes at most one ``sample_timeout``.
+        """
         await self.sample_once()
         task_status.started()
         deadline = trio.current_time()
@@ -115,7 +124,10 @@ class GlobalSampler:
 async def serve_global_sampler(
     sampler: GlobalSampler, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
 ) -> None:
-    """``nursery.start(serve_global_sampler, sampler)``: the service form of ``sampler.serve``."""
+    """``nursery.start(serve_global_sampler, sampler)``: the service form of ``sampler.serve``.
+
+    Cancellation: as :meth:`GlobalSampler.serve`.
+    """
     await sampler.serve(task_status=task_status)
 
 
@@ -131,6 +143,11 @@ class GlobalDelta:
         self.baseline: float | None = None if baseline is None else baseline.used_gb
 
     async def sample(self) -> float:
+        """``used - baseline`` in GiB (the first call sets the baseline and returns 0).
+
+        Cancellation: no timeout of its own (callers bound it: ``measure_job_peak`` runs it
+        under its per-sample timeout); a cancelled call raises ``Cancelled`` and sets nothing.
+        """
         snap = await self.source.snapshot()
         if self.baseline is None:
             self.baseline = snap.used_gb

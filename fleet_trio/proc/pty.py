@@ -122,6 +122,10 @@ async def start_pty(
     ``rows``/``cols`` set the window before the child starts; a non-positive dimension falls
     back to 24×80. ``spawn_limiter`` bounds concurrent spawns, as for ``run``. Raises
     :class:`PtyStartError` (``err="empty command"`` / ``"start pty: …"``) when nothing started.
+
+    Cancellation: a cancellation while waiting for a ``spawn_limiter`` slot raises
+    ``Cancelled`` with nothing spawned; the spawn itself is shielded, so a session that was
+    spawned is always returned (the caller must close it, e.g. ``async with``).
     """
     if not spec.command:
         raise PtyStartError(Result(exit_code=-1, err="empty command"))
@@ -219,7 +223,11 @@ class PtySession:
 
     # -- terminal I/O -----------------------------------------------------------------------
     async def read(self, max_bytes: int = READ_CHUNK) -> bytes:
-        """Bytes from the terminal; ``b""`` at EOF (``EIO``: no slave left) or after close."""
+        """Bytes from the terminal; ``b""`` at EOF (``EIO``: no slave left) or after close.
+
+        Cancellation: a plain checkpoint; cancelling a read loses no bytes and does not stop
+        the session (close it, or stop it through :meth:`wait`).
+        """
         if self._closed:
             await trio.lowlevel.checkpoint()
             return b""
@@ -241,6 +249,8 @@ class PtySession:
 
         Writing to a session that has ended or been closed is not an error: the bytes are
         dropped (a relay keeps forwarding what a client types until it notices).
+
+        Cancellation: a checkpoint; a cancelled write may have sent part of ``data``.
         """
         if self._closed:
             await trio.lowlevel.checkpoint()
