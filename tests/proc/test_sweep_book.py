@@ -568,3 +568,35 @@ async def test_shell_cancellation_propagates(autojump_clock: trio.abc.Clock) -> 
             "j", os.getpid(), scan=lambda j, p: next(it), check=frozenset, kill=Kills()
         )
     assert scope.cancelled_caught
+
+
+async def test_shell_signals_a_process_whose_marker_vanished(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    """The shell side of the honesty fix: the first scan sees pid 60, later scans do not (it
+    dropped its marker), the identity check says it lives: it is signalled on every phase
+    and reported ``remaining``, never as reaped."""
+    script = Script([ok(60), ok()])
+    kills = Kills()
+    alive = Ident(60)
+    rep = await sweep_job_survivors(
+        "j", os.getpid(), scan=script, check=lambda idents: frozenset({alive}), kill=kills
+    )
+    assert kills.sent == [(60, signal.SIGTERM), (60, signal.SIGKILL)]
+    assert rep.found == (60,) and rep.remaining == (60,) and not rep.clean()
+
+
+async def test_shell_reports_reaped_once_the_check_sees_it_gone(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    script = Script([ok(61), ok()])
+    kills = Kills()
+    looks: list[int] = []
+
+    def check(idents: Collection[Ident]) -> frozenset[Ident]:
+        looks.append(len(idents))
+        return frozenset(idents) if len(looks) < 3 else frozenset()
+
+    rep = await sweep_job_survivors("j", os.getpid(), scan=script, check=check, kill=kills)
+    assert kills.sent == [(61, signal.SIGTERM)]
+    assert rep.found == (61,) and rep.remaining == () and rep.clean()
