@@ -297,27 +297,31 @@ class SharedProcessView:
                 return self._view
             if self._generation != generation and self._failure is not None:
                 raise GpuError(self._failure)  # the query this caller waited for failed
-            self._generation += 1
-            self._failure = "per-process query cancelled"
             self.queries += 1
-            used: dict[int, int] | None = None
-            with trio.move_on_after(self.query_timeout) as scope:
-                try:
-                    used = await self.source.process_used_bytes()
-                except GpuError as exc:
-                    self._failure = str(exc)
-                    raise
-            if scope.cancelled_caught:
-                self._failure = f"per-process query timed out after {self.query_timeout:g}s"
-                raise GpuError(self._failure)
-            view = None
-            if used is not None:
-                view = await trio.to_thread.run_sync(
-                    read_process_view, used, self.marker_key, limiter=self.limiter
-                )
-            self._failure = None
-            self._view, self._taken = view, trio.current_time()
-            return view
+            failure: str | None = "per-process query cancelled"
+            try:
+                used: dict[int, int] | None = None
+                with trio.move_on_after(self.query_timeout) as scope:
+                    try:
+                        used = await self.source.process_used_bytes()
+                    except GpuError as exc:
+                        failure = str(exc)
+                        raise
+                if scope.cancelled_caught:
+                    failure = f"per-process query timed out after {self.query_timeout:g}s"
+                    raise GpuError(failure)
+                view = None
+                if used is not None:
+                    view = await trio.to_thread.run_sync(
+                        read_process_view, used, self.marker_key, limiter=self.limiter
+                    )
+                failure = None
+                self._view, self._taken = view, trio.current_time()
+                return view
+            finally:
+                # Callers that queued behind this query share its outcome (a failure too).
+                self._failure = failure
+                self._generation += 1
 
 
 async def _bounded(sample: Callable[[], Awaitable[float]], seconds: float, what: str) -> float:

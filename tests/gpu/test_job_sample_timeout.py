@@ -129,7 +129,8 @@ async def test_shared_view_is_not_wedged_by_a_hung_query(autojump_clock: trio.ab
             ended = trio.current_time()
     assert peaks == [None] * 4
     assert trio.current_time() - ended <= JOB_SAMPLE_TIMEOUT
-    assert source.hung >= 2
+    # One hung query per round, shared by the jobs queued behind it, not one per job.
+    assert 2 <= source.hung <= 12.0 / JOB_SAMPLE_TIMEOUT + 2
 
 
 async def test_sample_timeout_must_be_positive() -> None:
