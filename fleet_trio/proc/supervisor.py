@@ -218,8 +218,8 @@ class Supervisor:
                     self.result = await self._conclude()
         finally:
             self.done.set()
-        if record is not None and self.result is not None:
-            record(self.result)
+            if record is not None and self.result is not None:
+                record(self.result)  # on every path, however the nursery ends
         if shutdown is not None:
             try:
                 raise shutdown
