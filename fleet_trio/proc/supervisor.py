@@ -55,6 +55,10 @@ STRAGGLER_WAIT = 2.0
 """Seconds to wait for stragglers to go after SIGKILL (and, on cancel, for pipe EOF)."""
 STRAGGLER_POLL = 0.02
 """Seconds between two straggler checks (a group has no event for "empty")."""
+STRAGGLER_SETTLE = 0.05
+"""Seconds a live, not-yet-exiting member gets to exit by itself before it is a straggler: a
+process that closes its output just before it exits (coreutils' ``close_stdout`` at exit)
+completes the job while it still runs in user space, for a moment."""
 ESCAPED_EOF_WAIT = 2.0
 """Seconds a swept job's pipes may stay open once only processes outside its group hold them."""
 ESCAPE_POLL_MAX = 1.0
@@ -385,27 +389,48 @@ class Supervisor:
         return result
 
 
+def _look(target: Target) -> str:
+    """``"gone"`` (no live member), ``"settling"`` (every live member is exiting) or ``"live"``.
+
+    ``settling()`` is false both when a member is not exiting and when the last one became a
+    zombie after ``alive()`` looked; a second ``alive()`` tells the two apart (without it, a
+    member that finished exiting between the two looks was SIGKILLed and reported).
+    """
+    if not target.alive():
+        return "gone"
+    if target.settling():
+        return "settling"
+    return "live" if target.alive() else "gone"
+
+
 async def reap_stragglers(target: Target) -> tuple[bool, bool]:
     """``(found, emptied)``: SIGKILL live members left in ``target`` and wait ≤ 2 s for them.
 
     Members that have already begun to exit (``PF_EXITING``: the job completed because they
     closed their pipes on the way out) are not stragglers: they get the same 2 s to become
-    zombies by themselves, and only one that fails to is reported. Each wait is a cancel
+    zombies by themselves, and only one that fails to is reported. A member that has not begun
+    to exit gets :data:`STRAGGLER_SETTLE` first (it may have closed its output in user space
+    just before exiting). Each wait is a cancel
     scope (``move_on_after``) around a 20 ms liveness check: a process group has no event for
     "empty".
 
     Cancellation: cancellable at every check; supervisors call it shielded.
     """
-    if not target.alive():
+    state = _look(target)
+    if state == "live":
+        with trio.move_on_after(STRAGGLER_SETTLE):
+            while state == "live":
+                await trio.sleep(STRAGGLER_SETTLE / 10)
+                state = _look(target)
+    if state == "gone":
         return False, True
-    if target.settling():
+    if state == "settling":
         with trio.move_on_after(STRAGGLER_WAIT):
-            while True:
+            while state == "settling":
                 await trio.sleep(STRAGGLER_POLL)
-                if not target.alive():
-                    return False, True
-                if not target.settling():
-                    break
+                state = _look(target)
+        if state == "gone":
+            return False, True
     target.signal(signal.SIGKILL)
     with trio.move_on_after(STRAGGLER_WAIT):
         while True:
@@ -423,6 +448,7 @@ __all__ = [
     "REASON_STRAGGLERS_REMAINED",
     "REASON_SURVIVORS",
     "STRAGGLER_POLL",
+    "STRAGGLER_SETTLE",
     "STRAGGLER_WAIT",
     "HelperScopes",
     "Pump",

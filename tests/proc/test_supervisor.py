@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -172,3 +173,25 @@ async def test_pty_sweep_honours_the_marker_name(tmp_path: Path) -> None:
         scan = scan_job_marker(job, ancestor_set(os.getpid()), key=b"FLEET_JOB_ID=")
         for pid in scan.pids:
             os.kill(pid, signal.SIGKILL)
+
+
+async def test_a_member_that_closes_its_output_just_before_exiting_is_no_straggler() -> None:
+    """A process that closes stdout/stderr in user space and exits a moment later (as
+    coreutils' ``close_stdout`` does) completes the job while it still runs: it must get a
+    moment to exit by itself instead of being SIGKILLed and reported as a straggler."""
+    code = "import os, time; os.close(1); os.close(2); time.sleep(0.01); os._exit(0)"
+    child = f"{sys.executable} -c '{code}'"
+    with trio.fail_after(20):
+        for _ in range(5):
+            res = await run(JobSpec(command=["sh", "-c", f"{child} & exit 0"]), BufferSink())
+            assert (res.exit_code, res.killed, res.reason) == (0, False, "")
+
+
+async def test_a_live_straggler_is_still_reaped_after_the_settle_moment() -> None:
+    sink = BufferSink()
+    script = "(exec sleep 300 >/dev/null 2>&1) & echo child:$!; exit 0"
+    with trio.fail_after(15):
+        res = await run(JobSpec(command=["sh", "-c", script]), sink)
+    assert (res.killed, res.reason) == (True, "stragglers reaped after exit")
+    pid = int(sink.text().split("child:")[1].split()[0])
+    assert not pid_alive(pid)
