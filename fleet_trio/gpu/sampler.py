@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 
 import attrs
 import trio
@@ -24,6 +24,9 @@ DEFAULT_INTERVAL = 2.0
 DEFAULT_MAX_AGE = 30.0
 DEFAULT_SAMPLE_TIMEOUT = 10.0
 JOB_INTERVAL = 0.5
+JOB_SAMPLE_TIMEOUT = 5.0
+"""Seconds one per-job sample may take (``measure_job_peak``); an overrun is a failed sample.
+Also the most a hung GPU query can delay the end of a job."""
 NO_SNAPSHOT = "no vram snapshot yet"
 STALE_SNAPSHOT = "vram snapshot stale"
 SAMPLER_MODES = ("auto", "global", "nvml")
@@ -72,7 +75,12 @@ class GlobalSampler:
         return snap, None
 
     async def sample_once(self) -> bool:
-        """Take one sample now; True when it succeeded (and was published)."""
+        """Take one sample now; True when it succeeded (and was published).
+
+        Cancellation: the sample runs under ``sample_timeout`` (an overrun is a failed
+        sample); cancelling the caller cancels the query (NVML calls are abandoned in their
+        thread), publishes nothing and raises ``Cancelled``.
+        """
         error: str | None = None
         snap: VramSnapshot | None = None
         with trio.move_on_after(self.sample_timeout) as scope:
@@ -96,7 +104,11 @@ class GlobalSampler:
         return True
 
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Sample now, report started, then every ``interval`` until cancelled."""
+        """Sample now, report started, then every ``interval`` until cancelled.
+
+        Cancellation: the normal way to stop it; the last published snapshot stays readable.
+        Start-up takes at most one ``sample_timeout``.
+        """
         await self.sample_once()
         task_status.started()
         deadline = trio.current_time()
@@ -112,7 +124,10 @@ class GlobalSampler:
 async def serve_global_sampler(
     sampler: GlobalSampler, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
 ) -> None:
-    """``nursery.start(serve_global_sampler, sampler)``: the service form of ``sampler.serve``."""
+    """``nursery.start(serve_global_sampler, sampler)``: the service form of ``sampler.serve``.
+
+    Cancellation: as :meth:`GlobalSampler.serve`.
+    """
     await sampler.serve(task_status=task_status)
 
 
@@ -128,6 +143,11 @@ class GlobalDelta:
         self.baseline: float | None = None if baseline is None else baseline.used_gb
 
     async def sample(self) -> float:
+        """``used - baseline`` in GiB (the first call sets the baseline and returns 0).
+
+        Cancellation: no timeout of its own (callers bound it: ``measure_job_peak`` runs it
+        under its per-sample timeout); a cancelled call raises ``Cancelled`` and sets nothing.
+        """
         snap = await self.source.snapshot()
         if self.baseline is None:
             self.baseline = snap.used_gb
@@ -228,6 +248,11 @@ class SharedProcessView:
     the event loop (health, acks) feels. A view younger than ``max_age`` is handed to every
     caller, and concurrent callers share one query in flight. ``None`` means the source has no
     per-process accounting. A failed query raises ``GpuError`` to its callers and is not kept.
+
+    Each GPU query runs under ``query_timeout`` (a cancel scope): a query that hangs (a driver
+    call that never returns) fails with ``GpuError`` when it runs out, and so do the callers
+    that were waiting for it, so no caller waits longer than one query's timeout (plus the
+    bounded ``/proc`` read) however many are queued.
     """
 
     def __init__(
@@ -237,35 +262,73 @@ class SharedProcessView:
         *,
         max_age: float = JOB_INTERVAL / 2,
         limiter: trio.CapacityLimiter | None = None,
+        query_timeout: float = JOB_SAMPLE_TIMEOUT,
     ) -> None:
+        if query_timeout <= 0:
+            raise ValueError(f"query timeout must be positive, got {query_timeout!r}")
         self.source = source
         self.marker_key = marker_key
         self.max_age = max_age
         self.limiter = limiter if limiter is not None else trio.CapacityLimiter(1)
+        self.query_timeout = query_timeout
         self.queries = 0
         self._lock = trio.Lock()
         self._view: ProcessView | None = None
         self._taken = -math.inf
+        self._generation = 0
+        self._failure: str | None = None
 
     def _fresh(self) -> bool:
         return trio.current_time() - self._taken < self.max_age
 
     async def view(self) -> ProcessView | None:
+        """A view at most ``max_age`` old (see the class). Raises ``GpuError`` when the query
+        failed or ran past ``query_timeout``.
+
+        Cancellation: cancelling a caller ends only its wait; a query it was making is
+        cancelled too (an NVML call is abandoned in its thread) and counts as failed.
+        """
         if self._fresh():
             await trio.lowlevel.checkpoint()
             return self._view
+        generation = self._generation
         async with self._lock:
             if self._fresh():  # another caller refreshed it while this one waited
                 return self._view
+            if self._generation != generation and self._failure is not None:
+                raise GpuError(self._failure)  # the query this caller waited for failed
             self.queries += 1
-            used = await self.source.process_used_bytes()
-            view = None
-            if used is not None:
-                view = await trio.to_thread.run_sync(
-                    read_process_view, used, self.marker_key, limiter=self.limiter
-                )
-            self._view, self._taken = view, trio.current_time()
-            return view
+            failure: str | None = "per-process query cancelled"
+            try:
+                used: dict[int, int] | None = None
+                with trio.move_on_after(self.query_timeout) as scope:
+                    try:
+                        used = await self.source.process_used_bytes()
+                    except GpuError as exc:
+                        failure = str(exc)
+                        raise
+                if scope.cancelled_caught:
+                    failure = f"per-process query timed out after {self.query_timeout:g}s"
+                    raise GpuError(failure)
+                view = None
+                if used is not None:
+                    view = await trio.to_thread.run_sync(
+                        read_process_view, used, self.marker_key, limiter=self.limiter
+                    )
+                failure = None
+                self._view, self._taken = view, trio.current_time()
+                return view
+            finally:
+                # Callers that queued behind this query share its outcome (a failure too).
+                self._failure = failure
+                self._generation += 1
+
+
+async def _bounded(sample: Callable[[], Awaitable[float]], seconds: float, what: str) -> float:
+    """``await sample()`` under ``seconds``; an overrun raises ``GpuError``."""
+    with trio.move_on_after(seconds):
+        return await sample()
+    raise GpuError(f"{what} timed out after {seconds:g}s")
 
 
 async def measure_job_peak(
@@ -279,11 +342,17 @@ async def measure_job_peak(
     mode: str = "auto",
     limiter: trio.CapacityLimiter | None = None,
     shared: SharedProcessView | None = None,
+    sample_timeout: float = JOB_SAMPLE_TIMEOUT,
 ) -> float | None:
     """Sample a job's VRAM at once, then every ``interval`` until ``stop`` is set (§5.3).
 
     Returns the largest successful sample in GiB, or ``None`` if none succeeded (failed samples
-    are ignored). Modes (§5.6):
+    are ignored). Each GPU query runs under its own ``sample_timeout`` (a cancel scope; for a
+    ``shared`` view, the view's ``query_timeout``): a query that raises, or hangs (a driver
+    call that never returns), is a failed sample, so the sampler notices ``stop`` within one
+    timeout and never keeps its job running. (Only the GPU query is timed: the ``/proc`` read
+    that follows it is bounded by itself.)
+    Modes (§5.6):
 
     * ``auto``: per-process attribution while ``source.process_used_bytes()`` is available; if
       it answers ``None`` (no per-process accounting) the job switches to the global delta for
@@ -294,12 +363,22 @@ async def measure_job_peak(
 
     ``shared`` (a node's ``SharedProcessView``, whose marker key must be ``marker``'s) lets
     concurrent jobs share one per-process query per tick; without it the job queries alone.
+
+    Cancellation: cancelling the caller cancels the sample in flight (NVML calls are abandoned
+    in their thread) and raises ``Cancelled``; no peak is returned. ``stop`` is the normal
+    way to end it: the sample in flight finishes (or times out) and the peak is returned.
     """
+    if sample_timeout <= 0:
+        raise ValueError(f"sample timeout must be positive, got {sample_timeout!r}")
     if mode not in SAMPLER_MODES:
         raise ValueError(f"unknown sampler mode {mode!r} (expected one of {SAMPLER_MODES})")
     if shared is None:
         shared = SharedProcessView(
-            source, marker[0] if marker else None, max_age=0.0, limiter=limiter
+            source,
+            marker[0] if marker else None,
+            max_age=0.0,
+            limiter=limiter,
+            query_timeout=sample_timeout,
         )
     marker_value = marker[1] if marker else None
     delta = GlobalDelta(source, baseline)
@@ -313,18 +392,24 @@ async def measure_job_peak(
             if mode == "auto":
                 log.debug("vram: %s: no per-process accounting; global delta", source.name)
                 use_global = True
-                return await delta.sample()
+                return await _bounded(delta.sample, sample_timeout, "vram sample")
             return None
         mine = attribute(view, pgid, marker_value)
         return sum(view.used[p] for p in mine) / GIB
 
+    failures = 0
     deadline = trio.current_time()
     while True:
-        value: float | None
+        value: float | None = None
         try:
-            value = await delta.sample() if use_global else await per_process()
-        except GpuError:
-            value = None
+            if use_global:
+                value = await _bounded(delta.sample, sample_timeout, "vram sample")
+            else:
+                value = await per_process()
+        except GpuError as exc:
+            failures += 1
+            if failures == 1:
+                log.warning("vram: job sample failed: %s", exc)
         if value is not None and (peak is None or value > peak):
             peak = value
         deadline += interval
@@ -341,6 +426,7 @@ __all__ = [
     "DEFAULT_INTERVAL",
     "DEFAULT_MAX_AGE",
     "JOB_INTERVAL",
+    "JOB_SAMPLE_TIMEOUT",
     "NO_SNAPSHOT",
     "SAMPLER_MODES",
     "STALE_SNAPSHOT",

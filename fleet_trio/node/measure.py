@@ -80,6 +80,10 @@ class MeasureReport:
         return json.dumps(list(self.entries), indent=2)
 
 
+GPU_CHECK_TIMEOUT = 10.0
+"""Seconds the GPU check before measuring may take; a driver that never answers is refused."""
+
+
 def select_tasks(registry: TaskRegistry, wanted: Sequence[str]) -> list[str]:
     """Configured tasks in declaration order, limited to ``wanted`` when given."""
     unknown = [name for name in wanted if registry.get(name) is None]
@@ -91,14 +95,24 @@ def select_tasks(registry: TaskRegistry, wanted: Sequence[str]) -> list[str]:
     return [name for name in registry.supported if not wanted or name in wanted]
 
 
-async def check_gpu(gpu: GpuServices) -> None:
-    """One global sample: refuse a GPU that answers nothing usable (like the node, §7.5)."""
+async def check_gpu(gpu: GpuServices, *, timeout_s: float = GPU_CHECK_TIMEOUT) -> None:
+    """One global sample: refuse a GPU that answers nothing usable (like the node, §7.5).
+
+    The sample runs under ``timeout_s``: a driver that never answers is refused, not waited on.
+
+    Cancellation: cancelling the caller cancels the sample (an NVML call is abandoned in its
+    thread) and raises ``Cancelled``.
+    """
     if gpu.source is None or gpu.footprints is None:
         raise NodeStartError("no GPU source or footprint store to measure with")
-    try:
-        snap = await gpu.source.snapshot()
-    except GpuError as exc:
-        raise NodeStartError(f"GPU probe failed: {exc}") from exc
+    snap = None
+    with trio.move_on_after(timeout_s):
+        try:
+            snap = await gpu.source.snapshot()
+        except GpuError as exc:
+            raise NodeStartError(f"GPU probe failed: {exc}") from exc
+    if snap is None:
+        raise NodeStartError(f"GPU probe failed: no answer within {timeout_s:g}s")
     if not (math.isfinite(snap.total_gb) and snap.total_gb > 0):
         raise NodeStartError("GPU probe returned no usable VRAM (total <= 0)")
 

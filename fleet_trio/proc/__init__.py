@@ -1,7 +1,9 @@
 """Process supervision shared by node and worker.
 
 Run a job as its own process group and always turn it into an honest ``Result``
-(:func:`run`), sweep escaped processes by their ``RC_JOB_ID`` marker
+(:func:`run`; PTY sessions: :mod:`fleet_trio.proc.pty`; both supervised by the one
+:class:`~fleet_trio.proc.supervisor.Supervisor`), sweep escaped processes by their
+``RC_JOB_ID`` marker, reporting as reaped only what it has seen gone
 (:func:`sweep_job_survivors`), prove the host clean after a crash
 (:func:`recovery_proof_for`), and run a directory of scripts under a budget
 (:func:`run_scripts`).

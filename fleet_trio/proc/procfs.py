@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import os
+import signal
 import time
 from collections.abc import Callable, Collection
 
@@ -33,6 +34,9 @@ class ProcStat:
     sid: int = 0
     flags: int = attrs.field(default=0, eq=False)
     """The kernel's per-task flags (``stat`` field 9); see :data:`PF_EXITING`."""
+    start: int = attrs.field(default=0, eq=False)
+    """When the process started, in clock ticks after boot (``stat`` field 22): with the pid,
+    the process's identity (a reused pid has another start time)."""
 
     @property
     def exiting(self) -> bool:
@@ -69,13 +73,18 @@ def parse_proc_stat(data: bytes) -> ProcStat | None:
     except ValueError:
         return None
     state = fields[0][:1].decode("ascii", errors="replace")
-    flags = 0
-    if len(fields) > 6:
-        try:
-            flags = int(fields[6])
-        except ValueError:
-            flags = 0
-    return ProcStat(pid=pid, state=state, ppid=ppid, pgid=pgid, sid=sid, flags=flags)
+    flags = _int_field(fields, 6)
+    start = _int_field(fields, 19)
+    return ProcStat(pid=pid, state=state, ppid=ppid, pgid=pgid, sid=sid, flags=flags, start=start)
+
+
+def _int_field(fields: list[bytes], index: int) -> int:
+    if len(fields) <= index:
+        return 0
+    try:
+        return int(fields[index])
+    except ValueError:
+        return 0
 
 
 def read_proc_stat(pid: int) -> ProcStat | None:
@@ -257,6 +266,18 @@ def pause_since(started: float, seconds: float) -> None:
         time.sleep(left)
 
 
+@attrs.frozen(order=True)
+class Ident:
+    """One process's identity: its pid and its start time (``ProcStat.start``).
+
+    ``start == 0`` means "not known" (a scan that could not read it): the pid alone then.
+    A pid that has been reused carries another start time, so it is another ``Ident``.
+    """
+
+    pid: int
+    start: int = 0
+
+
 @attrs.frozen
 class MarkerScan:
     """One sweep scan: live processes whose ``RC_JOB_ID`` equals a job id exactly.
@@ -271,6 +292,15 @@ class MarkerScan:
     pids: tuple[int, ...] = ()
     blind: bool = False
     settled: bool = True
+    starts: tuple[int, ...] = attrs.field(default=(), eq=False)
+    """The start time of each of ``pids`` (same order) as the scan read it; missing: 0."""
+
+    def idents(self) -> tuple[Ident, ...]:
+        """The matches as identities (pid + start time)."""
+        starts = self.starts
+        return tuple(
+            Ident(pid, starts[i] if i < len(starts) else 0) for i, pid in enumerate(self.pids)
+        )
 
 
 def read_proc_file(path: str) -> bytes:
@@ -288,14 +318,14 @@ def read_proc_file(path: str) -> bytes:
         os.close(fd)
 
 
-def _live_stat(proc: str, name: str) -> bool:
-    """``/proc/<name>/stat`` is readable and its state is not ``Z``."""
+def _live_stat(proc: str, name: str) -> ProcStat | None:
+    """``/proc/<name>/stat`` when it is readable and its state is not ``Z``; else ``None``."""
     try:
         data = read_proc_file(f"{proc}/{name}/stat")
     except OSError:
-        return False
+        return None
     st = parse_proc_stat(data)
-    return st is not None and st.state != "Z"
+    return st if st is not None and st.state != "Z" else None
 
 
 def _list_pid_names(proc: str) -> list[str] | None:
@@ -370,7 +400,7 @@ def scan_job_marker(
     if listed is None:
         return MarkerScan(scanned=False, settled=False)
     seen = {str(pid) for pid in protected}
-    matches: list[int] = []
+    matches: list[tuple[int, int]] = []
     blind = False
     batch = [name for name in listed if name not in seen]
     listings = 1
@@ -388,17 +418,27 @@ def scan_job_marker(
             round_blind |= again_blind
         blind |= round_blind
         if not doubt and mark is not None and _last_pid(proc) == mark:
-            return MarkerScan(scanned=True, pids=tuple(matches), blind=blind, settled=True)
+            return _marker_scan(matches, blind, settled=True)
         if listings >= max_listings:
-            return MarkerScan(scanned=True, pids=tuple(matches), blind=blind, settled=False)
+            return _marker_scan(matches, blind, settled=False)
         mark = _last_pid(proc) if ours else None
         again = _list_pid_names(proc)
         listings += 1
         if again is None:
-            return MarkerScan(scanned=True, pids=tuple(matches), blind=blind, settled=False)
+            return _marker_scan(matches, blind, settled=False)
         batch = [name for name in again if name not in seen]
         if not batch:
-            return MarkerScan(scanned=True, pids=tuple(matches), blind=blind, settled=True)
+            return _marker_scan(matches, blind, settled=True)
+
+
+def _marker_scan(matches: list[tuple[int, int]], blind: bool, *, settled: bool) -> MarkerScan:
+    return MarkerScan(
+        scanned=True,
+        pids=tuple(pid for pid, _start in matches),
+        blind=blind,
+        settled=settled,
+        starts=tuple(start for _pid, start in matches),
+    )
 
 
 def _marker_batch(
@@ -406,7 +446,7 @@ def _marker_batch(
     names: list[str],
     target: bytes,
     job_id: str,
-    matches: list[int],
+    matches: list[tuple[int, int]],
     empties: list[str] | None,
     key: bytes = JOB_ENV_KEY,
 ) -> tuple[bool, bool, float]:
@@ -434,7 +474,7 @@ def _marker_batch(
             finally:
                 close(fd)
         except OSError as exc:
-            if exc.errno not in _GONE_ERRNOS and _live_stat(proc, name):
+            if exc.errno not in _GONE_ERRNOS and _live_stat(proc, name) is not None:
                 blind = True
             else:
                 doubt = True
@@ -445,11 +485,68 @@ def _marker_batch(
                 empties.append(name)
                 last_empty = time.monotonic()
         elif target in data and env_marker_value(data, key) == job_id:
-            if _live_stat(proc, name):
-                matches.append(int(name))
+            st = _live_stat(proc, name)
+            if st is not None:
+                matches.append((int(name), st.start))
             else:
                 doubt = True
     return blind, doubt, last_empty
+
+
+# ----------------------------------------------------------------------------------------------
+# Identity: a process is its pid plus its start time.
+
+
+def ident_alive(ident: Ident, proc: str = PROC) -> bool:
+    """``ident`` is still the same live process: its stat is readable, not a zombie, and (when
+    known) its start time is unchanged. A stat that cannot be read for a reason other than
+    "gone" counts as alive (cannot tell: never claim a process gone without seeing it)."""
+    try:
+        data = read_proc_file(f"{proc}/{ident.pid}/stat")
+    except OSError as exc:
+        return exc.errno not in _GONE_ERRNOS
+    st = parse_proc_stat(data)
+    if st is None:
+        return True
+    if st.state == "Z":
+        return False
+    return ident.start == 0 or st.start == ident.start
+
+
+def idents_alive(idents: Collection[Ident], proc: str = PROC) -> frozenset[Ident]:
+    """The subset of ``idents`` that :func:`ident_alive` finds still alive (blocking)."""
+    return frozenset(ident for ident in idents if ident_alive(ident, proc))
+
+
+def signal_ident(ident: Ident, sig: int) -> bool:
+    """Send ``sig`` to ``ident`` only if the pid still names that process; True if sent.
+
+    With ``pidfd_open`` the process is pinned first and its start time checked after, so a pid
+    reused at any moment is never signalled; without it (old kernels) the start time is
+    checked just before ``kill(2)``. Gone, reused, zombie or not ours: False, never raises.
+    """
+    pidfd = -1
+    pidfd_open = getattr(os, "pidfd_open", None)
+    if pidfd_open is not None:
+        try:
+            pidfd = pidfd_open(ident.pid)
+        except OSError as exc:
+            if exc.errno != errno.ENOSYS:
+                return False
+    try:
+        if not ident_alive(ident):
+            return False
+        try:
+            if pidfd >= 0:
+                signal.pidfd_send_signal(pidfd, sig)
+            else:
+                os.kill(ident.pid, sig)
+        except OSError:
+            return False
+        return True
+    finally:
+        if pidfd >= 0:
+            os.close(pidfd)
 
 
 __all__ = [
@@ -459,6 +556,7 @@ __all__ = [
     "MARKER_MAX_LISTINGS",
     "PF_EXITING",
     "PROC",
+    "Ident",
     "MarkerScan",
     "Predicate",
     "ProcStat",
@@ -468,6 +566,8 @@ __all__ = [
     "group_alive",
     "group_settling",
     "has_job_env",
+    "ident_alive",
+    "idents_alive",
     "job_env_id",
     "list_pids",
     "live_proc_exists",
@@ -481,4 +581,5 @@ __all__ = [
     "scan_live_procs",
     "session_alive",
     "session_pgids",
+    "signal_ident",
 ]

@@ -23,18 +23,21 @@ read of ≥ 1 byte touches the idle clock, which starts when the session is crea
 (keystrokes) do not touch it, so a session nobody reads is abandoned and the idle watchdog
 ends it (§7, §14.5 item 12).
 
-Supervision (§2.5 with a **session target**, §2.8). The clocks start at spawn time (the
-max-runtime deadline counts from the spawn, the idle clock from session creation); the tasks
-that act on them run inside :meth:`PtySession.wait`, exactly once — concurrent and later
-callers get the same cached ``Result`` (§8.3). Completion is the leader's reap alone: there is
-no pipe to wait for (§8.4). Then:
+Supervision (§2.5 with a **session target**, §2.8) is the one
+:class:`~fleet_trio.proc.supervisor.Supervisor` that pipe jobs use, created with the session:
+the max-runtime deadline counts from the spawn, the idle clock from session creation and
+:meth:`PtySession.read` restarts it; the deadlines are cancel-scope deadlines. It runs inside
+:meth:`PtySession.wait`, exactly once — concurrent and later callers get the same cached
+``Result`` (§8.3). Completion is the leader's reap alone: there is no pipe to wait for (§8.4).
+Then:
 
 * clean exit → ``finish`` + straggler reap over the whole session: a shell that ``exit``\\ s
   while ``sleep 300 &`` runs yields ``killed=True``, ``reason="stragglers reaped after exit"``
   and the background job is SIGKILLed (§8.4, checklist 104);
 * stop (the caller's :class:`StopToken`, :meth:`close`, or a watchdog trip) → the cancellation
   path: race re-check, SIGTERM every process group of the session, wait ``spec.grace``,
-  SIGKILL them all, straggler reap; reason exactly ``cancelled`` (or the watchdog's
+  SIGKILL them all (``killpg`` of the leader's group if none could be signalled), straggler
+  reap; reason exactly ``cancelled`` (or the limit's
   ``idle: no output for …`` / ``max_runtime exceeded (…)``). An interactive shell ignores
   SIGTERM, so a cancelled session pays the full grace (§8.4).
 
@@ -51,8 +54,8 @@ is reaped even if nobody called ``wait`` — closing the master alone would only
 foreground group and leave a zombie, checklist 105), then closes the master. Use the session
 as an async context manager so it is always closed.
 
-A stop passed to :meth:`PtySession.wait` is linked as a child token whose setting trips the
-session's internal stop (its deadline is waited on with ``move_on_at``), so a follower's token
+A stop passed to :meth:`PtySession.wait` is linked to the supervisor (its setting trips the
+session's stop, its deadline joins the supervisor's scope deadline), so a follower's token
 stops the session too, and a trio cancellation of a follower ends only that call.
 
 Start failures raise :class:`PtyStartError` carrying the ``Result`` to report
@@ -61,39 +64,22 @@ Start failures raise :class:`PtyStartError` carrying the ``Result`` to report
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import fcntl
 import logging
-import math
 import os
-import signal
 import struct
 import subprocess
 import termios
 from types import TracebackType
 
-import attrs
 import trio
 
-from fleet_trio.proc.run import (
-    RACE_YIELDS,
-    REASON_CANCELLED,
-    REASON_STRAGGLERS_REAPED,
-    REASON_STRAGGLERS_REMAINED,
-    REASON_SURVIVORS,
-    STRAGGLER_WAIT,
-    HelperScopes,
-    finish,
-    reap_stragglers,
-    resolve_argv,
-    spawn_error_text,
-)
+from fleet_trio.proc.run import resolve_argv, spawn_error_text
 from fleet_trio.proc.spec import JobSpec, Result
 from fleet_trio.proc.stop import StopToken
-from fleet_trio.proc.sweep import sweep_job_survivors
+from fleet_trio.proc.supervisor import Supervisor
 from fleet_trio.proc.target import SessionTarget
-from fleet_trio.proc.watchdog import WATCHDOG_TICK, Watchdog
 
 log = logging.getLogger(__name__)
 
@@ -136,6 +122,10 @@ async def start_pty(
     ``rows``/``cols`` set the window before the child starts; a non-positive dimension falls
     back to 24×80. ``spawn_limiter`` bounds concurrent spawns, as for ``run``. Raises
     :class:`PtyStartError` (``err="empty command"`` / ``"start pty: …"``) when nothing started.
+
+    Cancellation: a cancellation while waiting for a ``spawn_limiter`` slot raises
+    ``Cancelled`` with nothing spawned; the spawn itself is shielded, so a session that was
+    spawned is always returned (the caller must close it, e.g. ``async with``).
     """
     if not spec.command:
         raise PtyStartError(Result(exit_code=-1, err="empty command"))
@@ -215,18 +205,10 @@ class PtySession:
         self._proc = proc
         self._master_fd = master_fd
         self._master = trio.lowlevel.FdStream(master_fd)
-        self._target = SessionTarget(proc.pid)
-        self._last_output = created
-        self._spawned = spawned
-        self._wake = trio.Event()
-        self._leader_done = trio.Event()
-        self._stop = StopToken(on_set=self._wake.set)
+        self._sup = Supervisor(
+            spec, proc, SessionTarget(proc.pid), started=spawned, idle_from=created
+        )
         self._supervising = False
-        self._done = trio.Event()
-        self._result: Result | None = None
-        self._trip_reason: str | None = None
-        # Shielded so the waiter keeps running while a shutdown teardown waits for it.
-        self._helpers = HelperScopes()
         self._closed = False
 
     @property
@@ -237,11 +219,15 @@ class PtySession:
     @property
     def result(self) -> Result | None:
         """The cached ``Result`` once :meth:`wait` has concluded, else ``None``."""
-        return self._result
+        return self._sup.result
 
     # -- terminal I/O -----------------------------------------------------------------------
     async def read(self, max_bytes: int = READ_CHUNK) -> bytes:
-        """Bytes from the terminal; ``b""`` at EOF (``EIO``: no slave left) or after close."""
+        """Bytes from the terminal; ``b""`` at EOF (``EIO``: no slave left) or after close.
+
+        Cancellation: a plain checkpoint; cancelling a read loses no bytes and does not stop
+        the session (close it, or stop it through :meth:`wait`).
+        """
         if self._closed:
             await trio.lowlevel.checkpoint()
             return b""
@@ -255,7 +241,7 @@ class PtySession:
                 return b""
             raise
         if data:
-            self._last_output = trio.current_time()
+            self._sup.touch()
         return data
 
     async def write(self, data: bytes) -> None:
@@ -263,6 +249,8 @@ class PtySession:
 
         Writing to a session that has ended or been closed is not an error: the bytes are
         dropped (a relay keeps forwarding what a client types until it notices).
+
+        Cancellation: a checkpoint; a cancelled write may have sent part of ``data``.
         """
         if self._closed:
             await trio.lowlevel.checkpoint()
@@ -292,140 +280,42 @@ class PtySession:
 
         Runs once; concurrent and later callers get the same ``Result``. ``stop`` (set, or
         its deadline passed) takes the cancellation path, whichever caller passed it.
+
+        Cancellation: cancelling the supervising caller (the first) tears the session down
+        exactly like a stop (shielded, bounded by the grace plus a few seconds), caches the
+        ``Result`` for the other callers and re-raises ``Cancelled``; cancelling a follower
+        ends only its own wait.
         """
-        if self._result is not None:
+        sup = self._sup
+        if sup.result is not None:
             await trio.lowlevel.checkpoint()
-            return self._result
+            return sup.result
         if self._supervising:
             return await self._follow(stop)
         self._supervising = True
-        try:
-            return await self._supervise(stop)
-        finally:
-            self._done.set()
-
-    def _link(self, stop: StopToken | None) -> StopToken | None:
-        """A child of the caller's ``stop`` whose setting trips the session's internal stop.
-
-        The caller keeps it referenced while it waits (a parent holds its children weakly);
-        a deadline is handled by the waiter with ``move_on_at(link.deadline)``.
-        """
-        if stop is None:
-            return None
-        return StopToken(parent=stop, on_set=self._stop.set)
+        _link = sup.link(stop)  # kept referenced while this call waits
+        return await sup.supervise()
 
     async def _follow(self, stop: StopToken | None) -> Result:
         """Another caller supervises: wait for its ``Result``, forwarding our ``stop``.
 
         A trio cancellation of a follower only ends this call; the supervising caller goes on.
         """
-        link = self._link(stop)
-        with trio.move_on_at(link.deadline if link is not None else math.inf):
-            await self._done.wait()
-        if not self._done.is_set():
-            self._stop.set()  # our token's deadline passed
-            await self._done.wait()
-        if self._result is None:
+        _link = self._sup.link(stop)  # kept referenced while this call waits
+        await self._sup.done.wait()
+        if self._sup.result is None:
             raise RuntimeError("the PTY session's supervision failed")
-        return self._result
-
-    async def _supervise(self, stop: StopToken | None) -> Result:
-        dog = Watchdog(self._spawned, self.spec.max_runtime, self.spec.idle_timeout)
-        link = self._link(stop)
-        shutdown: trio.Cancelled | None = None
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._waiter)
-            if dog.armed:
-                nursery.start_soon(self._watchdog, dog)
-            try:
-                with trio.move_on_at(link.deadline if link is not None else math.inf):
-                    await self._wake.wait()
-                if not self._wake.is_set():
-                    self._stop.set()  # the caller's token reached its deadline
-            except trio.Cancelled as exc:
-                # Program shutdown: the same teardown as a stop (below, shielded), then the
-                # Cancelled is re-raised outside the nursery, bare rather than in a group.
-                # Every helper runs in its own shielded scope that _conclude cancels, so no
-                # child brings a Cancelled of its own into the nursery.
-                shutdown = exc
-                self._stop.set()
-            with trio.CancelScope(shield=True):
-                result = await self._conclude()
-            self._result = result
-        if shutdown is not None:
-            try:
-                raise shutdown
-            finally:
-                del shutdown
-        return result
-
-    async def _waiter(self) -> None:
-        with self._helpers.scope():
-            await self._proc.wait()
-            self._leader_done.set()
-            self._wake.set()
-
-    async def _watchdog(self, dog: Watchdog) -> None:
-        with self._helpers.scope():
-            while not self._stop.was_set:
-                await trio.sleep(WATCHDOG_TICK)
-                reason = dog.check(trio.current_time(), self._last_output)
-                if reason is not None:
-                    self._trip_reason = reason
-                    self._stop.set()
-                    return
-
-    async def _conclude(self) -> Result:
-        if self._leader_done.is_set() or await self._completed_after_yields():
-            result = await self._finish_clean()
-        else:
-            result = await self._finish_cancelled()
-        self._helpers.stop()
-        if self.spec.sweep_job_id:
-            report = await sweep_job_survivors(self.spec.sweep_job_id, os.getpid())
-            result = attrs.evolve(result, sweep=report)
-        return result
-
-    async def _completed_after_yields(self) -> bool:
-        for _ in range(RACE_YIELDS):
-            if self._leader_done.is_set():
-                return True
-            await trio.lowlevel.checkpoint()
-        return self._leader_done.is_set()
-
-    async def _finish_clean(self) -> Result:
-        result = finish(self._proc.returncode)
-        found, emptied = await reap_stragglers(self._target)
-        if found:
-            reason = REASON_STRAGGLERS_REAPED if emptied else REASON_STRAGGLERS_REMAINED
-            result = attrs.evolve(result, killed=True, reason=reason)
-        return result
-
-    async def _finish_cancelled(self) -> Result:
-        delivered = self._target.signal(signal.SIGTERM)  # no liveness probe first (§2.5)
-        with trio.move_on_after(self.spec.grace):
-            await self._leader_done.wait()
-        if not self._leader_done.is_set():
-            if not self._target.signal(signal.SIGKILL):
-                # /proc unreadable or the session already empty: still make sure of the leader.
-                with contextlib.suppress(OSError):
-                    os.killpg(self.pid, signal.SIGKILL)
-            with trio.move_on_after(STRAGGLER_WAIT):
-                await self._leader_done.wait()
-        result = finish(self._proc.returncode)
-        found, emptied = await reap_stragglers(self._target)
-        reason = REASON_SURVIVORS if found and not emptied else REASON_CANCELLED
-        if delivered or found:
-            result = attrs.evolve(result, killed=True, reason=reason)
-        if self._trip_reason is not None:
-            result = attrs.evolve(result, killed=True, reason=self._trip_reason)
-        return result
+        return self._sup.result
 
     # -- teardown ---------------------------------------------------------------------------
     async def close(self) -> None:
         """Stop the session, reap everything in it (even without a prior :meth:`wait`), then
-        close the master (§8.3). Idempotent."""
-        self._stop.set()
+        close the master (§8.3). Idempotent.
+
+        Cancellation: the teardown runs even if the caller is cancelled (see :meth:`wait`);
+        closing the master is shielded and bounded by ``CLOSE_TIMEOUT``.
+        """
+        self._sup.request_stop()
         try:
             await self.wait()
         finally:

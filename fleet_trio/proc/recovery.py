@@ -159,7 +159,11 @@ async def gather_recovery_proof(
     limiter: trio.CapacityLimiter | None = None,
     scan: ScanFn = scan_live_procs,
 ) -> RecoveryProof:
-    """:func:`recovery_proof_for` in a worker thread (its scans walk all of ``/proc``)."""
+    """:func:`recovery_proof_for` in a worker thread (its scans walk all of ``/proc``).
+
+    Cancellation: the thread is not abandoned: a cancellation takes effect once the scan is
+    done (a ``/proc`` walk, bounded), then raises ``Cancelled``; nothing is claimed.
+    """
 
     def compute() -> RecoveryProof:
         return recovery_proof_for(self_pid, require_manual_clear=require_manual_clear, scan=scan)

@@ -3,8 +3,10 @@
 The piece that verify passes, drop-in probes and hooks share. :func:`run_scripts` lists a
 folder, and runs every executable entry in bytewise name order through the supervisor
 (:func:`fleet_trio.proc.run.run`), each with its own ``max_runtime`` and the whole pass under one
-budget: a deadline :class:`StopToken` derived from an optional parent token, so an expiring
-budget flows through the ordinary SIGTERM → grace → SIGKILL path of the script that is running.
+budget: a cancel scope (``move_on_at``) around the loop, so an expiring budget tears the
+script that is running down through the supervisor's ordinary SIGTERM → grace → SIGKILL path
+(its ``Result`` is kept through ``run``'s ``record``) and no later script starts. A stop of the
+caller's :class:`StopToken` ends the pass the same way.
 stdout and stderr are captured separately, 64 KiB each (:class:`CappedBuffer`: the child is
 never blocked by a full buffer).
 
@@ -96,8 +98,8 @@ class ScriptPass:
     outcomes: tuple[ScriptOutcome, ...] = ()
     """In run order (bytewise by name); only the entries that were reached."""
     budget_exhausted: bool = False
-    """The pass stop token fired (deadline passed, or the parent token was stopped) and the
-    loop stopped early: before an entry, or right after a script that then failed."""
+    """The pass budget ran out (its scope's deadline passed) or the caller's stop token was
+    set, and the loop stopped early: before an entry, or with the script it cut short."""
     not_run: tuple[str, ...] = ()
     """Candidate names never reached because the loop stopped for the budget."""
     stop_requested: bool = False
@@ -206,28 +208,28 @@ async def run_scripts(
     stop: StopToken | None = None,
     cap: int = STREAM_CAP,
     limiter: trio.CapacityLimiter | None = None,
+    deadline: float = math.inf,
 ) -> ScriptPass:
     """Run every executable entry of ``directory`` in bytewise name order (§5.1, §6.4).
 
     ``max_runtime``: each script's own limit in seconds (≤ 0: none), i.e. the verify or probe
-    timeout. ``budget``: the whole pass, in seconds (≤ 0 or ``inf``: unbounded); the pass token is
-    ``StopToken.after(budget, parent=stop)``, so a stop of ``stop`` also ends the pass.
+    timeout. ``budget``: the whole pass, in seconds (≤ 0 or ``inf``: unbounded); ``deadline``:
+    an absolute ``trio.current_time()`` the pass must also end by (a budget shared with work
+    done before the pass). The pass runs in one cancel scope with the earlier of the two as
+    its deadline; when it passes, the running script is torn down (SIGTERM, grace, SIGKILL)
+    and reported with its ``Result`` (``cancelled``), and the entries not reached are
+    ``not_run``. A stop of ``stop`` ends the pass the same way (``stop_requested``).
     ``env`` goes on top of the worker's environment (``JobSpec.env``). Each script gets its own
     process group, default grace, no sweep, stdin ``/dev/null``, and 64 KiB (``cap``) of
     stdout and of stderr. Blocking listing/stat calls run in a thread (``limiter``: trio's
     default when ``None``).
 
-    Trio cancellation of the caller is not a budget: the running script is torn down by
-    :func:`run` and ``Cancelled`` propagates.
+    Cancellation: a trio cancellation of the caller is not a budget: the running script is
+    torn down by :func:`run` (shielded, bounded by its grace) and ``Cancelled`` propagates.
     """
     bounded = budget > 0 and not math.isinf(budget)
     pass_budget = budget if bounded else math.inf
-    if bounded:
-        pass_stop = StopToken.after(budget, parent=stop)
-    elif stop is not None:
-        pass_stop = stop.child()
-    else:
-        pass_stop = StopToken()
+    pass_deadline = min(deadline, trio.current_time() + budget if bounded else math.inf)
     env_dict = dict(env or {})
 
     try:
@@ -242,61 +244,73 @@ async def run_scripts(
         )
 
     outcomes: list[ScriptOutcome] = []
-    exhausted = False
-    not_run: tuple[str, ...] = ()
-    for index, name in enumerate(names):
-        if pass_stop.is_set():
-            exhausted = True
-            not_run = tuple(names[index:])
-            break
-        path = _script_path(directory, name)
-        try:
-            st = await trio.to_thread.run_sync(os.stat, path, limiter=limiter)
-        except OSError as exc:
-            outcomes.append(
-                ScriptOutcome(
-                    name=name,
-                    path=path,
-                    kind=ScriptKind.STAT_ERROR,
-                    error=go_os_error("stat", path, exc),
+    reached = 0
+    """Entries started or decided (the rest are ``not_run`` when the pass stops early)."""
+    stopped = stop is not None and stop.is_set()
+    with trio.move_on_at(pass_deadline) as budget_scope:
+        for name in names:
+            if stop is not None and stop.is_set():
+                stopped = True
+                break
+            path = _script_path(directory, name)
+            try:
+                st = await trio.to_thread.run_sync(os.stat, path, limiter=limiter)
+            except OSError as exc:
+                reached += 1
+                outcomes.append(
+                    ScriptOutcome(
+                        name=name,
+                        path=path,
+                        kind=ScriptKind.STAT_ERROR,
+                        error=go_os_error("stat", path, exc),
+                    )
                 )
-            )
-            continue
-        mode = stat.filemode(st.st_mode)
-        if st.st_mode & 0o111 == 0:
-            outcomes.append(ScriptOutcome(name=name, path=path, kind=ScriptKind.SKIPPED, mode=mode))
-            continue
-        out, err = CappedBuffer(cap), CappedBuffer(cap)
-        spec = JobSpec(command=[path], env=env_dict, max_runtime=max_runtime, stderr_sink=err)
-        result = await run(spec, out, pass_stop)
-        ok = passed(result)
-        outcomes.append(
-            ScriptOutcome(
-                name=name,
-                path=path,
-                kind=ScriptKind.OK if ok else ScriptKind.FAILED,
-                result=result,
-                stdout=out.getvalue(),
-                stdout_truncated=out.truncated,
-                stderr=err.getvalue(),
-                stderr_truncated=err.truncated,
-                error="" if ok else failure_detail(result),
-                mode=mode,
-            )
-        )
-        if not ok and pass_stop.is_set():
-            # Attribute the failure to the budget, not to the script's half-finished output.
-            exhausted = True
-            not_run = tuple(names[index + 1 :])
-            break
-
+                continue
+            mode = stat.filemode(st.st_mode)
+            reached += 1
+            if st.st_mode & 0o111 == 0:
+                outcomes.append(
+                    ScriptOutcome(name=name, path=path, kind=ScriptKind.SKIPPED, mode=mode)
+                )
+                continue
+            out, err = CappedBuffer(cap), CappedBuffer(cap)
+            spec = JobSpec(command=[path], env=env_dict, max_runtime=max_runtime, stderr_sink=err)
+            kept: list[Result] = []
+            try:
+                result = await run(spec, out, stop, record=kept.append)
+            finally:
+                # Cut by the budget scope (or shutdown): the teardown's Result still counts.
+                if kept:
+                    outcomes.append(_outcome(name, path, mode, kept[0], out, err))
+            if not passed(result) and stop is not None and stop.was_set:
+                stopped = True  # the caller's stop cut it: attribute it to the stop
+                break
+    exhausted = budget_scope.cancelled_caught or stopped
     return ScriptPass(
         directory=directory,
         budget=pass_budget,
         outcomes=tuple(outcomes),
         budget_exhausted=exhausted,
-        not_run=not_run,
-        stop_requested=exhausted and pass_stop.was_set,
+        not_run=tuple(names[reached:]) if exhausted else (),
+        stop_requested=stopped,
+    )
+
+
+def _outcome(
+    name: str, path: str, mode: str, result: Result, out: CappedBuffer, err: CappedBuffer
+) -> ScriptOutcome:
+    ok = passed(result)
+    return ScriptOutcome(
+        name=name,
+        path=path,
+        kind=ScriptKind.OK if ok else ScriptKind.FAILED,
+        result=result,
+        stdout=out.getvalue(),
+        stdout_truncated=out.truncated,
+        stderr=err.getvalue(),
+        stderr_truncated=err.truncated,
+        error="" if ok else failure_detail(result),
+        mode=mode,
     )
 
 
@@ -329,6 +343,8 @@ async def run_script(
     Own process group, stdout and stderr combined into one pipe, ``max_runtime`` (the hook timeout),
     default grace, no sweep. ``output_tail=None`` keeps all output (rc parity); an integer keeps
     only the last that many bytes (e.g. 4096, what is sent to the controller).
+
+    Cancellation: as :func:`run`: the script is torn down (shielded) and ``Cancelled`` raised.
     """
     if output_tail is None:
         full = BufferSink()

@@ -13,13 +13,20 @@ STREAM_CAP = 65536
 class Sink(Protocol):
     """An async byte writer. ``run`` awaits it, so a slow sink slows the pump (back-pressure)."""
 
-    async def write(self, data: bytes) -> None: ...
+    async def write(self, data: bytes) -> None:
+        """Take ``data``.
+
+        Cancellation: the supervisor's pumps run shielded and are only cancelled at teardown;
+        a sink that may block must bound itself (the buffers here never block).
+        """
+        ...
 
 
 class NullSink:
     """Discards everything."""
 
     async def write(self, data: bytes) -> None:
+        """Cancellation: not a checkpoint; never blocks."""
         return None
 
 
@@ -30,6 +37,7 @@ class BufferSink:
         self._chunks: list[bytes] = []
 
     async def write(self, data: bytes) -> None:
+        """Cancellation: not a checkpoint; never blocks."""
         self._chunks.append(bytes(data))
 
     def getvalue(self) -> bytes:
@@ -52,6 +60,7 @@ class CappedBuffer:
         self.total = 0
 
     async def write(self, data: bytes) -> None:
+        """Cancellation: not a checkpoint; never blocks."""
         self.total += len(data)
         room = self.cap - len(self._buf)
         if len(data) > room:
@@ -73,6 +82,7 @@ class TailBuffer:
         self.total = 0
 
     async def write(self, data: bytes) -> None:
+        """Cancellation: not a checkpoint; never blocks."""
         if not data:
             return
         self.total += len(data)
@@ -96,6 +106,8 @@ class TeeSink:
         self.sinks = sinks
 
     async def write(self, data: bytes) -> None:
+        """Cancellation: as each sink's ``write``; a cancelled tee may have reached only
+        the first sinks."""
         for sink in self.sinks:
             await sink.write(data)
 

@@ -1,9 +1,12 @@
 """Stop tokens: how a job, a hook or a script pass is asked to stop.
 
 A stop is *not* a trio cancellation. Trio cancellation is reserved for shutdown; a stop request
-(``rc kill``, a watchdog, a pass budget) is an event the supervisor turns into a ``Result``, so
-the caller can still verify and report. A token may have a deadline and a parent: it counts as
-stopped when it was set, when its deadline has passed, or when its parent is stopped.
+(``rc kill``, a limit) is an event the supervisor turns into a ``Result``, so the caller can
+still verify and report. A token may have a deadline and a parent: it counts as stopped when it
+was set, when its deadline has passed, or when its parent is stopped. The supervisor waits on a
+token's deadline with a cancel-scope deadline, never by polling :meth:`StopToken.is_set`. Pass
+budgets (hooks, probes, verify) are cancel scopes around the pass instead of tokens: ``run``
+keeps the ``Result`` of the script a scope cuts short (``record``).
 """
 
 from __future__ import annotations
@@ -70,7 +73,10 @@ class StopToken:
         return self._event.is_set() or self.expired()
 
     async def wait(self) -> None:
-        """Return once the token is stopped, by request or by deadline."""
+        """Return once the token is stopped, by request or by deadline.
+
+        Cancellation: a plain checkpoint; cancelling the wait does not set the token.
+        """
         with trio.move_on_at(self.deadline):
             await self._event.wait()
 

@@ -25,6 +25,14 @@ Beyond rc (deliberate, changes no checklist item):
   ``found`` is the initial scan only; without this a report could say ``found=[]`` for a sweep
   that killed something). Pids first seen *during* a phase are signalled but, as in rc, not
   added to ``found``.
+* Honest bookkeeping (issue 13): every process a scan ever matched is *attributed* to the job by
+  identity (pid + start time from ``/proc/PID/stat``), signalled at once and on every phase,
+  and counts as reaped only once an identity check has seen it gone (gone, a zombie, or its pid
+  now naming another process). A process that drops its marker (``unset RC_JOB_ID; exec …``)
+  after a scan saw it is still signalled and checked; if it outlives the phases it is
+  ``remaining`` and the report is not ``clean()``. rc signals only what the latest scan still
+  sees, and reports the rest as gone. Signals go through ``pidfd_open`` + a start-time check,
+  so a reused pid is never hit.
 * "Could not look" is never turned into "found nothing": a phase scan that failed keeps the
   last known pids (rc would report them as gone), and a later pass that cannot list ``/proc``,
   or scans that never settle within the pass bound, set ``blind`` so the report is not
@@ -39,14 +47,20 @@ import contextlib
 import enum
 import functools
 import logging
-import os
 import signal
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 
 import attrs
 import trio
 
-from fleet_trio.proc.procfs import MarkerScan, ancestor_set, scan_job_marker
+from fleet_trio.proc.procfs import (
+    Ident,
+    MarkerScan,
+    ancestor_set,
+    idents_alive,
+    scan_job_marker,
+    signal_ident,
+)
 from fleet_trio.proc.spec import SweepReport
 
 log = logging.getLogger(__name__)
@@ -62,8 +76,12 @@ SWEEP_MAX_PASSES = 4
 
 MarkerScanFn = Callable[[str, frozenset[int]], MarkerScan]
 """``scan(job_id, protected) -> MarkerScan`` (a blocking full ``/proc`` walk)."""
-KillFn = Callable[[int, signal.Signals], None]
-"""``kill(pid, sig)``; may raise ``ProcessLookupError``/``PermissionError`` (ignored)."""
+CheckFn = Callable[[Collection[Ident]], frozenset[Ident] | None]
+"""``check(idents) -> alive``: which of ``idents`` are still the same live process (blocking);
+``None`` when it could not tell (then nothing counts as gone)."""
+SignalFn = Callable[[Ident, signal.Signals], object]
+"""``signal(ident, sig)``: send ``sig`` to ``ident`` only if its pid still names that process.
+Must not raise for a process that is gone."""
 
 
 class Mode(enum.Enum):
@@ -75,32 +93,47 @@ class Mode(enum.Enum):
 
 @attrs.frozen
 class Step:
-    """What the shell does after feeding a scan: send ``sig`` to ``pids``, then maybe sleep."""
+    """What the shell does after feeding a scan: send ``sig`` to ``idents``, then maybe sleep."""
 
     sig: signal.Signals | None = None
-    pids: tuple[int, ...] = ()
+    idents: tuple[Ident, ...] = ()
     sleep: bool = False
+
+    @property
+    def pids(self) -> tuple[int, ...]:
+        return tuple(ident.pid for ident in self.idents)
 
 
 class SweepBook:
-    """The sweep's bookkeeping, without I/O. Feed it scans in order; it says what to do next.
+    """The sweep's bookkeeping, without I/O. Feed it looks in order; it says what to do next.
+
+    A *look* is one marker scan plus an identity check, made right after it, of every process
+    the book watches and every process the scan matched: ``feed(scan, now, live)``, where
+    ``live`` is the subset still the same live process (``None``: the check could not tell).
+
+    **Attribution.** Every live match of every scan is *attributed* to the job, by identity
+    (pid + start time, :class:`~fleet_trio.proc.procfs.Ident`). An attributed process is
+    *watched* until a check proves it gone (gone, a zombie, or its pid now names another
+    process); it is then *reaped*. Nothing leaves the watch any other way: a process that drops
+    its marker (``unset RC_JOB_ID; exec …``) is still watched, still signalled, and reported
+    ``remaining`` if it outlives the phases.
 
     Discovery pass (initial scan, re-scan, confirmation pass):
 
     * not scanned → first pass: done, ``scanned=False``; later pass: done, ``blind`` (could not
       confirm, so the report claims nothing).
-    * matches → add the ones not yet in ``found``; start the SIGTERM phase (deadline = now +
-      ``term_bound``); the next scan follows at once.
+    * matches → add the pids not yet in ``found``; start the SIGTERM phase (deadline = now +
+      ``term_bound``) and SIGTERM every watched process at once.
     * no match, not settled (a fork raced the walk) → another pass if the bound allows, else
       done and ``blind`` (the look was incomplete: no claim of a clean box).
     * no match, settled → done.
 
-    Phase scan (SIGTERM, then SIGKILL): scanned, settled and empty → the phase is over,
-    ``remaining`` is empty and a confirmation pass follows if the bound allows. Otherwise
-    signal every match not yet signalled in this phase; once the deadline has passed, the
-    SIGTERM phase hands the last known pids to the SIGKILL phase and the SIGKILL phase ends the
-    sweep with them as ``remaining``. A scan that failed, or found nothing without settling,
-    proves nothing: the last known pids stand.
+    Phase look (SIGTERM, then SIGKILL): scanned, settled, no live match and nothing watched →
+    the phase is over and a confirmation pass follows if the bound allows. Otherwise signal
+    every watched process not yet signalled in this phase; once the deadline has passed, the
+    SIGTERM phase hands over to the SIGKILL phase and the SIGKILL phase ends the sweep with
+    every still-watched pid as ``remaining``. A scan that failed, or found nothing without
+    settling, proves nothing; a check that failed proves nothing gone.
     """
 
     def __init__(
@@ -126,15 +159,22 @@ class SweepBook:
         self.blind = False
         self.found: list[int] = []
         self.remaining: tuple[int, ...] = ()
-        self.signalled: set[int] = set()
-        """Pids signalled in the current phase."""
-        self.last: tuple[int, ...] = ()
-        """The last known matches inside a phase."""
+        self.watch: dict[Ident, None] = {}
+        """Attributed processes not (yet) proven gone, in attribution order."""
+        self.reaped: dict[Ident, None] = {}
+        """Attributed processes a check has proven gone."""
+        self.signalled: set[Ident] = set()
+        """Processes signalled in the current phase."""
         self.deadline = 0.0
 
     @property
     def done(self) -> bool:
         return self.mode is Mode.DONE
+
+    @property
+    def watched(self) -> tuple[Ident, ...]:
+        """What the next look must check (with the scan's own matches)."""
+        return tuple(self.watch)
 
     def report(self) -> SweepReport:
         return SweepReport(
@@ -144,16 +184,29 @@ class SweepBook:
             blind=self.blind,
         )
 
-    def feed(self, scan: MarkerScan, now: float) -> Step:
-        """Record one scan taken at ``now`` and say what to do."""
+    def feed(self, scan: MarkerScan, now: float, live: Collection[Ident] | None = None) -> Step:
+        """Record one look taken at ``now`` and say what to do.
+
+        ``live``: which of :attr:`watched` and of the scan's matches the identity check, made
+        after the scan, found still alive; ``None`` when it could not tell.
+        """
         if self.mode is Mode.DONE:
             raise RuntimeError("the sweep is over")
-        matches = tuple(pid for pid in scan.pids if pid not in self.protected)
+        matches = tuple(ident for ident in scan.idents() if ident.pid not in self.protected)
+        if live is not None:
+            matches = tuple(ident for ident in matches if ident in live)
+            for ident in list(self.watch):
+                if ident not in live:
+                    del self.watch[ident]
+                    self.reaped[ident] = None
+        for ident in matches:
+            self.watch[ident] = None
+            self.reaped.pop(ident, None)
         if self.mode is Mode.DISCOVER:
             return self._discover(scan, matches, now)
         return self._phase(scan, matches, now)
 
-    def _discover(self, scan: MarkerScan, matches: tuple[int, ...], now: float) -> Step:
+    def _discover(self, scan: MarkerScan, matches: tuple[Ident, ...], now: float) -> Step:
         self.passes += 1
         if not scan.scanned:
             if self.passes > 1:
@@ -164,9 +217,12 @@ class SweepBook:
         self.blind = self.blind or scan.blind
         if matches:
             known = set(self.found)
-            self.found.extend(pid for pid in matches if pid not in known)
-            self._start_phase(Mode.TERM, matches, now + self.term_bound)
-            return Step()
+            for ident in matches:
+                if ident.pid not in known:
+                    known.add(ident.pid)
+                    self.found.append(ident.pid)
+            self._start_phase(Mode.TERM, now + self.term_bound)
+            return self._signal_fresh(signal.SIGTERM, sleep=True)
         if scan.settled:
             self.mode = Mode.DONE
         elif self.passes >= self.max_passes:
@@ -174,44 +230,43 @@ class SweepBook:
             self.mode = Mode.DONE
         return Step()
 
-    def _start_phase(self, mode: Mode, last: tuple[int, ...], deadline: float) -> None:
+    def _start_phase(self, mode: Mode, deadline: float) -> None:
         self.mode = mode
         self.phases += 1
-        self.last = last
         self.signalled = set()
         self.deadline = deadline
 
-    def _phase(self, scan: MarkerScan, matches: tuple[int, ...], now: float) -> Step:
+    def _signal_fresh(self, sig: signal.Signals, *, sleep: bool) -> Step:
+        fresh = tuple(ident for ident in self.watch if ident not in self.signalled)
+        self.signalled.update(fresh)
+        return Step(sig=sig, idents=fresh, sleep=sleep)
+
+    def _phase(self, scan: MarkerScan, matches: tuple[Ident, ...], now: float) -> Step:
         if scan.scanned:
             self.blind = self.blind or scan.blind
-            if not matches and scan.settled:
+            if not matches and scan.settled and not self.watch:
                 self.remaining = ()
-                self.last = ()
                 self.signalled = set()
                 self.mode = Mode.DISCOVER if self.passes < self.max_passes else Mode.DONE
                 return Step()
-            if matches:
-                self.last = matches
         sig = signal.SIGTERM if self.mode is Mode.TERM else signal.SIGKILL
-        fresh = tuple(pid for pid in matches if pid not in self.signalled)
-        self.signalled.update(fresh)
         if now < self.deadline:
-            return Step(sig=sig, pids=fresh, sleep=True)
+            return self._signal_fresh(sig, sleep=True)
+        step = self._signal_fresh(sig, sleep=False)
         if self.mode is Mode.TERM:
-            self._start_phase(Mode.KILL, self.last, now + self.kill_bound)
+            self._start_phase(Mode.KILL, now + self.kill_bound)
         else:
-            self.remaining = self.last
+            self.remaining = tuple(ident.pid for ident in self.watch)
             self.mode = Mode.DONE
-        return Step(sig=sig, pids=fresh, sleep=False)
+        return step
 
 
-def _kill(pid: int, sig: signal.Signals) -> None:
-    os.kill(pid, sig)
+def _signal(ident: Ident, sig: signal.Signals) -> bool:
+    return signal_ident(ident, sig)
 
 
-def _send(kill: KillFn, pid: int, sig: signal.Signals) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        kill(pid, sig)
+def _check(idents: Collection[Ident]) -> frozenset[Ident] | None:
+    return idents_alive(idents)
 
 
 async def sweep_job_survivors(
@@ -224,16 +279,25 @@ async def sweep_job_survivors(
     kill_bound: float | None = None,
     max_passes: int | None = None,
     scan: MarkerScanFn | None = None,
-    kill: KillFn | None = None,
+    check: CheckFn | None = None,
+    kill: SignalFn | None = None,
     marker: str = "RC_JOB_ID",
 ) -> SweepReport:
     """Find and kill live processes whose ``RC_JOB_ID`` equals ``job_id`` (§3.3); ``marker``
     names another variable (the node's ``FLEET_JOB_ID``).
 
     ``job_id == ""`` sweeps nothing (``scanned=False``). ``self_pid`` and its ancestors are never
-    signalled. Every full ``/proc`` walk runs in ``trio.to_thread.run_sync(..., limiter=limiter)``.
-    The timing parameters default to the module constants (read at call time, so tests may
-    patch them); ``scan`` and ``kill`` replace the ``/proc`` walk and ``os.kill`` in tests.
+    signalled. Every process a scan ever matched is signalled (by identity: pid + start time)
+    and counts as reaped only once a check has seen it gone; one that outlives both phases is
+    ``remaining``. Every full ``/proc`` walk and every identity check runs in
+    ``trio.to_thread.run_sync(..., limiter=limiter)``. The timing parameters default to the
+    module constants (read at call time, so tests may patch them); ``scan``, ``check`` and
+    ``kill`` replace the ``/proc`` walk, the identity check and the signal in tests.
+
+    Cancellation: the sweep is cancellable at every scan and sleep; a cancelled sweep raises
+    ``Cancelled`` and reports nothing (what it had signalled stays signalled). Supervisors run
+    it in a shielded scope with its own bound (``SWEEP_GRACE + SWEEP_KILL_BOUND`` plus the
+    scans), so a shutdown does not interrupt it.
     """
     if not job_id:
         return SweepReport()
@@ -242,29 +306,36 @@ async def sweep_job_survivors(
     kill_bound = SWEEP_KILL_BOUND if kill_bound is None else kill_bound
     max_passes = SWEEP_MAX_PASSES if max_passes is None else max_passes
     key = f"{marker}=".encode()
-    scan_fn: MarkerScanFn = (
-        functools.partial(scan_job_marker, key=key) if scan is None else scan
-    )
-    kill_fn: KillFn = _kill if kill is None else kill
+    scan_fn: MarkerScanFn = functools.partial(scan_job_marker, key=key) if scan is None else scan
+    check_fn: CheckFn = _check if check is None else check
+    signal_fn: SignalFn = _signal if kill is None else kill
 
-    def first_scan() -> tuple[frozenset[int], MarkerScan]:
+    def look(
+        protected: frozenset[int], watched: tuple[Ident, ...]
+    ) -> tuple[MarkerScan, frozenset[Ident] | None]:
+        result = scan_fn(job_id, protected)
+        suspects = watched + tuple(i for i in result.idents() if i.pid not in protected)
+        return result, (check_fn(suspects) if suspects else frozenset())
+
+    def first_look() -> tuple[frozenset[int], MarkerScan, frozenset[Ident] | None]:
         protected = frozenset(ancestor_set(self_pid))
-        return protected, scan_fn(job_id, protected)
+        return (protected, *look(protected, ()))
 
-    protected, result = await trio.to_thread.run_sync(first_scan, limiter=limiter)
+    protected, result, live = await trio.to_thread.run_sync(first_look, limiter=limiter)
     book = SweepBook(protected, max_passes=max_passes, term_bound=grace, kill_bound=kill_bound)
     while True:
-        step = book.feed(result, trio.current_time())
+        step = book.feed(result, trio.current_time(), live)
         if step.sig is not None:
-            for pid in step.pids:
-                _send(kill_fn, pid, step.sig)
-            if step.pids:
+            for ident in step.idents:
+                with contextlib.suppress(OSError):  # gone meanwhile: the next check sees it
+                    signal_fn(ident, step.sig)
+            if step.idents:
                 log.debug("sweep %s: %s sent to %s", job_id, step.sig.name, list(step.pids))
         if book.done:
             break
         if step.sleep:
             await trio.sleep(poll)
-        result = await trio.to_thread.run_sync(scan_fn, job_id, protected, limiter=limiter)
+        result, live = await trio.to_thread.run_sync(look, protected, book.watched, limiter=limiter)
     report = book.report()
     if log.isEnabledFor(logging.DEBUG):
         log.debug("sweep %s: %d passes, %s", job_id, book.passes, report.to_json())
@@ -276,9 +347,10 @@ __all__ = [
     "SWEEP_KILL_BOUND",
     "SWEEP_MAX_PASSES",
     "SWEEP_POLL",
-    "KillFn",
+    "CheckFn",
     "MarkerScanFn",
     "Mode",
+    "SignalFn",
     "Step",
     "SweepBook",
     "sweep_job_survivors",

@@ -1,18 +1,24 @@
-"""The max-runtime / idle watchdog as a sans-IO check (worker-process.md §7)."""
+"""The max-runtime / idle limits as a sans-IO decision (worker-process.md §7).
+
+The supervisor does not poll: it waits in a cancel scope whose deadline is
+:meth:`Watchdog.deadline`, and asks :meth:`Watchdog.check` for the reason when it is reached.
+"""
 
 from __future__ import annotations
+
+import math
 
 import attrs
 
 from fleet_trio.durations import go_duration_seconds
 
-WATCHDOG_TICK = 0.1
-"""Seconds between two watchdog checks."""
+_MAX_STEPS = 64
+"""Float steps :meth:`Watchdog.deadline` takes past a limit to reach its first tripping instant."""
 
 
 @attrs.frozen
 class Watchdog:
-    """Decides, from times passed in, whether a limit has tripped.
+    """Decides, from times passed in, whether a limit has tripped, and when one will.
 
     ``started`` is when supervision began; ``max_runtime``/``idle_timeout`` of 0 disable the
     limit. Comparisons are strict and ``max_runtime`` is checked first.
@@ -34,5 +40,28 @@ class Watchdog:
             return f"idle: no output for {go_duration_seconds(self.idle_timeout)}"
         return None
 
+    def deadline(self, last_output: float) -> float:
+        """The first instant at which :meth:`check` trips, given no output after
+        ``last_output``; ``math.inf`` when disarmed. (Strict limits: the first float *after*
+        the limit, found by stepping, so the caller's scope never wakes a moment too soon.)"""
+        out = math.inf
+        if self.max_runtime > 0:
+            out = min(out, _first_over(self.started, self.max_runtime))
+        if self.idle_timeout > 0:
+            out = min(out, _first_over(last_output, self.idle_timeout))
+        return out
 
-__all__ = ["WATCHDOG_TICK", "Watchdog"]
+
+def _first_over(since: float, limit: float) -> float:
+    """The least float ``t`` with ``t - since > limit`` (within a few steps of the sum)."""
+    t = since + limit
+    if not math.isfinite(t):
+        return t
+    for _ in range(_MAX_STEPS):
+        if t - since > limit:
+            return t
+        t = math.nextafter(t, math.inf)
+    return t
+
+
+__all__ = ["Watchdog"]

@@ -82,11 +82,32 @@ async def run_hook(
 ) -> tuple[str | None, str]:
     """Run one hook (§4.2), ``max_runtime`` being the hook timeout: ``(error or None, output)``,
     the output being the last 4096 bytes of stdout+stderr. Success is DEBUG-logged with the
-    output, failure ERROR-logged with it."""
+    output, failure ERROR-logged with it.
+
+    Cancellation: a cancel scope around the call (a pass budget, shutdown) tears the hook down
+    through the supervisor (SIGTERM, ``grace``, SIGKILL; shielded); its failure
+    (``hook P: cancelled``) is still logged and counted, then ``Cancelled`` propagates.
+    """
     out = TailBuffer(OUTPUT_TAIL)
     spec = proc.JobSpec(command=(path,), env=env, max_runtime=max_runtime, grace_ceiling=grace)
     started = trio.current_time()  # metrics
-    result = await proc.run(spec, out, stop)
+    kept: list[proc.Result] = []
+    try:
+        await proc.run(spec, out, stop, record=kept.append)
+    finally:
+        if kept:  # also when a budget scope or shutdown cut the hook: say how it ended
+            error, output = _report_hook(path, env, kept[0], out, metrics, started)
+    return error, output
+
+
+def _report_hook(
+    path: str,
+    env: dict[str, str],
+    result: proc.Result,
+    out: TailBuffer,
+    metrics: WorkerMetrics | None,
+    started: float,
+) -> tuple[str | None, str]:
     output = out.getvalue().decode("utf-8", errors="replace")
     error = hook_error(path, result)
     event = env.get("RC_EVENT", "hook")
@@ -259,50 +280,67 @@ class HostHooks:
     async def startup_pass(self, budget: float = STARTUP_PASS_BUDGET) -> None:
         """§4.6: each device's ``on_release`` once, in declared order, empty job id and
         submitter, each bounded by its hook timeout, the pass by ``budget``. Failures are
-        logged, never fatal; devices the budget leaves out are logged and skipped."""
-        budget_stop = proc.StopToken.after(budget)
+        logged, never fatal; devices the budget leaves out are logged and skipped.
+
+        The budget is a cancel scope (``move_on_after``) around the pass: when it runs out,
+        the hook running is torn down (SIGTERM, grace, SIGKILL) and the rest are skipped.
+
+        Cancellation: a trio cancellation tears the running hook down and propagates;
+        ``startup_done`` is set on every path.
+        """
+        devices = self.book.startup_devices()
+        reached = 0
         try:
-            for device_id in self.book.startup_devices():
-                if budget_stop.is_set():
-                    log.error(
-                        "startup release pass: budget of %gs spent; %s skipped", budget, device_id
-                    )
-                    continue
-                async with self._locks[device_id]:
-                    action = self.book.begin_startup_release(device_id)
-                    if not isinstance(action, RunStartupRelease):
-                        continue
-                    try:
-                        await run_hook(
-                            self._devices[device_id].on_release,
-                            hook_env("release", device_id, "", ""),
-                            self._timeout(device_id),
-                            budget_stop,
-                            grace=self.grace,
-                            metrics=self.metrics,
-                        )
-                    finally:
-                        self.book.startup_release_done(device_id)
+            with trio.move_on_after(budget):
+                for device_id in devices:
+                    reached += 1
+                    async with self._locks[device_id]:
+                        action = self.book.begin_startup_release(device_id)
+                        if not isinstance(action, RunStartupRelease):
+                            continue
+                        try:
+                            await run_hook(
+                                self._devices[device_id].on_release,
+                                hook_env("release", device_id, "", ""),
+                                self._timeout(device_id),
+                                grace=self.grace,
+                                metrics=self.metrics,
+                            )
+                        finally:
+                            self.book.startup_release_done(device_id)
+            for device_id in devices[reached:]:
+                log.error(
+                    "startup release pass: budget of %gs spent; %s skipped", budget, device_id
+                )
         finally:
             self.startup_done.set()
 
     async def drain(self, budget: float = DRAIN_BUDGET) -> None:
         """§4.7: fire every armed-but-unfired release now, sequentially, under one budget. A
-        release the budget cuts short is left to the next startup pass."""
-        budget_stop = proc.StopToken.after(budget)
+        release the budget cuts short is left to the next startup pass.
+
+        The budget is a cancel scope (``move_on_after``) inside a shielded one: a shutdown
+        does not cut the drain, the budget does (the hook running is torn down: SIGTERM, its
+        grace, SIGKILL), so the drain takes at most ``budget`` plus one hook's grace.
+
+        Cancellation: shielded; bounded by the budget as above.
+        """
+        targets = self.book.drain_targets()
+        reached = 0
         with trio.CancelScope(shield=True):
-            for device_id in self.book.drain_targets():
-                if budget_stop.is_set():
-                    log.error(
-                        "release drain: budget of %gs spent; %s left to the next startup pass",
-                        budget,
-                        device_id,
-                    )
-                    continue
-                async with self._locks[device_id]:
-                    action = self.book.drain(device_id)
-                    if isinstance(action, RunRelease):
-                        await self._run_release(action, self._timeout(device_id), budget_stop)
+            with trio.move_on_after(budget):
+                for device_id in targets:
+                    reached += 1
+                    async with self._locks[device_id]:
+                        action = self.book.drain(device_id)
+                        if isinstance(action, RunRelease):
+                            await self._run_release(action, self._timeout(device_id))
+            for device_id in targets[reached:]:
+                log.error(
+                    "release drain: budget of %gs spent; %s left to the next startup pass",
+                    budget,
+                    device_id,
+                )
 
 
 __all__ = [

@@ -4,7 +4,7 @@ Spec: worker-process.md §6.1 (pass structure, precedence builtin → nvidia-smi
 lock), §6.2 (built-in host facts), §6.3 (nvidia-smi facts, found/broken), §6.4 (drop-in probes:
 one flat JSON object on stdout), §6.5 (key classification), §6.6 (the per-device Unconfirmed
 rule), §6.7 (when passes run), §0.5 (constants: 5 s per probe, 30 s per pass, 64 KiB caps,
-200-byte stderr note), §14.3 (budgets are deadline stop tokens); worker-protocol.md §9.1 (the
+200-byte stderr note), §14.3 (budgets: here cancel-scope deadlines); worker-protocol.md §9.1 (the
 ``labels`` wire rules: an unconfirmed device without facts is *omitted*, a confirmed-empty one
 is ``{}``, the host key ``""`` only when there are host facts, ``null`` when nothing at all).
 
@@ -20,7 +20,7 @@ Layers:
   warning once per episode).
 
 The drop-in directory is run by :func:`fleet_trio.proc.scripts.run_scripts` (listing, bytewise
-order, stat, executable check, per-probe timeout, the pass budget as a stop token, 64 KiB caps).
+order, stat, executable check, per-probe timeout, the pass budget as a cancel scope, 64 KiB caps).
 """
 
 from __future__ import annotations
@@ -221,6 +221,7 @@ async def nvidia_labels(
     stop: StopToken | None = None,
     nvml: bool = False,
     nvml_lib: Any | None = None,
+    deadline: float = math.inf,
 ) -> NvidiaFacts:
     """The GPU facts: from NVML first when ``nvml`` (the same rows, without a subprocess),
     else — or when NVML is not usable — from nvidia-smi, queried once through the supervisor
@@ -228,7 +229,11 @@ async def nvidia_labels(
 
     Not found → ``(None, found=False, broken=False)`` with a DEBUG log. Start error, kill,
     non-zero exit or stdout over 64 KiB → ``(None, True, True)`` with a WARN naming nvidia-smi.
-    ``path`` is the search path for the executable (``None``: ``$PATH``).
+    ``path`` is the search path for the executable (``None``: ``$PATH``). ``deadline`` (an
+    absolute ``trio.current_time()``, a pass budget) bounds the nvidia-smi run with a cancel
+    scope: past it, nvidia-smi is torn down and reported killed (``cancelled``).
+
+    Cancellation: a trio cancellation tears nvidia-smi down (shielded) and propagates.
     """
     if nvml:
         facts = await nvml_labels(max_runtime, nvml_lib)
@@ -240,7 +245,10 @@ async def nvidia_labels(
         return NvidiaFacts(facts=None, found=False, broken=False)
     out, err = CappedBuffer(OUTPUT_CAP), CappedBuffer(OUTPUT_CAP)
     spec = JobSpec(command=[exe, *NVIDIA_QUERY], max_runtime=max_runtime, stderr_sink=err)
-    result = await run(spec, out, stop)
+    kept: list[Result] = []
+    with trio.move_on_at(deadline):
+        await run(spec, out, stop, record=kept.append)
+    result = kept[0]
     stderr = err.getvalue().decode("utf-8", "replace").strip()
     error = ""
     if result.err is not None:
@@ -597,7 +605,9 @@ class Prober:
         tracker = self.tracker
         budget = self.pass_budget
         bounded = budget > 0 and not math.isinf(budget)
-        pass_stop = StopToken.after(budget) if bounded else StopToken()
+        # The pass budget is one deadline that nvidia-smi and the drop-ins share, each run
+        # under a cancel scope with it (never a polled token).
+        pass_deadline = trio.current_time() + budget if bounded else math.inf
         host: dict[str, str] = {}
         device: dict[str, dict[str, str]] = {d: {} for d in self.devices}
 
@@ -605,7 +615,7 @@ class Prober:
         tracker.merge(BUILTIN, merge_facts(BUILTIN, builtin, host, device))
 
         nv = await nvidia_labels(
-            max_runtime=self.timeout, path=self.path, stop=pass_stop, nvml=self.nvml
+            max_runtime=self.timeout, path=self.path, nvml=self.nvml, deadline=pass_deadline
         )
         if nv.facts is not None:
             tracker.nvidia(
@@ -615,7 +625,11 @@ class Prober:
             tracker.nvidia(found=nv.found, broken=nv.broken)
 
         scripts = await run_scripts(
-            self.probe_dir, max_runtime=self.timeout, budget=0, stop=pass_stop, cap=OUTPUT_CAP
+            self.probe_dir,
+            max_runtime=self.timeout,
+            budget=0,
+            deadline=pass_deadline,
+            cap=OUTPUT_CAP,
         )
         if scripts.list_error is not None:
             log.warning(

@@ -8,9 +8,10 @@ Contract: **exit code is the result, stderr is the reason, stdout is ignored.**
 The mechanics of a pass (§5.1 steps 1–5.5: listing without following symlinks, dotfiles
 included, bytewise order, ``stat`` following symlinks, the ``mode & 0o111`` executable test,
 one supervised run per script with ``max_runtime`` = the verify timeout and 64 KiB capped
-stdout/stderr, the whole-pass budget as a deadline stop token, stopping the loop when it
-expires) live in :func:`fleet_trio.proc.scripts.run_scripts`, shared with probes. This module
-only gives that pass its *verify meaning*:
+stdout/stderr, the whole-pass budget as a cancel scope around the loop, which tears the
+running script down and stops the loop when it expires) live in
+:func:`fleet_trio.proc.scripts.run_scripts`, shared with probes. This module only gives that
+pass its *verify meaning*:
 
 * the environment (§4.3, ``hook_env("verify", …)``): ``RC_EVENT=verify``, ``RC_DEVICE``,
   ``RC_JOB_ID``, ``RC_SUBMITTER`` and the derived ``CUDA_VISIBLE_DEVICES`` on top of the worker's
@@ -61,7 +62,7 @@ NOT_EXECUTABLE_MESSAGE = (
 """The exact WARN text for a skipped entry (§5.1 step 5.3)."""
 
 _CANCELLED_REASONS = ("cancelled",)
-"""Result reasons of a script the pass stop token tore down (``cancelled``, ``cancelled; …``)."""
+"""Result reasons of a script the pass budget tore down (``cancelled``, ``cancelled; …``)."""
 
 
 @attrs.frozen
@@ -132,7 +133,7 @@ def judge(result: ScriptPass) -> VerifyOutcome:
     """Turn a :class:`ScriptPass` into the verify verdict, logging as §5.1 asks.
 
     First failure wins (``fail_once``). When the loop stopped for the budget, a failing *last*
-    outcome that the pass stop token tore down (reason ``cancelled…``) is attributed to the
+    outcome that the pass budget tore down (reason ``cancelled…``) is attributed to the
     budget, not to the script's half-finished output (§5.1 step 5.6); a failure recorded earlier
     still wins over the budget reason.
     """
@@ -147,7 +148,7 @@ def judge(result: ScriptPass) -> VerifyOutcome:
     outcomes = list(result.outcomes)
     # The loop breaks right after a failing script only when the budget had expired by then
     # (§5.1 step 5.6). Certain when nothing was left unrun (a break *before* an entry always
-    # leaves that entry in ``not_run``); otherwise recognised by the stop token's teardown.
+    # leaves that entry in ``not_run``); otherwise recognised by the budget's teardown.
     budget_took_last = (
         result.budget_exhausted
         and bool(outcomes)

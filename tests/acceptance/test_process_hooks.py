@@ -17,6 +17,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 import attrs
+import pytest
 import trio
 
 from fleet_trio import proc
@@ -219,6 +220,27 @@ async def test_process_038_startup_pass_is_bounded(tmp_path: Path) -> None:
         await hooks.startup_pass(budget=0.3)
     assert trio.current_time() - t0 < 5.0
     assert hooks.startup_done.is_set()
+
+
+async def test_startup_pass_budget_is_a_scope_that_reports_the_hook_it_cut(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 13 item 3: the pass budget is a cancel scope. The hook it cuts is torn down
+    (SIGTERM, grace, SIGKILL) and its failure still logged as ``cancelled``; the devices not
+    reached are logged as skipped; the hook's process is gone."""
+    pidfile = tmp_path / "hook.pid"
+    sleeper = hook(tmp_path / "release.sh", f"echo $$ > {pidfile}; exec sleep 30")
+    cfg = host_config([DeviceConfig(name=n, on_release=sleeper) for n in ("gpu0", "gpu1")])
+    hooks = HostHooks(cfg, grace=0.2)
+    t0 = trio.current_time()
+    with trio.fail_after(15):
+        await hooks.startup_pass(budget=0.5)
+    assert trio.current_time() - t0 < 3.0
+    text = caplog.text
+    assert "release hook for" in text and ": cancelled" in text
+    assert "budget of 0.5s spent" in text and "skipped" in text
+    assert hooks.startup_done.is_set()
+    assert not proc.procfs.pid_alive(int(pidfile.read_text()))
 
 
 def linger_config(

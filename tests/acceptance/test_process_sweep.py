@@ -354,3 +354,78 @@ async def test_sweep_catches_a_process_right_after_spawn(job_id: str) -> None:
             finally:
                 child.kill()
                 await child.wait()
+
+
+# ------------------------------------------------------------------------ sweep honesty
+
+HONESTY_RUNS = 200
+HONESTY_BATCH = 4
+# The escapee drops its marker and re-execs: a scan may see it with the marker (then it must be
+# signalled and verified gone) or only after the exec (then the sweep cannot attribute it).
+UNMARKING = "setsid sh -c 'sleep 0; unset RC_JOB_ID; exec sleep {nap}' >/dev/null 2>&1 & exit 0"
+
+
+def cmdline_pids(token: bytes) -> list[int]:
+    """Live processes whose command line contains ``token``."""
+    out = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                if token in f.read():
+                    out.append(int(name))
+        except OSError:
+            continue
+    return out
+
+
+def alive_with(pid: int, token: bytes) -> bool:
+    """``pid`` is alive and is still our escapee (its command line holds ``token``)."""
+    if not pid_alive(pid):
+        return False
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return token in f.read()
+    except OSError:
+        return False
+
+
+async def test_sweep_never_reports_an_alive_pid_as_reaped() -> None:
+    """Issue 13 acceptance: the unmarking escapee, 200 runs, never an alive pid as reaped."""
+    nap = f"4001.{uuid.uuid4().int % 10**6:06d}"
+    token = b"sleep\0" + nap.encode()
+    lies: list[tuple[int, SweepReport]] = []
+    attributed = 0
+
+    async def one(i: int) -> None:
+        nonlocal attributed
+        job = f"honest-{uuid.uuid4()}"
+        spec = JobSpec(
+            command=["sh", "-c", UNMARKING.format(nap=nap)],
+            env={"RC_JOB_ID": job},
+            sweep_job_id=job,
+        )
+        res = await run(spec, BufferSink())
+        rep = res.sweep
+        assert res.exit_code == 0 and rep.scanned
+        if rep.found:
+            attributed += 1
+        for pid in rep.found:
+            if pid not in rep.remaining and alive_with(pid, token):
+                lies.append((pid, rep))
+        if rep.remaining:
+            assert not rep.clean()
+
+    try:
+        with trio.fail_after(120):
+            for start in range(0, HONESTY_RUNS, HONESTY_BATCH):
+                async with trio.open_nursery() as nursery:
+                    for i in range(start, min(start + HONESTY_BATCH, HONESTY_RUNS)):
+                        nursery.start_soon(one, i)
+    finally:
+        for pid in cmdline_pids(token):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+    assert lies == []
+    assert attributed > 0  # the case was exercised: some runs saw the marked escapee

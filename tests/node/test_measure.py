@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
 import yaml
 
@@ -188,3 +189,24 @@ async def test_measure_with_fake_gpus_measures_the_pinned_device(tmp_path: Path)
     assert json.loads(proc.stdout) == [
         {"model_family": "sdxl", "quant": "bf16", "task_type": "image-gen", "vram_peak_gb": 2.4}
     ]
+
+
+async def test_gpu_check_refuses_a_driver_that_never_answers(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    """Issue 13 item 6: a hung GPU query is refused within the check's timeout."""
+    from fleet_trio.gpu.sampler import GlobalSampler
+    from fleet_trio.node.measure import check_gpu
+    from fleet_trio.node.server import GpuServices, NodeStartError
+
+    class Hung:
+        name = "hung"
+
+        async def snapshot(self) -> None:
+            await trio.sleep_forever()
+
+    start = trio.current_time()
+    gpu = GpuServices(sampler=GlobalSampler(Hung()), footprints=object(), source=Hung())  # type: ignore[arg-type]
+    with trio.fail_after(60), pytest.raises(NodeStartError, match="no answer within 10s"):
+        await check_gpu(gpu)
+    assert trio.current_time() - start == pytest.approx(10.0)

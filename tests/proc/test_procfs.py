@@ -17,15 +17,19 @@ from hypothesis import strategies as st
 from fleet_trio.proc import procfs
 from fleet_trio.proc.procfs import (
     ENVIRON_CHUNK,
+    Ident,
     MarkerScan,
     ProcStat,
     ancestor_set,
     env_marker_value,
+    ident_alive,
+    idents_alive,
     parse_proc_stat,
     pid_alive,
     read_proc_file,
     read_proc_stat,
     scan_job_marker,
+    signal_ident,
 )
 
 # ------------------------------------------------------------------------------------ parsing
@@ -408,3 +412,55 @@ async def test_real_scan_decodes_non_utf8_ids_like_job_env_id() -> None:
         finally:
             proc.kill()
             await proc.wait()
+
+
+# ------------------------------------------------------------------------ identity (pid + start)
+
+
+def test_stat_start_time_is_parsed() -> None:
+    st = read_proc_stat(os.getpid())
+    assert st is not None and st.start > 0
+    line = b"7 (a) b) S 1 7 7 0 -1 4194560 0 0 0 0 0 0 0 0 20 0 1 0 98765 0 0"
+    parsed = parse_proc_stat(line)
+    assert parsed is not None and parsed.start == 98765 and parsed.flags == 4194560
+
+
+async def test_identity_check_and_signal_never_hit_another_process() -> None:
+    with trio.fail_after(10):
+        proc = await trio.lowlevel.open_process(["sleep", "30"])
+        try:
+            st = read_proc_stat(proc.pid)
+            assert st is not None
+            me, other = Ident(proc.pid, st.start), Ident(proc.pid, st.start + 1)
+            assert ident_alive(me) and not ident_alive(other)
+            assert idents_alive([me, other]) == {me}
+            # A pid now naming another process (another start time) is never signalled.
+            assert signal_ident(other, signal.SIGKILL) is False
+            assert proc.poll() is None and ident_alive(me)
+            assert signal_ident(me, signal.SIGKILL) is True
+            await proc.wait()
+            assert not ident_alive(me)  # reaped: gone
+            assert signal_ident(me, signal.SIGKILL) is False
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+
+
+async def test_a_zombie_is_gone_for_the_identity_check() -> None:
+    with trio.fail_after(10):
+        proc = await trio.lowlevel.open_process(["sh", "-c", "exit 0"])
+        st = read_proc_stat(proc.pid)
+        assert st is not None
+        me = Ident(proc.pid, st.start)
+        while (cur := read_proc_stat(proc.pid)) is not None and cur.state != "Z":
+            await trio.sleep(0.01)
+        assert not ident_alive(me)  # a zombie, not yet reaped
+        await proc.wait()
+
+
+def test_marker_scan_reports_start_times() -> None:
+    res = scan_job_marker(f"none-{uuid.uuid4()}")
+    assert res.idents() == ()
+    scan = MarkerScan(scanned=True, pids=(4, 5), starts=(40,))
+    assert scan.idents() == (Ident(4, 40), Ident(5, 0))

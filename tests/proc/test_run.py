@@ -175,9 +175,15 @@ async def test_reap_stragglers_leaves_an_exiting_member_alone(
     assert await reap_stragglers(exiting) == (False, True)
     assert exiting.signals == []
 
-    live = _ExitingTarget(polls_until_gone=3, exiting=False)
+    live = _ExitingTarget(polls_until_gone=10**6, exiting=False)
     assert await reap_stragglers(live) == (True, True)
     assert live.signals == [9]
+
+    # Not yet exiting, but gone within the settle moment (it closed its output just before
+    # exiting): not a straggler either.
+    leaving = _ExitingTarget(polls_until_gone=3, exiting=False)
+    assert await reap_stragglers(leaving) == (False, True)
+    assert leaving.signals == []
 
 
 async def test_run_bare_name_is_looked_up_on_the_workers_path() -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 
 import pytest
 import trio
@@ -24,12 +24,13 @@ from hypothesis.stateful import (
 )
 
 from fleet_trio.proc import sweep as sweep_mod
-from fleet_trio.proc.procfs import MarkerScan, ancestor_set
+from fleet_trio.proc.procfs import Ident, MarkerScan, ancestor_set
 from fleet_trio.proc.spec import SweepReport
 from fleet_trio.proc.sweep import Mode, Step, SweepBook, sweep_job_survivors
 
 PROTECTED = frozenset({1, 2})
 UNIVERSE = st.integers(min_value=1, max_value=12)
+IDENTS = st.builds(Ident, UNIVERSE, st.integers(min_value=1, max_value=2))
 
 
 def ok(*pids: int, blind: bool = False, settled: bool = True) -> MarkerScan:
@@ -40,7 +41,13 @@ FAILED = MarkerScan(scanned=False, settled=False)
 
 
 class SweepBookMachine(RuleBasedStateMachine):
-    """Random scans at random times; the book's promises hold after every step."""
+    """Random looks at random times; the book's promises hold after every step.
+
+    Each look is a scan plus an identity check of what the book watches and what the scan
+    matched. Identities are ``Ident(pid, start)`` with two possible start times per pid, so a
+    reused pid is a different process. The machine keeps its own record of what each check
+    proved gone and what was signalled, and checks the book's honesty against it.
+    """
 
     def __init__(self) -> None:
         super().__init__()
@@ -49,9 +56,13 @@ class SweepBookMachine(RuleBasedStateMachine):
         self.seen: set[int] = set()
         self.discovered: set[int] = set()
         self.last_scan: MarkerScan | None = None
+        self.last_live: frozenset[Ident] | None = None
         self.first_scan: MarkerScan | None = None
-        self.phase_signals: set[int] = set()
+        self.phase_signals: set[Ident] = set()
         self.phase_no = 0
+        self.attributed: set[Ident] = set()
+        self.proven_gone: set[Ident] = set()
+        self.ever_signalled: set[Ident] = set()
 
     @initialize(max_passes=st.integers(min_value=1, max_value=5))
     def start(self, max_passes: int) -> None:
@@ -60,52 +71,85 @@ class SweepBookMachine(RuleBasedStateMachine):
     @precondition(lambda self: not self.book.done)
     @rule(
         scanned=st.booleans(),
-        pids=st.lists(UNIVERSE, max_size=6, unique=True),
+        matches=st.lists(IDENTS, max_size=6, unique_by=lambda i: i.pid),
         blind=st.booleans(),
         settled=st.booleans(),
         dt=st.floats(min_value=0.0, max_value=1.5),
+        checked=st.booleans(),
+        dead=st.sets(IDENTS, max_size=6),
     )
-    def feed(self, scanned: bool, pids: list[int], blind: bool, settled: bool, dt: float) -> None:
+    def feed(
+        self,
+        scanned: bool,
+        matches: list[Ident],
+        blind: bool,
+        settled: bool,
+        dt: float,
+        checked: bool,
+        dead: set[Ident],
+    ) -> None:
         self.now += dt
         scan = MarkerScan(
             scanned=scanned,
-            pids=tuple(pids) if scanned else (),
+            pids=tuple(i.pid for i in matches) if scanned else (),
             blind=blind and scanned,
             settled=settled and scanned,
+            starts=tuple(i.start for i in matches) if scanned else (),
         )
+        suspects = set(self.book.watched) | {i for i in scan.idents() if i.pid not in PROTECTED}
+        live = frozenset(suspects - dead) if checked else None
+        watched_before = set(self.book.watched)
         mode_before = self.book.mode
         phase_before = self.book.phases
-        step = self.book.feed(scan, self.now)
+        step = self.book.feed(scan, self.now, live)
         if self.first_scan is None:
             self.first_scan = scan
         self.last_scan = scan
-        live = set(scan.pids) - PROTECTED
-        self.seen |= live
+        self.last_live = live
+        live_matches = {i for i in scan.idents() if i.pid not in PROTECTED}
+        if live is not None:
+            self.proven_gone |= (watched_before | live_matches) - live
+            self.proven_gone -= live
+            live_matches &= live
+        self.proven_gone -= live_matches  # seen alive again (only fakes can do that)
+        self.attributed |= live_matches
+        self.seen |= {i.pid for i in live_matches}
         if mode_before is Mode.DISCOVER:
-            self.discovered |= live
-            if live:
-                assert live <= set(self.book.found)
+            self.discovered |= {i.pid for i in live_matches}
+            if live_matches:
+                assert {i.pid for i in live_matches} <= set(self.book.found)
                 assert self.book.mode is Mode.TERM
+                # Found processes are signalled at once, not only if a later scan sees them.
+                assert step.sig is signal.SIGTERM
+                assert live_matches <= set(step.idents)
+            else:
+                assert step == Step()
+        elif step.sig is None:  # the phase ended: a settled scan found nothing, nothing watched
             assert step == Step()
-        elif step.sig is None:  # the phase ended: a settled scan found nothing
-            assert step == Step()
-            assert scan.scanned and scan.settled and not live
+            assert scan.scanned and scan.settled and not live_matches
+            assert self.book.watched == ()
         else:
             assert step.sig is (signal.SIGTERM if mode_before is Mode.TERM else signal.SIGKILL)
-        # Signals: never a protected pid, only pids this scan saw, never twice in one phase.
+        # Signals: never a protected pid, never a process proven gone, never twice in a phase.
         assert not set(step.pids) & PROTECTED
-        assert set(step.pids) <= live
+        assert not set(step.idents) & self.proven_gone
+        assert set(step.idents) <= self.attributed
         if phase_before != self.phase_no:
             self.phase_no = phase_before
             self.phase_signals = set()
-        assert not set(step.pids) & self.phase_signals
-        self.phase_signals |= set(step.pids)
+        if mode_before is not Mode.DISCOVER:
+            assert not set(step.idents) & self.phase_signals
+        else:
+            self.phase_signals = set()
+            self.phase_no = self.book.phases
+        self.phase_signals |= set(step.idents)
+        self.ever_signalled |= set(step.idents)
 
     @rule()
     def feed_after_done_is_refused(self) -> None:
         if self.book.done:
             with pytest.raises(RuntimeError):
-                self.book.feed(ok(), self.now)
+                self.book.feed(ok(), self.now, frozenset())
 
     @invariant()
     def pass_count_is_bounded(self) -> None:
@@ -119,7 +163,35 @@ class SweepBookMachine(RuleBasedStateMachine):
         assert set(found) <= self.discovered
 
     @invariant()
-    def remaining_was_seen_by_some_scan(self) -> None:
+    def watched_and_reaped_partition_the_attributed(self) -> None:
+        watched, reaped = set(self.book.watch), set(self.book.reaped)
+        assert not watched & reaped
+        assert watched | reaped == self.attributed
+
+    @invariant()
+    def only_a_check_proves_a_process_gone(self) -> None:
+        assert set(self.book.reaped) <= self.proven_gone
+
+    @invariant()
+    def every_watched_process_has_been_signalled(self) -> None:
+        assert set(self.book.watch) <= self.ever_signalled
+
+    @invariant()
+    def an_alive_attributed_process_is_never_reported_reaped(self) -> None:
+        # The honesty promise: once done, a pid reported found and not remaining was proven
+        # gone, under every identity it had; whatever is not proven gone is remaining.
+        if not self.book.done:
+            return
+        rep = self.book.report()
+        for ident in self.attributed - self.proven_gone:
+            assert ident.pid in rep.remaining
+        for pid in set(rep.found) - set(rep.remaining):
+            for ident in self.attributed:
+                if ident.pid == pid:
+                    assert ident in self.proven_gone
+
+    @invariant()
+    def remaining_was_attributed(self) -> None:
         rep = self.book.report()
         assert set(rep.remaining) <= self.seen
         assert not set(rep.remaining) & PROTECTED
@@ -132,6 +204,8 @@ class SweepBookMachine(RuleBasedStateMachine):
         if rep.clean():
             assert rep.remaining == ()
             assert rep.scanned
+        if self.book.done and rep.clean():
+            assert self.book.watched == ()
 
     @invariant()
     def remaining_only_once_done(self) -> None:
@@ -139,12 +213,15 @@ class SweepBookMachine(RuleBasedStateMachine):
             assert self.book.report().remaining == ()
 
     @invariant()
-    def a_clean_report_rests_on_a_settled_empty_last_scan(self) -> None:
+    def a_clean_report_rests_on_a_settled_scan_with_no_live_match(self) -> None:
         if self.book.done and self.book.report().clean():
             last = self.last_scan
             assert last is not None
             assert last.scanned and last.settled
-            assert not set(last.pids) - PROTECTED
+            live = {i for i in last.idents() if i.pid not in PROTECTED}
+            if self.last_live is not None:
+                live &= self.last_live
+            assert not live
 
     @invariant()
     def a_first_scan_that_could_not_look_claims_nothing(self) -> None:
@@ -186,7 +263,8 @@ def test_sweep_ends_within_its_time_and_pass_bounds(
     bound = max_passes * (2 * (0.2 / 0.02 + 2) + 1)
     n = 0
     while not book.done:
-        book.feed(scans[n % len(scans)], now)
+        scan = scans[n % len(scans)]
+        book.feed(scan, now, seen_alive(scan))
         n += 1
         now += 0.02
         assert n <= bound
@@ -195,15 +273,25 @@ def test_sweep_ends_within_its_time_and_pass_bounds(
 # ------------------------------------------------------------------------- example paths
 
 
+def seen_alive(scan: MarkerScan) -> frozenset[Ident] | None:
+    """A check that agrees with the scan (a process lives exactly while it carries its marker);
+    a failed scan comes with a failed check."""
+    return frozenset(scan.idents()) if scan.scanned else None
+
+
 def drive(book: SweepBook, scans: Sequence[MarkerScan], dt: float = 0.02) -> list[Step]:
     steps = []
     now = 0.0
     for scan in scans:
         assert not book.done
-        steps.append(book.feed(scan, now))
+        steps.append(book.feed(scan, now, seen_alive(scan)))
         now += dt
     assert book.done
     return steps
+
+
+def ids(*pids: int) -> tuple[Ident, ...]:
+    return tuple(Ident(pid) for pid in pids)
 
 
 def test_common_case_is_one_scan() -> None:
@@ -233,13 +321,67 @@ def test_protected_matches_are_ignored() -> None:
     assert book.report() == SweepReport(scanned=True)
 
 
-def test_term_then_confirmation() -> None:
+def test_found_is_signalled_at_once_then_phase_and_confirmation() -> None:
     book = SweepBook(PROTECTED)
     steps = drive(book, [ok(5), ok(5, 6), ok(5, 6, 7), ok(), ok()])
-    assert steps[1] == Step(signal.SIGTERM, (5, 6), sleep=True)
-    assert steps[2] == Step(signal.SIGTERM, (7,), sleep=True)  # already-signalled not re-sent
+    assert steps[0] == Step(signal.SIGTERM, ids(5), sleep=True)  # found: signalled at once
+    assert steps[1] == Step(signal.SIGTERM, ids(6), sleep=True)
+    assert steps[2] == Step(signal.SIGTERM, ids(7), sleep=True)  # already-signalled not re-sent
     assert book.passes == 2  # initial + confirmation
     assert book.report() == SweepReport(scanned=True, found=(5,))  # 6, 7: seen in a phase
+
+
+def test_a_process_that_drops_its_marker_is_still_signalled_and_checked() -> None:
+    """The issue-13 case: found by the first scan, then ``unset RC_JOB_ID; exec sleep``: no
+    later scan sees the marker, but the process lives. It is signalled, watched by identity
+    and, as it survives, reported remaining (never as reaped)."""
+    book = SweepBook(PROTECTED, term_bound=0.1, kill_bound=0.1)
+    alive = frozenset(ids(5))
+    steps = [book.feed(ok(5), 0.0, alive)]
+    now = 0.0
+    while not book.done:
+        now += 0.02
+        steps.append(book.feed(ok(), now, alive))
+    sent = [(s.sig, s.pids) for s in steps if s.idents]
+    assert sent == [(signal.SIGTERM, (5,)), (signal.SIGKILL, (5,))]
+    rep = book.report()
+    assert rep.found == (5,) and rep.remaining == (5,)
+    assert not rep.clean()
+
+
+def test_a_process_that_drops_its_marker_and_dies_is_reaped() -> None:
+    book = SweepBook(PROTECTED)
+    steps = [book.feed(ok(5), 0.0, frozenset(ids(5)))]
+    steps.append(book.feed(ok(), 0.02, frozenset(ids(5))))  # marker gone, process alive
+    assert not book.done and book.watched == ids(5)
+    steps.append(book.feed(ok(), 0.04, frozenset()))  # the check sees it gone
+    assert book.reaped == {Ident(5): None}
+    steps.append(book.feed(ok(), 0.06, frozenset()))  # confirmation
+    assert book.done
+    assert book.report() == SweepReport(scanned=True, found=(5,))
+    assert book.report().clean()
+
+
+def test_a_failed_check_proves_nothing_gone() -> None:
+    book = SweepBook(PROTECTED, term_bound=0.05, kill_bound=0.05)
+    now = 0.0
+    book.feed(ok(5), now, frozenset(ids(5)))
+    while not book.done:
+        now += 0.02
+        book.feed(ok(), now, None)
+    assert book.report().remaining == (5,)
+
+
+def test_a_reused_pid_is_another_process() -> None:
+    old, new = Ident(5, start=100), Ident(5, start=200)
+    book = SweepBook(PROTECTED)
+    step = book.feed(MarkerScan(scanned=True, pids=(5,), starts=(100,)), 0.0, frozenset({old}))
+    assert step.idents == (old,)
+    # The old process is gone; a new marked process got its pid: watched and signalled anew.
+    again = MarkerScan(scanned=True, pids=(5,), starts=(200,))
+    step = book.feed(again, 0.02, frozenset({new}))
+    assert step.idents == (new,)
+    assert set(book.reaped) == {old} and book.watched == (new,)
 
 
 def test_unsettled_empty_scan_does_not_end_a_phase() -> None:
@@ -256,10 +398,10 @@ def test_term_ignored_escalates_and_remaining_is_reported() -> None:
     now = 0.0
     i = 0
     while not book.done:
-        steps.append(book.feed(scans[i], now))
+        steps.append(book.feed(scans[i], now, seen_alive(scans[i])))
         i += 1
         now += 0.02
-    sigs = [(s.sig, s.pids) for s in steps if s.pids]
+    sigs = [(s.sig, s.pids) for s in steps if s.idents]
     assert sigs == [(signal.SIGTERM, (5,)), (signal.SIGKILL, (5,))]
     rep = book.report()
     assert rep.remaining == (5,)
@@ -269,17 +411,17 @@ def test_term_ignored_escalates_and_remaining_is_reported() -> None:
 def test_failed_phase_scans_keep_the_last_known_pids() -> None:
     book = SweepBook(PROTECTED, term_bound=0.05, kill_bound=0.05)
     now = 0.0
-    book.feed(ok(5), now)
+    book.feed(ok(5), now, frozenset(ids(5)))
     while not book.done:
         now += 0.02
-        book.feed(FAILED, now)
+        book.feed(FAILED, now, None)
     assert book.report().remaining == (5,)
 
 
 def test_confirmation_pass_adds_new_pids_to_found_and_runs_phases_again() -> None:
     book = SweepBook(PROTECTED)
     steps = drive(book, [ok(5), ok(5), ok(), ok(9), ok(9), ok(), ok()])
-    assert steps[4] == Step(signal.SIGTERM, (9,), sleep=True)
+    assert steps[3] == Step(signal.SIGTERM, ids(9), sleep=True)
     assert book.report() == SweepReport(scanned=True, found=(5, 9))
     assert book.passes == 3
 
@@ -330,7 +472,12 @@ class Script:
 
     def __call__(self, job_id: str, protected: frozenset[int]) -> MarkerScan:
         self.calls.append((job_id, protected))
-        return self.scans[min(len(self.calls) - 1, len(self.scans) - 1)]
+        self.last = self.scans[min(len(self.calls) - 1, len(self.scans) - 1)]
+        return self.last
+
+    def check(self, idents: Collection[Ident]) -> frozenset[Ident] | None:
+        """Alive: what the last scan saw (a failed scan: cannot tell)."""
+        return seen_alive(self.last)
 
 
 class Kills:
@@ -338,22 +485,22 @@ class Kills:
         self.sent: list[tuple[int, signal.Signals]] = []
         self.raise_for = raise_for or {}
 
-    def __call__(self, pid: int, sig: signal.Signals) -> None:
-        self.sent.append((pid, sig))
-        if pid in self.raise_for:
-            raise self.raise_for[pid]()
+    def __call__(self, ident: Ident, sig: signal.Signals) -> None:
+        self.sent.append((ident.pid, sig))
+        if ident.pid in self.raise_for:
+            raise self.raise_for[ident.pid]()
 
 
 async def test_shell_empty_id_scans_nothing() -> None:
     script = Script([ok(5)])
-    rep = await sweep_job_survivors("", os.getpid(), scan=script, kill=Kills())
+    rep = await sweep_job_survivors("", os.getpid(), scan=script, check=script.check, kill=Kills())
     assert rep == SweepReport()
     assert script.calls == []
 
 
 async def test_shell_protects_self_and_ancestors() -> None:
     script = Script([ok()])
-    await sweep_job_survivors("j", os.getpid(), scan=script, kill=Kills())
+    await sweep_job_survivors("j", os.getpid(), scan=script, check=script.check, kill=Kills())
     assert script.calls == [("j", frozenset(ancestor_set(os.getpid())))]
 
 
@@ -362,7 +509,7 @@ async def test_shell_phases_and_timing(autojump_clock: trio.abc.Clock) -> None:
     script = Script([ok(50, 51), *[ok(50, 51)] * 300, ok()])
     kills = Kills(raise_for={51: ProcessLookupError})
     start = trio.current_time()
-    rep = await sweep_job_survivors("j", me, scan=script, kill=kills)
+    rep = await sweep_job_survivors("j", me, scan=script, check=script.check, kill=kills)
     elapsed = trio.current_time() - start
     assert kills.sent == [
         (50, signal.SIGTERM),
@@ -381,7 +528,9 @@ async def test_shell_overrides_and_module_constants(
     monkeypatch.setattr(sweep_mod, "SWEEP_POLL", 0.1)
     script = Script([ok(7), *[ok(7)] * 1000])
     start = trio.current_time()
-    rep = await sweep_job_survivors("j", os.getpid(), scan=script, kill=Kills(), kill_bound=0.3)
+    rep = await sweep_job_survivors(
+        "j", os.getpid(), scan=script, check=script.check, kill=Kills(), kill_bound=0.3
+    )
     assert 0.8 <= trio.current_time() - start < 1.0
     assert rep.remaining == (7,)
     assert 8 <= len(script.calls) <= 14  # polls of 100 ms over 0.8 s
@@ -390,7 +539,7 @@ async def test_shell_overrides_and_module_constants(
 async def test_shell_is_one_scan_when_nothing_matches() -> None:
     script = Script([ok()])
     kills = Kills()
-    rep = await sweep_job_survivors("j", os.getpid(), scan=script, kill=kills)
+    rep = await sweep_job_survivors("j", os.getpid(), scan=script, check=script.check, kill=kills)
     assert rep.clean() and rep.found == ()
     assert len(script.calls) == 1
     assert kills.sent == []
@@ -415,5 +564,39 @@ async def test_shell_cancellation_propagates(autojump_clock: trio.abc.Clock) -> 
 
     it = forever()
     with trio.move_on_after(0.5) as scope:
-        await sweep_job_survivors("j", os.getpid(), scan=lambda j, p: next(it), kill=Kills())
+        await sweep_job_survivors(
+            "j", os.getpid(), scan=lambda j, p: next(it), check=frozenset, kill=Kills()
+        )
     assert scope.cancelled_caught
+
+
+async def test_shell_signals_a_process_whose_marker_vanished(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    """The shell side of the honesty fix: the first scan sees pid 60, later scans do not (it
+    dropped its marker), the identity check says it lives: it is signalled on every phase
+    and reported ``remaining``, never as reaped."""
+    script = Script([ok(60), ok()])
+    kills = Kills()
+    alive = Ident(60)
+    rep = await sweep_job_survivors(
+        "j", os.getpid(), scan=script, check=lambda idents: frozenset({alive}), kill=kills
+    )
+    assert kills.sent == [(60, signal.SIGTERM), (60, signal.SIGKILL)]
+    assert rep.found == (60,) and rep.remaining == (60,) and not rep.clean()
+
+
+async def test_shell_reports_reaped_once_the_check_sees_it_gone(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    script = Script([ok(61), ok()])
+    kills = Kills()
+    looks: list[int] = []
+
+    def check(idents: Collection[Ident]) -> frozenset[Ident]:
+        looks.append(len(idents))
+        return frozenset(idents) if len(looks) < 3 else frozenset()
+
+    rep = await sweep_job_survivors("j", os.getpid(), scan=script, check=check, kill=kills)
+    assert kills.sent == [(61, signal.SIGTERM)]
+    assert rep.found == (61,) and rep.remaining == () and rep.clean()

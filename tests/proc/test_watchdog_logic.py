@@ -79,3 +79,30 @@ async def test_stop_token_child_inherits_the_earlier_deadline(
     assert child.deadline == parent.deadline
     with trio.fail_after(2):
         await child.wait()
+
+
+@given(
+    started=st.floats(min_value=0, max_value=1e7, allow_nan=False),
+    max_runtime=st.floats(min_value=0, max_value=1e5, allow_nan=False),
+    idle=st.floats(min_value=0, max_value=1e5, allow_nan=False),
+    quiet_from=st.floats(min_value=0, max_value=1e5, allow_nan=False),
+)
+def test_watchdog_deadline_is_the_first_tripping_instant(
+    started: float, max_runtime: float, idle: float, quiet_from: float
+) -> None:
+    """The supervisor's scope deadline: ``check`` trips exactly there, never a float before."""
+    dog = Watchdog(started=started, max_runtime=max_runtime, idle_timeout=idle)
+    last_output = started + quiet_from
+    deadline = dog.deadline(last_output)
+    if not dog.armed:
+        assert deadline == math.inf
+        return
+    assert dog.check(deadline, last_output) is not None
+    assert dog.check(math.nextafter(deadline, -math.inf), last_output) is None
+
+
+def test_watchdog_deadline_examples() -> None:
+    dog = Watchdog(started=10.0, max_runtime=0.5, idle_timeout=0.7)
+    assert dog.deadline(10.0) == math.nextafter(10.5, math.inf)
+    assert dog.deadline(9.0) == math.nextafter(9.7, math.inf)  # idle is due first
+    assert Watchdog(started=0.0).deadline(0.0) == math.inf

@@ -1,0 +1,458 @@
+"""The one process supervisor (worker-process.md §2.5, §2.8, §7, §8.4).
+
+Pipe jobs (:func:`fleet_trio.proc.run.run`, and through it hooks, probes and verify scripts)
+and PTY sessions (:class:`fleet_trio.proc.pty.PtySession`) are supervised by the same
+:class:`Supervisor`: the same waiter, the same deadlines, the same teardown, the same straggler
+reap and sweep. They differ only in their target (a process group, or every group of a
+session), in what "completed" means (the leader reaped and every output pipe at EOF, or the
+leader reaped alone) and in who reads the output (the supervisor's pumps, or the PTY's reader,
+which calls :meth:`Supervisor.touch`).
+
+**Deadlines are cancel scopes.** The main path waits for the end in one cancel scope whose
+deadline is the earliest of: the stop tokens' deadlines (a pass budget handed down as a token),
+``max_runtime`` counted from the spawn, and the idle limit counted from the last output byte.
+Output does not touch the scope: it only records the time (:meth:`Supervisor.touch`, one store
+per chunk); when the idle deadline is reached and output came meanwhile, the deadline moves on
+to the last output plus the idle limit and the wait goes on. Nothing polls: the main path wakes
+at an end, a stop, or a deadline. Limits are strict (§7): a limit trips at the first instant
+*after* it, as :meth:`~fleet_trio.proc.watchdog.Watchdog.check` decides.
+
+**A stop is a result, cancellation is shutdown.** A stop (the caller's :class:`StopToken`, a
+linked follower's token, a limit) takes the cancellation path and returns a ``Result`` with its
+reason. A trio cancellation of the supervising task (program shutdown, or a caller's budget
+scope) runs the same teardown in a shielded scope, keeps the ``Result`` (:attr:`result`,
+``record``) and re-raises ``Cancelled``.
+
+The teardown (cancellation path): the race re-check, SIGTERM to the target with no liveness
+probe first, the grace, SIGKILL (and, if the target could not be signalled, ``killpg`` of the
+leader's group: a session whose ``/proc`` listing failed still loses its leader), the bounded
+wait after SIGKILL (§15 Q1 (b)), the straggler reap, then the sweep when ``spec.sweep_job_id``
+is set. Every wait in it is bounded by a cancel scope.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+from collections.abc import Callable, Sequence
+
+import attrs
+import trio
+
+from fleet_trio.durations import signal_text
+from fleet_trio.proc.sinks import Sink
+from fleet_trio.proc.spec import JobSpec, Result
+from fleet_trio.proc.stop import StopToken
+from fleet_trio.proc.sweep import sweep_job_survivors
+from fleet_trio.proc.target import Target
+from fleet_trio.proc.watchdog import Watchdog
+
+log = logging.getLogger(__name__)
+
+STRAGGLER_WAIT = 2.0
+"""Seconds to wait for stragglers to go after SIGKILL (and, on cancel, for pipe EOF)."""
+STRAGGLER_POLL = 0.02
+"""Seconds between two straggler checks (a group has no event for "empty")."""
+STRAGGLER_SETTLE = 0.05
+"""Seconds a live, not-yet-exiting member gets to exit by itself before it is a straggler: a
+process that closes its output just before it exits (coreutils' ``close_stdout`` at exit)
+completes the job while it still runs in user space, for a moment."""
+ESCAPED_EOF_WAIT = 2.0
+"""Seconds a swept job's pipes may stay open once only processes outside its group hold them."""
+ESCAPE_POLL_MAX = 1.0
+"""Longest pause between two checks of the group while the leader is gone but pipes are open."""
+RACE_YIELDS = 200
+"""Scheduler yields allowed for a completion to be observed before signalling."""
+READ_CHUNK = 65536
+"""The most one pump read takes (the default pipe capacity)."""
+
+REASON_CANCELLED = "cancelled"
+REASON_SURVIVORS = "cancelled; survivors remained after SIGKILL"
+REASON_STRAGGLERS_REAPED = "stragglers reaped after exit"
+REASON_STRAGGLERS_REMAINED = "stragglers remained after exit"
+
+
+def finish(returncode: int | None) -> Result:
+    """Map a wait status to a Result (§2.6). ``None``: the leader could not be reaped."""
+    if returncode is None:
+        return Result(exit_code=-1)
+    if returncode < 0:
+        signo = -returncode
+        return Result(exit_code=128 + signo, killed=True, reason=f"signal: {signal_text(signo)}")
+    return Result(exit_code=returncode)
+
+
+class HelperScopes:
+    """The cancel scopes of a supervisor's helper tasks (waiter, pumps, stdin relay, escape
+    watch).
+
+    Each helper runs in its own **shielded** scope, so a trio cancellation of the caller reaches
+    only the main path, which tears the process down and then calls :meth:`stop`; a helper that
+    starts after :meth:`stop` is cancelled at once.
+    """
+
+    def __init__(self) -> None:
+        self._scopes: list[trio.CancelScope] = []
+        self.stopped = False
+
+    def scope(self) -> trio.CancelScope:
+        scope = trio.CancelScope(shield=True)
+        self._scopes.append(scope)
+        if self.stopped:
+            scope.cancel()
+        return scope
+
+    def stop(self) -> None:
+        self.stopped = True
+        for scope in self._scopes:
+            scope.cancel()
+
+
+@attrs.frozen
+class Pump:
+    """One output stream of a pipe job and where its bytes go."""
+
+    stream: trio.abc.ReceiveStream
+    sink: Sink
+
+
+class Supervisor:
+    """One supervised process group or session, from spawn to ``Result`` (see the module).
+
+    ``pipes``: completion waits for every :class:`Pump` to reach EOF as well as for the leader
+    (pipe jobs); without pumps it is the leader's reap alone (PTY sessions). ``started`` is the
+    spawn time (the ``max_runtime`` clock), ``idle_from`` the start of the idle clock.
+    ``grow`` (pipe jobs) gives a pump a larger read size once a read fills it.
+    """
+
+    def __init__(
+        self,
+        spec: JobSpec,
+        proc: trio.Process,
+        target: Target,
+        *,
+        stop: StopToken | None = None,
+        started: float,
+        idle_from: float,
+        grow: Callable[[trio.abc.ReceiveStream], int] | None = None,
+    ) -> None:
+        self.spec = spec
+        self.proc = proc
+        self.target = target
+        self.dog = Watchdog(started, spec.max_runtime, spec.idle_timeout)
+        self.last_output = idle_from
+        self.leader_done = trio.Event()
+        self.completed = trio.Event()
+        self.wake = trio.Event()
+        self.done = trio.Event()
+        """Set once :attr:`result` is known (on every path, shutdown included)."""
+        # Set by the caller's token (as its child), a linked token, a limit or shutdown.
+        self.internal = StopToken(parent=stop, on_set=self.wake.set)
+        self.trip_reason: str | None = None
+        self.result: Result | None = None
+        self.helpers = HelperScopes()
+        self._grow = grow
+        self._open_pipes = 0
+        self._pump_scopes: list[trio.CancelScope] = []
+        self._stop_deadline = self.internal.deadline
+        self._wait_scope: trio.CancelScope | None = None
+        self._links: list[StopToken] = []
+
+    # -- what the owner calls ---------------------------------------------------------------
+    def touch(self) -> None:
+        """Output was seen now: the idle clock restarts (the deadline moves when it is due)."""
+        self.last_output = trio.current_time()
+
+    def request_stop(self) -> None:
+        """Take the cancellation path (``reason`` ``cancelled`` unless a limit tripped)."""
+        self.internal.set()
+
+    def link(self, stop: StopToken | None) -> StopToken | None:
+        """Let another ``stop`` token stop this supervision: setting it, or its deadline
+        passing, takes the cancellation path. The link is kept while the supervision runs (a
+        parent holds its children weakly); returns it (``None`` for ``None``)."""
+        if stop is None:
+            return None
+        link = StopToken(parent=stop, on_set=self.internal.set)
+        self._links.append(link)
+        if link.deadline < self._stop_deadline:
+            self._stop_deadline = link.deadline
+            if self._wait_scope is not None:
+                self._wait_scope.deadline = min(self._wait_scope.deadline, link.deadline)
+        return link
+
+    # -- supervision ------------------------------------------------------------------------
+    async def supervise(
+        self,
+        pumps: Sequence[Pump] = (),
+        stdin: tuple[trio.abc.ReceiveStream, trio.abc.SendStream] | None = None,
+        *,
+        record: Callable[[Result], None] | None = None,
+    ) -> Result:
+        """Supervise until the end and return the ``Result``; ``record`` (optional) gets it on
+        every path, a shutdown included.
+
+        Cancellation: a trio cancellation runs the teardown shielded (it is bounded: grace +
+        the waits after SIGKILL + the sweep), keeps the ``Result`` in :attr:`result` (and hands
+        it to ``record``), then re-raises ``Cancelled``.
+        """
+        shutdown: trio.Cancelled | None = None
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._waiter)
+                self._open_pipes = len(pumps)
+                for pump in pumps:
+                    nursery.start_soon(self._pump, pump)
+                if stdin is not None:
+                    nursery.start_soon(self._relay, *stdin)
+                if pumps and self.spec.sweep_job_id:
+                    nursery.start_soon(self._escape_watch)
+                try:
+                    await self._wait_for_end()
+                except trio.Cancelled as exc:
+                    # Shutdown (or a caller's budget scope): the same teardown as a stop,
+                    # shielded below; the Cancelled is re-raised outside the nursery, bare
+                    # rather than in a group. Every helper runs in its own shielded scope that
+                    # _conclude cancels, so no child brings a Cancelled of its own.
+                    shutdown = exc
+                    self.internal.set()
+                with trio.CancelScope(shield=True):
+                    self.result = await self._conclude()
+        finally:
+            self.done.set()
+            if record is not None and self.result is not None:
+                record(self.result)  # on every path, however the nursery ends
+        if shutdown is not None:
+            try:
+                raise shutdown
+            finally:
+                del shutdown
+        assert self.result is not None
+        return self.result
+
+    async def _wait_for_end(self) -> None:
+        """Wait for the end, a stop, or a deadline; a limit that is due trips the stop."""
+        while not self.wake.is_set():
+            deadline = min(self._stop_deadline, self.dog.deadline(self.last_output))
+            with trio.CancelScope(deadline=deadline) as scope:
+                self._wait_scope = scope
+                await self.wake.wait()
+            self._wait_scope = None
+            if self.wake.is_set():
+                return
+            now = trio.current_time()
+            reason = self.dog.check(now, self.last_output)
+            if reason is not None:
+                self.trip_reason = reason
+                self.internal.set()
+            elif now >= self._stop_deadline:
+                self.internal.set()  # a stop token's deadline (a budget) passed
+            # else: output came since the idle deadline was set; the deadline moves on
+
+    # -- helper tasks -------------------------------------------------------------------------
+    def _maybe_complete(self) -> None:
+        if self.leader_done.is_set() and self._open_pipes == 0 and not self.completed.is_set():
+            self.completed.set()
+            self.wake.set()
+
+    async def _waiter(self) -> None:
+        with self.helpers.scope():
+            await self.proc.wait()
+            self.leader_done.set()
+            self._maybe_complete()
+
+    async def _pump(self, pump: Pump) -> None:
+        stream, sink = pump.stream, pump.sink
+        broken_sink = False
+        size, grown = READ_CHUNK, False
+        with self.helpers.scope() as scope:
+            self._pump_scopes.append(scope)
+            while True:
+                try:
+                    chunk = await stream.receive_some(size)
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    chunk = b""
+                if not chunk:
+                    break
+                if len(chunk) == size and not grown and self._grow is not None:
+                    size, grown = self._grow(stream), True  # the pipe was full: a fast writer
+                self.last_output = trio.current_time()
+                if broken_sink:
+                    continue
+                try:
+                    await sink.write(chunk if isinstance(chunk, bytes) else bytes(chunk))
+                except Exception:
+                    # A broken sink must not strand the child on a full pipe: keep draining.
+                    log.exception("output sink failed; discarding the rest of this stream")
+                    broken_sink = True
+            self._open_pipes -= 1
+            self._maybe_complete()
+
+    async def _relay(self, source: trio.abc.ReceiveStream, dest: trio.abc.SendStream) -> None:
+        with self.helpers.scope():
+            try:
+                while True:
+                    data = await source.receive_some(READ_CHUNK)
+                    if not data:
+                        break
+                    await dest.send_all(data)
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                pass  # the child closed stdin or exited: not an error
+            finally:
+                with trio.move_on_after(1, shield=True):
+                    await dest.aclose()
+
+    async def _escape_watch(self) -> None:
+        """Swept pipe jobs only: end the wait for EOF when only escapees hold the pipes.
+
+        Once the leader is reaped and the group holds no live process, whatever still holds
+        the job's stdout/stderr left the group (``setsid``, a daemon). Waiting for it, as rc
+        does, would keep the job running until the escapee exits and the sweep, which exists
+        to kill it, would never run. After ``ESCAPED_EOF_WAIT`` the pipes are let go and the
+        run completes; the sweep then finds the escapee by its marker.
+        """
+        with self.helpers.scope():
+            await self.leader_done.wait()
+            pause = 0.02
+            while not self.completed.is_set():
+                if not self.target.alive():
+                    with trio.move_on_after(ESCAPED_EOF_WAIT):
+                        await self.completed.wait()
+                    if not self.completed.is_set() and not self.target.alive():
+                        for scope in self._pump_scopes:
+                            scope.cancel()
+                        self.completed.set()
+                        self.wake.set()
+                        return
+                await trio.sleep(pause)
+                pause = min(pause * 2, ESCAPE_POLL_MAX)
+
+    # -- the end ------------------------------------------------------------------------------
+    async def _conclude(self) -> Result:
+        if self.completed.is_set() or await self._completed_after_yields():
+            result = await self._finish_clean()
+        else:
+            result = await self._finish_cancelled()
+        self.helpers.stop()  # stdin relay, pumps stuck behind an escaped holder
+        for stream in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
+            if stream is not None:
+                await stream.aclose()
+        if self.spec.sweep_job_id:
+            report = await sweep_job_survivors(
+                self.spec.sweep_job_id, os.getpid(), marker=self.spec.sweep_marker
+            )
+            result = attrs.evolve(result, sweep=report)
+        return result
+
+    async def _completed_after_yields(self) -> bool:
+        """The cancel-race re-check: never block, allow the waiter to observe an exit."""
+        for _ in range(RACE_YIELDS):
+            if self.completed.is_set():
+                return True
+            await trio.lowlevel.checkpoint()
+        return self.completed.is_set()
+
+    async def _finish_clean(self) -> Result:
+        result = finish(self.proc.returncode)
+        found, emptied = await reap_stragglers(self.target)
+        if found:
+            reason = REASON_STRAGGLERS_REAPED if emptied else REASON_STRAGGLERS_REMAINED
+            result = attrs.evolve(result, killed=True, reason=reason)
+        return result
+
+    async def _finish_cancelled(self) -> Result:
+        delivered = self.target.signal(signal.SIGTERM)  # unconditionally, no liveness probe
+        with trio.move_on_after(self.spec.grace):
+            await self.completed.wait()
+        if not self.completed.is_set():
+            if not self.target.signal(signal.SIGKILL):
+                # /proc unreadable or the target already empty: still make sure of the leader.
+                with contextlib.suppress(OSError):
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+            with trio.move_on_after(STRAGGLER_WAIT):
+                await self.completed.wait()
+            if not self.completed.is_set():
+                # §15 Q1 (b): something outside the group holds our pipes; stop reading.
+                for scope in self._pump_scopes:
+                    scope.cancel()
+                with trio.move_on_after(STRAGGLER_WAIT):
+                    await self.leader_done.wait()
+        result = finish(self.proc.returncode)
+        found, emptied = await reap_stragglers(self.target)
+        reason = REASON_SURVIVORS if found and not emptied else REASON_CANCELLED
+        if delivered or found:
+            result = attrs.evolve(result, killed=True, reason=reason)
+        if self.trip_reason is not None:
+            result = attrs.evolve(result, killed=True, reason=self.trip_reason)
+        return result
+
+
+def _look(target: Target) -> str:
+    """``"gone"`` (no live member), ``"settling"`` (every live member is exiting) or ``"live"``.
+
+    ``settling()`` is false both when a member is not exiting and when the last one became a
+    zombie after ``alive()`` looked; a second ``alive()`` tells the two apart (without it, a
+    member that finished exiting between the two looks was SIGKILLed and reported).
+    """
+    if not target.alive():
+        return "gone"
+    if target.settling():
+        return "settling"
+    return "live" if target.alive() else "gone"
+
+
+async def reap_stragglers(target: Target) -> tuple[bool, bool]:
+    """``(found, emptied)``: SIGKILL live members left in ``target`` and wait ≤ 2 s for them.
+
+    Members that have already begun to exit (``PF_EXITING``: the job completed because they
+    closed their pipes on the way out) are not stragglers: they get the same 2 s to become
+    zombies by themselves, and only one that fails to is reported. A member that has not begun
+    to exit gets :data:`STRAGGLER_SETTLE` first (it may have closed its output in user space
+    just before exiting). Each wait is a cancel
+    scope (``move_on_after``) around a 20 ms liveness check: a process group has no event for
+    "empty".
+
+    Cancellation: cancellable at every check; supervisors call it shielded.
+    """
+    state = _look(target)
+    if state == "live":
+        with trio.move_on_after(STRAGGLER_SETTLE):
+            while state == "live":
+                await trio.sleep(STRAGGLER_SETTLE / 10)
+                state = _look(target)
+    if state == "gone":
+        return False, True
+    if state == "settling":
+        with trio.move_on_after(STRAGGLER_WAIT):
+            while state == "settling":
+                await trio.sleep(STRAGGLER_POLL)
+                state = _look(target)
+        if state == "gone":
+            return False, True
+    target.signal(signal.SIGKILL)
+    with trio.move_on_after(STRAGGLER_WAIT):
+        while True:
+            if not target.alive():
+                return True, True
+            await trio.sleep(STRAGGLER_POLL)
+    return True, not target.alive()
+
+
+__all__ = [
+    "ESCAPED_EOF_WAIT",
+    "RACE_YIELDS",
+    "REASON_CANCELLED",
+    "REASON_STRAGGLERS_REAPED",
+    "REASON_STRAGGLERS_REMAINED",
+    "REASON_SURVIVORS",
+    "STRAGGLER_POLL",
+    "STRAGGLER_SETTLE",
+    "STRAGGLER_WAIT",
+    "HelperScopes",
+    "Pump",
+    "Supervisor",
+    "finish",
+    "reap_stragglers",
+]
