@@ -27,7 +27,6 @@ from typing import Any, Protocol
 import attrs
 import trio
 from hypercorn.config import Config as HypercornConfig
-from hypercorn.trio import serve as hypercorn_serve
 
 from fleet_trio.errors import FleetTrioError
 from fleet_trio.metrics import NodeMetrics
@@ -44,6 +43,7 @@ from fleet_trio.node.config import (
 from fleet_trio.node.jobs import INTERRUPTED, JobStore
 from fleet_trio.node.tasks import JOB_MARKER, PreparedJob, TaskRegistry, TaskRunner
 from fleet_trio.nursery import DEFAULT_SIGNALS, TaskTree, open_task_tree, serve_shutdown_signals
+from fleet_trio.nursery.httpserve import serve_http_bounded
 
 log = logging.getLogger(__name__)
 
@@ -130,9 +130,15 @@ async def serve_http(
     *,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """The HTTP server; ``started`` with the bound URLs. Runs until cancelled."""
+    """The HTTP server; ``started`` with the bound URLs. Runs until cancelled.
+
+    Every write to a client has a deadline (:mod:`fleet_trio.nursery.httpserve`): a client
+    that stops reading is dropped, never waited on.
+
+    Cancellation: ends the server at once, cutting any write still in progress.
+    """
     try:
-        await hypercorn_serve(app, hc, task_status=task_status)
+        await serve_http_bounded(app, hc, task_status=task_status)
     except OSError as exc:
         raise NodeStartError(f"cannot listen on {', '.join(hc.bind)}: {exc}") from exc
     except BaseExceptionGroup as group:  # hypercorn binds inside its nurseries

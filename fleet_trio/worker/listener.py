@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING
 
 import trio
 from hypercorn.config import Config as HypercornConfig
-from hypercorn.trio import serve as hypercorn_serve
 from quart import Response, request, websocket
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
@@ -32,6 +31,7 @@ from fleet_trio.errors import FleetTrioError
 from fleet_trio.logbus.bus import LogBus
 from fleet_trio.logbus.ui import mount_ui, stream_tail
 from fleet_trio.node.wire import MSG_UNAUTHORIZED, error_body
+from fleet_trio.nursery.httpserve import serve_http_bounded
 
 if TYPE_CHECKING:
     from fleet_trio.metrics import WorkerMetrics
@@ -129,7 +129,9 @@ async def serve_tail_listener(
     try:
         async with trio.open_nursery() as nursery:
             try:
-                urls: list[str] = await nursery.start(functools.partial(hypercorn_serve, app, hc))
+                urls: list[str] = await nursery.start(
+                    functools.partial(serve_http_bounded, app, hc)
+                )
             except Exception as exc:
                 problem = exc
             else:
