@@ -9,6 +9,8 @@ The GPU is a directory:
 * one file per holding process, named after its pid, holding a size: ``2.5G``, ``512M``,
   ``64K``, ``1T`` (binary units; ``GiB``/``MiB`` spellings too) or plain bytes.
 * ``fail`` (optional): while it exists every snapshot fails with its text (fault injection).
+* ``hang`` (optional): while it exists every query (snapshot, per-process) blocks in its
+  worker thread, as a driver call that does not return (fault injection: a hung sample).
 
 Only files of **live** (non-zombie) pids count; a file left by a dead pid is removed on the
 next read. So a process that escaped its job and still "holds" memory stays visible in both
@@ -39,6 +41,7 @@ import re
 import signal
 import sys
 import tempfile
+import time
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
@@ -51,6 +54,8 @@ from fleet_trio.proc.procfs import read_proc_stat
 ENV_DIR = "FLEET_TRIO_FAKE_GPU_DIR"
 DEVICE_FILE = "device.json"
 FAIL_FILE = "fail"
+HANG_FILE = "hang"
+HANG_POLL = 0.05
 DEFAULT_NAME = "Fake GPU"
 DEFAULT_TOTAL_GIB = 80.0
 
@@ -171,7 +176,15 @@ def _read_fail(directory: str) -> str | None:
         return f"fake gpu: {exc}"
 
 
+def _hang_while_scripted(directory: str) -> None:
+    """Block (this worker thread) while the ``hang`` file exists: a driver call that hangs."""
+    path = os.path.join(directory, HANG_FILE)
+    while os.path.exists(path):
+        time.sleep(HANG_POLL)
+
+
 def _snapshot_sync(directory: str) -> tuple[float, float]:
+    _hang_while_scripted(directory)
     failure = _read_fail(directory)
     if failure is not None:
         raise GpuError(failure)
@@ -181,6 +194,7 @@ def _snapshot_sync(directory: str) -> tuple[float, float]:
 
 
 def _processes_sync(directory: str) -> dict[int, int] | None:
+    _hang_while_scripted(directory)
     if not read_device(directory).per_process:
         return None
     return read_holdings(directory)

@@ -42,7 +42,7 @@ from fleet_trio.node.config import (
 )
 from fleet_trio.node.jobs import INTERRUPTED, JobStore
 from fleet_trio.node.tasks import JOB_MARKER, PreparedJob, TaskRegistry, TaskRunner
-from fleet_trio.nursery import DEFAULT_SIGNALS, TaskTree, open_task_tree, serve_shutdown_signals
+from fleet_trio.nursery import DEFAULT_SIGNALS, TaskTree, open_task_tree
 from fleet_trio.nursery.httpserve import serve_http_bounded
 
 log = logging.getLogger(__name__)
@@ -68,9 +68,6 @@ class NodeOptions:
     fake_gpu_dir: str | None = None
     footprints: str | None = None
     token: str | None = None
-    test_break: frozenset[str] = frozenset()
-    """TEST-ONLY deliberate defects (``FLEET_TRIO_TEST_BREAK``, docs/chaos.md):
-    ``skip-interrupted`` skips marking drain survivors interrupted. Never set in production."""
 
 
 class SamplerService(VramStatus, Protocol):
@@ -193,7 +190,8 @@ async def open_gpu(config: NodeConfig, options: NodeOptions) -> GpuServices:
                 index=node.gpu.index,
                 fake_dir=options.fake_gpu_dir,
                 smi_timeout=t.smi_timeout,
-            )
+            ),
+            abandon_on_cancel=True,  # a driver call that never returns cannot hold a shutdown
         )
     except GpuError as exc:
         raise NodeStartError(f"GPU probe failed: {exc}") from exc
@@ -271,12 +269,24 @@ async def serve_node(
     hostname: Callable[[], str] = os_hostname,
     announce: Callable[[str], None] | None = None,
     work_root: str | None = None,
+    store_factory: Callable[..., JobStore] = JobStore,
     task_status: trio.TaskStatus[RunningNode] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve CONTRACT v2 until SIGTERM/SIGINT (or ``RunningNode.request_shutdown``).
 
     ``gpu=None`` wires the real GPU package (``options.gpu``: auto|nvml|smi|fake). Raises
-    :class:`NodeStartError` when the node must not start (§7.5).
+    :class:`NodeStartError` when the node must not start (§7.5). ``store_factory`` builds the
+    job table (``JobStore``'s keyword arguments; the sim passes a deliberately broken one).
+
+    Everything runs in the task tree, the GPU probe included: the tree (and its signal
+    handling) opens first, so a signal at any moment, a hung probe included, is a shutdown.
+
+    Cancellation: a cancel (or a signal, or ``request_shutdown``) runs the tree's bounded
+    shutdown: 503 at once, the drain, survivors marked ``interrupted``, SIGTERM → ``kill_grace``
+    → SIGKILL, the tails' ``end`` (:data:`~fleet_trio.nursery.tree.JOBS_CLOSED_BUDGET`), then
+    the HTTP server is cancelled (writes to clients cut) and the services. Exits within
+    ``drain + 5 s + kill_grace + 3 s + 1.5 s`` whatever clients, jobs or the GPU do (see
+    docs/node.md "Stopping").
     """
     say = announce if announce is not None else log.warning
     node = config.node
@@ -286,28 +296,10 @@ async def serve_node(
     if options.trusted_network:
         say(TRUSTED_NETWORK_WARNING.format(addr=listen))
     node_id = resolve_node_id(options.node_id, node.node_id, hostname)
-    if gpu is None:
-        gpu = await open_gpu(config, options)
-    registry = TaskRegistry(config.tasks, base_dir=config.base_dir, work_root=work_root)
-    sample, record = footprint_hooks(gpu)
-    runner = TaskRunner(kill_grace=t.kill_grace, sample_peak=sample, record_peak=record)
-    store = JobStore(ttl=t.job_ttl, janitor_interval=t.janitor_interval)
-    ctx = NodeContext(
-        node_id=node_id,
-        gpu_arch=gpu.arch,
-        registry=registry,
-        store=store,
-        runner=runner,
-        sampler=gpu.sampler,
-        footprints=gpu.footprints,
-        max_snapshot_age=t.max_snapshot_age,
-        token=options.token or None,
-        metrics=NodeMetrics(gpu=str(node.gpu.index)),
-    )
+    store = store_factory(ttl=t.job_ttl, janitor_interval=t.janitor_interval)
+    bus_holder: list[NodeContext] = []
 
     async def mark_interrupted() -> None:
-        if "skip-interrupted" in options.test_break:  # TEST-ONLY defect (docs/chaos.md)
-            return
         store.mark_interrupted()
 
     serving = False
@@ -320,9 +312,11 @@ async def serve_node(
     async def tails_end() -> None:
         # live log tail: every job has ended; a log opened at the ack of a job that never ran
         # ends as its poll does, and the open tails send their `end` and close normally before
-        # the HTTP server goes (bounded by the task tree's JOBS_CLOSED_BUDGET)
-        ctx.bus.end_all("error", None, INTERRUPTED)
-        await ctx.bus.wait_streams_done()
+        # the HTTP server goes (bounded by the task tree's JOBS_CLOSED_BUDGET; a client too
+        # slow to take it is dropped when the server is cancelled)
+        for ctx in bus_holder:
+            ctx.bus.end_all("error", None, INTERRUPTED)
+            await ctx.bus.wait_streams_done()
 
     async with open_task_tree(
         drain=t.drain_timeout,
@@ -330,26 +324,46 @@ async def serve_node(
         on_stop_accepting=stop_accepting,
         on_interrupt=mark_interrupted,
         on_jobs_closed=tails_end,
+        signals=signals,
     ) as tree:
-        store.set_spawn(tree.start_job)
-        if signals:
-            serve = functools.partial(serve_shutdown_signals, tree, signals=tuple(signals))
-            await tree.services.start(serve, name="shutdown-signals")
-        await tree.services.start(gpu.sampler.serve, name="vram-sampler")
-        snap, reason = gpu.sampler.status(trio.current_time())
-        if snap is None or not (math.isfinite(snap.total_gb) and snap.total_gb > 0):
-            raise NodeStartError(f"GPU probe returned no usable VRAM ({reason or 'total <= 0'})")
-        await tree.services.start(store.serve_janitor, name="janitor")
-        app = create_app(ctx)
-        urls: list[str] = await tree.role.start(
-            serve_http, app, hypercorn_config(listen), name="http"
-        )
-        say(
-            f"fleet-trio node {node_id} serving on {listen} "
-            f"(vram total {snap.total_gb:.1f} GiB; tasks: {', '.join(registry.supported)})"
-        )
-        serving = True
-        task_status.started(RunningNode(tree=tree, context=ctx, listen=listen, urls=urls))
+        with trio.CancelScope() as startup:
+            tree.cancel_on_shutdown(startup)  # a signal during the start ends the start
+            if gpu is None:
+                gpu = await open_gpu(config, options)
+            registry = TaskRegistry(config.tasks, base_dir=config.base_dir, work_root=work_root)
+            sample, record = footprint_hooks(gpu)
+            runner = TaskRunner(kill_grace=t.kill_grace, sample_peak=sample, record_peak=record)
+            ctx = NodeContext(
+                node_id=node_id,
+                gpu_arch=gpu.arch,
+                registry=registry,
+                store=store,
+                runner=runner,
+                sampler=gpu.sampler,
+                footprints=gpu.footprints,
+                max_snapshot_age=t.max_snapshot_age,
+                token=options.token or None,
+                metrics=NodeMetrics(gpu=str(node.gpu.index)),
+            )
+            bus_holder.append(ctx)
+            store.set_spawn(tree.start_job)
+            await tree.services.start(gpu.sampler.serve, name="vram-sampler")
+            snap, reason = gpu.sampler.status(trio.current_time())
+            if snap is None or not (math.isfinite(snap.total_gb) and snap.total_gb > 0):
+                raise NodeStartError(
+                    f"GPU probe returned no usable VRAM ({reason or 'total <= 0'})"
+                )
+            await tree.services.start(store.serve_janitor, name="janitor")
+            app = create_app(ctx)
+            urls: list[str] = await tree.role.start(
+                serve_http, app, hypercorn_config(listen), name="http"
+            )
+            say(
+                f"fleet-trio node {node_id} serving on {listen} "
+                f"(vram total {snap.total_gb:.1f} GiB; tasks: {', '.join(registry.supported)})"
+            )
+            serving = True
+            task_status.started(RunningNode(tree=tree, context=ctx, listen=listen, urls=urls))
         await tree.wait_shutdown()
 
 

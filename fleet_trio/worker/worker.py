@@ -21,11 +21,14 @@ releases fire at once (worker-process.md §4.7, 20 s for all devices).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import math
 import os
 import random
+import signal
+from collections.abc import Iterator, Sequence
 from typing import Any, Protocol
 
 import attrs
@@ -37,6 +40,7 @@ from fleet_trio.logbus import JobLog, LogBus, Stream
 from fleet_trio.logs import job_context
 from fleet_trio.metrics import WorkerMetrics
 from fleet_trio.nursery import TaskTree, TaskTreeClosed, open_task_tree
+from fleet_trio.nursery.tree import SHUTDOWN_SLACK
 from fleet_trio.proc.recovery import gather_recovery_proof
 from fleet_trio.proc.sinks import Sink
 from fleet_trio.worker.client import (
@@ -52,7 +56,7 @@ from fleet_trio.worker.client import (
     Timings,
 )
 from fleet_trio.worker.config import WorkerConfig, check_tail_listen, cuda_device_index
-from fleet_trio.worker.hooks import HostHooks
+from fleet_trio.worker.hooks import DRAIN_BUDGET, HOOK_GRACE, HostHooks
 from fleet_trio.worker.listener import TailListenError, serve_tail_listener
 from fleet_trio.worker.logfeed import FINISH_BOUND, LogFeed
 from fleet_trio.worker.probes import Prober
@@ -289,12 +293,8 @@ class Worker:
         bus: LogBus | None = None,
         tail_trusted_network: bool = False,
         metrics: WorkerMetrics | None = None,
-        test_break: frozenset[str] = frozenset(),
     ) -> None:
         self.config = config
-        self.test_break = test_break
-        """TEST-ONLY deliberate defects (``FLEET_TRIO_TEST_BREAK``, docs/chaos.md):
-        ``skip-sweep`` skips the RC_JOB_ID sweep. Never set in production."""
         self.bus = bus if bus is not None else LogBus()
         """Every job's output (the tail listener's source, docs/tail.md)."""
         self.tail_trusted_network = tail_trusted_network
@@ -323,6 +323,10 @@ class Worker:
         self.jobs: dict[str, _Job] = {}
         self.started: set[str] = set()
         self._hurry = False
+        self._finish_scopes: set[trio.CancelScope] = set()
+        """Every final flush / terminal report scope in progress (shielded; bounded once the
+        drain is over, cut by a request after it)."""
+        self._early_shutdown: str | None = None
         self._tree: TaskTree | None = None
         self._client: ControllerClient | None = None
         self._register_lock = trio.Lock()
@@ -353,8 +357,12 @@ class Worker:
         return sorted(self.jobs)
 
     def request_shutdown(self, reason: str = "shutdown requested") -> None:
+        """Ask the running worker to shut down; before :func:`serve_worker` has opened its
+        tree, the request is kept and the tree shuts down as soon as it opens."""
         if self._tree is not None:
             self._tree.request_shutdown(reason)
+        elif self._early_shutdown is None:
+            self._early_shutdown = reason
 
     # -- registration ----------------------------------------------------------------------------
     async def build_registration(self, *, with_proof: bool = True) -> Registration:
@@ -501,13 +509,32 @@ class Worker:
         with self._finish_scope(None):
             await self.client.report_terminal(a.job_id, report)
 
-    def _finish_scope(self, job: _Job | None) -> trio.CancelScope:
+    @contextlib.contextmanager
+    def _finish_scope(self, job: _Job | None) -> Iterator[trio.CancelScope]:
+        """A job's final flush and terminal report: shielded from the tree's cancel (the report
+        must go out), and bounded: once the drain is over every such scope, whatever job it
+        belongs to (a pre-killed one too), ends within ``hurry_budget``, and a shutdown request
+        after the drain cuts it at once (:meth:`TaskTree.cut_on_hurry`)."""
         scope = trio.CancelScope(shield=True)
         if self._hurry:
             scope.deadline = trio.current_time() + self.timings.hurry_budget
         if job is not None:
             job.finish_scope = scope
-        return scope
+        tree = self._tree
+        forget = tree.cut_on_hurry(scope) if tree is not None else None
+        self._finish_scopes.add(scope)
+        try:
+            with scope:
+                yield scope
+        finally:
+            self._finish_scopes.discard(scope)
+            if forget is not None:
+                forget()
+            if scope.cancelled_caught:
+                log.error(
+                    "job %s: final report cut short by the shutdown",
+                    job.assignment.job_id if job is not None else "(pre-killed)",
+                )
 
     def _context(self, a: Assignment) -> dict[str, str]:
         """The ``extra=`` of a job's log lines (docs/logging.md)."""
@@ -534,8 +561,7 @@ class Worker:
             grace_ceiling=self.timings.kill_grace,
             max_runtime=float(limit),
             idle_timeout=float(a.idle_timeout_seconds),
-            # TEST-ONLY defect "skip-sweep" (docs/chaos.md): no RC_JOB_ID sweep
-            sweep_job_id="" if a.is_hold or "skip-sweep" in self.test_break else a.job_id,
+            sweep_job_id="" if a.is_hold else a.job_id,
         )
 
     async def run_job(self, a: Assignment) -> None:
@@ -580,9 +606,7 @@ class Worker:
                         await nursery.start(feed.serve)
                     job.started_at = trio.current_time()
                     try:
-                        result = await self._execute(
-                            a, shipper, job.stop, joblog=joblog, feed=feed
-                        )
+                        result = await self._execute(a, shipper, job.stop, joblog=joblog, feed=feed)
                     except Exception as exc:
                         result = proc.Result(exit_code=-1, err=f"worker error: {exc}")
                         raise
@@ -698,10 +722,41 @@ class Worker:
         deadline = trio.current_time() + self.timings.hurry_budget
         for job in list(self.jobs.values()):
             job.stop.set()
-            if job.finish_scope is not None:
-                job.finish_scope.deadline = min(job.finish_scope.deadline, deadline)
+        for scope in list(self._finish_scopes):  # pre-killed jobs' reports included
+            scope.deadline = min(scope.deadline, deadline)
         for job in list(self.jobs.values()):
             await job.process_done.wait()
+
+    async def _jobs_closed(self) -> None:
+        """The tree's ``on_jobs_closed`` step: every job has ended; the live tails get
+        :data:`TAILS_END_BUDGET` to send their ``end``, then pending releases fire at once
+        (§4.7), in the tree, with the controller client and the signals still served.
+
+        Cancellation: bounded by the tree (``jobs_closed_budget``); a request after the drain
+        cuts it."""
+        with trio.move_on_after(TAILS_END_BUDGET):
+            await self.bus.wait_streams_done()
+        drain = getattr(self.hooks, "drain", None)
+        if drain is not None:
+            await drain()
+
+    async def _serve_client(
+        self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        """The controller client, a service of the tree: it outlives the jobs (their final
+        reports) and the release drain, and is closed (bounded, 2 s) when the services go.
+
+        Cancellation: closes the client and returns."""
+        async with ControllerClient(
+            self.config.controller_url,
+            self.config.token,
+            tracker=self.tracker,
+            timings=self.client_timings,
+            metrics=self.metrics,
+        ) as client:
+            self._client = client
+            task_status.started()
+            await trio.sleep_forever()
 
 
 async def _start_tail_listener(worker: Worker, tree: TaskTree) -> None:
@@ -728,62 +783,94 @@ async def _start_tail_listener(worker: Worker, tree: TaskTree) -> None:
     log.info("live log tail listening on %s", worker.tail_url)
 
 
+TAILS_END_BUDGET = 1.5
+"""Seconds the live tails get, once every job has ended, to send their ``end`` (as the node's
+:data:`~fleet_trio.nursery.tree.JOBS_CLOSED_BUDGET`)."""
+RELEASE_DRAIN_BOUND = DRAIN_BUDGET + HOOK_GRACE + 2.0
+"""The release drain's share of the shutdown (§4.7): its 20 s budget, the kill grace of a
+release hook the budget cuts, and a margin for the reap."""
+JOBS_CLOSED_BUDGET = TAILS_END_BUDGET + RELEASE_DRAIN_BOUND
+"""The task tree's ``on_jobs_closed`` step for the worker: the tails' end, then the release
+drain."""
+
+
+def shutdown_bound(timings: WorkerTimings) -> float:
+    """Seconds from the first SIGTERM to the exit, at most (docs/worker.md "Stopping"):
+    drain + interrupt budget (kill grace + 5 s) + kill grace + the tree's slack + the tails'
+    end + the release drain."""
+    return (
+        timings.shutdown_drain
+        + (timings.kill_grace + 5.0)
+        + timings.kill_grace
+        + SHUTDOWN_SLACK
+        + JOBS_CLOSED_BUDGET
+    )
+
+
 async def serve_worker(
     worker: Worker,
     *,
+    signals: Sequence[signal.Signals] = (),
     task_status: trio.TaskStatus[Worker] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Run ``worker`` until :meth:`Worker.request_shutdown` (or a cancel), per §4.1 / §4.3.
+    """Run ``worker`` until :meth:`Worker.request_shutdown`, one of ``signals``, or a cancel,
+    per §4.1 / §4.3.
 
     ``started`` (with the worker) once the startup registration succeeded and the loops run.
+    Everything runs in one task tree, opened first (with its signal handling): the controller
+    client and the tail listener (services), the heartbeat, labels and poll loops (role), the
+    jobs, and, once the jobs have ended, the tails' ``end`` and the release drain (§4.7).
+
+    Cancellation: a cancel, a signal or :meth:`Worker.request_shutdown` runs the tree's
+    shutdown: polling stops and every job's stop token is set at once; the drain waits up to
+    ``shutdown_drain`` for the jobs' final reports; then every report still in flight gets
+    ``hurry_budget`` (a request after the drain cuts it), the jobs are cancelled (their
+    processes get the kill grace), the tails get their ``end``, the releases fire, and the
+    services close. The whole of it is bounded by :func:`shutdown_bound`, whatever the
+    controller, a tail client or a job does.
     """
     t = worker.timings
     check_tail_listen(worker.config, worker.tail_trusted_network)
-    async with ControllerClient(
-        worker.config.controller_url,
-        worker.config.token,
-        tracker=worker.tracker,
-        timings=worker.client_timings,
-        metrics=worker.metrics,
-    ) as client:
-        worker._client = client
-        async with open_task_tree(
-            drain=t.shutdown_drain,
-            kill_grace=t.kill_grace,
-            on_stop_accepting=worker._stop_accepting,
-            on_interrupt=worker._interrupt,
-            interrupt_budget=t.kill_grace + 5.0,
-        ) as tree:
-            worker._tree = tree
-            with trio.CancelScope() as body:
-                tree.cancel_on_shutdown(body)
-                await worker.register_at_startup()
-                await tree.role.start(worker.heartbeat_loop, name="heartbeat")
-                if math.isfinite(worker.probe_interval) and worker.probe_interval > 0:
-                    await tree.role.start(worker.labels_loop, name="labels")
-                await _start_tail_listener(worker, tree)
-                timers = getattr(worker.hooks, "serve", None)
-                if timers is not None:
-                    await tree.services.start(timers, name="release-timers")
-                startup_pass = getattr(worker.hooks, "startup_pass", None)
-                if startup_pass is not None:
-                    await startup_pass()  # §4.1 step 5: before the first poll
-                poll_scope = trio.CancelScope()
-                tree.cancel_on_shutdown(poll_scope)
+    async with open_task_tree(
+        drain=t.shutdown_drain,
+        kill_grace=t.kill_grace,
+        on_stop_accepting=worker._stop_accepting,
+        on_interrupt=worker._interrupt,
+        interrupt_budget=t.kill_grace + 5.0,
+        on_jobs_closed=worker._jobs_closed,
+        jobs_closed_budget=JOBS_CLOSED_BUDGET,
+        signals=signals,
+    ) as tree:
+        worker._tree = tree
+        if worker._early_shutdown is not None:
+            tree.request_shutdown(worker._early_shutdown)
+        with trio.CancelScope() as body:
+            tree.cancel_on_shutdown(body)
+            await tree.services.start(worker._serve_client, name="controller-client")
+            await worker.register_at_startup()
+            await tree.role.start(worker.heartbeat_loop, name="heartbeat")
+            if math.isfinite(worker.probe_interval) and worker.probe_interval > 0:
+                await tree.role.start(worker.labels_loop, name="labels")
+            await _start_tail_listener(worker, tree)
+            timers = getattr(worker.hooks, "serve", None)
+            if timers is not None:
+                await tree.services.start(timers, name="release-timers")
+            startup_pass = getattr(worker.hooks, "startup_pass", None)
+            if startup_pass is not None:
+                await startup_pass()  # §4.1 step 5: before the first poll
+            poll_scope = trio.CancelScope()
+            tree.cancel_on_shutdown(poll_scope)
 
-                async def poll(
-                    *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
-                ) -> None:
-                    with poll_scope:
-                        await worker.poll_loop(task_status=task_status)
+            async def poll(
+                *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+            ) -> None:
+                with poll_scope:
+                    await worker.poll_loop(task_status=task_status)
 
-                await tree.role.start(poll, name="poll")
-                task_status.started(worker)
-                await tree.wait_shutdown()
-        worker._tree = None
-        drain = getattr(worker.hooks, "drain", None)
-        if drain is not None:
-            await drain()  # §4.7: pending releases fire now, after the jobs have ended
+            await tree.role.start(poll, name="poll")
+            task_status.started(worker)
+        await tree.wait_shutdown()
+    worker._tree = None
 
 
 __all__ = [
@@ -795,5 +882,6 @@ __all__ = [
     "effective_max_runtime",
     "job_environment",
     "serve_worker",
+    "shutdown_bound",
     "terminal_report",
 ]
