@@ -285,8 +285,13 @@ async def test_broken_build_skip_sweep_is_caught(tmp_path) -> None:
             await worker.stop()
             worker.defects = ["skip-sweep"]
             await worker.start()
+            # the restarted worker's device must be ready again, or the job is never assigned
+            await fleet.ctrl.wait_for(
+                lambda: fleet.ctrl.device("chaos-w1:gpu0").state == "ready", timeout=20
+            )
             broken = await run_schedule(fleet, 2, schedule)
-    assert not broken.ok
+    assert not broken.ok, (broken.records, broken.notes)
+    assert broken.records.rc_jobs[0].assigned
     assert [v.promise for v in broken.violations] == ["sweep"], [str(v) for v in broken.violations]
     assert any("killed 1 leftover" in n for n in broken.notes)  # and it was cleaned up
 
