@@ -27,33 +27,58 @@ import argparse
 import functools
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from fleet_trio import cli, proc
+from fleet_trio import cli
 from fleet_trio.logs import LogSetupError, setup_logging
-from fleet_trio.node.jobs import JobStore
-from fleet_trio.worker.client import Assignment
-from fleet_trio.worker.worker import Worker, WorkerTimings
+
+if TYPE_CHECKING:
+    from fleet_trio.node.jobs import JobStore
+    from fleet_trio.worker.worker import Worker, WorkerTimings
 
 NODE_DEFECTS = frozenset({"skip-interrupted"})
 WORKER_DEFECTS = frozenset({"skip-sweep"})
 DEFECTS = NODE_DEFECTS | WORKER_DEFECTS
 
 
-class NoInterruptStore(JobStore):
-    """Defect ``skip-interrupted``: drain survivors are not marked interrupted."""
-
-    def mark_interrupted(self) -> list[str]:
-        return []
+# The node and the worker are imported only by the role that needs them (a process start
+# costs what it imports).
 
 
-class NoSweepWorker(Worker):
-    """Defect ``skip-sweep``: no ``RC_JOB_ID`` sweep after a job's group is gone."""
+def node_store(defects: frozenset[str]) -> type[JobStore]:
+    """The job table class for a node with ``defects``."""
+    from fleet_trio.node.jobs import JobStore
 
-    def _spec(self, a: Assignment) -> proc.JobSpec:
-        return attrs.evolve(super()._spec(a), sweep_job_id="")
+    if "skip-interrupted" not in defects:
+        return JobStore
+
+    class NoInterruptStore(JobStore):
+        """Defect ``skip-interrupted``: drain survivors are not marked interrupted."""
+
+        def mark_interrupted(self) -> list[str]:
+            return []
+
+    return NoInterruptStore
+
+
+def worker_class(defects: frozenset[str]) -> type[Worker]:
+    """The worker class for a worker with ``defects``."""
+    from fleet_trio import proc
+    from fleet_trio.worker.client import Assignment
+    from fleet_trio.worker.worker import Worker
+
+    if "skip-sweep" not in defects:
+        return Worker
+
+    class NoSweepWorker(Worker):
+        """Defect ``skip-sweep``: no ``RC_JOB_ID`` sweep after a job's group is gone."""
+
+        def _spec(self, a: Assignment) -> proc.JobSpec:
+            return attrs.evolve(super()._spec(a), sweep_job_id="")
+
+    return NoSweepWorker
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -73,6 +98,8 @@ def worker_timings(
     drain: float | None, kill_grace: float | None, hurry: float | None
 ) -> WorkerTimings:
     """The production timings with the given ones replaced."""
+    from fleet_trio.worker.worker import WorkerTimings
+
     t = WorkerTimings()
     changes: dict[str, Any] = {}
     if drain is not None:
@@ -103,14 +130,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         unknown = defects - NODE_DEFECTS
         if unknown:
             parser.error(f"not a node defect: {', '.join(sorted(unknown))}")
-        store = NoInterruptStore if "skip-interrupted" in defects else JobStore
-        status: int = cli._cmd_node(args, store_factory=store)
+        status: int = cli._cmd_node(args, store_factory=node_store(defects))
         return status
     if handler is cli._cmd_worker:
         unknown = defects - WORKER_DEFECTS
         if unknown:
             parser.error(f"not a worker defect: {', '.join(sorted(unknown))}")
-        cls = NoSweepWorker if "skip-sweep" in defects else Worker
+        cls = worker_class(defects)
         timings = worker_timings(ours.worker_drain, ours.worker_kill_grace, ours.worker_hurry)
         code: int = cli._cmd_worker(args, make_worker=functools.partial(cls, timings=timings))
         return code

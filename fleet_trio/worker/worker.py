@@ -323,6 +323,8 @@ class Worker:
         self.jobs: dict[str, _Job] = {}
         self.started: set[str] = set()
         self._hurry = False
+        self._hurry_deadline = math.inf
+        """Once the drain is over: when every final flush and report must be done."""
         self._finish_scopes: set[trio.CancelScope] = set()
         """Every final flush / terminal report scope in progress (shielded; bounded once the
         drain is over, cut by a request after it)."""
@@ -510,14 +512,14 @@ class Worker:
             await self.client.report_terminal(a.job_id, report)
 
     @contextlib.contextmanager
-    def _finish_scope(self, job: _Job | None) -> Iterator[trio.CancelScope]:
+    def _finish_scope(
+        self, job: _Job | None, what: str = "final report"
+    ) -> Iterator[trio.CancelScope]:
         """A job's final flush and terminal report: shielded from the tree's cancel (the report
         must go out), and bounded: once the drain is over every such scope, whatever job it
         belongs to (a pre-killed one too), ends within ``hurry_budget``, and a shutdown request
         after the drain cuts it at once (:meth:`TaskTree.cut_on_hurry`)."""
-        scope = trio.CancelScope(shield=True)
-        if self._hurry:
-            scope.deadline = trio.current_time() + self.timings.hurry_budget
+        scope = trio.CancelScope(shield=True, deadline=self._hurry_deadline)
         if job is not None:
             job.finish_scope = scope
         tree = self._tree
@@ -532,8 +534,9 @@ class Worker:
                 forget()
             if scope.cancelled_caught:
                 log.error(
-                    "job %s: final report cut short by the shutdown",
+                    "job %s: %s cut short by the shutdown",
                     job.assignment.job_id if job is not None else "(pre-killed)",
+                    what,
                 )
 
     def _context(self, a: Assignment) -> dict[str, str]:
@@ -614,7 +617,10 @@ class Worker:
                         job.process_done.set()
                         job.ended_at = trio.current_time()
                         if feed is not None and joblog is not None:
-                            with trio.move_on_after(FINISH_BOUND, shield=True):
+                            with self._finish_scope(job, "log upload catch-up") as scope:
+                                scope.deadline = min(
+                                    scope.deadline, trio.current_time() + FINISH_BOUND
+                                )
                                 await feed.finish(joblog.nbytes)
                             if not feed.finished:
                                 log.error("job %s: the log upload did not catch up", a.job_id)
@@ -720,6 +726,9 @@ class Worker:
         self._hurry = True
         log.warning("drain over: %d job(s) still finishing: %s", len(self.jobs), self.supervised())
         deadline = trio.current_time() + self.timings.hurry_budget
+        self._hurry_deadline = deadline  # scopes opened from now on share it
+        if self._client is not None:  # no report attempt outlives it, shielded or not
+            self._client.cut_attempts_at(deadline)
         for job in list(self.jobs.values()):
             job.stop.set()
         for scope in list(self._finish_scopes):  # pre-killed jobs' reports included
@@ -794,16 +803,22 @@ JOBS_CLOSED_BUDGET = TAILS_END_BUDGET + RELEASE_DRAIN_BOUND
 drain."""
 
 
+CLIENT_CLOSE_BOUND = 2.0
+"""Seconds the controller client may take to close when the services go (its own bound)."""
+
+
 def shutdown_bound(timings: WorkerTimings) -> float:
     """Seconds from the first SIGTERM to the exit, at most (docs/worker.md "Stopping"):
     drain + interrupt budget (kill grace + 5 s) + kill grace + the tree's slack + the tails'
-    end + the release drain."""
+    end + the release drain + the controller client's close. Holds while ``hurry_budget``
+    is at most ``kill_grace`` + the tree's job teardown slack (the defaults: 10 ≤ 12)."""
     return (
         timings.shutdown_drain
         + (timings.kill_grace + 5.0)
         + timings.kill_grace
         + SHUTDOWN_SLACK
         + JOBS_CLOSED_BUDGET
+        + CLIENT_CLOSE_BOUND
     )
 
 

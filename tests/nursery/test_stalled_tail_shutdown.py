@@ -21,7 +21,7 @@ from fleet_trio.nursery.tree import DEFAULT_INTERRUPT_BUDGET, JOBS_CLOSED_BUDGET
 from fleet_trio.sim import serve_controller
 from fleet_trio.sim.controller import SimController
 from fleet_trio.sim.fleet import free_port, worker_yaml
-from tests.nursery.stalled_client import open_stalled_tail, wait_server_blocked
+from fleet_trio.sim.stall import open_stalled_tail, wait_server_blocked
 
 DRAIN = 0.5
 GRACE = 0.5

@@ -1,4 +1,5 @@
-"""A websocket tail client that stops reading: the peer that used to hold shutdown forever.
+"""Fault injection: a websocket tail client that stops reading (a peer that must not be able
+to hold a shutdown).
 
 It connects with a tiny receive buffer, sends the websocket upgrade, reads the 101 answer and
 then never reads again. :func:`server_send_queue` reads the server side's unsent bytes from
@@ -25,6 +26,9 @@ class StalledTailClient:
 
     def close(self) -> None:
         self.sock.close()
+
+
+__all__ = ["StalledTailClient", "open_stalled_tail", "server_send_queue", "wait_server_blocked"]
 
 
 def open_stalled_tail(
