@@ -27,9 +27,11 @@ import json
 import os
 import random
 import signal
+import socket
 import subprocess
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Protocol
 
 import attrs
 import httpx
@@ -52,14 +54,16 @@ from fleet_trio.sim.faults import FaultyLink, serve_link
 from fleet_trio.sim.fleet import ROLE_LAUNCHER, free_port, worker_yaml
 from fleet_trio.sim.roles import worker_timings
 from fleet_trio.sim.stall import StalledTailClient, open_stalled_tail, wait_server_blocked
+from fleet_trio.sim.zygote import open_zygote
 from fleet_trio.worker.worker import shutdown_bound
 
 NODE_DRAIN = 0.5
-NODE_KILL_GRACE = 0.5
+NODE_KILL_GRACE = 1.0
 NODE_BOUND = (
     NODE_DRAIN + DEFAULT_INTERRUPT_BUDGET + NODE_KILL_GRACE + SHUTDOWN_SLACK + JOBS_CLOSED_BUDGET
 )
-"""docs/node.md "Stopping" for this scenario's node (drain 500ms, kill grace 500ms)."""
+"""docs/node.md "Stopping" for this scenario's node (drain 500ms, kill grace 1s: a poller sees
+the interrupted mark at least that long before the exit, a second SIGTERM or not)."""
 
 WORKER_DRAIN = 1.0
 WORKER_KILL_GRACE = 0.5
@@ -69,6 +73,24 @@ WORKER_LAUNCHER_ARGS = (
     f"--worker-kill-grace={WORKER_KILL_GRACE}",
     f"--worker-hurry={WORKER_HURRY}",
 )
+
+
+class PortTaken(Exception):
+    """The role could not listen on the port picked for it (someone else took it)."""
+
+
+def listen_port() -> int:
+    """A free loopback port in :data:`PORT_RANGE` (random, checked by a bind)."""
+    rng = random.SystemRandom()
+    for _ in range(100):
+        port = rng.randrange(*PORT_RANGE)
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
+    return free_port()
 
 
 def worker_bound() -> float:
@@ -88,6 +110,10 @@ SIGTERM (the ignore survives the ``exec`` of ``sleep``)."""
 NODE_STDERR = {"stubborn": ">&2", "slow": ">&2", "quick": ""}
 
 READY_TIMEOUT = 30.0
+PORT_TRIES = 3
+PORT_RANGE = (20000, 32000)
+"""Listen ports are picked below Linux's ephemeral range (32768-60999), where the scenario's
+own client connections cannot take them between the pick and the bind."""
 SETTLE_TIMEOUT = 10.0
 POLL_INTERVAL = 0.05
 
@@ -204,7 +230,11 @@ def check_stop(record: StopRecord) -> list[Violation]:
 # -- playing one seed --------------------------------------------------------------------------
 
 
-async def _wait_exit(proc: trio.Process, limit: float) -> tuple[int | None, float]:
+def _exited(proc: RoleProcess) -> bool:
+    return proc.returncode is not None
+
+
+async def _wait_exit(proc: RoleProcess, limit: float) -> tuple[int | None, float]:
     began = trio.current_time()
     code: int | None = None
     with trio.move_on_after(limit):
@@ -217,7 +247,7 @@ async def _wait_exit(proc: trio.Process, limit: float) -> tuple[int | None, floa
     return code, took
 
 
-async def _second_term(proc: trio.Process, after: float | None) -> None:
+async def _second_term(proc: RoleProcess, after: float | None) -> None:
     if after is None:
         return
     await trio.sleep(after)
@@ -258,11 +288,27 @@ def _read_tail(path: str) -> str:
         return ""
 
 
-async def _spawn(argv: list[str], log_path: str) -> trio.Process:
+class RoleProcess(Protocol):
+    @property
+    def pid(self) -> int: ...
+    @property
+    def returncode(self) -> int | None: ...
+
+    async def wait(self) -> int: ...
+    def send_signal(self, sig: int) -> None: ...
+    def kill(self) -> None: ...
+
+
+Spawner = Callable[[list[str], str], Awaitable[RoleProcess]]
+"""``(launcher arguments, stderr log path) → a started role process``."""
+
+
+async def spawn_fresh(role_args: list[str], log_path: str) -> RoleProcess:
+    """``python -m fleet_trio.sim.roles ROLE_ARGS`` as a new process."""
     log = await trio.to_thread.run_sync(open, log_path, "wb")
     try:
         return await trio.lowlevel.open_process(
-            argv,
+            [sys.executable, "-m", ROLE_LAUNCHER, *role_args],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=log,
@@ -272,7 +318,7 @@ async def _spawn(argv: list[str], log_path: str) -> trio.Process:
         log.close()
 
 
-async def play_node(plan: StopPlan, root: str) -> StopRecord:
+async def play_node(plan: StopPlan, root: str, spawn: Spawner = spawn_fresh) -> StopRecord:
     """One node seed under ``root`` (an empty folder)."""
     gpu = os.path.join(root, "gpu")
     await trio.to_thread.run_sync(init_device, gpu)
@@ -293,15 +339,15 @@ async def play_node(plan: StopPlan, root: str) -> StopRecord:
         }
     )  # JSON is YAML
     await trio.Path(cfg).write_text(text)
-    port = free_port()
+    port = listen_port()
     argv = [
-        sys.executable, "-m", ROLE_LAUNCHER, "--", "node", "-c", cfg, "--gpu", "fake",
+        "--", "node", "-c", cfg, "--gpu", "fake",
         "--fake-gpu-dir", gpu, "--listen", f"127.0.0.1:{port}", "--node-id", f"stop{plan.seed}",
         "--footprints", os.path.join(root, "fp.json"),
     ]  # fmt: skip
     log_path = os.path.join(root, "node.log")
     notes: list[str] = []
-    proc = await _spawn(argv, log_path)
+    proc = await spawn(argv, log_path)
     seen: dict[str, list[str]] = {}
     job_ids: list[str] = []
     stalled: list[StalledTailClient] = []
@@ -310,7 +356,10 @@ async def play_node(plan: StopPlan, root: str) -> StopRecord:
             with trio.fail_after(READY_TIMEOUT):
                 while True:
                     if proc.returncode is not None:
-                        raise RuntimeError(f"the node exited at start:\n{_read_tail(log_path)}")
+                        output = _read_tail(log_path)
+                        if "Address already in use" in output:
+                            raise PortTaken(output)
+                        raise RuntimeError(f"the node exited at start:\n{output}")
                     try:
                         if (await http.get("/fleet/health")).status_code == 200:
                             break
@@ -357,6 +406,8 @@ async def play_node(plan: StopPlan, root: str) -> StopRecord:
                 await trio.sleep(plan.term_after)
                 if plan.hung_gpu:
                     await trio.Path(gpu, HANG_FILE).write_text("")
+                if _exited(proc):
+                    notes.append(f"the node had exited ({proc.returncode}) before the SIGTERM")
                 proc.send_signal(signal.SIGTERM)
                 nursery.start_soon(_second_term, proc, plan.second_term)
                 code, took = await _wait_exit(proc, NODE_BOUND)
@@ -384,7 +435,7 @@ async def play_node(plan: StopPlan, root: str) -> StopRecord:
     )
 
 
-async def play_worker(plan: StopPlan, root: str) -> StopRecord:
+async def play_worker(plan: StopPlan, root: str, spawn: Spawner = spawn_fresh) -> StopRecord:
     """One worker seed under ``root`` (an empty folder): its own simulated controller behind a
     faulty link."""
     ctrl = SimController(
@@ -398,7 +449,7 @@ async def play_worker(plan: StopPlan, root: str) -> StopRecord:
     devices = ["gpu0", "gpu1"]
     for sub in ("probe.d", "sheets", "verify.d"):
         await trio.Path(root, sub).mkdir(parents=True, exist_ok=True)
-    tail_port = free_port()
+    tail_port = listen_port()
     log_path = os.path.join(root, "worker.log")
     notes: list[str] = []
     stalled: list[StalledTailClient] = []
@@ -420,9 +471,9 @@ async def play_worker(plan: StopPlan, root: str) -> StopRecord:
             verify_dir=os.path.join(root, "verify.d"),
         )
         await trio.Path(cfg).write_text(text + f"tail_listen: 127.0.0.1:{tail_port}\n")
-        argv = [sys.executable, "-m", ROLE_LAUNCHER, *WORKER_LAUNCHER_ARGS, "--", "worker"]
+        argv = [*WORKER_LAUNCHER_ARGS, "--", "worker"]
         argv += ["-c", cfg]
-        proc = await _spawn(argv, log_path)
+        proc = await spawn(argv, log_path)
         try:
 
             def registered() -> bool:
@@ -441,11 +492,16 @@ async def play_worker(plan: StopPlan, root: str) -> StopRecord:
                 )
 
             await ctrl.wait_for(started, timeout=READY_TIMEOUT)
+            output = await trio.to_thread.run_sync(_read_tail, log_path)
+            if "running without the live log tail" in output:
+                raise PortTaken(output)
             stalled = await _stall(tail_port, f"/fleet/jobs/{job_ids[0]}/tail", plan.stalled, notes)
             await trio.sleep(plan.term_after)
             if plan.silence != "never":
                 link.half_open(3600.0)
                 link.drop_all()  # every connection, pooled ones too, goes to the silent link
+            if _exited(proc):
+                notes.append(f"the worker had exited ({proc.returncode}) before the SIGTERM")
             proc.send_signal(signal.SIGTERM)
             async with trio.open_nursery() as during:
                 during.start_soon(_second_term, proc, plan.second_term)
@@ -495,11 +551,21 @@ async def play_worker(plan: StopPlan, root: str) -> StopRecord:
     )
 
 
-async def play_stop_seed(plan: StopPlan, root: str) -> StopRecord:
-    os.makedirs(root, exist_ok=True)
-    if plan.role == "node":
-        return await play_node(plan, root)
-    return await play_worker(plan, root)
+async def play_stop_seed(plan: StopPlan, root: str, spawn: Spawner = spawn_fresh) -> StopRecord:
+    """One seed under ``root``; its process started by ``spawn`` (a fresh interpreter, or a
+    fork of :mod:`fleet_trio.sim.zygote`). A start that lost its port to another process is
+    tried again on another port (:data:`PORT_TRIES` times)."""
+    for attempt in range(PORT_TRIES):
+        where = os.path.join(root, f"try{attempt}") if attempt else root
+        await trio.Path(where).mkdir(parents=True, exist_ok=True)
+        try:
+            if plan.role == "node":
+                return await play_node(plan, where, spawn)
+            return await play_worker(plan, where, spawn)
+        except PortTaken:
+            if attempt == PORT_TRIES - 1:
+                raise
+    raise AssertionError("unreachable")
 
 
 @attrs.frozen
@@ -515,9 +581,10 @@ class StopResult:
 def stop_verdict(result: StopResult) -> str:
     plan = result.record.plan
     if result.ok:
+        notes = "".join(f"\n  note: {n}" for n in result.record.notes)
         return (
             f"{plan.describe()}: exit in {result.record.seconds:.2f}s "
-            f"(bound {result.record.bound:g}s), every promise held"
+            f"(bound {result.record.bound:g}s), every promise held{notes}"
         )
     lines = [f"{plan.describe()}: {len(result.violations)} broken promise(s):"]
     lines += [f"  {v}" for v in result.violations]
@@ -532,23 +599,32 @@ async def run_stop_seeds(
     *,
     hung_gpu: bool = False,
     concurrency: int = 6,
+    fork: bool = True,
     say: Callable[[str], None] = lambda line: None,
 ) -> list[StopResult]:
-    """Play every seed (``concurrency`` at a time), each in ``root/seed-N``; results by seed."""
+    """Play every seed (``concurrency`` at a time), each in ``root/seed-N``; results by seed.
+
+    ``fork``: start the processes as forks of one :mod:`~fleet_trio.sim.zygote` (the role
+    code imported once), else as fresh interpreters."""
     results: list[StopResult] = []
     limiter = trio.CapacityLimiter(concurrency)
 
-    async def one(seed: int) -> None:
+    async def one(seed: int, spawn: Spawner) -> None:
         async with limiter:
             plan = make_stop_plan(seed, hung_gpu=hung_gpu)
-            record = await play_stop_seed(plan, os.path.join(root, f"seed-{seed}"))
+            record = await play_stop_seed(plan, os.path.join(root, f"seed-{seed}"), spawn)
             result = StopResult(record, check_stop(record))
             say(stop_verdict(result))
             results.append(result)
 
-    async with trio.open_nursery() as nursery:
-        for seed in seeds:
-            nursery.start_soon(one, seed)
+    async with contextlib.AsyncExitStack() as stack:
+        spawn: Spawner = spawn_fresh
+        if fork:
+            zygote = await stack.enter_async_context(open_zygote())
+            spawn = zygote.spawn
+        async with trio.open_nursery() as nursery:
+            for seed in seeds:
+                nursery.start_soon(one, seed, spawn)
     return sorted(results, key=lambda r: r.record.plan.seed)
 
 
