@@ -795,7 +795,7 @@ async def _start_tail_listener(worker: Worker, tree: TaskTree) -> None:
 TAILS_END_BUDGET = 1.5
 """Seconds the live tails get, once every job has ended, to send their ``end`` (as the node's
 :data:`~fleet_trio.nursery.tree.JOBS_CLOSED_BUDGET`)."""
-RELEASE_DRAIN_BOUND = DRAIN_BUDGET + HOOK_GRACE + 2.0
+RELEASE_DRAIN_BOUND = DRAIN_BUDGET + HOOK_GRACE + 4.0
 """The release drain's share of the shutdown (§4.7): its 20 s budget, the kill grace of a
 release hook the budget cuts, and a margin for the reap."""
 JOBS_CLOSED_BUDGET = TAILS_END_BUDGET + RELEASE_DRAIN_BOUND
