@@ -176,7 +176,10 @@ class RunningNode:
 
 
 async def open_gpu(config: NodeConfig, options: NodeOptions) -> GpuServices:
-    """The real GPU wiring (``fleet_trio.gpu``). Raises :class:`NodeStartError`."""
+    """The real GPU wiring (``fleet_trio.gpu``). Raises :class:`NodeStartError`.
+
+    Cancellation: the probe runs in a worker thread the cancel abandons (a driver call that
+    never returns cannot hold a shutdown)."""
     from fleet_trio.gpu import FootprintStore, GpuError, open_source
     from fleet_trio.gpu.sampler import GlobalSampler
 

@@ -87,6 +87,10 @@ class BoundedConnection(TCPServer):
         self.send_scope: trio.CancelScope | None = None
 
     async def run(self) -> None:
+        """Serve this connection until the client goes or the server is cancelled.
+
+        Cancellation: ends the connection; a write in progress is cut (see
+        :meth:`protocol_send`)."""
         self.connections.live.add(self)
         try:
             await super().run()
@@ -94,6 +98,11 @@ class BoundedConnection(TCPServer):
             self.connections.live.discard(self)
 
     async def protocol_send(self, event: Event) -> None:
+        """Write ``event`` to the client, under the write deadline.
+
+        Cancellation: a write is shielded (a frame is never cut by an outside cancel and
+        then continued) but never outlives its deadline, which the server's cancel moves to
+        now: the client is then dropped."""
         if not isinstance(event, RawData):
             await super().protocol_send(event)
             return

@@ -258,10 +258,16 @@ class Scope:
         return sorted(task.name for task in self._nursery.child_tasks)
 
     async def wait_closed(self) -> None:
+        """Return once the scope's nursery has closed.
+
+        Cancellation: a plain wait; cancelling it changes nothing in the scope."""
         await self._closed.wait()
 
     async def hold(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """The holder task: keeps the nursery open until the scope is cancelled."""
+        """The holder task: keeps the nursery open until the scope is cancelled.
+
+        Cancellation: only the shutdown sequence cancels the scope (it is shielded from
+        everything else); the holder then waits for the scope's tasks to end."""
         try:
             with self.cancel_scope:
                 async with trio.open_nursery() as nursery:
@@ -370,7 +376,9 @@ class TaskTree:
         return self.drain + self.interrupt_budget + self.kill_grace + SHUTDOWN_SLACK + extra
 
     async def wait_shutdown(self) -> None:
-        """Return once the shutdown has begun."""
+        """Return once the shutdown has begun.
+
+        Cancellation: a plain wait; cancelling it does not shut the tree down."""
         await self._requested.wait()
 
     # -- control -------------------------------------------------------------------------------

@@ -121,6 +121,9 @@ async def serve_tail_listener(
     ``ws://HOST:PORT/fleet/jobs/<job_id>/tail``). A bind failure raises
     :class:`TailListenError` before ``started``; a failure after it is logged and ends the
     listener without propagating (the worker keeps running its jobs).
+
+    Cancellation: ends the listener at once; a write still pending to a tail client (one that
+    stopped reading) is cut and the client dropped, so no client can hold the worker's stop.
     """
     app = create_tail_app(bus, token=token or None, metrics=metrics)
     hc = tail_hypercorn_config(listen)

@@ -182,7 +182,9 @@ def truncate_sheet(data: bytes) -> str:
 
 
 async def read_sheets(cfg: WorkerConfig) -> tuple[str | None, dict[str, str]]:
-    """``host.md`` (missing ⇒ ``""``, unreadable ⇒ ``None``) and ``host.d/<dev>.md``."""
+    """``host.md`` (missing ⇒ ``""``, unreadable ⇒ ``None``) and ``host.d/<dev>.md``.
+
+    Cancellation: safe at any point (file reads in worker threads)."""
 
     async def one(path: trio.Path) -> str | None:
         try:
@@ -372,6 +374,9 @@ class Worker:
         fresh probe pass (§6.7), sheets.
 
         ``with_proof=False`` (the E2 labels push, which sends no proof) skips the /proc walk.
+
+        Cancellation: safe at any point; the probe pass's processes are stopped by their
+        supervisor.
         """
         cfg = self.config
         recovery = proc.RecoveryProof()
@@ -396,7 +401,9 @@ class Worker:
         )
 
     async def register(self) -> None:
-        """One registration; raises :class:`ControllerError` on failure."""
+        """One registration; raises :class:`ControllerError` on failure.
+
+        Cancellation: the request in flight is abandoned; nothing is recorded."""
         async with self._register_lock:
             registration = await self.build_registration()
             self.worker_id = await self.client.register(registration)
@@ -404,7 +411,10 @@ class Worker:
             log.info("registered with %s as worker %s", self.config.controller_url, self.worker_id)
 
     async def register_at_startup(self) -> None:
-        """§4.1 step 2, retried with capped exponential backoff (§17.1 decision)."""
+        """§4.1 step 2, retried with capped exponential backoff (§17.1 decision).
+
+        Cancellation: :func:`serve_worker` runs it in the tree's body, which the first
+        shutdown request cancels: a controller that never answers cannot hold a stop."""
         backoff = self.timings.register_backoff
         attempt = 0
         while True:
@@ -423,7 +433,9 @@ class Worker:
                 await trio.sleep(delay)
 
     async def maybe_reregister(self) -> None:
-        """§5.4: after an idle poll, re-register if owed, due and nothing is supervised."""
+        """§5.4: after an idle poll, re-register if owed, due and nothing is supervised.
+
+        Cancellation: as :meth:`register`."""
         now = trio.current_time()
         if not self.tracker.due(now, busy=bool(self.jobs)):
             return
@@ -442,6 +454,10 @@ class Worker:
     async def heartbeat_loop(
         self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
     ) -> None:
+        """E3 every ``heartbeat_interval``, naming the supervised jobs (§6.1), until cancelled.
+
+        Cancellation: in the role scope, cancelled after the jobs (heartbeats keep naming
+        them during the drain, §17.9); a heartbeat in flight is abandoned."""
         task_status.started()
         while True:
             await trio.sleep(self.heartbeat_interval)
@@ -450,6 +466,10 @@ class Worker:
     async def labels_loop(
         self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
     ) -> None:
+        """E2 after each probe pass, every ``probe_interval``, until cancelled.
+
+        Cancellation: a probe pass in progress is cancelled (its processes are stopped by
+        their supervisor); a push in flight is abandoned."""
         task_status.started()
         while True:
             await trio.sleep(self.probe_interval)
@@ -460,6 +480,10 @@ class Worker:
     async def poll_loop(
         self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
     ) -> None:
+        """E4 long polls, kills first, then assignments (§3.4), until cancelled.
+
+        Cancellation: :func:`serve_worker` cancels it at step 1 of the shutdown (no new
+        assignment once stopping); a poll in flight is abandoned."""
         task_status.started()
         while True:
             try:
@@ -568,7 +592,12 @@ class Worker:
         )
 
     async def run_job(self, a: Assignment) -> None:
-        """§7.3, steps 2–11 (step 1, dedup and the supervised set, is done by the caller)."""
+        """§7.3, steps 2–11 (step 1, dedup and the supervised set, is done by the caller).
+
+        Cancellation: the job's process gets its supervisor's SIGTERM → grace → SIGKILL; the
+        log catch-up and the terminal report are shielded (they must go out) but bounded: once
+        the shutdown's drain is over they end by the hurry deadline, and a request after the
+        drain cuts them at once."""
         job = self.jobs[a.job_id]
         client = self.client
         joblog = self._open_log(a)
