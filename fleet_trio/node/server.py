@@ -2,10 +2,14 @@
 
 ::
 
-    root
+    root          (opened first; serves SIGTERM/SIGINT from its opening to its close)
     ├─ services   shutdown signals, global VRAM sampler (first sample before started), janitor
-    ├─ role       the HTTP server (hypercorn, trio worker)
+    ├─ role       the HTTP server (hypercorn with write deadlines: nursery/httpserve.py)
     └─ jobs       one task per dispatched job
+    on_jobs_closed: the live tails' end (1.5 s)
+
+The start (GPU probe, first sample, bind) runs in the tree's body, which the first signal
+cancels.
 
 Shutdown (SIGTERM or SIGINT): dispatch answers 503 ``node draining`` at once (the store's
 draining flag is the tree's ``on_stop_accepting``), health and polls keep answering, the jobs

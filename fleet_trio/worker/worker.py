@@ -2,21 +2,25 @@
 
 ::
 
-    task tree
-    ├─ services   the release-linger timers (``HostHooks.serve``)
+    task tree  (opened first; serves SIGTERM/SIGINT from its opening to its close)
+    ├─ services   shutdown-signals, controller-client, tail-listener, release-timers
     ├─ role       heartbeat loop, labels push loop (a probe pass each), poll loop
     └─ jobs       one task per assignment: acquire hook → running → run (logs mode, or a
-                  PTY / pipes through the relay) → final log flush → verify → terminal
+                  PTY / pipes through the relay) → log upload catch-up → verify → terminal
                   report → release linger
+    on_jobs_closed: the tails' end, then the release drain (§4.7)
 
-Startup (§4.1): register (first probe pass, sheets, boot id, recovery proof), heartbeat and
-labels loops, the startup release pass, then the first poll.
+Startup (§4.1), in the tree's body (a shutdown request cancels it): register (first probe
+pass, sheets, boot id, recovery proof), heartbeat and labels loops, the startup release pass,
+then the first poll.
 
 Shutdown (§4.3): stop polling, set every job's stop token (SIGTERM → 10 s → SIGKILL through
 ``fleet_trio.proc``), drain up to 45 s while the final flushes and terminal reports go out
-(heartbeats keep naming the jobs during the drain, §17.9), then cancel. Reports run in a
-shielded scope that is only hurried (bounded) once the drain is over. Last, pending
-releases fire at once (worker-process.md §4.7, 20 s for all devices).
+(heartbeats keep naming the jobs during the drain, §17.9). Once the drain is over, every log
+catch-up and report still in flight shares one deadline (``hurry_budget``, 10 s), report
+attempts in flight included, then the jobs are cancelled. The live tails get their ``end``,
+pending releases fire at once (worker-process.md §4.7, 20 s for all devices), the services
+close. The whole stop is bounded by :func:`shutdown_bound` (110.5 s with the defaults).
 """
 
 from __future__ import annotations
