@@ -11,6 +11,7 @@ The GPU is a directory:
 * ``fail`` (optional): while it exists every snapshot fails with its text (fault injection).
 * ``hang`` (optional): while it exists every query (snapshot, per-process) blocks in its
   worker thread, as a driver call that does not return (fault injection: a hung sample).
+  Like NVML's, the calls are abandonable on cancel (the thread is left behind).
 
 Only files of **live** (non-zombie) pids count; a file left by a dead pid is removed on the
 next read. So a process that escaped its job and still "holds" memory stays visible in both
@@ -211,14 +212,14 @@ class FakeGpu:
 
     async def snapshot(self) -> VramSnapshot:
         total, used = await trio.to_thread.run_sync(
-            _snapshot_sync, self.directory, limiter=self.limiter
+            _snapshot_sync, self.directory, limiter=self.limiter, abandon_on_cancel=True
         )
         return VramSnapshot.now(total, used)
 
     async def process_used_bytes(self) -> dict[int, int] | None:
         try:
             return await trio.to_thread.run_sync(
-                _processes_sync, self.directory, limiter=self.limiter
+                _processes_sync, self.directory, limiter=self.limiter, abandon_on_cancel=True
             )
         except GpuError:
             return None
