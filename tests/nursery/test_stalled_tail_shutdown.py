@@ -1,7 +1,8 @@
 """A tail client that stops reading cannot hold a shutdown (issue 13, item 2).
 
 A job floods stderr, a websocket tail client connects and never reads (so the server's writes
-to it block), the process gets SIGTERM: it exits within its shutdown bound. Real processes,
+to it block; for the node, a half-open request as well), the process gets SIGTERM: it exits
+within its shutdown bound. Real processes,
 real sockets, real signals: ``fleet-trio node`` and ``fleet-trio worker`` (its tail listener).
 """
 
@@ -80,12 +81,17 @@ async def test_node_exits_within_its_bound_with_a_tail_client_that_stopped_readi
             stalled = await trio.to_thread.run_sync(
                 open_stalled_tail, "127.0.0.1", port, "/fleet/jobs/flood-1/tail"
             )
+            # and a half-open request: the head of a request, never finished
+            half_open = trio.socket.socket()
+            await half_open.connect(("127.0.0.1", port))
+            await half_open.send(b"GET /fleet/health HTTP/1.1\r\nHost: x\r\n")
             try:
                 await wait_server_blocked(stalled, port)
                 proc.send_signal(signal.SIGTERM)
                 code, took = await _exit_within(proc, NODE_BOUND)
             finally:
                 stalled.close()
+                half_open.close()
         finally:
             if proc.returncode is None:
                 proc.kill()
