@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import sys
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -31,7 +32,7 @@ from fleet_trio.logs import (
     redact_secrets,
     setup_logging,
 )
-from fleet_trio.nursery import open_task_tree, serve_shutdown_signals
+from fleet_trio.nursery import DEFAULT_SIGNALS, open_task_tree
 from fleet_trio.proc.run import run
 from fleet_trio.proc.spec import JobSpec, Result
 from fleet_trio.proc.stop import StopToken
@@ -447,9 +448,11 @@ async def _exec(args: argparse.Namespace) -> int:
     # SIGINT/SIGTERM → request_shutdown → on_stop_accepting sets the job's stop token, so the
     # job takes run()'s cancellation path and still ends in an honest "cancelled" Result.
     async with open_task_tree(
-        drain=spec.grace + EXEC_DRAIN_SLACK, kill_grace=spec.grace, on_stop_accepting=stop.set
+        drain=spec.grace + EXEC_DRAIN_SLACK,
+        kill_grace=spec.grace,
+        on_stop_accepting=stop.set,
+        signals=DEFAULT_SIGNALS,
     ) as tree:
-        await tree.services.start(serve_shutdown_signals, tree)
         tree.start_job(_exec_job, spec, out, stop, box, name="exec")
         with trio.CancelScope() as waiting:
             tree.cancel_on_shutdown(waiting)  # on a signal, the drain waits for the job
@@ -498,12 +501,9 @@ def _export_fake_gpu_dir(args: argparse.Namespace) -> str | None:
     return note
 
 
-def _test_break() -> frozenset[str]:
-    """TEST-ONLY deliberate defects from ``FLEET_TRIO_TEST_BREAK`` (docs/chaos.md)."""
-    return frozenset(filter(None, os.environ.get("FLEET_TRIO_TEST_BREAK", "").split(",")))
-
-
-def _cmd_node(args: argparse.Namespace) -> int:
+def _cmd_node(args: argparse.Namespace, **serve_kw: Any) -> int:
+    """``fleet-trio node``. ``serve_kw`` goes to ``serve_node`` (the sim's role launcher,
+    ``fleet_trio.sim.roles``, passes its test-only defects this way)."""
     from fleet_trio.errors import ConfigError
     from fleet_trio.node.config import NodeConfig, load_config
     from fleet_trio.node.server import NodeOptions, NodeStartError, serve_node
@@ -528,10 +528,9 @@ def _cmd_node(args: argparse.Namespace) -> int:
             allow_origins=tuple(args.allow_origin),
             journal=args.journal,
             no_journal=args.no_journal,
-            test_break=_test_break(),  # TEST-ONLY (docs/chaos.md)
         )
         redact_secrets(options.token)
-        trio.run(functools.partial(serve_node, config, options, announce=say))
+        trio.run(functools.partial(serve_node, config, options, announce=say, **serve_kw))
     except (ConfigError, NodeStartError) as exc:
         console(f"error: {exc}", event=str(exc), logger="fleet_trio.node", level=logging.ERROR)
         return 1
@@ -590,7 +589,9 @@ def _with_allowed_origins(config: WorkerConfig, extra: list[str]) -> WorkerConfi
     return attrs.evolve(config, tail_allow_origins=(*config.tail_allow_origins, *extra))
 
 
-def _cmd_worker(args: argparse.Namespace) -> int:
+def _cmd_worker(args: argparse.Namespace, make_worker: Callable[..., Any] | None = None) -> int:
+    """``fleet-trio worker``. ``make_worker`` builds the :class:`Worker` (the sim's role
+    launcher, ``fleet_trio.sim.roles``, passes a deliberately broken one)."""
     from fleet_trio.errors import ConfigError
     from fleet_trio.worker.config import check_tail_listen, load_worker_config
     from fleet_trio.worker.worker import Worker, serve_worker
@@ -627,17 +628,9 @@ def _cmd_worker(args: argparse.Namespace) -> int:
             logger="fleet_trio.worker",
             level=logging.WARNING,
         )
-    worker = Worker(
-        config, tail_trusted_network=args.listen_trusted_network, test_break=_test_break()
-    )
-
-    async def main() -> None:
-        async with trio.open_nursery() as nursery:
-            await nursery.start(serve_shutdown_signals, worker)
-            await serve_worker(worker)
-            nursery.cancel_scope.cancel()
-
-    trio.run(main)
+    worker = (make_worker or Worker)(config, tail_trusted_network=args.listen_trusted_network)
+    # the signals are served by the worker's task tree, from the moment it opens to its close
+    trio.run(functools.partial(serve_worker, worker, signals=DEFAULT_SIGNALS))
     return 0
 
 

@@ -30,7 +30,12 @@ from fleet_trio.node.config import Timings
 from fleet_trio.nursery.tree import DEFAULT_INTERRUPT_BUDGET, JOBS_CLOSED_BUDGET, SHUTDOWN_SLACK
 from fleet_trio.proc.run import ESCAPED_EOF_WAIT, STRAGGLER_WAIT
 from fleet_trio.worker.hooks import DRAIN_BUDGET, HOOK_GRACE
-from fleet_trio.worker.worker import WorkerTimings
+from fleet_trio.worker.worker import (
+    CLIENT_CLOSE_BOUND,
+    TAILS_END_BUDGET,
+    WorkerTimings,
+    shutdown_bound,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 UNITS = ROOT / "examples" / "systemd"
@@ -110,13 +115,16 @@ def node_shutdown_bound() -> float:
 
 
 def worker_shutdown_bound() -> float:
-    """The worker's task tree (serve_worker: interrupt budget = kill grace + 5 s), then the
-    release drain of lingering on_release hooks (its budget, then a hook's SIGTERM grace and
-    the post-SIGKILL pipe and straggler waits)."""
+    """The worker's task tree (serve_worker: interrupt budget = kill grace + 5 s), the tails'
+    end and the release drain of lingering on_release hooks (its budget, then a hook's SIGTERM
+    grace and the post-SIGKILL pipe and straggler waits) inside it, then the controller
+    client's close; the code's own figure (``shutdown_bound``) must agree."""
     t = WorkerTimings()
     tree = t.shutdown_drain + (t.kill_grace + 5.0) + t.kill_grace + SHUTDOWN_SLACK
     release_drain = DRAIN_BUDGET + HOOK_GRACE + ESCAPED_EOF_WAIT + STRAGGLER_WAIT
-    return tree + release_drain
+    total = tree + TAILS_END_BUDGET + release_drain + CLIENT_CLOSE_BOUND
+    assert shutdown_bound(t) >= total
+    return shutdown_bound(t)
 
 
 @pytest.mark.parametrize(

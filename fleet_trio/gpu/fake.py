@@ -10,6 +10,9 @@ The GPU is a directory:
 * one file per holding process, named after its pid, holding a size: ``2.5G``, ``512M``,
   ``64K``, ``1T`` (binary units; ``GiB``/``MiB`` spellings too) or plain bytes.
 * ``fail`` (optional): while it exists every snapshot fails with its text (fault injection).
+* ``hang`` (optional): while it exists every query (snapshot, per-process) blocks in its
+  worker thread, as a driver call that does not return (fault injection: a hung sample).
+  Like NVML's, the calls are abandonable on cancel (the thread is left behind).
 
 A multi-device fake (``--fake-gpus N``) is a directory of device directories ``gpu0`` …
 ``gpu{N-1}``, each one a device as above with its own UUID, total and holdings. Inside a
@@ -45,6 +48,7 @@ import re
 import signal
 import sys
 import tempfile
+import time
 import uuid as uuid_mod
 from collections.abc import Sequence
 from typing import Any, NoReturn
@@ -65,6 +69,8 @@ from fleet_trio.proc.procfs import read_proc_stat
 ENV_DIR = "FLEET_TRIO_FAKE_GPU_DIR"
 DEVICE_FILE = "device.json"
 FAIL_FILE = "fail"
+HANG_FILE = "hang"
+HANG_POLL = 0.05
 DEFAULT_NAME = "Fake GPU"
 DEFAULT_TOTAL_GIB = 80.0
 DEVICE_DIR_PREFIX = "gpu"
@@ -199,7 +205,15 @@ def _read_fail(directory: str) -> str | None:
         return f"fake gpu: {exc}"
 
 
+def _hang_while_scripted(directory: str) -> None:
+    """Block (this worker thread) while the ``hang`` file exists: a driver call that hangs."""
+    path = os.path.join(directory, HANG_FILE)
+    while os.path.exists(path):
+        time.sleep(HANG_POLL)
+
+
 def _snapshot_sync(directory: str) -> tuple[float, float]:
+    _hang_while_scripted(directory)
     failure = _read_fail(directory)
     if failure is not None:
         raise GpuError(failure)
@@ -209,6 +223,7 @@ def _snapshot_sync(directory: str) -> tuple[float, float]:
 
 
 def _processes_sync(directory: str) -> dict[int, int] | None:
+    _hang_while_scripted(directory)
     if not read_device(directory).per_process:
         return None
     return read_holdings(directory)
@@ -225,14 +240,14 @@ class FakeGpu:
 
     async def snapshot(self) -> VramSnapshot:
         total, used = await trio.to_thread.run_sync(
-            _snapshot_sync, self.directory, limiter=self.limiter
+            _snapshot_sync, self.directory, limiter=self.limiter, abandon_on_cancel=True
         )
         return VramSnapshot.now(total, used)
 
     async def process_used_bytes(self) -> dict[int, int] | None:
         try:
             return await trio.to_thread.run_sync(
-                _processes_sync, self.directory, limiter=self.limiter
+                _processes_sync, self.directory, limiter=self.limiter, abandon_on_cancel=True
             )
         except GpuError:
             return None

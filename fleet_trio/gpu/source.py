@@ -158,7 +158,10 @@ async def open_devices(
         directory = fake_dir or default_fake_dir()
         if not directory:
             raise GpuError("fake gpu: no directory (pass fake_dir or set FLEET_TRIO_FAKE_GPU_DIR)")
-        return await trio.to_thread.run_sync(open_fake_devices, directory, fake_gpus)
+        # abandon_on_cancel: a probe that never returns cannot hold a shutdown
+        return await trio.to_thread.run_sync(
+            open_fake_devices, directory, fake_gpus, abandon_on_cancel=True
+        )
     if kind == "smi":
         from fleet_trio.gpu.smi import open_smi_devices
 
@@ -167,7 +170,7 @@ async def open_devices(
         from fleet_trio.gpu.nvml import open_nvml_devices
 
         try:
-            return await trio.to_thread.run_sync(open_nvml_devices)
+            return await trio.to_thread.run_sync(open_nvml_devices, abandon_on_cancel=True)
         except GpuError as nvml_error:
             if kind == "nvml":
                 raise

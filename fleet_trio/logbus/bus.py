@@ -339,6 +339,9 @@ class _StreamSink:
         self._stream: Stream = stream
 
     async def write(self, data: bytes) -> None:
+        """Append ``data`` to the stream (:meth:`JobLog.write`).
+
+        Cancellation: as :meth:`JobLog.write`."""
         await self._log.write(self._stream, data)
 
 
@@ -390,7 +393,11 @@ class JobLog:
 
     async def write(self, stream: Stream, data: bytes) -> None:
         """Append ``data`` to ``stream``. Never waits on subscribers; with a spill file it
-        waits for the disk (the bytes are in the history, visible to subscribers, before)."""
+        waits for the disk (the bytes are in the history, visible to subscribers, before).
+
+        Cancellation: the bytes are in the history once the call has begun; a cancel during
+        the spill write leaves the spill file short of them (a later reader of that range
+        gets a ``skipped``)."""
         _check_stream(stream)
         if self._end is not None or not data:
             await trio.lowlevel.checkpoint()
@@ -645,7 +652,10 @@ class Subscription:
         return events
 
     async def aclose(self) -> None:
-        """Stop reading; a task blocked in ``__anext__`` gets ``StopAsyncIteration``."""
+        """Stop reading; a task blocked in ``__anext__`` gets ``StopAsyncIteration``.
+
+        Cancellation: the subscription is closed before the first checkpoint, so a cancel
+        cannot leave it open."""
         self._closed = True
         self._cursor.release()
         self._uncount()
@@ -712,7 +722,9 @@ class LogBus:
 
     async def wait_streams_done(self) -> None:
         """Return once no :meth:`streaming` block runs (a shutdown waits, bounded, for the
-        tails to send their ``end``)."""
+        tails to send their ``end``).
+
+        Cancellation: a plain wait (the shutdown bounds it with its tails' end budget)."""
         await self._streams_idle.wait()
 
     def end_all(self, state: str, exit_code: int | None = None, reason: str = "") -> list[str]:

@@ -290,6 +290,10 @@ async def serve_tail(
     Returns the websocket close code the caller should use: :data:`CLOSE_NORMAL` after
     ``end``; :data:`CLOSE_BAD_REQUEST` / :data:`CLOSE_UNKNOWN_JOB` after an ``error``
     message. A failure of ``send_json`` (the peer went away) propagates; so does a cancel.
+
+    Cancellation: safe at any point; the subscription is closed. The caller's ``send_json``
+    must bound its own writes (the node and the worker's listener run on
+    :func:`fleet_trio.nursery.httpserve.serve_http_bounded`, whose writes have deadlines).
     """
     try:
         q = parse_query(query)

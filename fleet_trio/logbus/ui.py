@@ -61,7 +61,11 @@ async def stream_tail(bus: LogBus, job_id: str) -> None:
     """Inside a quart websocket route whose token check passed: accept the socket, stream
     ``job_id``'s log with :func:`~fleet_trio.logbus.tail.serve_tail` (query parameters from the
     websocket's URL), and close with its code (1000 after ``end``, 4404 unknown job, 4400 bad
-    query, 1011 internal). What the client sends is read and dropped."""
+    query, 1011 internal). What the client sends is read and dropped.
+
+    Cancellation: the handler ends at once (the tree's role or services scope is cancelled,
+    or the client went away); the close frame is then not sent, and a write still pending
+    to a client that stopped reading is cut by the server (the client is dropped)."""
     await websocket.accept()
 
     async def send_json(msg: dict[str, Any]) -> None:

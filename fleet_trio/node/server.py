@@ -2,10 +2,14 @@
 
 ::
 
-    root
+    root          (opened first; serves SIGTERM/SIGINT from its opening to its close)
     ├─ services   shutdown signals, global VRAM sampler (first sample before started), janitor
-    ├─ role       the HTTP server (hypercorn, trio worker)
+    ├─ role       the HTTP server (hypercorn with write deadlines: nursery/httpserve.py)
     └─ jobs       one task per dispatched job
+    on_jobs_closed: the live tails' end (1.5 s)
+
+The start (GPU probe, first sample, bind) runs in the tree's body, which the first signal
+cancels.
 
 Shutdown (SIGTERM or SIGINT): dispatch answers 503 ``node draining`` at once (the store's
 draining flag is the tree's ``on_stop_accepting``), health and polls keep answering, the jobs
@@ -23,7 +27,6 @@ unwritable one refuses the start) and the previous run's jobs are recovered
 
 from __future__ import annotations
 
-import functools
 import logging
 import math
 import os
@@ -34,7 +37,6 @@ from typing import Any, Protocol
 import attrs
 import trio
 from hypercorn.config import Config as HypercornConfig
-from hypercorn.trio import serve as hypercorn_serve
 
 from fleet_trio.edge import EdgePolicy, OriginError, listen_is_loopback
 from fleet_trio.errors import FleetTrioError
@@ -60,7 +62,8 @@ from fleet_trio.node.placement import Placement, footprint_need
 from fleet_trio.node.recovery import recover
 from fleet_trio.node.retention import attach_result_budget
 from fleet_trio.node.tasks import JOB_MARKER, PreparedJob, TaskRegistry, TaskRunner
-from fleet_trio.nursery import DEFAULT_SIGNALS, TaskTree, open_task_tree, serve_shutdown_signals
+from fleet_trio.nursery import DEFAULT_SIGNALS, TaskTree, open_task_tree
+from fleet_trio.nursery.httpserve import serve_http_bounded
 
 log = logging.getLogger(__name__)
 
@@ -95,9 +98,6 @@ class NodeOptions:
     """``--journal PATH``: the job journal's file (overrides ``node.journal.path``)."""
     no_journal: bool = False
     """``--no-journal``: keep jobs in memory only (a restart loses them)."""
-    test_break: frozenset[str] = frozenset()
-    """TEST-ONLY deliberate defects (``FLEET_TRIO_TEST_BREAK``, docs/chaos.md):
-    ``skip-interrupted`` skips marking drain survivors interrupted. Never set in production."""
 
 
 class SamplerService(VramStatus, Protocol):
@@ -161,9 +161,15 @@ async def serve_http(
     *,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """The HTTP server; ``started`` with the bound URLs. Runs until cancelled."""
+    """The HTTP server; ``started`` with the bound URLs. Runs until cancelled.
+
+    Every write to a client has a deadline (:mod:`fleet_trio.nursery.httpserve`): a client
+    that stops reading is dropped, never waited on.
+
+    Cancellation: ends the server at once, cutting any write still in progress.
+    """
     try:
-        await hypercorn_serve(app, hc, task_status=task_status)
+        await serve_http_bounded(app, hc, task_status=task_status)
     except (OSError, OverflowError) as exc:  # OverflowError: a port out of 0-65535
         raise NodeStartError(f"cannot listen on {', '.join(hc.bind)}: {exc}") from exc
     except BaseExceptionGroup as group:  # hypercorn binds inside its nurseries
@@ -206,7 +212,10 @@ class RunningNode:
 async def open_gpu(config: NodeConfig, options: NodeOptions) -> GpuServices:
     """The real GPU wiring (``fleet_trio.gpu``): every device of the machine (or those of
     ``node.gpu.devices``), one sampler per device, the placement. Raises
-    :class:`NodeStartError`."""
+    :class:`NodeStartError`.
+
+    Cancellation: the probe runs in worker threads the cancel abandons (a driver call that
+    never returns cannot hold a shutdown)."""
     from fleet_trio.gpu import FootprintStore, GpuError
     from fleet_trio.gpu.devices import DeviceSampler
     from fleet_trio.gpu.source import open_devices, select_devices
@@ -397,12 +406,24 @@ async def serve_node(
     hostname: Callable[[], str] = os_hostname,
     announce: Callable[[str], None] | None = None,
     work_root: str | None = None,
+    store_factory: Callable[..., JobStore] = JobStore,
     task_status: trio.TaskStatus[RunningNode] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve CONTRACT v2 until SIGTERM/SIGINT (or ``RunningNode.request_shutdown``).
 
     ``gpu=None`` wires the real GPU package (``options.gpu``: auto|nvml|smi|fake). Raises
-    :class:`NodeStartError` when the node must not start (§7.5).
+    :class:`NodeStartError` when the node must not start (§7.5). ``store_factory`` builds the
+    job table (``JobStore``'s keyword arguments; the sim passes a deliberately broken one).
+
+    Everything runs in the task tree, the GPU probe included: the tree (and its signal
+    handling) opens first, so a signal at any moment, a hung probe included, is a shutdown.
+
+    Cancellation: a cancel (or a signal, or ``request_shutdown``) runs the tree's bounded
+    shutdown: 503 at once, the drain, survivors marked ``interrupted``, SIGTERM → ``kill_grace``
+    → SIGKILL, the tails' ``end`` (:data:`~fleet_trio.nursery.tree.JOBS_CLOSED_BUDGET`), then
+    the HTTP server is cancelled (writes to clients cut) and the services. Exits within
+    ``drain + 5 s + kill_grace + 3 s + 1.5 s`` whatever clients, jobs or the GPU do (see
+    docs/node.md "Stopping").
     """
     say = announce if announce is not None else log.warning
     node = config.node
@@ -419,49 +440,14 @@ async def serve_node(
     except OriginError as exc:
         raise NodeStartError(f"--allow-origin: {exc}") from None
     node_id = resolve_node_id(options.node_id, node.node_id, hostname)
-    if gpu is None:
-        gpu = await open_gpu(config, options)
-    registry = TaskRegistry(config.tasks, base_dir=config.base_dir, work_root=work_root)
-    if gpu.placement is not None:  # multi-GPU: a task that can never be placed, said once
-        for name in registry.supported:
-            task = registry.get(name)
-            if task is not None and task_gpus(task) > len(gpu.placement.uuids):
-                say(
-                    f"task {name}: gpus: {task_gpus(task)} but this node has "
-                    f"{len(gpu.placement.uuids)} device(s); its jobs will fail"
-                )
-    sample, record = footprint_hooks(gpu)
-    runner = TaskRunner(
-        kill_grace=t.kill_grace,
-        placement=gpu.placement,
-        footprint_need=need_hook(gpu),
-        sample_peak=sample,
-        record_peak=record,
-    )
-    store = JobStore(ttl=t.job_ttl, janitor_interval=t.janitor_interval)
+    store = store_factory(ttl=t.job_ttl, janitor_interval=t.janitor_interval)
     # memory budget: kept results and log histories share one ceiling (docs/node.md)
     budget = MemoryBudget(options.memory_budget or node.memory_budget)
     attach_result_budget(store.table, budget)
     linger = PollLinger()
-    ctx = NodeContext(
-        node_id=node_id,
-        gpu_arch=gpu.arch,
-        registry=registry,
-        store=store,
-        runner=runner,
-        sampler=gpu.sampler,
-        footprints=gpu.footprints,
-        max_snapshot_age=t.max_snapshot_age,
-        token=options.token or None,
-        metrics=NodeMetrics(gpu=str(node.gpu.index)),
-        edge=edge,
-        bus=LogBus(budget=budget),
-        linger=linger,
-    )
+    bus_holder: list[NodeContext] = []
 
     async def mark_interrupted() -> None:
-        if "skip-interrupted" in options.test_break:  # TEST-ONLY defect (docs/chaos.md)
-            return
         await store.mark_interrupted()
 
     serving = False
@@ -475,9 +461,11 @@ async def serve_node(
     async def tails_end() -> None:
         # live log tail: every job has ended; a log opened at the ack of a job that never ran
         # ends as its poll does, and the open tails send their `end` and close normally before
-        # the HTTP server goes (bounded by the task tree's JOBS_CLOSED_BUDGET)
-        ctx.bus.end_all("error", None, INTERRUPTED)
-        await ctx.bus.wait_streams_done()
+        # the HTTP server goes (bounded by the task tree's JOBS_CLOSED_BUDGET; a client too
+        # slow to take it is dropped when the server is cancelled)
+        for ctx in bus_holder:
+            ctx.bus.end_all("error", None, INTERRUPTED)
+            await ctx.bus.wait_streams_done()
 
     async with open_task_tree(
         drain=t.drain_timeout,
@@ -487,33 +475,70 @@ async def serve_node(
         on_jobs_closed=tails_end,
         linger=t.poll_linger,
         on_linger=linger.wait,
+        signals=signals,
     ) as tree:
-        store.set_spawn(tree.start_job)
-        if signals:
-            serve = functools.partial(serve_shutdown_signals, tree, signals=tuple(signals))
-            await tree.services.start(serve, name="shutdown-signals")
-        await tree.services.start(gpu.sampler.serve, name="vram-sampler")
-        snap, reason = gpu.sampler.status(trio.current_time())
-        if snap is None or not (math.isfinite(snap.total_gb) and snap.total_gb > 0):
-            raise NodeStartError(f"GPU probe returned no usable VRAM ({reason or 'total <= 0'})")
-        journal = await open_journal(config, options, node_id)  # job journal (docs/node.md)
-        if journal is not None:
-            line = await start_journal(tree, store, journal, t.kill_grace)
-            if line:
-                say(line)
-        await tree.services.start(store.serve_janitor, name="janitor")
-        app = create_app(ctx)
-        urls: list[str] = await tree.role.start(
-            serve_http, app, hypercorn_config(listen), name="http"
-        )
-        devices = f" on {len(gpu.devices)} GPUs" if len(gpu.devices) > 1 else ""
-        say(
-            f"node {node_id} serving on {listen} "
-            f"(vram total {snap.total_gb:.1f} GiB{devices}; "
-            f"tasks: {', '.join(registry.supported)})"
-        )
-        serving = True
-        task_status.started(RunningNode(tree=tree, context=ctx, listen=listen, urls=urls))
+        with trio.CancelScope() as startup:
+            tree.cancel_on_shutdown(startup)  # a signal during the start ends the start
+            if gpu is None:
+                gpu = await open_gpu(config, options)
+            registry = TaskRegistry(config.tasks, base_dir=config.base_dir, work_root=work_root)
+            if gpu.placement is not None:  # multi-GPU: a task that can never be placed, said once
+                for name in registry.supported:
+                    task = registry.get(name)
+                    if task is not None and task_gpus(task) > len(gpu.placement.uuids):
+                        say(
+                            f"task {name}: gpus: {task_gpus(task)} but this node has "
+                            f"{len(gpu.placement.uuids)} device(s); its jobs will fail"
+                        )
+            sample, record = footprint_hooks(gpu)
+            runner = TaskRunner(
+                kill_grace=t.kill_grace,
+                placement=gpu.placement,
+                footprint_need=need_hook(gpu),
+                sample_peak=sample,
+                record_peak=record,
+            )
+            ctx = NodeContext(
+                node_id=node_id,
+                gpu_arch=gpu.arch,
+                registry=registry,
+                store=store,
+                runner=runner,
+                sampler=gpu.sampler,
+                footprints=gpu.footprints,
+                max_snapshot_age=t.max_snapshot_age,
+                token=options.token or None,
+                metrics=NodeMetrics(gpu=str(node.gpu.index)),
+                edge=edge,
+                bus=LogBus(budget=budget),
+                linger=linger,
+            )
+            bus_holder.append(ctx)
+            store.set_spawn(tree.start_job)
+            await tree.services.start(gpu.sampler.serve, name="vram-sampler")
+            snap, reason = gpu.sampler.status(trio.current_time())
+            if snap is None or not (math.isfinite(snap.total_gb) and snap.total_gb > 0):
+                raise NodeStartError(
+                    f"GPU probe returned no usable VRAM ({reason or 'total <= 0'})"
+                )
+            journal = await open_journal(config, options, node_id)  # job journal (docs/node.md)
+            if journal is not None:
+                line = await start_journal(tree, store, journal, t.kill_grace)
+                if line:
+                    say(line)
+            await tree.services.start(store.serve_janitor, name="janitor")
+            app = create_app(ctx)
+            urls: list[str] = await tree.role.start(
+                serve_http, app, hypercorn_config(listen), name="http"
+            )
+            devices = f" on {len(gpu.devices)} GPUs" if len(gpu.devices) > 1 else ""
+            say(
+                f"node {node_id} serving on {listen} "
+                f"(vram total {snap.total_gb:.1f} GiB{devices}; "
+                f"tasks: {', '.join(registry.supported)})"
+            )
+            serving = True
+            task_status.started(RunningNode(tree=tree, context=ctx, listen=listen, urls=urls))
         await tree.wait_shutdown()
 
 

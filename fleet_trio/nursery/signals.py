@@ -38,6 +38,10 @@ async def serve_shutdown_signals(
     """Forward each of ``signals`` to ``tree.request_shutdown()``; ready once installed.
 
     Must run in the main thread (a trio restriction on signal handlers).
+
+    Cancellation: the handlers are uninstalled at once (a later SIGTERM gets the default
+    action). :func:`~fleet_trio.nursery.open_task_tree` runs it in the services scope, which is
+    cancelled last, so signals are served until the tree has closed.
     """
     with trio.open_signal_receiver(*signals) as received:
         task_status.started()

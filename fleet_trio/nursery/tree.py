@@ -263,10 +263,16 @@ class Scope:
         return sorted(task.name for task in self._nursery.child_tasks)
 
     async def wait_closed(self) -> None:
+        """Return once the scope's nursery has closed.
+
+        Cancellation: a plain wait; cancelling it changes nothing in the scope."""
         await self._closed.wait()
 
     async def hold(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """The holder task: keeps the nursery open until the scope is cancelled."""
+        """The holder task: keeps the nursery open until the scope is cancelled.
+
+        Cancellation: only the shutdown sequence cancels the scope (it is shielded from
+        everything else); the holder then waits for the scope's tasks to end."""
         try:
             with self.cancel_scope:
                 async with trio.open_nursery() as nursery:
@@ -299,11 +305,13 @@ class TaskTree:
         on_jobs_closed: Callable[[], Awaitable[None]] | None = None,
         linger: float = 0.0,
         on_linger: Callable[[], Awaitable[None]] | None = None,
+        jobs_closed_budget: float = JOBS_CLOSED_BUDGET,
     ) -> None:
         _check_seconds("drain", drain, allow_zero=True)
         _check_seconds("linger", linger, allow_zero=True)
         _check_seconds("kill_grace", kill_grace, allow_zero=False)
         _check_seconds("interrupt_budget", interrupt_budget, allow_zero=True)
+        _check_seconds("jobs_closed_budget", jobs_closed_budget, allow_zero=True)
         self.drain = drain
         self.kill_grace = kill_grace
         """Pass this to every job as ``JobSpec.grace_ceiling``: it is what keeps the bound."""
@@ -313,7 +321,10 @@ class TaskTree:
         self._on_jobs_closed = on_jobs_closed
         self.linger = linger
         self._on_linger = on_linger
+        self.jobs_closed_budget = jobs_closed_budget
         self._state = ShutdownState()
+        self._hurried = False
+        self._cut_on_hurry: set[trio.CancelScope] = set()
         self._requested = trio.Event()
         self._wake = trio.lowlevel.ParkingLot()
         self._cancel_on_stop: list[trio.CancelScope] = []
@@ -371,13 +382,15 @@ class TaskTree:
     @property
     def shutdown_bound(self) -> float:
         """Seconds the shutdown takes at most once it starts draining (jobs keeping the grace)."""
-        extra = JOBS_CLOSED_BUDGET if self._on_jobs_closed is not None else 0.0
+        extra = self.jobs_closed_budget if self._on_jobs_closed is not None else 0.0
         if self._on_linger is not None:
             extra += self.linger
         return self.drain + self.interrupt_budget + self.kill_grace + SHUTDOWN_SLACK + extra
 
     async def wait_shutdown(self) -> None:
-        """Return once the shutdown has begun."""
+        """Return once the shutdown has begun.
+
+        Cancellation: a plain wait; cancelling it does not shut the tree down."""
         await self._requested.wait()
 
     # -- control -------------------------------------------------------------------------------
@@ -406,6 +419,13 @@ class TaskTree:
                 self._state.live,
             )
             self._wake.unpark_all()
+        elif not self._hurried and self._state.phase in (Phase.INTERRUPTING, Phase.CANCELLING):
+            log.warning(
+                "%s again: cutting the remaining shutdown budgets short (only the kill grace "
+                "is kept)",
+                reason,
+            )
+            self._hurry()
         else:
             log.warning(
                 "%s: already %s; shutdown completes within %gs of its start",
@@ -415,6 +435,28 @@ class TaskTree:
             )
             self._wake.unpark_all()  # ends the linger step, if it runs
         return outcome
+
+    @property
+    def hurried(self) -> bool:
+        """A request came after the drain: the budgeted steps still running were cut."""
+        return self._hurried
+
+    def cut_on_hurry(self, scope: trio.CancelScope) -> Callable[[], None]:
+        """Cancel ``scope`` when a request comes after the drain (at once if one did).
+
+        For the budgeted, shielded steps of a shutdown (a worker's final reports). Returns a
+        function that forgets ``scope`` (call it when the scope is done)."""
+        if self._hurried:
+            scope.cancel()
+        else:
+            self._cut_on_hurry.add(scope)
+        return functools.partial(self._cut_on_hurry.discard, scope)
+
+    def _hurry(self) -> None:
+        self._hurried = True
+        scopes, self._cut_on_hurry = self._cut_on_hurry, set()
+        for scope in scopes:
+            scope.cancel()
 
     def cancel_on_shutdown(self, scope: trio.CancelScope) -> None:
         """Cancel ``scope`` when the shutdown begins (at once if it already has)."""
@@ -553,13 +595,16 @@ class TaskTree:
     async def _jobs_closed(self) -> None:
         if self._on_jobs_closed is None:
             return
-        with trio.move_on_after(JOBS_CLOSED_BUDGET, shield=True) as budget:
+        with trio.move_on_after(self.jobs_closed_budget, shield=True) as budget:
+            forget = self.cut_on_hurry(budget)
             try:
                 await self._on_jobs_closed()
             except Exception:
                 log.exception("on_jobs_closed failed; closing the role scope")
+            finally:
+                forget()
         if budget.cancelled_caught:
-            log.warning("on_jobs_closed overran its %gs budget", JOBS_CLOSED_BUDGET)
+            log.warning("on_jobs_closed cut short (budget %gs)", self.jobs_closed_budget)
 
     async def _linger(self) -> None:
         """The linger step: ``on_linger`` for at most ``linger`` s; a new request ends it."""
@@ -590,13 +635,16 @@ class TaskTree:
             return
         log.info("interrupting %d live job(s) before the cancel", self._state.live)
         with trio.move_on_after(self.interrupt_budget, shield=True) as budget:
+            forget = self.cut_on_hurry(budget)
             try:
                 await self._on_interrupt()
             except Exception:
                 log.exception("on_interrupt failed; cancelling the jobs anyway")
+            finally:
+                forget()
         if budget.cancelled_caught:
             log.error(
-                "on_interrupt overran its %gs budget; cancelling the jobs", self.interrupt_budget
+                "on_interrupt cut short (budget %gs); cancelling the jobs", self.interrupt_budget
             )
 
     async def _close(self, scope: Scope, allowance: float) -> None:
@@ -640,6 +688,8 @@ async def open_task_tree(
     on_jobs_closed: Callable[[], Awaitable[None]] | None = None,
     linger: float = 0.0,
     on_linger: Callable[[], Awaitable[None]] | None = None,
+    jobs_closed_budget: float = JOBS_CLOSED_BUDGET,
+    signals: Sequence[signal.Signals] = (),
 ) -> AsyncIterator[TaskTree]:
     """Open the services, role and jobs scopes; run the shutdown sequence when the body exits.
 
@@ -653,8 +703,18 @@ async def open_task_tree(
     :data:`JOBS_CLOSED_BUDGET` and shielded.
     ``on_linger``: async, after ``on_jobs_closed``, before the role is cancelled; bounded by
     ``linger`` seconds (0: skipped) and shielded; a new shutdown request ends it.
+    ``jobs_closed_budget`` (default :data:`JOBS_CLOSED_BUDGET`) and shielded.
+    ``signals``: served by :func:`~fleet_trio.nursery.signals.serve_shutdown_signals`, the
+    first task of the services scope (cancelled last): from the moment the tree opens to the
+    moment it closes, each of these signals is a :meth:`TaskTree.request_shutdown`. A process
+    does all its work in the body, so no signal finds it outside the tree.
 
     The body's exception, if any, is re-raised as it was, after steps 1, 3, 4 and 5.
+
+    Cancellation: a cancel from outside ends the drain (step 2) early; steps 3–5 run shielded,
+    each under its own deadline (``interrupt_budget``, ``kill_grace`` plus
+    :data:`JOB_TEARDOWN_SLACK`, ``jobs_closed_budget``, :data:`SCOPE_TEARDOWN_SLACK` per
+    scope), and the ``Cancelled`` is re-raised once the tree is closed.
     """
     tree = TaskTree(
         drain=drain,
@@ -665,11 +725,15 @@ async def open_task_tree(
         on_jobs_closed=on_jobs_closed,
         linger=linger,
         on_linger=on_linger,
+        jobs_closed_budget=jobs_closed_budget,
     )
     pending: BaseException | None = None
     async with trio.open_nursery() as root:
         try:
             await tree._open(root)
+            if signals:
+                serve = functools.partial(serve_shutdown_signals, tree, signals=tuple(signals))
+                await tree.services.start(serve, name="shutdown-signals")
             try:
                 yield tree
             except BaseException as exc:
@@ -706,6 +770,9 @@ async def run_task_tree(
     ``setup`` starts the services and the role (``await tree.services.start(...)``,
     ``await tree.role.start(...)``) and returns. A shutdown request while ``setup`` is still
     running cancels it, and the shutdown proceeds. ``signals=()`` installs no handler.
+
+    Cancellation: as :func:`open_task_tree` (the shutdown runs, bounded, then ``Cancelled``
+    propagates).
     """
     async with open_task_tree(
         drain=drain,
@@ -713,10 +780,8 @@ async def run_task_tree(
         on_stop_accepting=on_stop_accepting,
         on_interrupt=on_interrupt,
         interrupt_budget=interrupt_budget,
+        signals=signals,
     ) as tree:
-        if signals:
-            serve = functools.partial(serve_shutdown_signals, tree, signals=tuple(signals))
-            await tree.services.start(serve, name="shutdown-signals")
         with trio.CancelScope() as body:
             tree.cancel_on_shutdown(body)
             await setup(tree)

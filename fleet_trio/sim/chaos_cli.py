@@ -54,6 +54,16 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         action="store_true",
         help="print only the schedules, the verdicts and the summary (no step-by-step progress)",
     )
+    p.add_argument(
+        "--defect",
+        action="append",
+        default=[],
+        choices=["skip-interrupted", "skip-sweep"],
+        help=(
+            "TEST-ONLY: start the nodes (skip-interrupted) or workers (skip-sweep) with this "
+            "deliberate defect, to see the checker fail (repeatable)"
+        ),
+    )
     p.set_defaults(handler=_cmd_chaos)
     sim.set_defaults(handler=lambda args: _no_command(sim))
 
@@ -73,7 +83,6 @@ def _cmd_chaos(args: argparse.Namespace) -> int:
 
 
 async def _chaos(args: argparse.Namespace) -> int:
-    import os
     import tempfile
     import time
 
@@ -87,7 +96,7 @@ async def _chaos(args: argparse.Namespace) -> int:
         run_schedule,
         verdict,
     )
-    from fleet_trio.sim.fleet import TEST_BREAK_ENV, open_fleet
+    from fleet_trio.sim.fleet import open_fleet
 
     def say(line: str) -> None:
         print(line, flush=True)
@@ -97,8 +106,6 @@ async def _chaos(args: argparse.Namespace) -> int:
     failed: list[int] = []
     checked_stops = 0
     began = time.monotonic()
-    # TEST-ONLY: a deliberately broken node/worker build, to see the checker fail
-    test_break = os.environ.get(TEST_BREAK_ENV, "")
     with tempfile.TemporaryDirectory(prefix="fleet-trio-chaos-") as root:
         say("starting the fleet: controller, 2 workers x 2 devices, 2 nodes, dispatcher")
         try:
@@ -106,7 +113,7 @@ async def _chaos(args: argparse.Namespace) -> int:
                 root,
                 node_yaml=node_yaml(),
                 verify_scripts={"10-fake-vram": VERIFY_SCRIPT},
-                test_break=test_break,
+                defects=args.defect,  # TEST-ONLY: a deliberately broken build
             ) as fleet:
                 for seed in seeds:
                     schedule = make_schedule(seed, args.duration)

@@ -31,10 +31,13 @@ from fleet_trio.nursery.tree import DEFAULT_INTERRUPT_BUDGET, JOBS_CLOSED_BUDGET
 from fleet_trio.sim.controller import SimController, serve_controller
 from fleet_trio.sim.dispatcher import SimDispatcher, serve_dispatcher
 from fleet_trio.sim.faults import FaultyLink, serve_link
+from fleet_trio.worker.worker import WorkerTimings
+from fleet_trio.worker.worker import shutdown_bound as worker_shutdown_bound
 
-TEST_BREAK_ENV = "FLEET_TRIO_TEST_BREAK"
-"""Test-only: a comma-separated list of deliberate defects a node or worker process turns on
-at startup (``skip-interrupted``, ``skip-sweep``); used to prove the chaos checker fails."""
+ROLE_LAUNCHER = "fleet_trio.sim.roles"
+"""Every process of the fleet runs ``python -m fleet_trio.sim.roles [...] -- node|worker ...``:
+the production command line, through the sim's launcher, which can inject the test-only
+defects (:attr:`ManagedProcess.defects`) and shrink the worker's shutdown timings."""
 
 GPU_ROOT_ENV = "FLEET_TRIO_SIM_GPU_ROOT"
 """Set in every worker's environment: the folder holding one fake GPU folder per device,
@@ -59,14 +62,10 @@ NODE_STOP_BOUND = (
 """docs/node.md "Stopping": drain + 5 s interrupt budget + kill grace + 3 s slack + 1.5 s for
 the live tails' end + the poll linger."""
 
-WORKER_DRAIN = 45.0
-WORKER_KILL_GRACE = 10.0
-WORKER_RELEASE_DRAIN = 20.0
-WORKER_STOP_BOUND = (
-    WORKER_DRAIN + (WORKER_KILL_GRACE + 5.0) + WORKER_KILL_GRACE + SHUTDOWN_SLACK
-) + WORKER_RELEASE_DRAIN
-"""docs/worker.md "Running it" and the task tree: the 45 s drain, the interrupt budget
-(kill grace + 5 s), the kill grace, the tree's slack, then 20 s of release hooks."""
+WORKER_STOP_BOUND = worker_shutdown_bound(WorkerTimings())
+"""docs/worker.md "Stopping": the 45 s drain, the interrupt budget (kill grace + 5 s), the
+kill grace, the tree's slack, the tails' end (1.5 s) and the release drain (20 s, plus a cut
+hook's grace)."""
 
 
 @attrs.frozen
@@ -129,7 +128,12 @@ class ManagedProcess:
         shutdowns: list[ShutdownRecord],
     ) -> None:
         self.name = name
-        self.argv = list(argv)
+        self.role_argv = list(argv)
+        """The ``fleet-trio`` command line (after the launcher's ``--``)."""
+        self.defects: list[str] = []
+        """Test-only defects the next start injects (``skip-interrupted``, ``skip-sweep``)."""
+        self.launcher_args: list[str] = []
+        """More options for the sim's role launcher (e.g. ``--worker-drain 2``)."""
         self.env = dict(env)
         self.nursery = nursery
         self.events = events
@@ -138,6 +142,19 @@ class ManagedProcess:
         self.output = bytearray()
         self.starts = 0
         self._seen: trio.Event = trio.Event()
+
+    @property
+    def argv(self) -> list[str]:
+        defects = [arg for d in self.defects for arg in ("--defect", d)]
+        return [
+            sys.executable,
+            "-m",
+            ROLE_LAUNCHER,
+            *defects,
+            *self.launcher_args,
+            "--",
+            *self.role_argv,
+        ]
 
     @property
     def running(self) -> bool:
@@ -254,9 +271,6 @@ class NodeProcess(ManagedProcess):
         journal: str | None = None,
     ) -> None:
         argv = [
-            sys.executable,
-            "-m",
-            "fleet_trio",
             "node",
             "-c",
             config,
@@ -299,7 +313,7 @@ class WorkerProcess(ManagedProcess):
         events: list[ProcessEvent],
         shutdowns: list[ShutdownRecord],
     ) -> None:
-        argv = [sys.executable, "-m", "fleet_trio", "worker", "-c", config]
+        argv = ["worker", "-c", config]
         super().__init__(name, argv, env=env, nursery=nursery, events=events, shutdowns=shutdowns)
         self.host = host
         self.devices = list(devices)
@@ -404,7 +418,8 @@ async def open_fleet(
     workers: int = 2,
     devices: int = 2,
     verify_scripts: Mapping[str, str] | None = None,
-    test_break: str = "",
+    defects: Sequence[str] = (),
+    worker_launcher_args: Sequence[str] = (),
     env: Mapping[str, str] | None = None,
     controller: SimController | None = None,
     on_ready: Callable[[Fleet], Awaitable[None]] | None = None,
@@ -413,8 +428,9 @@ async def open_fleet(
 
     ``node_yaml`` is written as every node's config (``$FLEET_TRIO_SIM_NODE_DIR`` in a task's
     command is that node's own folder). ``verify_scripts`` (name → text) become every
-    worker's ``verify_dir``. ``test_break`` is passed as ``FLEET_TRIO_TEST_BREAK`` to every
-    node and worker (test-only defects). On exit every process is stopped gracefully (its
+    worker's ``verify_dir``. ``defects`` (test-only, ``fleet_trio.sim.roles``) are injected
+    into every node and worker they apply to; ``worker_launcher_args`` go to every worker's
+    launcher (e.g. shorter shutdown timings). On exit every process is stopped gracefully (its
     shutdown recorded), the dispatcher, links and controller are cancelled.
     """
     ctrl = controller or SimController(
@@ -426,10 +442,7 @@ async def open_fleet(
         kill_redelivery=1.0,
     )
     base_env = dict(os.environ)
-    base_env.pop(TEST_BREAK_ENV, None)
     base_env.update(env or {})
-    if test_break:
-        base_env[TEST_BREAK_ENV] = test_break
     gpu_root = os.path.join(root, "gpu")
     base_env[GPU_ROOT_ENV] = gpu_root
     files: list[FileSpec] = [(gpu_root, "", 0)]
@@ -530,6 +543,13 @@ async def open_fleet(
             shutdowns=shutdowns,
             gpu_dirs=gpu_dirs,
         )
+        from fleet_trio.sim.roles import NODE_DEFECTS, WORKER_DEFECTS
+
+        for n in node_procs:
+            n.defects = [d for d in defects if d in NODE_DEFECTS]
+        for w in worker_procs:
+            w.defects = [d for d in defects if d in WORKER_DEFECTS]
+            w.launcher_args = list(worker_launcher_args)
         await trio.to_thread.run_sync(_write_files, files)
         try:
             async with trio.open_nursery() as starting:
@@ -550,7 +570,7 @@ async def open_fleet(
 __all__ = [
     "GPU_ROOT_ENV",
     "NODE_STOP_BOUND",
-    "TEST_BREAK_ENV",
+    "ROLE_LAUNCHER",
     "WORKER_STOP_BOUND",
     "Fleet",
     "ManagedProcess",

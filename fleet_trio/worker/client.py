@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import random
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -418,6 +419,10 @@ class ControllerClient:
         self.tracker = tracker if tracker is not None else ContactTracker()
         self.timings = timings if timings is not None else Timings()
         self.converter = make_converter()
+        self.attempt_deadline = math.inf
+        """``trio.current_time()`` past which no report or chunk attempt runs (the worker
+        sets it to its shutdown's hurry deadline, :meth:`cut_attempts_at`)."""
+        self._attempts: set[trio.CancelScope] = set()
         self._http = httpx.AsyncClient(
             transport=transport,
             timeout=httpx.Timeout(self.timings.request_timeout),
@@ -470,16 +475,34 @@ class ControllerClient:
         self, method: str, path: str, content: bytes | None, limit: float
     ) -> int | None:
         """One bounded, shielded attempt (a shutdown cannot cut it in half, so a retry never
-        duplicates a chunk the controller already took). ``None`` = no answer."""
+        duplicates a chunk the controller already took). ``None`` = no answer.
+
+        No attempt runs past :attr:`attempt_deadline` (a shutdown's hurry deadline): the
+        shield holds off the tree's cancel, not that deadline."""
+        remaining = self.attempt_deadline - trio.current_time()
+        if remaining <= 0:
+            await trio.lowlevel.checkpoint()
+            return None
+        limit = min(limit, max(remaining - 1.0, remaining / 2))
         with trio.CancelScope(shield=True):
-            with trio.move_on_after(limit + 1.0):
+            with trio.move_on_after(min(limit + 1.0, remaining)) as attempt:
+                self._attempts.add(attempt)
                 try:
                     response = await self.request(method, path, content=content, http_timeout=limit)
                 except ControllerError as exc:
                     log.debug("%s", exc)
                     return None
+                finally:
+                    self._attempts.discard(attempt)
                 return response.status_code
         return None
+
+    def cut_attempts_at(self, deadline: float) -> None:
+        """From now on, and for the attempts in flight, no report or chunk attempt runs past
+        ``deadline`` (``trio.current_time()``): a shutdown's hurry deadline."""
+        self.attempt_deadline = min(self.attempt_deadline, deadline)
+        for attempt in self._attempts:
+            attempt.deadline = min(attempt.deadline, deadline)
 
     # -- E1 / E2 / E3 / E4 -------------------------------------------------------------------
     async def register(self, registration: Registration) -> str:

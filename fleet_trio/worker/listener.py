@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING
 
 import trio
 from hypercorn.config import Config as HypercornConfig
-from hypercorn.trio import serve as hypercorn_serve
 from quart import Response, request, websocket
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
@@ -33,6 +32,7 @@ from fleet_trio.errors import FleetTrioError
 from fleet_trio.logbus.bus import LogBus
 from fleet_trio.logbus.ui import mount_ui, stream_tail
 from fleet_trio.node.wire import MSG_UNAUTHORIZED, error_body
+from fleet_trio.nursery.httpserve import serve_http_bounded
 
 if TYPE_CHECKING:
     from fleet_trio.metrics import WorkerMetrics
@@ -134,6 +134,9 @@ async def serve_tail_listener(
     listener without propagating (the worker keeps running its jobs). The Host rule of
     ``fleet_trio.edge`` applies when ``listen`` is a loopback address; ``allow_origins`` are
     the browser origins served besides the listener's own (docs/security.md).
+
+    Cancellation: ends the listener at once; a write still pending to a tail client (one that
+    stopped reading) is cut and the client dropped, so no client can hold the worker's stop.
     """
     try:
         edge = EdgePolicy.build(loopback=listen_is_loopback(listen), allow_origins=allow_origins)
@@ -146,7 +149,9 @@ async def serve_tail_listener(
     try:
         async with trio.open_nursery() as nursery:
             try:
-                urls: list[str] = await nursery.start(functools.partial(hypercorn_serve, app, hc))
+                urls: list[str] = await nursery.start(
+                    functools.partial(serve_http_bounded, app, hc)
+                )
             except Exception as exc:
                 problem = exc
             else:

@@ -2,30 +2,37 @@
 
 ::
 
-    task tree
-    ├─ services   the release-linger timers (``HostHooks.serve``)
+    task tree  (opened first; serves SIGTERM/SIGINT from its opening to its close)
+    ├─ services   shutdown-signals, controller-client, tail-listener, release-timers
     ├─ role       heartbeat loop, labels push loop (a probe pass each), poll loop
     └─ jobs       one task per assignment: acquire hook → running → run (logs mode, or a
-                  PTY / pipes through the relay) → final log flush → verify → terminal
+                  PTY / pipes through the relay) → log upload catch-up → verify → terminal
                   report → release linger
+    on_jobs_closed: the tails' end, then the release drain (§4.7)
 
-Startup (§4.1): register (first probe pass, sheets, boot id, recovery proof), heartbeat and
-labels loops, the startup release pass, then the first poll.
+Startup (§4.1), in the tree's body (a shutdown request cancels it): register (first probe
+pass, sheets, boot id, recovery proof), heartbeat and labels loops, the startup release pass,
+then the first poll.
 
 Shutdown (§4.3): stop polling, set every job's stop token (SIGTERM → 10 s → SIGKILL through
 ``fleet_trio.proc``), drain up to 45 s while the final flushes and terminal reports go out
-(heartbeats keep naming the jobs during the drain, §17.9), then cancel. Reports run in a
-shielded scope that is only hurried (bounded) once the drain is over. Last, pending
-releases fire at once (worker-process.md §4.7, 20 s for all devices).
+(heartbeats keep naming the jobs during the drain, §17.9). Once the drain is over, every log
+catch-up and report still in flight shares one deadline (``hurry_budget``, 10 s), report
+attempts in flight included, then the jobs are cancelled. The live tails get their ``end``,
+pending releases fire at once (worker-process.md §4.7, 20 s for all devices), the services
+close. The whole stop is bounded by :func:`shutdown_bound` (110.5 s with the defaults).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import math
 import os
 import random
+import signal
+from collections.abc import Iterator, Sequence
 from typing import Any, Protocol
 
 import attrs
@@ -38,6 +45,7 @@ from fleet_trio.logs import job_context
 from fleet_trio.memory import MemoryBudget
 from fleet_trio.metrics import WorkerMetrics
 from fleet_trio.nursery import TaskTree, TaskTreeClosed, open_task_tree
+from fleet_trio.nursery.tree import SHUTDOWN_SLACK
 from fleet_trio.proc.recovery import gather_recovery_proof
 from fleet_trio.proc.sinks import Sink
 from fleet_trio.worker.client import (
@@ -53,7 +61,7 @@ from fleet_trio.worker.client import (
     Timings,
 )
 from fleet_trio.worker.config import WorkerConfig, check_tail_listen, cuda_device_index
-from fleet_trio.worker.hooks import HostHooks
+from fleet_trio.worker.hooks import DRAIN_BUDGET, HOOK_GRACE, HostHooks
 from fleet_trio.worker.listener import TailListenError, serve_tail_listener
 from fleet_trio.worker.logfeed import FINISH_BOUND, LogFeed
 from fleet_trio.worker.probes import Prober
@@ -179,7 +187,9 @@ def truncate_sheet(data: bytes) -> str:
 
 
 async def read_sheets(cfg: WorkerConfig) -> tuple[str | None, dict[str, str]]:
-    """``host.md`` (missing ⇒ ``""``, unreadable ⇒ ``None``) and ``host.d/<dev>.md``."""
+    """``host.md`` (missing ⇒ ``""``, unreadable ⇒ ``None``) and ``host.d/<dev>.md``.
+
+    Cancellation: safe at any point (file reads in worker threads)."""
 
     async def one(path: trio.Path) -> str | None:
         try:
@@ -290,12 +300,8 @@ class Worker:
         bus: LogBus | None = None,
         tail_trusted_network: bool = False,
         metrics: WorkerMetrics | None = None,
-        test_break: frozenset[str] = frozenset(),
     ) -> None:
         self.config = config
-        self.test_break = test_break
-        """TEST-ONLY deliberate defects (``FLEET_TRIO_TEST_BREAK``, docs/chaos.md):
-        ``skip-sweep`` skips the RC_JOB_ID sweep. Never set in production."""
         self.bus = bus if bus is not None else LogBus(budget=MemoryBudget(config.memory_budget))
         """Every job's output (the tail listener's source, docs/tail.md)."""
         self.tail_trusted_network = tail_trusted_network
@@ -324,6 +330,12 @@ class Worker:
         self.jobs: dict[str, _Job] = {}
         self.started: set[str] = set()
         self._hurry = False
+        self._hurry_deadline = math.inf
+        """Once the drain is over: when every final flush and report must be done."""
+        self._finish_scopes: set[trio.CancelScope] = set()
+        """Every final flush / terminal report scope in progress (shielded; bounded once the
+        drain is over, cut by a request after it)."""
+        self._early_shutdown: str | None = None
         self._tree: TaskTree | None = None
         self._client: ControllerClient | None = None
         self._register_lock = trio.Lock()
@@ -354,8 +366,12 @@ class Worker:
         return sorted(self.jobs)
 
     def request_shutdown(self, reason: str = "shutdown requested") -> None:
+        """Ask the running worker to shut down; before :func:`serve_worker` has opened its
+        tree, the request is kept and the tree shuts down as soon as it opens."""
         if self._tree is not None:
             self._tree.request_shutdown(reason)
+        elif self._early_shutdown is None:
+            self._early_shutdown = reason
 
     # -- registration ----------------------------------------------------------------------------
     async def build_registration(self, *, with_proof: bool = True) -> Registration:
@@ -363,6 +379,9 @@ class Worker:
         fresh probe pass (§6.7), sheets.
 
         ``with_proof=False`` (the E2 labels push, which sends no proof) skips the /proc walk.
+
+        Cancellation: safe at any point; the probe pass's processes are stopped by their
+        supervisor.
         """
         cfg = self.config
         recovery = proc.RecoveryProof()
@@ -387,7 +406,9 @@ class Worker:
         )
 
     async def register(self) -> None:
-        """One registration; raises :class:`ControllerError` on failure."""
+        """One registration; raises :class:`ControllerError` on failure.
+
+        Cancellation: the request in flight is abandoned; nothing is recorded."""
         async with self._register_lock:
             registration = await self.build_registration()
             self.worker_id = await self.client.register(registration)
@@ -395,7 +416,10 @@ class Worker:
             log.info("registered with %s as worker %s", self.config.controller_url, self.worker_id)
 
     async def register_at_startup(self) -> None:
-        """§4.1 step 2, retried with capped exponential backoff (§17.1 decision)."""
+        """§4.1 step 2, retried with capped exponential backoff (§17.1 decision).
+
+        Cancellation: :func:`serve_worker` runs it in the tree's body, which the first
+        shutdown request cancels: a controller that never answers cannot hold a stop."""
         backoff = self.timings.register_backoff
         attempt = 0
         while True:
@@ -414,7 +438,9 @@ class Worker:
                 await trio.sleep(delay)
 
     async def maybe_reregister(self) -> None:
-        """§5.4: after an idle poll, re-register if owed, due and nothing is supervised."""
+        """§5.4: after an idle poll, re-register if owed, due and nothing is supervised.
+
+        Cancellation: as :meth:`register`."""
         now = trio.current_time()
         if not self.tracker.due(now, busy=bool(self.jobs)):
             return
@@ -433,6 +459,10 @@ class Worker:
     async def heartbeat_loop(
         self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
     ) -> None:
+        """E3 every ``heartbeat_interval``, naming the supervised jobs (§6.1), until cancelled.
+
+        Cancellation: in the role scope, cancelled after the jobs (heartbeats keep naming
+        them during the drain, §17.9); a heartbeat in flight is abandoned."""
         task_status.started()
         while True:
             await trio.sleep(self.heartbeat_interval)
@@ -441,6 +471,10 @@ class Worker:
     async def labels_loop(
         self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
     ) -> None:
+        """E2 after each probe pass, every ``probe_interval``, until cancelled.
+
+        Cancellation: a probe pass in progress is cancelled (its processes are stopped by
+        their supervisor); a push in flight is abandoned."""
         task_status.started()
         while True:
             await trio.sleep(self.probe_interval)
@@ -451,6 +485,10 @@ class Worker:
     async def poll_loop(
         self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
     ) -> None:
+        """E4 long polls, kills first, then assignments (§3.4), until cancelled.
+
+        Cancellation: :func:`serve_worker` cancels it at step 1 of the shutdown (no new
+        assignment once stopping); a poll in flight is abandoned."""
         task_status.started()
         while True:
             try:
@@ -502,13 +540,33 @@ class Worker:
         with self._finish_scope(None):
             await self.client.report_terminal(a.job_id, report)
 
-    def _finish_scope(self, job: _Job | None) -> trio.CancelScope:
-        scope = trio.CancelScope(shield=True)
-        if self._hurry:
-            scope.deadline = trio.current_time() + self.timings.hurry_budget
+    @contextlib.contextmanager
+    def _finish_scope(
+        self, job: _Job | None, what: str = "final report"
+    ) -> Iterator[trio.CancelScope]:
+        """A job's final flush and terminal report: shielded from the tree's cancel (the report
+        must go out), and bounded: once the drain is over every such scope, whatever job it
+        belongs to (a pre-killed one too), ends within ``hurry_budget``, and a shutdown request
+        after the drain cuts it at once (:meth:`TaskTree.cut_on_hurry`)."""
+        scope = trio.CancelScope(shield=True, deadline=self._hurry_deadline)
         if job is not None:
             job.finish_scope = scope
-        return scope
+        tree = self._tree
+        forget = tree.cut_on_hurry(scope) if tree is not None else None
+        self._finish_scopes.add(scope)
+        try:
+            with scope:
+                yield scope
+        finally:
+            self._finish_scopes.discard(scope)
+            if forget is not None:
+                forget()
+            if scope.cancelled_caught:
+                log.error(
+                    "job %s: %s cut short by the shutdown",
+                    job.assignment.job_id if job is not None else "(pre-killed)",
+                    what,
+                )
 
     def _context(self, a: Assignment) -> dict[str, str]:
         """The ``extra=`` of a job's log lines (docs/logging.md)."""
@@ -535,12 +593,16 @@ class Worker:
             grace_ceiling=self.timings.kill_grace,
             max_runtime=float(limit),
             idle_timeout=float(a.idle_timeout_seconds),
-            # TEST-ONLY defect "skip-sweep" (docs/chaos.md): no RC_JOB_ID sweep
-            sweep_job_id="" if a.is_hold or "skip-sweep" in self.test_break else a.job_id,
+            sweep_job_id="" if a.is_hold else a.job_id,
         )
 
     async def run_job(self, a: Assignment) -> None:
-        """§7.3, steps 2–11 (step 1, dedup and the supervised set, is done by the caller)."""
+        """§7.3, steps 2–11 (step 1, dedup and the supervised set, is done by the caller).
+
+        Cancellation: the job's process gets its supervisor's SIGTERM → grace → SIGKILL; the
+        log catch-up and the terminal report are shielded (they must go out) but bounded: once
+        the shutdown's drain is over they end by the hurry deadline, and a request after the
+        drain cuts them at once."""
         job = self.jobs[a.job_id]
         client = self.client
         joblog = self._open_log(a)
@@ -581,9 +643,7 @@ class Worker:
                         await nursery.start(feed.serve)
                     job.started_at = trio.current_time()
                     try:
-                        result = await self._execute(
-                            a, shipper, job.stop, joblog=joblog, feed=feed
-                        )
+                        result = await self._execute(a, shipper, job.stop, joblog=joblog, feed=feed)
                     except Exception as exc:
                         result = proc.Result(exit_code=-1, err=f"worker error: {exc}")
                         raise
@@ -591,7 +651,10 @@ class Worker:
                         job.process_done.set()
                         job.ended_at = trio.current_time()
                         if feed is not None and joblog is not None:
-                            with trio.move_on_after(FINISH_BOUND, shield=True):
+                            with self._finish_scope(job, "log upload catch-up") as scope:
+                                scope.deadline = min(
+                                    scope.deadline, trio.current_time() + FINISH_BOUND
+                                )
                                 await feed.finish(joblog.nbytes)
                             if not feed.finished:
                                 log.error("job %s: the log upload did not catch up", a.job_id)
@@ -697,12 +760,46 @@ class Worker:
         self._hurry = True
         log.warning("drain over: %d job(s) still finishing: %s", len(self.jobs), self.supervised())
         deadline = trio.current_time() + self.timings.hurry_budget
+        self._hurry_deadline = deadline  # scopes opened from now on share it
+        if self._client is not None:  # no report attempt outlives it, shielded or not
+            self._client.cut_attempts_at(deadline)
         for job in list(self.jobs.values()):
             job.stop.set()
-            if job.finish_scope is not None:
-                job.finish_scope.deadline = min(job.finish_scope.deadline, deadline)
+        for scope in list(self._finish_scopes):  # pre-killed jobs' reports included
+            scope.deadline = min(scope.deadline, deadline)
         for job in list(self.jobs.values()):
             await job.process_done.wait()
+
+    async def _jobs_closed(self) -> None:
+        """The tree's ``on_jobs_closed`` step: every job has ended; the live tails get
+        :data:`TAILS_END_BUDGET` to send their ``end``, then pending releases fire at once
+        (§4.7), in the tree, with the controller client and the signals still served.
+
+        Cancellation: bounded by the tree (``jobs_closed_budget``); a request after the drain
+        cuts it."""
+        with trio.move_on_after(TAILS_END_BUDGET):
+            await self.bus.wait_streams_done()
+        drain = getattr(self.hooks, "drain", None)
+        if drain is not None:
+            await drain()
+
+    async def _serve_client(
+        self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        """The controller client, a service of the tree: it outlives the jobs (their final
+        reports) and the release drain, and is closed (bounded, 2 s) when the services go.
+
+        Cancellation: closes the client and returns."""
+        async with ControllerClient(
+            self.config.controller_url,
+            self.config.token,
+            tracker=self.tracker,
+            timings=self.client_timings,
+            metrics=self.metrics,
+        ) as client:
+            self._client = client
+            task_status.started()
+            await trio.sleep_forever()
 
 
 async def _start_tail_listener(worker: Worker, tree: TaskTree) -> None:
@@ -731,62 +828,100 @@ async def _start_tail_listener(worker: Worker, tree: TaskTree) -> None:
     log.info("live log tail listening on %s", worker.tail_url)
 
 
+TAILS_END_BUDGET = 1.5
+"""Seconds the live tails get, once every job has ended, to send their ``end`` (as the node's
+:data:`~fleet_trio.nursery.tree.JOBS_CLOSED_BUDGET`)."""
+RELEASE_DRAIN_BOUND = DRAIN_BUDGET + HOOK_GRACE + 4.0
+"""The release drain's share of the shutdown (§4.7): its 20 s budget, the kill grace of a
+release hook the budget cuts, and a margin for the reap."""
+JOBS_CLOSED_BUDGET = TAILS_END_BUDGET + RELEASE_DRAIN_BOUND
+"""The task tree's ``on_jobs_closed`` step for the worker: the tails' end, then the release
+drain."""
+
+
+CLIENT_CLOSE_BOUND = 2.0
+"""Seconds the controller client may take to close when the services go (its own bound)."""
+
+
+def shutdown_bound(timings: WorkerTimings) -> float:
+    """Seconds from the first SIGTERM to the exit, at most (docs/worker.md "Stopping"):
+    drain + interrupt budget (kill grace + 5 s) + kill grace + the tree's slack + the tails'
+    end + the release drain + the controller client's close. Holds while ``hurry_budget``
+    is at most ``kill_grace`` + the tree's job teardown slack (the defaults: 10 ≤ 12)."""
+    return (
+        timings.shutdown_drain
+        + (timings.kill_grace + 5.0)
+        + timings.kill_grace
+        + SHUTDOWN_SLACK
+        + JOBS_CLOSED_BUDGET
+        + CLIENT_CLOSE_BOUND
+    )
+
+
 async def serve_worker(
     worker: Worker,
     *,
+    signals: Sequence[signal.Signals] = (),
     task_status: trio.TaskStatus[Worker] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Run ``worker`` until :meth:`Worker.request_shutdown` (or a cancel), per §4.1 / §4.3.
+    """Run ``worker`` until :meth:`Worker.request_shutdown`, one of ``signals``, or a cancel,
+    per §4.1 / §4.3.
 
     ``started`` (with the worker) once the startup registration succeeded and the loops run.
+    Everything runs in one task tree, opened first (with its signal handling): the controller
+    client and the tail listener (services), the heartbeat, labels and poll loops (role), the
+    jobs, and, once the jobs have ended, the tails' ``end`` and the release drain (§4.7).
+
+    Cancellation: a cancel, a signal or :meth:`Worker.request_shutdown` runs the tree's
+    shutdown: polling stops and every job's stop token is set at once; the drain waits up to
+    ``shutdown_drain`` for the jobs' final reports; then every report still in flight gets
+    ``hurry_budget`` (a request after the drain cuts it), the jobs are cancelled (their
+    processes get the kill grace), the tails get their ``end``, the releases fire, and the
+    services close. The whole of it is bounded by :func:`shutdown_bound`, whatever the
+    controller, a tail client or a job does.
     """
     t = worker.timings
     check_tail_listen(worker.config, worker.tail_trusted_network)
-    async with ControllerClient(
-        worker.config.controller_url,
-        worker.config.token,
-        tracker=worker.tracker,
-        timings=worker.client_timings,
-        metrics=worker.metrics,
-    ) as client:
-        worker._client = client
-        async with open_task_tree(
-            drain=t.shutdown_drain,
-            kill_grace=t.kill_grace,
-            on_stop_accepting=worker._stop_accepting,
-            on_interrupt=worker._interrupt,
-            interrupt_budget=t.kill_grace + 5.0,
-        ) as tree:
-            worker._tree = tree
-            with trio.CancelScope() as body:
-                tree.cancel_on_shutdown(body)
-                await worker.register_at_startup()
-                await tree.role.start(worker.heartbeat_loop, name="heartbeat")
-                if math.isfinite(worker.probe_interval) and worker.probe_interval > 0:
-                    await tree.role.start(worker.labels_loop, name="labels")
-                await _start_tail_listener(worker, tree)
-                timers = getattr(worker.hooks, "serve", None)
-                if timers is not None:
-                    await tree.services.start(timers, name="release-timers")
-                startup_pass = getattr(worker.hooks, "startup_pass", None)
-                if startup_pass is not None:
-                    await startup_pass()  # §4.1 step 5: before the first poll
-                poll_scope = trio.CancelScope()
-                tree.cancel_on_shutdown(poll_scope)
+    async with open_task_tree(
+        drain=t.shutdown_drain,
+        kill_grace=t.kill_grace,
+        on_stop_accepting=worker._stop_accepting,
+        on_interrupt=worker._interrupt,
+        interrupt_budget=t.kill_grace + 5.0,
+        on_jobs_closed=worker._jobs_closed,
+        jobs_closed_budget=JOBS_CLOSED_BUDGET,
+        signals=signals,
+    ) as tree:
+        worker._tree = tree
+        if worker._early_shutdown is not None:
+            tree.request_shutdown(worker._early_shutdown)
+        with trio.CancelScope() as body:
+            tree.cancel_on_shutdown(body)
+            await tree.services.start(worker._serve_client, name="controller-client")
+            await worker.register_at_startup()
+            await tree.role.start(worker.heartbeat_loop, name="heartbeat")
+            if math.isfinite(worker.probe_interval) and worker.probe_interval > 0:
+                await tree.role.start(worker.labels_loop, name="labels")
+            await _start_tail_listener(worker, tree)
+            timers = getattr(worker.hooks, "serve", None)
+            if timers is not None:
+                await tree.services.start(timers, name="release-timers")
+            startup_pass = getattr(worker.hooks, "startup_pass", None)
+            if startup_pass is not None:
+                await startup_pass()  # §4.1 step 5: before the first poll
+            poll_scope = trio.CancelScope()
+            tree.cancel_on_shutdown(poll_scope)
 
-                async def poll(
-                    *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
-                ) -> None:
-                    with poll_scope:
-                        await worker.poll_loop(task_status=task_status)
+            async def poll(
+                *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+            ) -> None:
+                with poll_scope:
+                    await worker.poll_loop(task_status=task_status)
 
-                await tree.role.start(poll, name="poll")
-                task_status.started(worker)
-                await tree.wait_shutdown()
-        worker._tree = None
-        drain = getattr(worker.hooks, "drain", None)
-        if drain is not None:
-            await drain()  # §4.7: pending releases fire now, after the jobs have ended
+            await tree.role.start(poll, name="poll")
+            task_status.started(worker)
+        await tree.wait_shutdown()
+    worker._tree = None
 
 
 __all__ = [
@@ -798,5 +933,6 @@ __all__ = [
     "effective_max_runtime",
     "job_environment",
     "serve_worker",
+    "shutdown_bound",
     "terminal_report",
 ]

@@ -1,5 +1,6 @@
 """The chaos checker's own tests: each promise on hand-made records, the schedule's
-determinism, and a deliberately broken build (FLEET_TRIO_TEST_BREAK) that must make it fail."""
+determinism, and a deliberately broken build (the sim's role launcher injects the defect) that
+must make it fail."""
 
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ from fleet_trio.sim.chaos import (
     run_schedule,
 )
 from fleet_trio.sim.dispatcher import LOST_404
-from fleet_trio.sim.fleet import TEST_BREAK_ENV, ProcessEvent, ShutdownRecord, open_fleet
+from fleet_trio.sim.fleet import ProcessEvent, ShutdownRecord, open_fleet
 
 # -- the schedule ------------------------------------------------------------------------------
 
@@ -262,7 +263,7 @@ async def test_broken_build_skip_interrupted_is_caught(tmp_path) -> None:
             assert job.error == "interrupted"
             node = fleet.node("node1")
             await node.stop()
-            node.env[TEST_BREAK_ENV] = "skip-interrupted"
+            node.defects = ["skip-interrupted"]
             await node.start()
             broken = await run_schedule(fleet, 2, schedule)
     assert not broken.ok
@@ -282,10 +283,15 @@ async def test_broken_build_skip_sweep_is_caught(tmp_path) -> None:
             assert good.ok, [str(v) for v in good.violations]
             worker = fleet.worker("worker1")
             await worker.stop()
-            worker.env[TEST_BREAK_ENV] = "skip-sweep"
+            worker.defects = ["skip-sweep"]
             await worker.start()
+            # the restarted worker's device must be ready again, or the job is never assigned
+            await fleet.ctrl.wait_for(
+                lambda: fleet.ctrl.device("chaos-w1:gpu0").state == "ready", timeout=20
+            )
             broken = await run_schedule(fleet, 2, schedule)
-    assert not broken.ok
+    assert not broken.ok, (broken.records, broken.notes)
+    assert broken.records.rc_jobs[0].assigned
     assert [v.promise for v in broken.violations] == ["sweep"], [str(v) for v in broken.violations]
     assert any("killed 1 leftover" in n for n in broken.notes)  # and it was cleaned up
 
@@ -308,8 +314,7 @@ def test_cli_fails_loudly_with_the_seed_to_reproduce(monkeypatch, capsys) -> Non
     name the broken promise and say how to reproduce it."""
     from fleet_trio.cli import main
 
-    monkeypatch.setenv(TEST_BREAK_ENV, "skip-sweep")
-    assert main(["sim", "chaos", "--seed", "3", "--quiet"]) == 1
+    assert main(["sim", "chaos", "--seed", "3", "--quiet", "--defect", "skip-sweep"]) == 1
     out = capsys.readouterr().out
     assert "schedule of seed 3:" in out and "escape" in out
     assert "[sweep]" in out

@@ -1,0 +1,186 @@
+"""Hypercorn inside the task tree, with write deadlines: no client can stall a shutdown.
+
+Hypercorn writes every byte to a client inside a *shielded* cancel scope without a deadline
+(``TCPServer.protocol_send``), so a client that stops reading — a ``fleet-trio tail`` piped
+into a reader that sleeps, a half-open connection — blocks that write for ever, and with it the
+connection's task, the server's nursery, the scope of the task tree that holds the server, and
+the whole process's shutdown.
+
+:func:`serve_http_bounded` serves an ASGI app as ``hypercorn.trio.serve`` does (plain TCP, the
+app's lifespan), with one difference, in :class:`BoundedConnection`:
+
+- every write to a client has a **write deadline** (``write_timeout``, 30 s by default: §2.1's
+  write timeout). A client that has not taken the bytes by then is **dropped**: its socket is
+  closed, the app sees the disconnect (a websocket handler is cancelled);
+- when the server is cancelled (the tree's shutdown cancels its scope), every write still in
+  progress and every later one is cut at once: the server's tasks end without waiting for any
+  client. Whatever had to reach clients before the end (a tail's ``end`` frame) was sent in the
+  shutdown step before the cancel (the tree's ``on_jobs_closed``), under that step's budget.
+
+The bound this gives: a server scope closes within a scheduler pass or two of its cancel,
+whatever its clients do. Tested with a real client that never reads
+(``tests/nursery/test_stalled_tail_shutdown.py``).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+from typing import Any
+
+import trio
+from hypercorn.config import Config as HypercornConfig
+from hypercorn.events import Closed, Event, RawData
+from hypercorn.trio.lifespan import Lifespan
+from hypercorn.trio.tcp_server import TCPServer
+from hypercorn.trio.worker_context import WorkerContext
+from hypercorn.typing import AppWrapper, ConnectionState, LifespanState
+from hypercorn.utils import repr_socket_addr, wrap_app
+
+log = logging.getLogger(__name__)
+
+WRITE_TIMEOUT = 30.0
+"""Seconds one write to a client may take before the client is dropped (§2.1 write: 30 s)."""
+
+
+class Connections:
+    """The live connections of one server and their write deadlines (no I/O)."""
+
+    def __init__(self, write_timeout: float) -> None:
+        if not (math.isfinite(write_timeout) and write_timeout > 0):
+            raise ValueError(f"write_timeout must be a finite number > 0, got {write_timeout!r}")
+        self.write_timeout = write_timeout
+        self.drop_at = math.inf
+        """``trio.current_time()`` from which every write is cut (set by :meth:`drop_all`)."""
+        self.live: set[BoundedConnection] = set()
+        self.dropped = 0
+        """Clients dropped for a write that overran its deadline (or the drop)."""
+
+    def write_deadline(self) -> float:
+        return min(trio.current_time() + self.write_timeout, self.drop_at)
+
+    def drop_all(self) -> None:
+        """Cut every write in progress now, and every later one (the server is going)."""
+        self.drop_at = trio.current_time()
+        for conn in list(self.live):
+            scope = conn.send_scope
+            if scope is not None:
+                scope.deadline = min(scope.deadline, self.drop_at)
+
+
+class BoundedConnection(TCPServer):
+    """Hypercorn's connection with a deadline on each write (see the module docstring)."""
+
+    def __init__(
+        self,
+        app: AppWrapper,
+        config: HypercornConfig,
+        context: WorkerContext,
+        state: LifespanState,
+        stream: Any,
+        *,
+        connections: Connections,
+    ) -> None:
+        super().__init__(app, config, context, state, stream)
+        self.connections = connections
+        self.send_scope: trio.CancelScope | None = None
+
+    async def run(self) -> None:
+        """Serve this connection until the client goes or the server is cancelled.
+
+        Cancellation: ends the connection; a write in progress is cut (see
+        :meth:`protocol_send`)."""
+        self.connections.live.add(self)
+        try:
+            await super().run()
+        finally:
+            self.connections.live.discard(self)
+
+    async def protocol_send(self, event: Event) -> None:
+        """Write ``event`` to the client, under the write deadline.
+
+        Cancellation: a write is shielded (a frame is never cut by an outside cancel and
+        then continued) but never outlives its deadline, which the server's cancel moves to
+        now: the client is then dropped."""
+        if not isinstance(event, RawData):
+            await super().protocol_send(event)
+            return
+        async with self.send_lock:
+            broken = False
+            # Shielded as hypercorn's own (a cancel must not cut a frame in half and go on),
+            # but with a deadline: past it the frame is cut and the client dropped.
+            with trio.CancelScope(shield=True, deadline=self.connections.write_deadline()) as sc:
+                self.send_scope = sc
+                try:
+                    await self.stream.send_all(event.data)
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    broken = True
+                finally:
+                    self.send_scope = None
+            if sc.cancelled_caught:
+                broken = True
+                self.connections.dropped += 1
+                log.warning("dropped a client that did not take its data in time")
+                with trio.CancelScope(shield=True):
+                    await self.stream.aclose()
+        if broken:
+            await self.protocol.handle(Closed())
+
+
+async def _drop_on_cancel(connections: Connections) -> None:
+    """Sleeps in the connections' nursery; its cancel (the server's) cuts every write."""
+    try:
+        await trio.sleep_forever()
+    finally:
+        connections.drop_all()
+
+
+async def serve_http_bounded(
+    app: Any,
+    config: HypercornConfig,
+    *,
+    write_timeout: float = WRITE_TIMEOUT,
+    connections: Connections | None = None,
+    task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve the ASGI ``app`` on ``config.bind`` (plain TCP) until cancelled.
+
+    ``started`` with the bound URLs (``http://HOST:PORT``). A bind failure raises ``OSError``
+    before ``started``. TLS and QUIC are not served (``config`` must not ask for them).
+
+    Cancellation: the cancel ends the server at once: the listeners close, every connection
+    task is cancelled, and every write in progress to a client is cut (its client dropped)
+    instead of waiting for the client. Nothing here waits on a peer once cancelled.
+    """
+    if config.ssl_enabled or config.quic_bind:
+        raise ValueError("serve_http_bounded serves plain TCP only")
+    conns = connections if connections is not None else Connections(write_timeout)
+    asgi = wrap_app(app, config.wsgi_max_body_size, None)
+    lifespan_state: LifespanState = {}
+    lifespan = Lifespan(asgi, config, lifespan_state)
+    context = WorkerContext(None)
+    async with trio.open_nursery() as lifespan_nursery:
+        await lifespan_nursery.start(lifespan.handle_lifespan)
+        await lifespan.wait_for_startup()
+        sockets = config.create_sockets()
+        listeners = []
+        binds = []
+        for sock in sockets.insecure_sockets:
+            sock.listen(config.backlog)
+            listeners.append(trio.SocketListener(trio.socket.from_stdlib_socket(sock)))
+            binds.append(f"http://{repr_socket_addr(sock.family, sock.getsockname())}")
+        state = ConnectionState(lifespan_state.copy())
+
+        async def handle(stream: Any) -> None:
+            await BoundedConnection(asgi, config, context, state, stream, connections=conns).run()
+
+        async with trio.open_nursery() as server_nursery:
+            server_nursery.start_soon(_drop_on_cancel, conns, name="http write deadlines")
+            task_status.started(binds)
+            await trio.serve_listeners(
+                functools.partial(handle), listeners, handler_nursery=server_nursery
+            )
+
+
+__all__ = ["WRITE_TIMEOUT", "BoundedConnection", "Connections", "serve_http_bounded"]

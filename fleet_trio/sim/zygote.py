@@ -1,0 +1,215 @@
+"""A fork server for the sim's short-lived role processes (the shutdown-bound scenario).
+
+Starting a node or a worker costs about a second of CPU, nearly all of it imports. The zygote
+(``python -m fleet_trio.sim.zygote``) imports the role code once, then forks one child per
+request: each child is a real, separate process (own pid, own session, real signals, real
+exit), running the sim's role launcher (:func:`fleet_trio.sim.roles.main`) with the given
+arguments, the same code a fresh ``python -m fleet_trio.sim.roles`` runs.
+
+Protocol, one JSON object per line: requests on the zygote's stdin
+``{"id": N, "argv": [...], "log": PATH}``; answers on its stdout ``{"id": N, "pid": PID}``
+(or ``{"id": N, "error": TEXT}``) and, when a child ends, ``{"exit": PID, "code": CODE}``
+(the code as :func:`os.waitstatus_to_exitcode` gives it). The zygote exits when its stdin
+closes. It is not threaded and runs no event loop, so forking it is safe.
+
+:class:`Zygote` is the trio side; :class:`ForkedProcess` quacks like the parts of
+``trio.Process`` the scenario uses (``pid``, ``returncode``, ``wait``, ``send_signal``,
+``kill``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import traceback
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import trio
+
+
+def _child(argv: list[str], log_path: str) -> None:
+    """In the forked child: a new session, stdio redirected, the role launcher. Never
+    returns."""
+    code = 1
+    try:
+        os.setsid()
+        null = os.open(os.devnull, os.O_RDWR)
+        log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.dup2(null, 0)
+        os.dup2(null, 1)
+        os.dup2(log, 2)
+        os.close(null)
+        os.close(log)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        from fleet_trio.sim.roles import main
+
+        code = main(argv)
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        try:
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+
+
+def serve() -> int:
+    """The zygote's loop (blocking): fork on request, report every child's exit."""
+    import fleet_trio.cli
+    import fleet_trio.node.server
+    import fleet_trio.sim.roles
+    import fleet_trio.worker.worker  # noqa: F401
+
+    children: set[int] = set()
+    buf = b""
+    stdin = sys.stdin.fileno()
+
+    def say(obj: dict[str, Any]) -> None:
+        sys.stdout.write(json.dumps(obj) + "\n")
+        sys.stdout.flush()
+
+    while True:
+        for pid in list(children):
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                children.discard(pid)
+                say({"exit": pid, "code": os.waitstatus_to_exitcode(status)})
+        ready, _, _ = select.select([stdin], [], [], 0.02)
+        if not ready:
+            continue
+        chunk = os.read(stdin, 65536)
+        if not chunk:
+            return 0
+        buf += chunk
+        while b"\n" in buf:
+            line, buf = buf.split(b"\n", 1)
+            req = json.loads(line)
+            try:
+                pid = os.fork()
+            except OSError as exc:
+                say({"id": req["id"], "error": str(exc)})
+                continue
+            if pid == 0:
+                _child(list(req["argv"]), str(req["log"]))
+            children.add(pid)
+            say({"id": req["id"], "pid": pid})
+
+
+class ForkedProcess:
+    """A child of the zygote, seen from the scenario."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+        self._exited = trio.Event()
+
+    def _exit(self, code: int) -> None:
+        self.returncode = code
+        self._exited.set()
+
+    async def wait(self) -> int:
+        await self._exited.wait()
+        assert self.returncode is not None
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, sig)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+class Zygote:
+    def __init__(self, proc: trio.Process) -> None:
+        self._proc = proc
+        self._next = 0
+        self._pending: dict[int, tuple[trio.Event, list[Any]]] = {}
+        self._children: dict[int, ForkedProcess] = {}
+        self._early: dict[int, int] = {}
+        self._lock = trio.Lock()
+
+    async def _read(self) -> None:
+        assert self._proc.stdout is not None
+        buf = b""
+        async for chunk in self._proc.stdout:
+            buf += chunk
+            while b"\n" in buf:
+                line, buf = buf.split(b"\n", 1)
+                msg = json.loads(line)
+                if "exit" in msg:
+                    child = self._children.get(msg["exit"])
+                    if child is None:
+                        self._early[msg["exit"]] = msg["code"]
+                    else:
+                        child._exit(msg["code"])
+                else:
+                    event, box = self._pending.pop(msg["id"])
+                    box.append(msg)
+                    event.set()
+
+    async def spawn(self, argv: list[str], log_path: str) -> ForkedProcess:
+        """Fork a child running ``python -m fleet_trio.sim.roles ARGV`` (stderr to
+        ``log_path``)."""
+        assert self._proc.stdin is not None
+        self._next += 1
+        ident = self._next
+        event: trio.Event = trio.Event()
+        box: list[Any] = []
+        self._pending[ident] = (event, box)
+        line = json.dumps({"id": ident, "argv": argv, "log": log_path}) + "\n"
+        async with self._lock:
+            await self._proc.stdin.send_all(line.encode())
+        await event.wait()
+        msg = box[0]
+        if "error" in msg:
+            raise OSError(f"the zygote could not fork: {msg['error']}")
+        child = ForkedProcess(int(msg["pid"]))
+        self._children[child.pid] = child
+        if child.pid in self._early:
+            child._exit(self._early.pop(child.pid))
+        return child
+
+
+@asynccontextmanager
+async def open_zygote() -> AsyncIterator[Zygote]:
+    """Start a zygote; closing its stdin on exit ends it."""
+    proc = await trio.lowlevel.open_process(
+        [sys.executable, "-m", "fleet_trio.sim.zygote"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )
+    zygote = Zygote(proc)
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(zygote._read)
+            try:
+                yield zygote
+            finally:
+                assert proc.stdin is not None
+                with trio.CancelScope(shield=True), trio.move_on_after(5):
+                    await proc.stdin.aclose()
+                    await proc.wait()
+                nursery.cancel_scope.cancel()
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            with trio.CancelScope(shield=True):
+                await proc.wait()
+
+
+__all__ = ["ForkedProcess", "Zygote", "open_zygote", "serve"]
+
+
+if __name__ == "__main__":
+    sys.exit(serve())

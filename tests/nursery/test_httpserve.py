@@ -1,0 +1,60 @@
+"""Write deadlines of the task tree's HTTP server (issue 13 item 2): a client that does not take
+its bytes is dropped, never waited on (plain hypercorn waits for it for ever). The server's
+cancel with a stalled client is shown on the real processes in test_stalled_tail_shutdown.py."""
+
+from __future__ import annotations
+
+import functools
+
+import trio
+from hypercorn.config import Config as HypercornConfig
+from quart import websocket
+from quart_trio import QuartTrio
+
+from fleet_trio.nursery.httpserve import Connections, serve_http_bounded
+from fleet_trio.sim.stall import open_stalled_tail, wait_server_blocked
+
+
+def _app(ended: trio.Event) -> QuartTrio:
+    app = QuartTrio(__name__)
+
+    @app.websocket("/flood")
+    async def flood() -> None:
+        await websocket.accept()
+        try:
+            while True:
+                await websocket.send("x" * 65536)
+                await trio.lowlevel.checkpoint()  # as a tail subscription does between frames
+        finally:
+            ended.set()
+
+    return app
+
+
+def _config() -> HypercornConfig:
+    hc = HypercornConfig()
+    hc.bind = ["127.0.0.1:0"]
+    hc.accesslog = None
+    hc.errorlog = None
+    return hc
+
+
+async def test_a_client_that_stops_reading_is_dropped_at_the_write_deadline() -> None:
+    ended = trio.Event()
+    conns = Connections(write_timeout=2.0)
+    with trio.fail_after(20):
+        async with trio.open_nursery() as nursery:
+            urls = await nursery.start(
+                functools.partial(serve_http_bounded, _app(ended), _config(), connections=conns)
+            )
+            port = int(urls[0].rsplit(":", 1)[1])
+            client = await trio.to_thread.run_sync(open_stalled_tail, "127.0.0.1", port, "/flood")
+            try:
+                await wait_server_blocked(client, port)
+                await ended.wait()  # the handler was cancelled: its client was dropped
+                assert conns.dropped == 1
+                while conns.live:  # and the connection's task ends
+                    await trio.sleep(0.05)
+            finally:
+                client.close()
+            nursery.cancel_scope.cancel()
