@@ -122,6 +122,10 @@ class NodeContext:
         # live log tail: the runner tees into this bus (a stand-in runner without one: no tee)
         if getattr(self.runner, "bus", False) is None:
             self.runner.bus = self.bus
+            hold = getattr(self.runner, "hold_log_ends", None)
+            listeners = getattr(self.store, "on_published", None)
+            if hold is not None and listeners is not None:  # a log ends once its poll agrees
+                listeners.append(hold())
         self.metrics.attach(self)  # metrics: read at scrape time; the runner counts job ends
         if getattr(self.runner, "metrics", False) is None:
             self.runner.metrics = self.metrics

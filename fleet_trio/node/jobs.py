@@ -392,6 +392,10 @@ class JobStore:
         self._read_limiter = trio.CapacityLimiter(2)
         self.executions_started = 0
         self.on_evict: list[Callable[[list[JobView]], None]] = []
+        self.on_published: list[Callable[[str], None]] = []
+        """Called with each job id once its terminal state is visible to polls (the live log
+        tail ends a job's log only then, so a client that polls after the tail's ``end`` never
+        reads ``running``)."""
         """Called with what each janitor sweep removed (memory accounting hooks)."""
 
     # -- queries -------------------------------------------------------------------------------
@@ -525,6 +529,7 @@ class JobStore:
             now = trio.current_time()
             for job_id in job_ids:
                 self.table.publish(job_id, outcome, now)
+            self._published(job_ids)
             return
         wall = time.time()
         files: dict[str, str | None] = {}
@@ -541,8 +546,17 @@ class JobStore:
             for job_id in job_ids:
                 data_file = files[job_id] if error is None else None
                 self.table.publish(job_id, outcome, now, data_file=data_file)
+            self._published(job_ids)
 
         await journal.submit(records, committed).wait()
+
+    def _published(self, job_ids: list[str]) -> None:
+        for listener in self.on_published:
+            for job_id in job_ids:
+                try:
+                    listener(job_id)
+                except Exception:
+                    log.exception("job %s: an on_published listener failed", job_id)
 
     # -- drain (the task tree's hooks) -----------------------------------------------------------
     def begin_drain(self) -> None:

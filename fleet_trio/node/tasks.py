@@ -23,6 +23,7 @@ group (``setsid``, daemons) by that ``FLEET_JOB_ID`` marker, as the worker does 
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -566,11 +567,45 @@ class TaskRunner:
         self.record_peak = record_peak
         self.metrics: NodeMetrics | None = None
         """Job starts, ends and durations (docs/metrics.md); ``None``: not counted."""
+        # live log tail: with a job store, a job's log ends only once its outcome is published
+        # (see hold_log_ends); None: at once, when the job's execution ends
+        self._held_ends: dict[str, Callable[[], None]] | None = None
+        self._running: set[str] = set()
+        self._published: set[str] = set()
+
+    def hold_log_ends(self) -> Callable[[str], None]:
+        """From now on a job's live log ends only once its outcome is visible to polls.
+
+        Returns the listener to add to ``JobStore.on_published``. Without it the log would end
+        when the execution returns, a moment before the store publishes the outcome (after the
+        journal's commit), and a client that polls right after the tail's ``end`` could read
+        ``running``."""
+        self._held_ends = {}
+        return self._outcome_published
+
+    def _outcome_published(self, job_id: str) -> None:
+        if self._held_ends is None:
+            return
+        end = self._held_ends.pop(job_id, None)
+        if end is not None:
+            end()
+        elif job_id in self._running:  # published first (a drain's mark): end when it ends
+            self._published.add(job_id)
+
+    def _end_log(self, job_id: str, end: Callable[[], None]) -> None:
+        self._running.discard(job_id)
+        if self._held_ends is None or job_id in self._published:
+            self._published.discard(job_id)
+            end()
+        else:
+            self._held_ends[job_id] = end
 
     async def execute(self, job: PreparedJob) -> Outcome:
         context = job_context(job_id=job.job_id, task=job.task.name)  # structured logs
         log.info("job %s: started (%s)", job.job_id, job.task.name, extra=context)
         tee = JobTee.open(self.bus, job)  # live log tail
+        if tee is not None and self._held_ends is not None:
+            self._running.add(job.job_id)
         started = trio.current_time()  # metrics
         if self.metrics is not None:
             self.metrics.job_started(job.task.name)
@@ -593,8 +628,8 @@ class TaskRunner:
                 await trio.to_thread.run_sync(
                     job.cleanup, abandon_on_cancel=True, limiter=self.cleanup_limiter
                 )
-            if tee is not None:  # live log tail
-                tee.finish(outcome, failure)
+            if tee is not None:  # live log tail (ended once the outcome is published)
+                self._end_log(job.job_id, functools.partial(tee.finish, outcome, failure))
             if self.metrics is not None:
                 state = "done" if isinstance(outcome, Done) else "error"
                 self.metrics.job_finished(job.task.name, state, trio.current_time() - started)

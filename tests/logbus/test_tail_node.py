@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -139,6 +140,29 @@ async def test_tail_failed_job_and_raw_bytes(tmp_path: Path) -> None:
         assert "exit status 3" in end.reason
         assert (await h.poll("bad")).json()["error"] == end.reason
         assert split(events)["stderr"] == expected_stderr(2) + b"\xff\xfe raw\n"
+
+
+async def test_the_tail_ends_only_once_the_poll_agrees(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the job journal, an outcome is visible to polls only after its commit; the log's
+    ``end`` waits for it, so a client that polls right after the tail ended never reads
+    ``running`` (a slow disk: every commit takes 0.3 s)."""
+    from fleet_trio.node.journal import Journal
+
+    original = Journal.apply
+
+    def slow_apply(self: Journal, records: Any) -> None:
+        time.sleep(0.3)
+        original(self, records)
+
+    monkeypatch.setattr(Journal, "apply", slow_apply)
+    async with running_node(tmp_path, config(tmp_path)) as h:
+        await dispatch(h, "slow-disk", lines=1, exit=3)
+        events, code = await collect(ws_url(h, "slow-disk"))
+        assert code == CLOSE_NORMAL and isinstance(events[-1], End)
+        polled = (await h.poll("slow-disk")).json()
+        assert polled["state"] == "error" and polled["error"] == events[-1].reason
 
 
 async def test_tail_from_offset_and_stream_filter(tmp_path: Path) -> None:
