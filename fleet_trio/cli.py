@@ -250,7 +250,8 @@ def _add_node(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--token",
         metavar="TOKEN",
         default=None,
-        help="require 'Authorization: Bearer TOKEN' on the three routes (default: "
+        help="require 'Authorization: Bearer TOKEN' on the three routes, the tail and /metrics "
+        "(default: "
         "$FLEET_TRIO_TOKEN; unset = no auth, as CONTRACT v2)",
     )
     p.add_argument(

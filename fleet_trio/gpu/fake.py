@@ -369,6 +369,30 @@ def _hold(directory: str, pid: int, nbytes: int, seconds: float | None) -> int:
         remove_holding(directory, pid)
 
 
+def _positive_seconds(text: str) -> float:
+    value = _finite_float(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0 seconds, got {text}")
+    return value
+
+
+def _positive_gib(text: str) -> float:
+    value = _finite_float(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0 GiB, got {text}")
+    return value
+
+
+def _finite_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {text}")
+    return value
+
+
 def main(argv: Sequence[str] | None = None, prog: str = "python -m fleet_trio.gpu.fake") -> int:
     parser = argparse.ArgumentParser(prog=prog)
     sub = parser.add_subparsers(dest="verb", required=True)
@@ -378,7 +402,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m fleet_trio.gp
 
     hold = sub.add_parser("hold", help="hold SIZE until killed (or --for SECONDS)")
     hold.add_argument("size")
-    hold.add_argument("--for", dest="seconds", type=float, default=None)
+    hold.add_argument("--for", dest="seconds", type=_positive_seconds, default=None)
     who = hold.add_mutually_exclusive_group()
     who.add_argument("--pid", type=int, default=None)
     who.add_argument("--parent", action="store_true")
@@ -392,7 +416,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m fleet_trio.gp
     add_dir(free)
     init = sub.add_parser("init", help="create the directory and device.json")
     init.add_argument("--name", default=DEFAULT_NAME)
-    init.add_argument("--total-gib", type=float, default=DEFAULT_TOTAL_GIB)
+    init.add_argument("--total-gib", type=_positive_gib, default=DEFAULT_TOTAL_GIB)
     add_dir(init)
     fail = sub.add_parser("fail", help="make every snapshot fail")
     fail.add_argument("message", nargs="?", default="")

@@ -532,8 +532,9 @@ async def serve_node(
                 serve_http, app, hypercorn_config(listen), name="http"
             )
             devices = f" on {len(gpu.devices)} GPUs" if len(gpu.devices) > 1 else ""
+            bound = urls[0].partition("://")[2] if urls else listen  # port 0: the real port
             say(
-                f"node {node_id} serving on {listen} "
+                f"node {node_id} serving on {bound} "
                 f"(vram total {snap.total_gb:.1f} GiB{devices}; "
                 f"tasks: {', '.join(registry.supported)})"
             )

@@ -17,7 +17,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     """Register ``sim`` with its ``chaos`` subcommand."""
     sim = sub.add_parser(
         "sim",
-        help="the simulation harness: chaos schedules against a fleet on this box",
+        help="the simulation harness: a local rc controller to try the worker with "
+        "(controller, worker, submit, jobs, devices) and chaos schedules against a fleet",
         description="Simulation harness commands (see docs/chaos.md).",
     )
     simsub = sim.add_subparsers(dest="sim_command", metavar="COMMAND", title="commands")

@@ -63,6 +63,8 @@ def test_gpu_fake_alone_serves(tmp_path: Path) -> None:
     )
     assert lines[1].startswith("fleet-trio node: node ")  # not "fleet-trio node: fleet-trio node"
     assert "serving on 127.0.0.1:" in lines[1] and "vram total 80.0 GiB" in lines[1]
+    # --listen 127.0.0.1:0: the line names the port the node really bound
+    assert "serving on 127.0.0.1:0 " not in lines[1]
     assert json.loads((gpu_dir / "device.json").read_text())["total_gib"] == 80
 
 
@@ -87,3 +89,23 @@ def test_fake_gpu_helper_uses_the_state_directory(tmp_path: Path) -> None:
     )
     assert usage.returncode == 2
     assert "fleet-trio fake-gpu" in usage.stderr and "Traceback" not in usage.stderr
+
+
+def test_fake_gpu_helper_refuses_impossible_values(tmp_path: Path) -> None:
+    env = fresh_env(tmp_path)
+    for verb in (
+        ["init", "--total-gib", "-5"],
+        ["init", "--total-gib", "nan"],
+        ["hold", "2G", "--for", "-1"],
+    ):
+        proc = subprocess.run(
+            [*FLEET_TRIO, "fake-gpu", *verb, "--dir", str(tmp_path / "fg")],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+        assert proc.returncode == 2, (verb, proc.stderr)
+        assert "error: argument" in proc.stderr
+    assert not (tmp_path / "fg" / "device.json").exists()
