@@ -59,11 +59,18 @@ from fleet_trio.worker.worker import shutdown_bound
 
 NODE_DRAIN = 0.5
 NODE_KILL_GRACE = 1.0
+NODE_LINGER = 1.0
 NODE_BOUND = (
-    NODE_DRAIN + DEFAULT_INTERRUPT_BUDGET + NODE_KILL_GRACE + SHUTDOWN_SLACK + JOBS_CLOSED_BUDGET
+    NODE_DRAIN
+    + DEFAULT_INTERRUPT_BUDGET
+    + NODE_KILL_GRACE
+    + SHUTDOWN_SLACK
+    + JOBS_CLOSED_BUDGET
+    + NODE_LINGER
 )
-"""docs/node.md "Stopping" for this scenario's node (drain 500ms, kill grace 1s: a poller sees
-the interrupted mark at least that long before the exit, a second SIGTERM or not)."""
+"""docs/node.md "Stopping" for this scenario's node (drain 500ms, kill grace 1s, poll linger 1s:
+a poller sees the interrupted mark at least that long before the exit, a second SIGTERM or
+not)."""
 
 WORKER_DRAIN = 1.0
 WORKER_KILL_GRACE = 0.5
@@ -136,7 +143,8 @@ class StopPlan:
     before the SIGTERM (for ``silence_window`` seconds, or until the worker has exited)."""
     silence_window: float
     hung_gpu: bool
-    """Node: the fake GPU's queries hang from just before the SIGTERM."""
+    """Node: the fake GPU's queries hang from while the jobs run (their VRAM samples included)
+    through the SIGTERM."""
 
     def describe(self) -> str:
         parts = [
@@ -333,6 +341,7 @@ async def play_node(plan: StopPlan, root: str, spawn: Spawner = spawn_fresh) -> 
                 "timings": {
                     "drain_timeout": f"{int(NODE_DRAIN * 1000)}ms",
                     "kill_grace": f"{int(NODE_KILL_GRACE * 1000)}ms",
+                    "poll_linger": f"{int(NODE_LINGER * 1000)}ms",
                 }
             },
             "tasks": tasks,
@@ -403,9 +412,9 @@ async def play_node(plan: StopPlan, root: str, spawn: Spawner = spawn_fresh) -> 
                                 break
                             await trio.sleep(0.05)
                     stalled = await _stall(port, f"/fleet/jobs/{first}/tail", plan.stalled, notes)
-                await trio.sleep(plan.term_after)
-                if plan.hung_gpu:
+                if plan.hung_gpu:  # while the jobs run: their samples hang too (issue 13 item 6)
                     await trio.Path(gpu, HANG_FILE).write_text("")
+                await trio.sleep(plan.term_after)
                 if _exited(proc):
                     notes.append(f"the node had exited ({proc.returncode}) before the SIGTERM")
                 proc.send_signal(signal.SIGTERM)
