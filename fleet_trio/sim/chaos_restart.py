@@ -277,7 +277,7 @@ class RestartLineage:
             shutdowns=self.shutdowns,
         )
         if not journal:  # proves the checker: without the journal a restart forgets
-            self.node.argv.append("--no-journal")
+            self.node.role_argv.append("--no-journal")
         self.dispatcher = SimDispatcher(
             [self.node.url],
             health_interval=0.1,
