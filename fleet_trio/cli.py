@@ -906,6 +906,7 @@ def main(argv: list[str] | None = None) -> int:
     handler = getattr(args, "handler", None)
     if handler is None:
         parser.print_help(sys.stderr)
+        print(f"{PROG}: error: no command given (see the commands above)", file=sys.stderr)
         return EXIT_USAGE
     return run_handler(handler, args)
 

@@ -20,6 +20,7 @@ REPO = Path(__file__).resolve().parents[1]
 # (argv, exit code, text the error line contains); {tmp} is a fresh directory with the
 # files below, {port} a port nobody listens on.
 TABLE: list[tuple[list[str], int, str]] = [
+    ([], 2, "no command given"),
     (["no-such-command"], 2, "invalid choice: 'no-such-command'"),
     (["--log-level", "LOUD", "exec", "--", "true"], 2, "LOUD"),
     (["node", "--bogus-flag"], 2, "unrecognized arguments: --bogus-flag"),
