@@ -147,6 +147,7 @@ class Journal:
         corrupt file, another process holding it."""
         if self.path != ":memory:":
             self._check_path()
+            self._private_file()
         try:
             db = sqlite3.connect(
                 self.path, timeout=0, isolation_level=None, check_same_thread=False
@@ -187,13 +188,28 @@ class Journal:
             raise JournalError(f"journal {self.path}: {text}") from None
         if self.results_dir:
             try:
-                os.makedirs(self.results_dir, exist_ok=True)
+                os.makedirs(self.results_dir, mode=0o700, exist_ok=True)
+                os.chmod(self.results_dir, 0o700)
             except OSError as exc:
                 db.close()
                 raise JournalError(
                     f"journal {self.path}: cannot create {self.results_dir}: {exc.strerror}"
                 ) from None
         self._db = db
+
+    def _private_file(self) -> None:
+        """The journal holds every result: ``0600`` whatever the umask (SQLite gives its
+        ``-wal`` and ``-shm`` files the database file's mode)."""
+        try:
+            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o600)
+        except OSError as exc:
+            raise JournalError(f"journal {self.path}: cannot open: {exc.strerror}") from None
+        try:
+            os.fchmod(fd, 0o600)
+        except OSError:
+            pass  # not ours to change (another owner): SQLite still decides
+        finally:
+            os.close(fd)
 
     def _check_path(self) -> None:
         folder = os.path.dirname(os.path.abspath(self.path))
@@ -263,7 +279,8 @@ class Journal:
     @staticmethod
     def _write_file(path: str, data: bytes) -> None:
         tmp = path + ".tmp"
-        with open(tmp, "wb") as f:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        with open(fd, "wb") as f:
             f.write(data)
         os.replace(tmp, path)
 

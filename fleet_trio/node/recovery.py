@@ -28,7 +28,7 @@ import trio
 
 from fleet_trio.node.jobs import INTERRUPTED, Failed, JobTable, finish_record
 from fleet_trio.node.journal import Evict, Journal, Record, Row
-from fleet_trio.node.tasks import JOB_MARKER, WORK_DIR_PREFIX
+from fleet_trio.node.tasks import SWEEP_MARKER, WORK_DIR_PREFIX, sweep_value
 from fleet_trio.proc.spec import SweepReport
 from fleet_trio.proc.sweep import sweep_job_survivors
 
@@ -118,7 +118,8 @@ async def recover(
     table: JobTable,
     *,
     kill_grace: float,
-    marker: str = JOB_MARKER,
+    marker: str = SWEEP_MARKER,
+    scope: str = "",
     limiter: trio.CapacityLimiter | None = None,
 ) -> RecoveryReport:
     """Replay the journal into ``table`` and stop what the previous run left running.
@@ -144,7 +145,7 @@ async def recover(
 
         async def sweep(job_id: str) -> None:
             sweeps[job_id] = await sweep_job_survivors(
-                job_id, me, limiter=limiter, grace=kill_grace, marker=marker
+                sweep_value(scope, job_id), me, limiter=limiter, grace=kill_grace, marker=marker
             )
 
         async with trio.open_nursery() as nursery:

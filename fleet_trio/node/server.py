@@ -302,13 +302,13 @@ async def open_journal(config: NodeConfig, options: NodeOptions, node_id: str) -
 
 
 async def start_journal(
-    tree: TaskTree, store: JobStore, journal: Journal, kill_grace: float
+    tree: TaskTree, store: JobStore, journal: Journal, kill_grace: float, *, scope: str = ""
 ) -> str | None:
     """Recover the previous run from ``journal`` into ``store`` (before the listener opens:
     no poll sees a state it will not keep, no dispatch races the sweep of the previous run's
     processes), then serve its writer in the services scope. Returns the line to announce."""
     try:
-        report = await recover(journal, store.table, kill_grace=kill_grace)
+        report = await recover(journal, store.table, kill_grace=kill_grace, scope=scope)
     except JournalError as exc:
         journal.close()
         raise NodeStartError(str(exc)) from None
@@ -481,7 +481,9 @@ async def serve_node(
             tree.cancel_on_shutdown(startup)  # a signal during the start ends the start
             if gpu is None:
                 gpu = await open_gpu(config, options)
-            registry = TaskRegistry(config.tasks, base_dir=config.base_dir, work_root=work_root)
+            registry = TaskRegistry(
+                config.tasks, base_dir=config.base_dir, work_root=work_root, sweep_scope=node_id
+            )
             if gpu.placement is not None:  # multi-GPU: a task that can never be placed, said once
                 for name in registry.supported:
                     task = registry.get(name)
@@ -523,7 +525,7 @@ async def serve_node(
                 )
             journal = await open_journal(config, options, node_id)  # job journal (docs/node.md)
             if journal is not None:
-                line = await start_journal(tree, store, journal, t.kill_grace)
+                line = await start_journal(tree, store, journal, t.kill_grace, scope=node_id)
                 if line:
                     say(line)
             await tree.services.start(store.serve_janitor, name="janitor")

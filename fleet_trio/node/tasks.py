@@ -192,6 +192,8 @@ class PreparedJob:
     quant: str
     devices: tuple[str, ...] = ()
     """GPU placement: the UUIDs of the devices the job was given (empty: none / unknown)."""
+    sweep_id: str = ""
+    """The value of the job's :data:`SWEEP_MARKER` (its escapees are found by it)."""
     _cleaned: bool = False
 
     def pin(self, devices: tuple[str, ...]) -> None:
@@ -219,9 +221,12 @@ class TaskRegistry:
         base_dir: str = "",
         work_root: str | None = None,
         check_executables: bool = True,
+        sweep_scope: str = "",
     ) -> None:
         self.base_dir = base_dir
         self.work_root = work_root
+        self.sweep_scope = sweep_scope
+        """The node's part of each job's sweep marker (its node id: :func:`sweep_value`)."""
         self._tasks: dict[str, TaskDef] = {}
         for task in tasks:
             if not task.enabled:
@@ -310,8 +315,9 @@ class TaskRegistry:
             _PLACEHOLDER.sub(lambda m: values.get(m.group(1), m.group(0)), a) for a in task.command
         )
         env = dict(task.env)
+        sweep_id = sweep_value(self.sweep_scope, job_id)
         env.update(
-            **{JOB_MARKER: job_id},
+            **{JOB_MARKER: job_id, SWEEP_MARKER: sweep_id},
             FLEET_TASK_TYPE=task.name,
             FLEET_WORK_DIR=work_dir,
             FLEET_FAMILY=family,
@@ -334,6 +340,7 @@ class TaskRegistry:
             files=files,
             family=family,
             quant=quant,
+            sweep_id=sweep_id,
         )
 
 
@@ -532,6 +539,17 @@ def _is_cancel(exc: BaseException | None) -> bool:
 
 
 JOB_MARKER = "FLEET_JOB_ID"
+
+SWEEP_MARKER = "FLEET_TRIO_SWEEP"
+"""The environment variable the sweep finds a job's escaped processes by. Its value,
+:func:`sweep_value`, names the node as well as the job: a dispatcher that reuses another
+node's job id (or a process that sets ``FLEET_JOB_ID`` itself) can never make this node's
+sweep signal a process that is not one of its own jobs'."""
+
+
+def sweep_value(scope: str, job_id: str) -> str:
+    """``<scope>/<job_id>`` (``scope``: the node id), or the job id alone without a scope."""
+    return f"{scope}/{job_id}" if scope else job_id
 """The environment variable that marks a job's processes (the per-job sampler reads it)."""
 
 SPAWN_CONCURRENCY = 2
@@ -678,8 +696,10 @@ class TaskRunner:
             max_runtime=job.task.timeout,
             stderr_sink=err_sink,
             stdin_source=BytesReceiveStream(job.stdin),
-            sweep_job_id=job.job_id,  # escapees of the group, found by their FLEET_JOB_ID
-            sweep_marker=JOB_MARKER,
+            # escapees of the group, found by FLEET_TRIO_SWEEP=<node id>/<job id>: never a
+            # process of another node or user that merely carries the same FLEET_JOB_ID
+            sweep_job_id=job.sweep_id or job.job_id,
+            sweep_marker=SWEEP_MARKER if job.sweep_id else JOB_MARKER,
         )
         sampling = self.sample_peak is not None and job.task.footprint is not None
         peaks: list[float | None] = []
@@ -735,6 +755,7 @@ __all__ = [
     "JOB_MARKER",
     "RESULT_CAP",
     "SPAWN_CONCURRENCY",
+    "SWEEP_MARKER",
     "TAIL_BYTES",
     "BytesReceiveStream",
     "JobTee",
@@ -746,5 +767,6 @@ __all__ = [
     "advertised_family",
     "outcome_of",
     "payload_error",
+    "sweep_value",
     "validate_payload",
 ]

@@ -426,6 +426,7 @@ class TaskTree:
                 reason,
             )
             self._hurry()
+            self._wake.unpark_all()  # ends the linger step, if it runs
         else:
             log.warning(
                 "%s: already %s; shutdown completes within %gs of its start",

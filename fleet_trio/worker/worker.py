@@ -41,7 +41,7 @@ import trio
 from fleet_trio import proc
 from fleet_trio.durations import SECOND
 from fleet_trio.logbus import JobLog, LogBus, Stream
-from fleet_trio.logs import job_context
+from fleet_trio.logs import console, job_context
 from fleet_trio.memory import MemoryBudget
 from fleet_trio.metrics import WorkerMetrics
 from fleet_trio.nursery import TaskTree, TaskTreeClosed, open_task_tree
@@ -414,6 +414,13 @@ class Worker:
             self.worker_id = await self.client.register(registration)
             self.registrations += 1
             log.info("registered with %s as worker %s", self.config.controller_url, self.worker_id)
+            if self.registrations == 1:  # the operator's sign that the worker is up
+                n = len(registration.devices)
+                console(
+                    f"fleet-trio worker: registered with {self.config.controller_url} as worker "
+                    f"{self.worker_id} ({n} device{'s' if n != 1 else ''})",
+                    logger="fleet_trio.worker",
+                )
 
     async def register_at_startup(self) -> None:
         """§4.1 step 2, retried with capped exponential backoff (§17.1 decision).

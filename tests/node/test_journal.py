@@ -124,6 +124,33 @@ def test_retention_follows_the_ttl_across_a_restart(tmp_path: Path) -> None:
     assert [r.state for r in journal.load() if r.job_id == "busy"] == ["error"]
 
 
+async def test_the_journal_and_its_results_are_private_whatever_the_umask(
+    tmp_path: Path,
+) -> None:
+    """The journal holds every result: other local users must not read what the token
+    protects on the wire (0600 files, a 0700 results folder, even under umask 000)."""
+    old = os.umask(0)
+    try:
+        journal = opened(tmp_path / "j.sqlite", inline_max=8)
+        async with store_in_tree(journal=JournalWriter(journal), janitor=False) as (store, _):
+
+            async def work() -> Done:
+                return Done(b'{"secret": "' + b"s" * 100 + b'"}')
+
+            store.register("p1", work)
+            with trio.fail_after(5):
+                while (view := store.get("p1")) is None or not view.state.terminal:
+                    await trio.sleep(0.01)
+        assert view.data_file is not None
+    finally:
+        os.umask(old)
+    for name in ("j.sqlite", "j.sqlite-wal", view.data_file):
+        path = tmp_path / name
+        if path.exists():
+            assert path.stat().st_mode & 0o077 == 0, (name, oct(path.stat().st_mode))
+    assert (tmp_path / "j.sqlite.results").stat().st_mode & 0o077 == 0
+
+
 async def test_large_result_lives_in_a_file(tmp_path: Path) -> None:
     journal = opened(tmp_path / "j.sqlite", inline_max=64)
     big = b'{"blob": "' + b"x" * 10_000 + b'"}'
