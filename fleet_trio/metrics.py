@@ -185,8 +185,9 @@ def bus_section(bus: Any, now: float) -> Iterator[Metric]:
     jobs = bus.jobs()
     retained = GaugeMetricFamily(
         "fleet_trio_log_retained_bytes",
-        "Bytes of output of the job logs the bus keeps now (running and recently ended jobs).",
-        value=float(sum(info.nbytes for info in jobs)),
+        "Bytes of output the bus holds in memory now (the histories of running and recently "
+        "ended jobs; a history is bounded, and the memory budget drops ended ones).",
+        value=float(bus.kept_bytes()),
     )
     logs = GaugeMetricFamily(
         "fleet_trio_log_jobs",

@@ -756,6 +756,10 @@ class LogBus:
     def get(self, job_id: str) -> JobLog | None:
         return self._logs.get(job_id)
 
+    def kept_bytes(self) -> int:
+        """Bytes of output the kept logs hold in memory now (their histories)."""
+        return sum(log.history.size for log in self._logs.values())
+
     def jobs(self) -> list[JobInfo]:
         """Every kept log, newest first."""
         self._prune()

@@ -5,7 +5,6 @@ dispatch that reuses an id can never make it signal a process that is not one of
 from __future__ import annotations
 
 import os
-import subprocess
 from pathlib import Path
 
 import trio
@@ -14,13 +13,13 @@ from fleet_trio.node.tasks import SWEEP_MARKER, sweep_value
 from tests.node.harness import echo_task, node_config, running_node
 
 
-def _alive(proc: subprocess.Popen[bytes]) -> bool:
+def _alive(proc: trio.Process) -> bool:
     return proc.poll() is None
 
 
 async def test_a_reused_job_id_never_sweeps_a_stranger(tmp_path: Path) -> None:
     env = dict(os.environ, FLEET_JOB_ID="victim1", **{SWEEP_MARKER: "other-node/victim1"})
-    stranger = subprocess.Popen(["sleep", "60"], env=env)  # another node's job, say
+    stranger = await trio.lowlevel.open_process(["sleep", "60"], env=env)  # another node's job
     try:
         config = node_config(tmp_path, {"echo": echo_task(tmp_path)})
         async with running_node(tmp_path, config) as h:
@@ -32,7 +31,8 @@ async def test_a_reused_job_id_never_sweeps_a_stranger(tmp_path: Path) -> None:
             assert _alive(stranger)
     finally:
         stranger.kill()
-        stranger.wait(timeout=10)
+        with trio.fail_after(10):
+            await stranger.wait()
 
 
 def test_the_sweep_value_names_the_node() -> None:
