@@ -401,6 +401,12 @@ def _check_task(task: TaskDef, key: str) -> None:
     family = task.footprint.family if task.footprint is not None else ""
     if isinstance(family, FamilyRule):
         _check_family_rule(family, key)
+    # plain families reach {family}, FLEET_FAMILY, health and the footprint file: ids only
+    for value, where in ((task.family, f"{key}.family"), (family, f"{key}.footprint.family")):
+        if isinstance(value, str) and value:
+            problem = id_problem(value)
+            if problem is not None:
+                raise _KeyedError(f"{printable(value, limit=64)!r} {problem}", where)
     for member, spec in task.payload.items():
         if spec.type not in FIELD_TYPES:
             raise _KeyedError(

@@ -156,3 +156,17 @@ def test_task_types_are_ids(name: str) -> None:
         config_from_mapping({"tasks": {name: {"command": ["true"]}}}, path="node.yaml")
     assert "a task type must be 1-256 characters" in str(info.value)
     assert "\t" not in str(info.value)
+
+
+@pytest.mark.parametrize("where", ["family", "footprint"])
+def test_a_plain_family_outside_the_id_set_is_a_config_error(where: str) -> None:
+    """A family reaches {family}, FLEET_FAMILY, health and the footprint file: a control
+    character or a lone surrogate there is refused at load, naming the key."""
+    bad = "\ud800\n2026 ERROR x"
+    task: dict[str, object] = {"command": ["true"]}
+    if where == "family":
+        task["family"] = bad
+    else:
+        task["footprint"] = {"family": bad}
+    with pytest.raises(ConfigError, match=r"tasks\.t\.(footprint\.)?family: .*must be 1-256"):
+        config_from_mapping({"tasks": {"t": task}}, path="node.yaml", base_dir=".")
