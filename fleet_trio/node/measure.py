@@ -36,6 +36,7 @@ from fleet_trio.node.server import (
     open_gpu,
 )
 from fleet_trio.node.tasks import PreparedJob, TaskRegistry, TaskRunner
+from fleet_trio.nursery import TaskTree, open_task_tree
 
 MEASURE_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -125,14 +126,6 @@ def _wire_key(wire: Mapping[str, Any]) -> tuple[str, str, str]:
     return (wire.get("model_family", ""), wire.get("quant", ""), wire.get("task_type", ""))
 
 
-async def _cancel_on_signal(scope: trio.CancelScope, say: Callable[[str], None]) -> None:
-    with trio.open_signal_receiver(*MEASURE_SIGNALS) as received:
-        async for signum in received:
-            say(f"{signal.Signals(signum).name}: stopping (the running probe is killed)")
-            scope.cancel()
-            return
-
-
 async def measure(
     config: NodeConfig,
     options: MeasureOptions = MeasureOptions(),
@@ -146,20 +139,58 @@ async def measure(
 
     ``gpu=None`` opens the real GPU package (``options.gpu``: auto|nvml|smi|fake) and the
     footprint store (``options.footprints`` or ``node.footprints.path``).
+
+    Everything runs in a task tree (``fleet_trio.nursery``); with ``handle_signals`` it serves
+    SIGTERM and SIGINT from the moment it opens: a signal while the GPU opens ends the run
+    with every probe ``not run``, one during a probe kills that probe (its process group gets
+    the kill grace) and marks it ``interrupted``.
+
+    Cancellation: the running probe's process group is killed; nothing is recorded for it.
     """
     registry = TaskRegistry(config.tasks, base_dir=config.base_dir, work_root=work_root)
     names = select_tasks(registry, options.tasks)
-    if gpu is None:
-        gpu = await open_gpu(
-            config,
-            NodeOptions(
-                gpu=options.gpu,
-                fake_gpu_dir=options.fake_gpu_dir,
-                fake_gpus=options.fake_gpus,
-                footprints=options.footprints,
-            ),
-        )
-    await check_gpu(gpu)
+    grace = config.node.timings.kill_grace
+
+    def stopping() -> None:
+        say("stopping (the running probe is killed)")
+
+    async with open_task_tree(
+        drain=0.0,
+        kill_grace=grace,
+        on_stop_accepting=stopping,
+        signals=MEASURE_SIGNALS if handle_signals else (),
+    ) as tree:
+        return await _measure(config, options, registry, names, say=say, gpu=gpu, tree=tree)
+
+
+async def _measure(
+    config: NodeConfig,
+    options: MeasureOptions,
+    registry: TaskRegistry,
+    names: Sequence[str],
+    *,
+    say: Callable[[str], None],
+    gpu: GpuServices | None,
+    tree: TaskTree,
+) -> MeasureReport:
+    with trio.CancelScope() as opening:
+        tree.cancel_on_shutdown(opening)  # a signal while the GPU opens: nothing runs
+        if gpu is None:
+            gpu = await open_gpu(
+                config,
+                NodeOptions(
+                    gpu=options.gpu,
+                    fake_gpu_dir=options.fake_gpu_dir,
+                    fake_gpus=options.fake_gpus,
+                    footprints=options.footprints,
+                ),
+            )
+        await check_gpu(gpu)
+    if gpu is None or opening.cancelled_caught:
+        not_run = tuple(ProbeResult(name, "interrupted", "not run") for name in names)
+        for result in not_run:
+            say(f"{result.task}: {result.status} ({result.detail})")
+        return MeasureReport(results=not_run, entries=())
     footprints = gpu.footprints
     assert footprints is not None
     sample, record = footprint_hooks(gpu)
@@ -225,14 +256,11 @@ async def measure(
 
     current = ""
     with trio.CancelScope() as scope:
-        async with trio.open_nursery() as nursery:
-            if handle_signals:
-                nursery.start_soon(_cancel_on_signal, scope, say)
-            for name in names:
-                current = name
-                await probe_one(name)
-            current = ""
-            nursery.cancel_scope.cancel()
+        tree.cancel_on_shutdown(scope)  # a signal: the running probe is killed
+        for name in names:
+            current = name
+            await probe_one(name)
+        current = ""
     if scope.cancelled_caught:
         done = {r.task for r in results}
         for name in names:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -210,3 +211,45 @@ async def test_gpu_check_refuses_a_driver_that_never_answers(
     with trio.fail_after(60), pytest.raises(NodeStartError, match="no answer within 10s"):
         await check_gpu(gpu)
     assert trio.current_time() - start == pytest.approx(10.0)
+
+
+async def test_measure_serves_signals_from_its_task_tree(tmp_path: Path) -> None:
+    """Issue 13 item 1: measure runs in a task tree that serves SIGTERM: the running probe's
+    process group is killed (its TERM-ignoring child too, after the kill grace), the probe
+    is reported interrupted, the next one is not run, and nothing is recorded."""
+    marker = tmp_path / "probe-started"
+    stubborn = (
+        "import os, signal, subprocess, sys, time; "
+        "subprocess.Popen([sys.executable, '-c', "
+        "'import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)']); "
+        f"open({str(marker)!r}, 'w').close(); time.sleep(60)"
+    )
+    slow = {**HOLDER, "command": [PY, "-c", stubborn]}
+    cfg = write_config(tmp_path, {"a-slow": slow, "b-next": HOLDER})
+    init_device(str(tmp_path / "gpu"))
+    env = {**os.environ, "FLEET_TRIO_FAKE_GPU_DIR": str(tmp_path / "gpu")}
+    argv = [sys.executable, "-m", "fleet_trio", "measure", "-c", str(cfg), *fake_args(tmp_path)]
+    with trio.fail_after(30):
+        proc = await trio.lowlevel.open_process(
+            argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
+        try:
+            while not marker.exists():
+                await trio.sleep(0.05)
+            proc.send_signal(signal.SIGTERM)
+            start = trio.current_time()
+            assert proc.stderr is not None
+            err = b""
+            while chunk := await proc.stderr.receive_some():
+                err += chunk
+            await proc.wait()
+            took = trio.current_time() - start
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+    text = err.decode()
+    assert "stopping (the running probe is killed)" in text, text
+    assert "a-slow: interrupted" in text and "b-next: interrupted (not run)" in text, text
+    assert took < 1.0 + 5.0, took  # kill grace 1 s + the tree's slack
+    assert not (tmp_path / "fp.json").exists() or "sdxl" not in (tmp_path / "fp.json").read_text()
