@@ -13,7 +13,7 @@ from __future__ import annotations
 import shutil
 import tempfile
 
-from hypothesis import settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
@@ -119,3 +119,38 @@ JournalReplayMachine.TestCase.settings = settings(
     max_examples=40, stateful_step_count=25, deadline=None
 )
 test_journal_replay = JournalReplayMachine.TestCase
+
+
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["accept", "start", "done", "evict"]), st.integers(0, 30)),
+        max_size=300,
+    )
+)
+@settings(max_examples=40, deadline=None)
+def test_a_batch_in_runs_writes_what_one_record_at_a_time_writes(
+    ops: list[tuple[str, int]],
+) -> None:
+    """``Journal.apply`` writes runs of acks, starts and evictions as multi-row statements (a
+    busy event loop makes every statement's GIL retake slow); the rows are those that one
+    statement per record writes, whatever the mix, duplicates and chunk boundaries."""
+    from fleet_trio.node.journal import Accept, Evict, Finish, Journal, Start
+
+    records = []
+    for kind, n in ops:
+        job_id = f"j{n}"
+        if kind == "accept":
+            records.append(Accept(job_id, float(len(records)), f"/w/{n}"))
+        elif kind == "start":
+            records.append(Start(job_id))
+        elif kind == "done":
+            records.append(Finish(job_id, "done", float(len(records)), data=b"1"))
+        else:
+            records.append(Evict(job_id))
+    batched, single = Journal(":memory:"), Journal(":memory:")
+    batched.open()
+    single.open()
+    batched.apply(records)
+    for rec in records:
+        single.apply([rec])
+    assert batched.load() == single.load()
