@@ -23,6 +23,7 @@ from fleet_trio.gpu.sampler import (
     NO_SNAPSHOT,
     STALE_SNAPSHOT,
     GlobalSampler,
+    tick_every,
 )
 from fleet_trio.gpu.source import GpuDevice, GpuError, VramSnapshot
 
@@ -186,14 +187,7 @@ class DeviceSampler:
         """Sample every device now, report started, then every ``interval`` until cancelled."""
         await self.sample_once()
         task_status.started()
-        deadline = trio.current_time()
-        while True:
-            deadline += self.interval
-            now = trio.current_time()
-            if deadline < now:  # a slow round: skip the missed ticks, keep the phase
-                deadline += math.ceil((now - deadline) / self.interval) * self.interval
-            await trio.sleep_until(deadline)
-            await self.sample_once()
+        await tick_every(self.interval, self.sample_once)
 
 
 __all__ = ["DeviceListener", "DeviceSampler"]

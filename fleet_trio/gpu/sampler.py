@@ -111,14 +111,22 @@ class GlobalSampler:
         """
         await self.sample_once()
         task_status.started()
-        deadline = trio.current_time()
-        while True:
-            deadline += self.interval
-            now = trio.current_time()
-            if deadline < now:  # a slow sample: skip the missed ticks, keep the phase
-                deadline += math.ceil((now - deadline) / self.interval) * self.interval
-            await trio.sleep_until(deadline)
-            await self.sample_once()
+        await tick_every(self.interval, self.sample_once)
+
+
+async def tick_every(interval: float, tick: Callable[[], Awaitable[object]]) -> None:
+    """Call ``tick`` every ``interval`` seconds from now, forever; a slow tick skips the ticks
+    it missed and keeps the phase (never a burst of catch-up ticks).
+
+    Cancellation: the normal way to stop it."""
+    deadline = trio.current_time()
+    while True:
+        deadline += interval
+        now = trio.current_time()
+        if deadline < now:
+            deadline += math.ceil((now - deadline) / interval) * interval
+        await trio.sleep_until(deadline)
+        await tick()
 
 
 async def serve_global_sampler(
@@ -439,4 +447,5 @@ __all__ = [
     "measure_job_peak",
     "read_process_view",
     "serve_global_sampler",
+    "tick_every",
 ]

@@ -28,6 +28,7 @@ import json
 import logging
 import os
 import re
+import secrets
 import shutil
 import tempfile
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -225,8 +226,11 @@ class TaskRegistry:
     ) -> None:
         self.base_dir = base_dir
         self.work_root = work_root
-        self.sweep_scope = sweep_scope
-        """The node's part of each job's sweep marker (its node id: :func:`sweep_value`)."""
+        self.sweep_scope = sweep_scope or f"run-{secrets.token_hex(6)}"
+        """The node's part of each job's sweep marker (:func:`sweep_value`): its node id, so a
+        restarted node finds its predecessor's jobs; without one, a value of this registry's
+        own, so two registries in one host (tests, ``measure``) never sweep each other's jobs
+        that share an id."""
         self._tasks: dict[str, TaskDef] = {}
         for task in tasks:
             if not task.enabled:

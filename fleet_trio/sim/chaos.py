@@ -78,19 +78,29 @@ def node_yaml(*, escape_task: bool = True) -> str:
         tasks["escape"] = (
             f"{_RUN}; setsid sleep 300 </dev/null >/dev/null 2>&1 & echo '{{\"escaped\": true}}'"
         )
+    return shell_tasks_yaml(tasks, drain_ms=int(NODE_DRAIN * 1000), kill_grace_s=NODE_KILL_GRACE)
+
+
+def shell_tasks_yaml(
+    tasks: dict[str, str], *, drain_ms: int, kill_grace_s: float, node_lines: tuple[str, ...] = ()
+) -> str:
+    """A node config of ``sh -c`` tasks (name → script) with these timings; ``node_lines``
+    are more lines under ``node:`` (indented two spaces)."""
     lines = [
         "node:",
+        *node_lines,
         "  timings:",
-        f"    drain_timeout: {int(NODE_DRAIN * 1000)}ms",
-        f"    kill_grace: {int(NODE_KILL_GRACE * 1000)}ms",
+        f"    drain_timeout: {drain_ms}ms",
+        f"    kill_grace: {int(kill_grace_s * 1000)}ms",
         "tasks:",
     ]
     for name, script in tasks.items():
-        lines += [f"  {name}:", f'    command: ["sh", "-c", {_yaml_str(script)}]']
+        lines += [f"  {name}:", f'    command: ["sh", "-c", {yaml_str(script)}]']
     return "\n".join(lines) + "\n"
 
 
-def _yaml_str(text: str) -> str:
+def yaml_str(text: str) -> str:
+    """``text`` as a double-quoted YAML scalar."""
     return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
@@ -955,5 +965,7 @@ __all__ = [
     "rc_expected_output",
     "run_schedule",
     "run_seed",
+    "shell_tasks_yaml",
     "verdict",
+    "yaml_str",
 ]

@@ -33,6 +33,7 @@ import trio
 
 from fleet_trio.gpu.fake import init_device
 from fleet_trio.proc.procfs import list_pids, read_proc_file, read_proc_stat
+from fleet_trio.sim.chaos import shell_tasks_yaml, yaml_str
 from fleet_trio.sim.dispatcher import DispatchRecord, Observation, SimDispatcher
 from fleet_trio.sim.fleet import NodeProcess, ProcessEvent, ShutdownRecord, free_port
 
@@ -59,21 +60,12 @@ def restart_node_yaml(journal: str) -> str:
         "short": f"{_RUN}; sleep 0.3; echo '{{\"slept\": 0.3}}'",
         "long": f"{_RUN}; sleep {LONG_SECONDS}; echo '{{\"slept\": {LONG_SECONDS}}}'",
     }
-    lines = [
-        "node:",
-        f"  journal: {{path: {_yaml_str(journal)}}}",
-        "  timings:",
-        "    drain_timeout: 500ms",
-        f"    kill_grace: {int(RESTART_KILL_GRACE * 1000)}ms",
-        "tasks:",
-    ]
-    for name, script in tasks.items():
-        lines += [f"  {name}:", f'    command: ["sh", "-c", {_yaml_str(script)}]']
-    return "\n".join(lines) + "\n"
-
-
-def _yaml_str(text: str) -> str:
-    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return shell_tasks_yaml(
+        tasks,
+        drain_ms=500,
+        kill_grace_s=RESTART_KILL_GRACE,
+        node_lines=(f"  journal: {{path: {yaml_str(journal)}}}",),
+    )
 
 
 # -- the schedule ------------------------------------------------------------------------------
