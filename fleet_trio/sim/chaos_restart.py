@@ -32,12 +32,10 @@ import attrs
 import trio
 
 from fleet_trio.gpu.fake import init_device
-from fleet_trio.proc.procfs import list_pids, read_proc_file, read_proc_stat
-from fleet_trio.sim.chaos import shell_tasks_yaml, yaml_str
+from fleet_trio.sim.chaos import NODE_MARKER, _scan_markers, shell_tasks_yaml, yaml_str
 from fleet_trio.sim.dispatcher import DispatchRecord, Observation, SimDispatcher
 from fleet_trio.sim.fleet import NodeProcess, ProcessEvent, ShutdownRecord, free_port
 
-MARKER = b"FLEET_JOB_ID="
 RESTART_KILL_GRACE = 0.5
 """The node's ``kill_grace``: the grace of the restart's sweep too."""
 SEED_DURATION = 1.0
@@ -194,23 +192,9 @@ def check_restart(rec: RestartRecords) -> list[RestartViolation]:
 def scan_markers(job_ids: Iterable[str]) -> list[tuple[int, str]]:
     """Live processes whose ``FLEET_JOB_ID`` is one of ``job_ids`` (a blocking /proc walk)."""
     wanted = set(job_ids)
-    found: list[tuple[int, str]] = []
     if not wanted:
-        return found
-    for pid in list_pids() or []:
-        st = read_proc_stat(pid)
-        if st is None or st.state == "Z":
-            continue
-        try:
-            environ = read_proc_file(f"/proc/{pid}/environ")
-        except OSError:
-            continue
-        for entry in environ.split(b"\0"):
-            if entry.startswith(MARKER):
-                value = entry[len(MARKER) :].decode(errors="replace")
-                if value in wanted:
-                    found.append((pid, value))
-    return found
+        return []
+    return [(p.pid, p.job_id) for p in _scan_markers(wanted) if p.marker == NODE_MARKER]
 
 
 def read_runs(node_dir: str) -> dict[str, int]:

@@ -163,6 +163,16 @@ class StopPlan:
         return "; ".join(parts)
 
 
+async def _stop_all(proc: RoleProcess, stalled: Sequence[StalledTailClient]) -> None:
+    """A seed's end, whatever happened: the stalled readers go, a role still running is
+    killed and reaped."""
+    for client in stalled:
+        client.close()
+    if proc.returncode is None:
+        proc.kill()
+        await proc.wait()
+
+
 def make_stop_plan(seed: int, *, hung_gpu: bool = False) -> StopPlan:
     """The plan of ``seed`` (pure). ``hung_gpu`` switches the node's hung-GPU fault on."""
     rng = random.Random(f"stop-{seed}")
@@ -422,11 +432,7 @@ async def play_node(plan: StopPlan, root: str, spawn: Spawner = spawn_fresh) -> 
                 code, took = await _wait_exit(proc, NODE_BOUND)
                 nursery.cancel_scope.cancel()
     finally:
-        for client in stalled:
-            client.close()
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
+        await _stop_all(proc, stalled)
         with contextlib.suppress(OSError):
             os.unlink(os.path.join(gpu, HANG_FILE))
     marked = await trio.to_thread.run_sync(_scan_markers, set(job_ids))
@@ -524,11 +530,7 @@ async def play_worker(plan: StopPlan, root: str, spawn: Spawner = spawn_fresh) -
                 code, took = await _wait_exit(proc, bound)
                 during.cancel_scope.cancel()
         finally:
-            for client in stalled:
-                client.close()
-            if proc.returncode is None:
-                proc.kill()
-                await proc.wait()
+            await _stop_all(proc, stalled)
         link.heal()
 
         def settled() -> bool:

@@ -475,3 +475,21 @@ async def test_node_101b_global_delta_baseline_waits_for_a_success() -> None:
 )
 def test_node_082_gpu_arch_vectors(name: str, arch: str) -> None:
     assert gpu_arch(name) == arch
+
+
+@pytest.mark.skipif(not os.environ.get("FLEET_TRIO_LIVE_NVML"), reason="set FLEET_TRIO_LIVE_NVML=1")
+async def test_node_062_live_nvml_smoke() -> None:
+    """Item 62's NVML equivalent (the design note; the PDH original is Windows-only), opt-in on
+    a machine with a GPU: every device NVML enumerates reads a total > 0 and a used value
+    within it, has a name, and the per-process query (the tree sum's source) answers without
+    an error, with no negative holding."""
+    from fleet_trio.gpu.nvml import open_nvml_devices
+
+    found = await trio.to_thread.run_sync(open_nvml_devices)
+    assert found.devices
+    for device in found.devices:
+        snap = await device.source.snapshot()
+        assert snap.total_gb > 0 and 0 <= snap.used_gb <= snap.total_gb, device
+        assert device.name and device.uuid.startswith(("GPU-", "MIG-"))
+        used = await device.source.process_used_bytes()
+        assert used is None or all(v >= 0 for v in used.values())

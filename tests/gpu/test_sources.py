@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import os
 import stat
 from pathlib import Path
 from types import SimpleNamespace
@@ -218,17 +217,6 @@ async def test_nvml_init_and_device_failures() -> None:
     lib.memory = SimpleNamespace(total=0, used=0, free=0)
     with pytest.raises(GpuError):
         await NvmlSource(nvml=lib).snapshot()
-
-
-@pytest.mark.skipif(not os.environ.get("FLEET_TRIO_LIVE_NVML"), reason="set FLEET_TRIO_LIVE_NVML=1")
-async def test_live_nvml_smoke() -> None:
-    """Checklist 62's NVML equivalent (opt-in, needs a GPU)."""
-    src = open_source("nvml")
-    snap = await src.snapshot()
-    assert snap.total_gb > 0 and 0 <= snap.used_gb <= snap.total_gb
-    assert await src.device_name()
-    used = await src.process_used_bytes()
-    assert used is None or all(v >= 0 for v in used.values())
 
 
 @pytest.mark.parametrize(
