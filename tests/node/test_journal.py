@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 import pytest
 import trio
+import trio.testing
 
 from fleet_trio.cli import main
 from fleet_trio.gpu.fake import init_device
@@ -287,9 +288,11 @@ async def test_failed_outcome_write_is_logged_and_still_shown(
 async def test_an_ack_is_invisible_and_nothing_runs_until_it_is_committed(tmp_path: Path) -> None:
     journal = opened(tmp_path / "j.sqlite")
     gate = threading.Event()
+    entered = threading.Event()
     original = journal.apply
 
     def slow(records: Any) -> None:
+        entered.set()
         gate.wait(10)
         original(records)
 
@@ -302,7 +305,9 @@ async def test_an_ack_is_invisible_and_nothing_runs_until_it_is_committed(tmp_pa
             return Done(b"{}")
 
         store.register("j", work)
-        await trio.sleep(0.2)
+        # the commit is in progress (and held); everything else that could run has run
+        assert await trio.to_thread.run_sync(entered.wait, 10)
+        await trio.testing.wait_all_tasks_blocked()
         assert store.get("j") is None and store.table.pending("j") and ran == []
         gate.set()
         assert await store.wait_recorded("j")
