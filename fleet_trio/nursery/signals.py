@@ -5,15 +5,19 @@ receiving signals for the whole shutdown: the first signal starts it, the second
 tree is still draining) skips the rest of the drain, later ones are only logged. While it runs,
 SIGINT never turns into ``KeyboardInterrupt``.
 
-Trio coalesces a signal that arrives again before the service has read it: two SIGINTs in a
-row, faster than the service runs, count as one.
+Each signal is forwarded from the handler through :meth:`trio.lowlevel.TrioToken.run_sync_soon`
+(the one trio call that is safe in a signal handler), not through :func:`trio.open_signal_receiver`:
+that receiver re-delivers, with its default action, a signal it has not read when it closes, so a
+second SIGTERM landing as the tree closed killed the process (exit -15) in the middle of a clean
+shutdown. A signal after the service has closed gets the handler that was there before.
 """
 
 from __future__ import annotations
 
 import logging
 import signal
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from types import FrameType
 from typing import Protocol
 
 import trio
@@ -39,16 +43,36 @@ async def serve_shutdown_signals(
 
     Must run in the main thread (a trio restriction on signal handlers).
 
-    Cancellation: the handlers are uninstalled at once (a later SIGTERM gets the default
-    action). :func:`~fleet_trio.nursery.open_task_tree` runs it in the services scope, which is
-    cancelled last, so signals are served until the tree has closed.
+    Cancellation: the handlers are uninstalled at once (a later SIGTERM gets the handler that
+    was there before, the default action in a process of its own); a signal that came just
+    before is still forwarded, never re-delivered. :func:`~fleet_trio.nursery.open_task_tree`
+    runs it in the services scope, which is cancelled last, so signals are served until the
+    tree has closed.
     """
-    with trio.open_signal_receiver(*signals) as received:
-        task_status.started()
-        async for signum in received:
-            name = _signal_name(signum)
+    token = trio.lowlevel.current_trio_token()
+
+    def forward(signum: int) -> None:
+        # runs in trio's run loop, as a run_sync_soon callback: it must not raise
+        name = _signal_name(signum)
+        try:
             log.info("received %s", name)
             tree.request_shutdown(name)
+        except Exception:
+            log.exception("forwarding %s to the task tree failed", name)
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        token.run_sync_soon(forward, signum, idempotent=True)
+
+    previous: dict[signal.Signals, Callable[[int, FrameType | None], object] | int | None] = {}
+    try:
+        for signum in signals:
+            previous[signum] = signal.signal(signum, handler)
+        task_status.started()
+        await trio.sleep_forever()
+    finally:
+        for signum, was in previous.items():
+            # None: a handler not installed from Python; the default is the honest fallback
+            signal.signal(signum, signal.SIG_DFL if was is None else was)
 
 
 def _signal_name(signum: int) -> str:
