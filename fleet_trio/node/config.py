@@ -7,7 +7,6 @@ key and the file. One cattrs converter for this edge, configured by :func:`regis
 
 from __future__ import annotations
 
-import ipaddress
 import os
 import re
 import socket
@@ -20,6 +19,7 @@ import yaml
 
 from fleet_trio.configfile import check_yaml_shape, find_bad_number, read_config_bytes
 from fleet_trio.durations import parse_duration_seconds
+from fleet_trio.edge import is_loopback_host, split_host_port
 from fleet_trio.errors import ConfigError, DurationError
 from fleet_trio.inputs import id_problem, printable
 from fleet_trio.memory import DEFAULT_BUDGET, check_budget, parse_size
@@ -556,46 +556,6 @@ def resolve_listen(flag: str | None, configured: str) -> str:
 
 class ListenRefused(ConfigError):
     """The listen guard refused the address."""
-
-
-def split_host_port(addr: str) -> tuple[str, str]:
-    """Go's ``net.SplitHostPort``. Raises ``ValueError`` with Go's messages."""
-    if addr.startswith("["):
-        end = addr.find("]")
-        if end < 0:
-            raise ValueError("missing ']' in address")
-        host, rest = addr[1:end], addr[end + 1 :]
-        if not rest:
-            raise ValueError("missing port in address")
-        if not rest.startswith(":"):
-            raise ValueError("unexpected characters after ']' in address")
-        port = rest[1:]
-        if ":" in port:
-            raise ValueError("too many colons in address")
-        return host, port
-    i = addr.rfind(":")
-    if i < 0:
-        raise ValueError("missing port in address")
-    host, port = addr[:i], addr[i + 1 :]
-    if ":" in host:
-        raise ValueError("too many colons in address")
-    if "[" in host or "]" in host or "[" in port or "]" in port:
-        raise ValueError("unexpected '[' or ']' in address")
-    return host, port
-
-
-def is_loopback_host(host: str) -> bool:
-    """``localhost`` (any case), 127.0.0.0/8, ``::1`` and IPv4-mapped loopback."""
-    if host.lower() == "localhost":
-        return True
-    host = host.removeprefix("[").removesuffix("]")
-    try:
-        ip = ipaddress.ip_address(host)
-    except ValueError:
-        return False
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        return ip.ipv4_mapped.is_loopback
-    return ip.is_loopback
 
 
 def check_listen(addr: str, allow_non_local: bool) -> None:

@@ -37,9 +37,9 @@ from cattrs.gen import make_dict_structure_fn, override
 
 from fleet_trio.configfile import check_yaml_shape, read_config_bytes
 from fleet_trio.durations import MINUTE, SECOND, go_duration, parse_duration
+from fleet_trio.edge import is_loopback_host, split_host_port
 from fleet_trio.errors import ConfigError, DurationError
 from fleet_trio.memory import DEFAULT_BUDGET, check_budget, format_size, parse_size
-from fleet_trio.node.config import is_loopback_host, split_host_port
 
 log = logging.getLogger(__name__)
 
