@@ -68,6 +68,7 @@ from fleet_trio.nursery.httpserve import hypercorn_config, serve_http
 
 log = logging.getLogger(__name__)
 
+
 class NodeStartError(FleetTrioError):
     """The node refused to start (GPU probe, listen guard, bind); the CLI exits 1."""
 
