@@ -30,9 +30,9 @@ from fleet_trio.errors import WireError
 from fleet_trio.inputs import id_problem
 from fleet_trio.logbus.bus import LogBus
 from fleet_trio.logbus.ui import stream_tail
-from fleet_trio.metrics import NodeMetrics
 from fleet_trio.node.jobs import MSG_JOURNAL_UNAVAILABLE, JobState, JobStore, Registration
 from fleet_trio.node.linger import PollLinger
+from fleet_trio.node.metrics import NodeMetrics
 from fleet_trio.node.tasks import PreparedJob, TaskRegistry, TaskRunner, job_log_meta
 from fleet_trio.node.wire import (
     MAX_DISPATCH_BODY,

@@ -43,7 +43,6 @@ from fleet_trio.edge import EdgePolicy, OriginError, listen_is_loopback
 from fleet_trio.errors import FleetTrioError
 from fleet_trio.logbus import LogBus
 from fleet_trio.memory import MemoryBudget
-from fleet_trio.metrics import NodeMetrics
 from fleet_trio.node.app import FootprintSource, NodeContext, VramStatus, create_app
 from fleet_trio.node.config import (
     TRUSTED_NETWORK_WARNING,
@@ -59,6 +58,7 @@ from fleet_trio.node.config import (
 from fleet_trio.node.jobs import INTERRUPTED, JobStore
 from fleet_trio.node.journal import Journal, JournalError, JournalWriter
 from fleet_trio.node.linger import PollLinger
+from fleet_trio.node.metrics import NodeMetrics
 from fleet_trio.node.placement import Placement, footprint_need
 from fleet_trio.node.recovery import recover
 from fleet_trio.node.retention import attach_result_budget

@@ -35,7 +35,7 @@ from fleet_trio.errors import WireError
 from fleet_trio.inputs import InputError, id_problem, loads_json, printable
 
 if TYPE_CHECKING:
-    from fleet_trio.metrics import WorkerMetrics
+    from fleet_trio.worker.metrics import WorkerMetrics
 
 log = logging.getLogger(__name__)
 

@@ -40,7 +40,7 @@ from fleet_trio.logbus.ui import mount_ui, stream_tail
 from fleet_trio.nursery.httpserve import hypercorn_config, serve_http
 
 if TYPE_CHECKING:
-    from fleet_trio.metrics import WorkerMetrics
+    from fleet_trio.worker.metrics import WorkerMetrics
 
 log = logging.getLogger(__name__)
 

@@ -43,7 +43,6 @@ from fleet_trio.durations import SECOND
 from fleet_trio.logbus import JobLog, LogBus, Stream
 from fleet_trio.logs import console, job_context
 from fleet_trio.memory import MemoryBudget
-from fleet_trio.metrics import WorkerMetrics
 from fleet_trio.nursery import TaskTree, TaskTreeClosed, open_task_tree
 from fleet_trio.nursery.tree import SHUTDOWN_SLACK
 from fleet_trio.proc.recovery import gather_recovery_proof
@@ -64,6 +63,7 @@ from fleet_trio.worker.config import WorkerConfig, check_tail_listen, cuda_devic
 from fleet_trio.worker.hooks import DRAIN_BUDGET, HOOK_GRACE, HostHooks
 from fleet_trio.worker.listener import TailListenError, serve_tail_listener
 from fleet_trio.worker.logfeed import FINISH_BOUND, LogFeed
+from fleet_trio.worker.metrics import WorkerMetrics
 from fleet_trio.worker.probes import Prober
 from fleet_trio.worker.relay import run_attached
 
