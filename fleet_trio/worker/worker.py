@@ -39,6 +39,7 @@ import attrs
 import trio
 
 from fleet_trio import proc
+from fleet_trio.backoff import Backoff
 from fleet_trio.durations import SECOND
 from fleet_trio.logbus import JobLog, LogBus, Stream
 from fleet_trio.logs import console, job_context
@@ -427,14 +428,14 @@ class Worker:
 
         Cancellation: :func:`serve_worker` runs it in the tree's body, which the first
         shutdown request cancels: a controller that never answers cannot hold a stop."""
-        backoff = self.timings.register_backoff
+        backoff = Backoff(self.timings.register_backoff, empty=1.0)
         attempt = 0
         while True:
             try:
                 await self.register()
                 return
             except ControllerError as exc:
-                delay = backoff[min(attempt, len(backoff) - 1)] if backoff else 1.0
+                delay = backoff.delay(attempt)
                 log.error(
                     "registration with %s failed (%s); retrying in %gs",
                     self.config.controller_url,
