@@ -18,6 +18,8 @@ import cattrs
 import yaml
 
 from fleet_trio.configfile import check_yaml_shape, find_bad_number, read_config_bytes
+from fleet_trio.confighints import KeyedError as _KeyedError
+from fleet_trio.confighints import structure as _structure
 from fleet_trio.durations import parse_duration_seconds
 from fleet_trio.edge import is_loopback_host, split_host_port
 from fleet_trio.errors import ConfigError, DurationError
@@ -206,12 +208,6 @@ def task_gpus(task: TaskDef) -> int:
 # --------------------------------------------------------------------------------------------
 
 
-class _KeyedError(ValueError):
-    def __init__(self, message: str, key: str) -> None:
-        super().__init__(message)
-        self.key = key
-
-
 def _structure_duration(value: object, _: type) -> Duration:
     if isinstance(value, bool) or not isinstance(value, str):
         raise ValueError(f"expected a Go duration such as 10s or 500ms, got {value!r}")
@@ -327,48 +323,6 @@ def make_converter() -> cattrs.Converter:
     converter = cattrs.Converter(forbid_extra_keys=True)
     register_hooks(converter)
     return converter
-
-
-def _format_exception(exc: BaseException, type_: type | None) -> str:
-    if isinstance(exc, ValueError) and str(exc) and type(exc) is ValueError:
-        return str(exc)
-    if isinstance(exc, cattrs.ForbiddenExtraKeysError) and attrs.has(exc.cl):
-        from fleet_trio.confighints import did_you_mean
-
-        known = [f.name for f in attrs.fields(exc.cl)]
-        hints = "".join(did_you_mean(str(k), known) for k in sorted(exc.extra_fields))
-        return cattrs.v.format_exception(exc, type_) + hints
-    return cattrs.v.format_exception(exc, type_)
-
-
-def _first_error(exc: BaseException, prefix: str) -> tuple[str, str]:
-    """``(message, dotted key)`` from a cattrs error."""
-    try:
-        messages = cattrs.transform_error(
-            exc,
-            path="$",
-            format_exception=_format_exception,
-        )
-    except Exception:
-        return str(exc), prefix
-    if not messages:
-        return str(exc), prefix
-    text = messages[0]
-    message, _, where = text.rpartition(" @ ")
-    if not message:
-        message, where = text, "$"
-    key = where.removeprefix("$").lstrip(".")
-    # cattrs writes mapping keys as ['name']; turn them into dotted parts.
-    key = key.replace("['", ".").replace("']", "").lstrip(".")
-    return message, ".".join(p for p in (prefix, key) if p)
-
-
-def _structure(converter: cattrs.Converter, value: object, cls: type[Any], key: str) -> Any:
-    try:
-        return converter.structure(value, cls)
-    except (cattrs.BaseValidationError, ValueError, TypeError) as exc:
-        message, where = _first_error(exc, key)
-        raise _KeyedError(message, where) from None
 
 
 def _check_family_rule(rule: FamilyRule, key: str) -> None:
