@@ -1,18 +1,8 @@
 """The one backoff of every retry loop: a capped sequence of delays, the last one repeating.
 
-A :class:`Backoff` is a plain value; a loop asks it for the delay before retry ``n``
-(0-based) with :meth:`Backoff.delay`. The sequences in use:
-
-- worker registration at startup (``register_backoff``): 1, 2, 4, 8, 16, 30, 60 s, then 60 s;
-- controller reports, log chunks and fault reports (``report_backoff``): 0.2, 0.4, 0.8,
-  1.6 s, then 1.6 s;
-- ``fleet-trio tail`` reconnecting: 0.5, 1, 2, 4, 8 s, then 8 s
-  (:meth:`Backoff.exponential`);
-- the supervisor's check of a group whose pipes an escaped process holds: 0.02 s doubling to
-  1 s.
-
-The worker's two sequences are configurable timings (tuples); an exponential one is the same
-thing written as a rule.
+Worker registration (``register_backoff``: 1, 2, 4, 8, 16, 30, 60 s) and controller reports
+(``report_backoff``: 0.2 → 1.6 s) walk their configured sequences; ``fleet-trio tail``'s
+reconnect (0.5 → 8 s) and the supervisor's escape poll (0.02 → 1 s) are :meth:`Backoff.exponential`.
 """
 
 from __future__ import annotations

@@ -1,5 +1,8 @@
 """Reading the ``fleet-trio worker`` configuration: the rc ``/etc/rc/worker.yaml``, unchanged.
 
+(Over 500 lines: the yaml.v3 typing and the keyed loader are one unit, the typed tree is read
+only here.)
+
 Spec: worker-protocol.md §12 (keys, defaults, errors), §10.5 (``require_manual_clear`` /
 ``RC_REQUIRE_MANUAL_CLEAR``), §13; worker-process.md §4.1 (hooks), §4.3 (``CUDA_VISIBLE_DEVICES``).
 
