@@ -34,10 +34,8 @@ else **400** ``invalid job_id: …``, before anything looks it up.
 The checks are pure functions of the request's headers (:class:`EdgeRequest`); the quart part is
 :meth:`EdgeGuard.install`.
 
-Both roles (the node and the worker's tail listener) also take from here what every listener
-shares: listen addresses (:func:`split_host_port`, Go's ``net.SplitHostPort``), the loopback rule
-(:func:`is_loopback_host`) and the error envelope (:func:`error_body`, :func:`error_response`,
-the 401 of :func:`unauthorized`). The HTTP server itself is :mod:`fleet_trio.nursery.httpserve`.
+Both roles also take from here listen addresses (:func:`split_host_port`), the loopback rule
+(:func:`is_loopback_host`) and the error envelope (:func:`error_body`, :func:`unauthorized`).
 """
 
 from __future__ import annotations

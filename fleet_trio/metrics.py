@@ -1,22 +1,12 @@
-"""Prometheus metrics: what ``fleet-trio node`` and ``fleet-trio worker`` share (docs/metrics.md).
+"""Prometheus metrics, the part both roles share (docs/metrics.md): each role's metrics
+(``fleet_trio.node.metrics``, ``fleet_trio.worker.metrics``) is a :class:`BaseMetrics` with its
+own ``CollectorRegistry`` (never prometheus-client's global one), served as ``GET /metrics``.
 
-One ``NodeMetrics`` (:mod:`fleet_trio.node.metrics`) or ``WorkerMetrics``
-(:mod:`fleet_trio.worker.metrics`) per node or worker instance, each a :class:`BaseMetrics` with
-its own ``CollectorRegistry`` (never prometheus-client's global one), served as ``GET /metrics``.
-
-Two kinds of metric:
-
-* **Read at scrape time.** Values that already live in state objects (the job table, the VRAM
-  sampler's snapshot, the footprint store, the worker's supervised jobs, the log bus) are read
-  by one custom collector (:class:`ScrapeCollector`) when Prometheus scrapes: no second copy of
-  the bookkeeping and no cost on any hot path. Each section of the collector fails alone: an
-  error is logged and that section is left out of the scrape, the others are served.
-* **Events.** Latencies and outcomes (dispatch answers, job ends, controller requests,
-  heartbeats, hooks, verify and probe passes, sweeps) are counters and histograms updated
-  where they happen, through the roles' methods. The dispatch ack pays one histogram observe.
-
-This module knows neither role: it holds the registry, build info, the log bus and memory
-budget sections (both roles have a bus), read duck-typed.
+Values that already live in state objects (the job table, the VRAM sampler, the worker's jobs,
+the log bus) are read by one :class:`ScrapeCollector` at scrape time: no second copy of the
+bookkeeping, no cost on a hot path; each section fails alone (logged, left out of that scrape).
+Latencies and outcomes are counters and histograms the roles update where they happen. This
+module knows neither role: the objects it reads (the log bus, the memory budget) are duck-typed.
 """
 
 from __future__ import annotations

@@ -21,9 +21,7 @@ The bound this gives: a server scope closes within a scheduler pass or two of it
 whatever its clients do. Tested with a real client that never reads
 (``tests/nursery/test_stalled_tail_shutdown.py``).
 
-Both roles' listeners (the node, the worker's tail listener) take their settings from
-:func:`hypercorn_config` and serve through :func:`serve_http`, which turns a failed bind into
-the role's own start error (``cannot listen on HOST:PORT: <reason>``).
+Both roles serve through :func:`serve_http` (a failed bind: the role's own start error).
 """
 
 from __future__ import annotations

@@ -18,12 +18,9 @@ that typing rather than PyYAML's YAML 1.1 one:
 * unknown keys are ignored (yaml.v3 non-strict decoding), and listed in
   :attr:`WorkerConfig.ignored_keys`; a key given twice in one mapping is an error.
 
-The keys are the fields of the model (:mod:`fleet_trio.worker.config.model`), each structured
-by cattrs as its field's type (a field's ``FILE_TYPE`` metadata when the file spells it
-differently: a duration, a size); a field that is an attrs class is a mapping whose unknown
-keys are ignored and listed too. Only ``devices`` (bare names or mappings) and
-``tail_allow_origins`` have a shape of their own. Errors are :class:`ConfigError` naming the
-key (dotted, ``devices[1].max_runtime``) and the file.
+Each key is structured by cattrs as its model field's type (``FILE_TYPE`` where the file spells
+it differently); only ``devices`` and ``tail_allow_origins`` have a shape of their own. Errors
+are :class:`ConfigError` naming the key (dotted, ``devices[1].max_runtime``) and the file.
 """
 
 from __future__ import annotations

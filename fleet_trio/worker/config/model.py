@@ -1,13 +1,7 @@
-"""The ``fleet-trio worker`` configuration model: the settings of the rc ``worker.yaml``.
-
-Spec: worker-protocol.md §12 (keys, defaults), §10.5 (``require_manual_clear``), §13;
-worker-process.md §4.1 (hooks), §4.3 (``CUDA_VISIBLE_DEVICES``, the hook environment).
-
-Durations are integer nanoseconds (``fleet_trio.durations``). Zero or negative means "the
-default" for every duration except a device's ``max_runtime`` (zero = no ceiling, negative =
-rejected). Defaults are applied when a config is *constructed*, so a config built in code gets
-them too (a hook never runs without a timeout). The file's keys are these classes' fields
-(:func:`file_fields`); the YAML reading is :mod:`fleet_trio.worker.config.loader`.
+"""The ``fleet-trio worker`` settings (worker-protocol.md §12, §10.5, §13; worker-process.md
+§4.1, §4.3). Durations are integer ns; zero or negative means "the default" (a device's
+``max_runtime``: zero = no ceiling, negative = rejected), applied at construction, so a config
+built in code gets them too. The file's keys are these classes' fields (:func:`file_fields`).
 """
 
 from __future__ import annotations
@@ -216,47 +210,42 @@ class WorkerConfig:
     def to_summary(self) -> dict[str, Any]:
         """The resolved settings as plain JSON-able data (``fleet-trio worker --check``).
 
-        Durations are rendered as Go renders them (``30s``, ``2m0s``); the token is redacted.
+        Durations are rendered as Go renders them (``30s``, ``2m0s``); the tokens are redacted.
         """
-        return {
-            "path": self.path,
-            "controller_url": self.controller_url,
-            "token": REDACTED if self.token else "",
-            "host": self.host,
-            "devices": [
+        out = {"path": self.path, **_plain(self)}
+        out.update(
+            token=REDACTED if self.token else "",
+            tail_token=REDACTED if self.tail_token else "",
+            tail_listen=self.tail_listen or None,
+            devices=[
                 {
                     "id": self.device_id(d.name),
-                    "name": d.name,
+                    **_plain(d),
                     "max_runtime": go_duration(d.max_runtime) if d.max_runtime else None,
                     "on_acquire": d.on_acquire or None,
                     "on_release": d.on_release or None,
-                    "timeout": go_duration(d.timeout),
-                    "release_linger": go_duration(d.release_linger),
-                    "labels": dict(d.labels),
                     "cuda_visible_devices": cuda_device_index(self.device_id(d.name)),
                 }
                 for d in self.devices
             ],
-            "heartbeat_interval": go_duration(self.heartbeat_interval),
-            "poll_wait": go_duration(self.poll_wait),
-            "hooks": {
-                "timeout": go_duration(self.hooks.timeout),
-                "release_linger": go_duration(self.hooks.release_linger),
-            },
-            "probe_dir": self.probe_dir,
-            "probe_interval": go_duration(self.probe_interval),
-            "probe_timeout": go_duration(self.probe_timeout),
-            "verify_dir": self.verify_dir,
-            "verify_timeout": go_duration(self.verify_timeout),
-            "verify_pass_budget": go_duration(self.verify_pass_budget),
-            "sheet_dir": self.sheet_dir,
-            "require_manual_clear": self.require_manual_clear,
-            "tail_listen": self.tail_listen or None,
-            "tail_token": REDACTED if self.tail_token else "",
-            "tail_allow_origins": list(self.tail_allow_origins),
-            "memory_budget": format_size(self.memory_budget),
-            "ignored_keys": list(self.ignored_keys),
-        }
+        )
+        return out
+
+
+def _plain(obj: Any) -> dict[str, Any]:
+    """``obj``'s fields as JSON-able data: durations and sizes as the file writes them."""
+    out: dict[str, Any] = {}
+    for f in attrs.fields(type(obj)):
+        value = getattr(obj, f.name)
+        kind = f.metadata.get(FILE_TYPE)
+        if kind is not None:
+            value = go_duration(value) if kind is GoDuration else format_size(value)
+        elif attrs.has(type(value)):
+            value = _plain(value)
+        elif isinstance(value, tuple | dict):
+            value = list(value) if isinstance(value, tuple) else dict(value)
+        out[f.name] = value
+    return out
 
 
 _GO_TRUE = frozenset({"1", "t", "T", "TRUE", "true", "True"})
