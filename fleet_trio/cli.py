@@ -22,6 +22,7 @@ import attrs
 import trio
 
 from fleet_trio import __version__
+from fleet_trio.backoff import Backoff
 from fleet_trio.durations import parse_duration_seconds
 from fleet_trio.errors import DurationError
 from fleet_trio.gpu.fake_cli import add_parser as add_fake_gpu_parser
@@ -847,7 +848,7 @@ async def _tail(args: argparse.Namespace) -> int:
         if failures > args.retries:
             await say(f"error: giving up after {failures - 1} reconnection attempt(s): {problem}")
             return EXIT_TAIL_FAILED
-        delay = min(0.5 * 2 ** (failures - 1), TAIL_BACKOFF_MAX)
+        delay = Backoff.exponential(0.5, TAIL_BACKOFF_MAX).delay(failures - 1)
         await say(
             f"connection lost ({problem}); reconnecting from {position} in {delay:g}s "
             f"(attempt {failures}/{args.retries})"

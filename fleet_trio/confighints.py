@@ -1,9 +1,18 @@
-"""Hints for configuration typos: the closest known key (``difflib``)."""
+"""Configuration errors both roles' loaders share: the closest known key for a typo
+(``difflib``), and a cattrs structuring failure turned into one message naming its key.
+
+A loader raises :class:`KeyedError` (message + dotted key) and turns it into a
+``ConfigError`` that names the file at its edge.
+"""
 
 from __future__ import annotations
 
 import difflib
 from collections.abc import Iterable
+from typing import Any
+
+import attrs
+import cattrs
 
 
 def closest(key: str, known: Iterable[str]) -> str | None:
@@ -19,4 +28,48 @@ def did_you_mean(key: str, known: Iterable[str]) -> str:
     return f" (did you mean {match!r}?)" if match else ""
 
 
-__all__ = ["closest", "did_you_mean"]
+class KeyedError(ValueError):
+    """A config problem and the dotted key it is about (``devices[1].max_runtime``)."""
+
+    def __init__(self, message: str, key: str) -> None:
+        super().__init__(message)
+        self.key = key
+
+
+def _format_exception(exc: BaseException, type_: type | None) -> str:
+    """A hook's ``ValueError`` says it best; unknown keys of a strict class get a hint."""
+    if isinstance(exc, ValueError) and str(exc):
+        return str(exc)
+    if isinstance(exc, cattrs.ForbiddenExtraKeysError) and attrs.has(exc.cl):
+        known = [f.name for f in attrs.fields(exc.cl)]
+        hints = "".join(did_you_mean(str(k), known) for k in sorted(exc.extra_fields))
+        return cattrs.v.format_exception(exc, type_) + hints
+    return cattrs.v.format_exception(exc, type_)
+
+
+def cattrs_error(exc: BaseException, prefix: str = "") -> tuple[str, str]:
+    """``(message, dotted key)`` of the first error of a cattrs structuring failure, the key
+    under ``prefix`` (``$.devices[1]['x']`` → ``prefix.devices[1].x``)."""
+    try:
+        messages = cattrs.transform_error(exc, path="$", format_exception=_format_exception)
+    except Exception:  # pragma: no cover - defensive: never lose the error itself
+        messages = []
+    if not messages:
+        return str(exc), prefix
+    message, _, where = messages[0].rpartition(" @ ")
+    if not message:
+        message, where = messages[0], "$"
+    key = where.removeprefix("$").replace("['", ".").replace("']", "").lstrip(".")
+    return message, ".".join(p for p in (prefix, key) if p)
+
+
+def structure(converter: cattrs.Converter, value: object, cls: Any, key: str) -> Any:
+    """``converter.structure``; a failure is a :class:`KeyedError` under ``key``."""
+    try:
+        return converter.structure(value, cls)
+    except (cattrs.BaseValidationError, ValueError, TypeError) as exc:
+        message, where = cattrs_error(exc, key)
+        raise KeyedError(message, where) from None
+
+
+__all__ = ["KeyedError", "cattrs_error", "closest", "did_you_mean", "structure"]

@@ -33,21 +33,27 @@ else **400** ``invalid job_id: …``, before anything looks it up.
 
 The checks are pure functions of the request's headers (:class:`EdgeRequest`); the quart part is
 :meth:`EdgeGuard.install`.
+
+Both roles also take from here listen addresses (:func:`split_host_port`), the loopback rule
+(:func:`is_loopback_host`) and the error envelope (:func:`error_body`, :func:`unauthorized`).
 """
 
 from __future__ import annotations
 
 import ipaddress
+import json
 import logging
 from collections import Counter
 from collections.abc import Iterable, Mapping
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import urlsplit
 
 import attrs
-from quart import Quart, Response, request, websocket
 
 from fleet_trio.inputs import id_problem, printable
+
+if TYPE_CHECKING:  # quart is imported where a response is made: the parsers stay light
+    from quart import Quart, Response
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +68,8 @@ REASON_JOB_ID = "job_id"
 FORBIDDEN_ORIGIN = "forbidden: cross-origin request refused (origin {origin} is not allowed)"
 FORBIDDEN_HOST = "forbidden: host {host} is not a loopback name on a loopback listener"
 FORBIDDEN_FETCH_SITE = "forbidden: cross-site browser request refused"
+MSG_UNAUTHORIZED = "unauthorized"
+"""The 401 message of both roles (node.md §2.5)."""
 
 
 class OriginError(ValueError):
@@ -106,26 +114,57 @@ def _split_host(host: str) -> tuple[str, int | None] | None:
     return name, None
 
 
-def is_loopback_name(host: str) -> bool:
-    """Whether a ``Host`` header value (``host[:port]``) names this machine's loopback:
-    ``localhost``, an address in ``127.0.0.0/8``, ``::1`` (also as an IPv4-mapped address).
+def split_host_port(addr: str) -> tuple[str, str]:
+    """A listen address ``HOST:PORT`` (Go's ``net.SplitHostPort``); ``ValueError`` with Go's
+    messages."""
+    if addr.startswith("["):
+        end = addr.find("]")
+        if end < 0:
+            raise ValueError("missing ']' in address")
+        host, rest = addr[1:end], addr[end + 1 :]
+        if not rest:
+            raise ValueError("missing port in address")
+        if not rest.startswith(":"):
+            raise ValueError("unexpected characters after ']' in address")
+        port = rest[1:]
+        if ":" in port:
+            raise ValueError("too many colons in address")
+        return host, port
+    i = addr.rfind(":")
+    if i < 0:
+        raise ValueError("missing port in address")
+    host, port = addr[:i], addr[i + 1 :]
+    if ":" in host:
+        raise ValueError("too many colons in address")
+    if "[" in host or "]" in host or "[" in port or "]" in port:
+        raise ValueError("unexpected '[' or ']' in address")
+    return host, port
+
+
+def is_loopback_host(host: str) -> bool:
+    """The loopback rule: ``localhost`` (any case), 127.0.0.0/8, ``::1`` and IPv4-mapped
+    loopback (brackets allowed).
 
     Names under ``.localhost`` are not accepted: a browser that asks DNS for them (not every
     one hard-wires them to loopback) could be answered by a hostile resolver, the classic
     rebinding setup."""
-    split = _split_host(host)
-    if split is None:
-        return False
-    name = split[0]
-    if name in ("localhost", "localhost.", "127.0.0.1", "::1"):
+    if host.lower() == "localhost":
         return True
+    host = host.removeprefix("[").removesuffix("]")
     try:
-        addr = ipaddress.ip_address(name)
+        ip = ipaddress.ip_address(host)
     except ValueError:
         return False
-    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
-        addr = addr.ipv4_mapped
-    return addr.is_loopback
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        return ip.ipv4_mapped.is_loopback
+    return ip.is_loopback
+
+
+def is_loopback_name(host: str) -> bool:
+    """Whether a ``Host`` header value (``host[:port]``) names this machine's loopback
+    (:func:`is_loopback_host`; a fully qualified ``localhost.`` too)."""
+    split = _split_host(host)
+    return split is not None and (split[0] == "localhost." or is_loopback_host(split[0]))
 
 
 def _origin(scheme: str, name: str, port: int | None) -> str:
@@ -264,8 +303,6 @@ def refusal(req: EdgeRequest, policy: EdgePolicy) -> tuple[str, str] | None:
 def listen_is_loopback(listen: str) -> bool:
     """Whether a listen address ``HOST:PORT`` binds loopback only (then the Host rule
     applies). An address that does not parse counts as loopback: the stricter rule."""
-    from fleet_trio.node.config import is_loopback_host, split_host_port
-
     try:
         host, _port = split_host_port(listen)
     except ValueError:
@@ -297,6 +334,8 @@ def preflight_response(origin: str, headers: HeaderLookup) -> Response:
     """204 to a listed origin's CORS preflight (``OPTIONS``): the methods and headers the
     routes use; ``Access-Control-Allow-Private-Network`` when the browser asks (a public page
     calling a loopback node)."""
+    from quart import Response
+
     out = {
         **cors_headers(origin),
         "Access-Control-Allow-Methods": CORS_METHODS,
@@ -308,10 +347,30 @@ def preflight_response(origin: str, headers: HeaderLookup) -> Response:
     return Response(b"", status=204, headers=out)
 
 
-def _envelope(message: str, status: int) -> Response:
-    from fleet_trio.node.wire import error_body
+def error_body(message: str) -> bytes:
+    """The error envelope: exactly ``status`` and ``error`` (node.md §2.1), one JSON line. A
+    lone surrogate is written as its JSON escape, never a 500."""
+    text = json.dumps(
+        {"status": "error", "error": message}, ensure_ascii=False, separators=(",", ":")
+    )
+    return (text + "\n").encode("utf-8", errors="backslashreplace")
 
-    return Response(error_body(message), status=status, content_type="application/json")
+
+def error_response(message: str, status: int, headers: Mapping[str, str] | None = None) -> Response:
+    """The error envelope as a response."""
+    from quart import Response
+
+    return Response(
+        error_body(message),
+        status=status,
+        headers=dict(headers or {}),
+        content_type="application/json",
+    )
+
+
+def unauthorized() -> Response:
+    """401 ``unauthorized`` with ``WWW-Authenticate: Bearer`` (a missing or wrong token)."""
+    return error_response(MSG_UNAUTHORIZED, 401, {"WWW-Authenticate": 'Bearer realm="fleet-trio"'})
 
 
 @attrs.define
@@ -337,11 +396,11 @@ class EdgeGuard:
                 printable(req.path, limit=200),
                 message,
             )
-            return _envelope(message, 403)
+            return error_response(message, 403)
         problem = path_id_problem(view_args)
         if problem is not None:
             self.refused[REASON_JOB_ID] += 1
-            return _envelope(problem, 400)
+            return error_response(problem, 400)
         return None
 
     def listed_origin(self, req: EdgeRequest) -> str | None:
@@ -356,6 +415,7 @@ class EdgeGuard:
 
     def install(self, app: Quart) -> None:
         """Run :meth:`check` before every HTTP request and websocket handshake of ``app``."""
+        from quart import request, websocket
 
         async def _http() -> Response | None:
             req = EdgeRequest.from_headers(
@@ -399,6 +459,7 @@ __all__ = [
     "FORBIDDEN_FETCH_SITE",
     "FORBIDDEN_HOST",
     "FORBIDDEN_ORIGIN",
+    "MSG_UNAUTHORIZED",
     "REASON_FETCH_SITE",
     "REASON_HOST",
     "REASON_JOB_ID",
@@ -410,6 +471,9 @@ __all__ = [
     "check_allowed_origin",
     "cors_headers",
     "edge_guard",
+    "error_body",
+    "error_response",
+    "is_loopback_host",
     "is_loopback_name",
     "listen_is_loopback",
     "own_origin",
@@ -417,4 +481,6 @@ __all__ = [
     "path_id_problem",
     "preflight_response",
     "refusal",
+    "split_host_port",
+    "unauthorized",
 ]

@@ -25,14 +25,14 @@ from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
 from fleet_trio.auth import bearer_ok
-from fleet_trio.edge import EdgeGuard, EdgePolicy
+from fleet_trio.edge import EdgeGuard, EdgePolicy, error_response, unauthorized
 from fleet_trio.errors import WireError
 from fleet_trio.inputs import id_problem
 from fleet_trio.logbus.bus import LogBus
 from fleet_trio.logbus.ui import stream_tail
-from fleet_trio.metrics import NodeMetrics
 from fleet_trio.node.jobs import MSG_JOURNAL_UNAVAILABLE, JobState, JobStore, Registration
 from fleet_trio.node.linger import PollLinger
+from fleet_trio.node.metrics import NodeMetrics
 from fleet_trio.node.tasks import PreparedJob, TaskRegistry, TaskRunner, job_log_meta
 from fleet_trio.node.wire import (
     MAX_DISPATCH_BODY,
@@ -40,14 +40,12 @@ from fleet_trio.node.wire import (
     MSG_SNAPSHOT_STALE,
     MSG_SNAPSHOT_UNAVAILABLE,
     MSG_TOO_LARGE,
-    MSG_UNAUTHORIZED,
     MSG_UNKNOWN_JOB,
     GpuDeviceWire,
     Health,
     ack_body,
     check_content_type,
     dumps,
-    error_body,
     footprint_from_wire,
     job_body,
     make_converter,
@@ -137,16 +135,14 @@ def _json(body: bytes, status: int, headers: Mapping[str, str] | None = None) ->
     )
 
 
-def _error(message: str, status: int, headers: Mapping[str, str] | None = None) -> Response:
-    return _json(error_body(message), status, headers)
+_error = error_response
 
 
 def _token_ok(ctx: NodeContext, header: str | None) -> bool:
     return bearer_ok(ctx.token, header)
 
 
-def _unauthorized() -> Response:
-    return _error(MSG_UNAUTHORIZED, 401, {"WWW-Authenticate": 'Bearer realm="fleet-trio"'})
+_unauthorized = unauthorized
 
 
 def snapshot_problem(

@@ -7,7 +7,6 @@ key and the file. One cattrs converter for this edge, configured by :func:`regis
 
 from __future__ import annotations
 
-import ipaddress
 import os
 import re
 import socket
@@ -19,7 +18,10 @@ import cattrs
 import yaml
 
 from fleet_trio.configfile import check_yaml_shape, find_bad_number, read_config_bytes
+from fleet_trio.confighints import KeyedError as _KeyedError
+from fleet_trio.confighints import structure as _structure
 from fleet_trio.durations import parse_duration_seconds
+from fleet_trio.edge import is_loopback_host, split_host_port
 from fleet_trio.errors import ConfigError, DurationError
 from fleet_trio.inputs import id_problem, printable
 from fleet_trio.memory import DEFAULT_BUDGET, check_budget, parse_size
@@ -206,12 +208,6 @@ def task_gpus(task: TaskDef) -> int:
 # --------------------------------------------------------------------------------------------
 
 
-class _KeyedError(ValueError):
-    def __init__(self, message: str, key: str) -> None:
-        super().__init__(message)
-        self.key = key
-
-
 def _structure_duration(value: object, _: type) -> Duration:
     if isinstance(value, bool) or not isinstance(value, str):
         raise ValueError(f"expected a Go duration such as 10s or 500ms, got {value!r}")
@@ -327,48 +323,6 @@ def make_converter() -> cattrs.Converter:
     converter = cattrs.Converter(forbid_extra_keys=True)
     register_hooks(converter)
     return converter
-
-
-def _format_exception(exc: BaseException, type_: type | None) -> str:
-    if isinstance(exc, ValueError) and str(exc) and type(exc) is ValueError:
-        return str(exc)
-    if isinstance(exc, cattrs.ForbiddenExtraKeysError) and attrs.has(exc.cl):
-        from fleet_trio.confighints import did_you_mean
-
-        known = [f.name for f in attrs.fields(exc.cl)]
-        hints = "".join(did_you_mean(str(k), known) for k in sorted(exc.extra_fields))
-        return cattrs.v.format_exception(exc, type_) + hints
-    return cattrs.v.format_exception(exc, type_)
-
-
-def _first_error(exc: BaseException, prefix: str) -> tuple[str, str]:
-    """``(message, dotted key)`` from a cattrs error."""
-    try:
-        messages = cattrs.transform_error(
-            exc,
-            path="$",
-            format_exception=_format_exception,
-        )
-    except Exception:
-        return str(exc), prefix
-    if not messages:
-        return str(exc), prefix
-    text = messages[0]
-    message, _, where = text.rpartition(" @ ")
-    if not message:
-        message, where = text, "$"
-    key = where.removeprefix("$").lstrip(".")
-    # cattrs writes mapping keys as ['name']; turn them into dotted parts.
-    key = key.replace("['", ".").replace("']", "").lstrip(".")
-    return message, ".".join(p for p in (prefix, key) if p)
-
-
-def _structure(converter: cattrs.Converter, value: object, cls: type[Any], key: str) -> Any:
-    try:
-        return converter.structure(value, cls)
-    except (cattrs.BaseValidationError, ValueError, TypeError) as exc:
-        message, where = _first_error(exc, key)
-        raise _KeyedError(message, where) from None
 
 
 def _check_family_rule(rule: FamilyRule, key: str) -> None:
@@ -556,46 +510,6 @@ def resolve_listen(flag: str | None, configured: str) -> str:
 
 class ListenRefused(ConfigError):
     """The listen guard refused the address."""
-
-
-def split_host_port(addr: str) -> tuple[str, str]:
-    """Go's ``net.SplitHostPort``. Raises ``ValueError`` with Go's messages."""
-    if addr.startswith("["):
-        end = addr.find("]")
-        if end < 0:
-            raise ValueError("missing ']' in address")
-        host, rest = addr[1:end], addr[end + 1 :]
-        if not rest:
-            raise ValueError("missing port in address")
-        if not rest.startswith(":"):
-            raise ValueError("unexpected characters after ']' in address")
-        port = rest[1:]
-        if ":" in port:
-            raise ValueError("too many colons in address")
-        return host, port
-    i = addr.rfind(":")
-    if i < 0:
-        raise ValueError("missing port in address")
-    host, port = addr[:i], addr[i + 1 :]
-    if ":" in host:
-        raise ValueError("too many colons in address")
-    if "[" in host or "]" in host or "[" in port or "]" in port:
-        raise ValueError("unexpected '[' or ']' in address")
-    return host, port
-
-
-def is_loopback_host(host: str) -> bool:
-    """``localhost`` (any case), 127.0.0.0/8, ``::1`` and IPv4-mapped loopback."""
-    if host.lower() == "localhost":
-        return True
-    host = host.removeprefix("[").removesuffix("]")
-    try:
-        ip = ipaddress.ip_address(host)
-    except ValueError:
-        return False
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        return ip.ipv4_mapped.is_loopback
-    return ip.is_loopback
 
 
 def check_listen(addr: str, allow_non_local: bool) -> None:

@@ -27,6 +27,7 @@ unwritable one refuses the start) and the previous run's jobs are recovered
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import os
@@ -42,7 +43,6 @@ from fleet_trio.edge import EdgePolicy, OriginError, listen_is_loopback
 from fleet_trio.errors import FleetTrioError
 from fleet_trio.logbus import LogBus
 from fleet_trio.memory import MemoryBudget
-from fleet_trio.metrics import NodeMetrics
 from fleet_trio.node.app import FootprintSource, NodeContext, VramStatus, create_app
 from fleet_trio.node.config import (
     TRUSTED_NETWORK_WARNING,
@@ -58,19 +58,15 @@ from fleet_trio.node.config import (
 from fleet_trio.node.jobs import INTERRUPTED, JobStore
 from fleet_trio.node.journal import Journal, JournalError, JournalWriter
 from fleet_trio.node.linger import PollLinger
+from fleet_trio.node.metrics import NodeMetrics
 from fleet_trio.node.placement import Placement, footprint_need
 from fleet_trio.node.recovery import recover
 from fleet_trio.node.retention import attach_result_budget
 from fleet_trio.node.tasks import JOB_MARKER, PreparedJob, TaskRegistry, TaskRunner
 from fleet_trio.nursery import DEFAULT_SIGNALS, TaskTree, open_task_tree
-from fleet_trio.nursery.httpserve import serve_http_bounded
+from fleet_trio.nursery.httpserve import hypercorn_config, serve_http
 
 log = logging.getLogger(__name__)
-
-IDLE_TIMEOUT = 120.0
-"""§2.1: an idle keep-alive connection is closed after 120 s."""
-TAIL_PING_INTERVAL = 30.0
-"""Seconds between server pings on a tail websocket (keeps it inside ``read_timeout``)."""
 
 
 class NodeStartError(FleetTrioError):
@@ -138,54 +134,6 @@ def server_timeouts(hc: HypercornConfig, app: Any) -> dict[str, float | None]:
         "idle": float(hc.keep_alive_timeout),
         "socket_read": float(hc.read_timeout) if hc.read_timeout else None,
     }
-
-
-def hypercorn_config(listen: str) -> HypercornConfig:
-    """Hypercorn settings for the node (see :func:`server_timeouts` for the §2.1 mapping)."""
-    hc = HypercornConfig()
-    hc.bind = [listen]
-    hc.keep_alive_timeout = IDLE_TIMEOUT
-    hc.read_timeout = int(IDLE_TIMEOUT)
-    hc.graceful_timeout = 1.0
-    # live log tail: a tail client never writes, and read_timeout applies to websocket reads
-    # too; pinging makes the client answer (pong) well within it.
-    hc.websocket_ping_interval = TAIL_PING_INTERVAL
-    hc.accesslog = None
-    hc.errorlog = None
-    return hc
-
-
-async def serve_http(
-    app: Any,
-    hc: HypercornConfig,
-    *,
-    task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
-) -> None:
-    """The HTTP server; ``started`` with the bound URLs. Runs until cancelled.
-
-    Every write to a client has a deadline (:mod:`fleet_trio.nursery.httpserve`): a client
-    that stops reading is dropped, never waited on.
-
-    Cancellation: ends the server at once, cutting any write still in progress.
-    """
-    try:
-        await serve_http_bounded(app, hc, task_status=task_status)
-    except (OSError, OverflowError) as exc:  # OverflowError: a port out of 0-65535
-        raise NodeStartError(f"cannot listen on {', '.join(hc.bind)}: {exc}") from exc
-    except BaseExceptionGroup as group:  # hypercorn binds inside its nurseries
-        bind_errors, rest = group.split((OSError, OverflowError))
-        if bind_errors is None or rest is not None:
-            raise
-        first = _first_leaf(bind_errors)
-        raise NodeStartError(f"cannot listen on {', '.join(hc.bind)}: {first}") from first
-
-
-def _first_leaf(group: BaseExceptionGroup[Exception]) -> OSError | OverflowError:
-    first: BaseException = group
-    while isinstance(first, BaseExceptionGroup):
-        first = first.exceptions[0]
-    assert isinstance(first, OSError | OverflowError)
-    return first
 
 
 @attrs.define
@@ -531,7 +479,10 @@ async def serve_node(
             await tree.services.start(store.serve_janitor, name="janitor")
             app = create_app(ctx)
             urls: list[str] = await tree.role.start(
-                serve_http, app, hypercorn_config(listen), name="http"
+                functools.partial(serve_http, error=NodeStartError),
+                app,
+                hypercorn_config(listen),
+                name="http",
             )
             devices = f" on {len(gpu.devices)} GPUs" if len(gpu.devices) > 1 else ""
             bound = urls[0].partition("://")[2] if urls else listen  # port 0: the real port

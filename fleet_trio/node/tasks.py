@@ -50,7 +50,7 @@ from fleet_trio.proc.spec import JobSpec, Result
 
 if TYPE_CHECKING:  # live log tail (fleet_trio.logbus)
     from fleet_trio.logbus import JobLog, LogBus
-    from fleet_trio.metrics import NodeMetrics
+    from fleet_trio.node.metrics import NodeMetrics
 
 log = logging.getLogger(__name__)
 

@@ -21,6 +21,7 @@ from typing import Any
 import attrs
 import cattrs
 
+from fleet_trio.edge import MSG_UNAUTHORIZED, error_body
 from fleet_trio.errors import WireError
 from fleet_trio.inputs import JSON_MAX_DEPTH
 
@@ -56,7 +57,6 @@ MSG_TOO_LARGE = "request body too large (limit 1 MiB)"
 MSG_JOB_ID_REQUIRED = "job_id required"
 MSG_DRAINING = "node draining"
 MSG_UNKNOWN_JOB = "unknown job"
-MSG_UNAUTHORIZED = "unauthorized"
 
 
 def msg_content_type(raw: str) -> str:
@@ -93,11 +93,6 @@ def dumps(value: object) -> bytes:
     """
     text = json.dumps(value, ensure_ascii=False, separators=(",", ":")) + "\n"
     return text.encode("utf-8", errors="backslashreplace")
-
-
-def error_body(message: str) -> bytes:
-    """The error envelope: exactly ``status`` and ``error`` (§2.1)."""
-    return dumps({"status": "error", "error": message})
 
 
 def ack_body(job_id: str) -> bytes:

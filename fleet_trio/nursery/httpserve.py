@@ -20,6 +20,8 @@ app's lifespan), with one difference, in :class:`BoundedConnection`:
 The bound this gives: a server scope closes within a scheduler pass or two of its cancel,
 whatever its clients do. Tested with a real client that never reads
 (``tests/nursery/test_stalled_tail_shutdown.py``).
+
+Both roles serve through :func:`serve_http` (a failed bind: the role's own start error).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
+from collections.abc import Callable
 from typing import Any
 
 import trio
@@ -42,6 +45,27 @@ log = logging.getLogger(__name__)
 
 WRITE_TIMEOUT = 30.0
 """Seconds one write to a client may take before the client is dropped (§2.1 write: 30 s)."""
+IDLE_TIMEOUT = 120.0
+"""§2.1: an idle keep-alive connection is closed after 120 s."""
+TAIL_PING_INTERVAL = 30.0
+"""Seconds between server pings on a tail websocket (keeps a silent client inside
+``read_timeout``)."""
+
+
+def hypercorn_config(listen: str) -> HypercornConfig:
+    """Hypercorn settings for a listener on ``listen`` (both roles; node.md §2.1's mapping is
+    ``fleet_trio.node.server.server_timeouts``)."""
+    hc = HypercornConfig()
+    hc.bind = [listen]
+    hc.keep_alive_timeout = IDLE_TIMEOUT
+    hc.read_timeout = int(IDLE_TIMEOUT)
+    hc.graceful_timeout = 1.0
+    # live log tail: a tail client never writes, and read_timeout applies to websocket reads
+    # too; pinging makes the client answer (pong) well within it.
+    hc.websocket_ping_interval = TAIL_PING_INTERVAL
+    hc.accesslog = None
+    hc.errorlog = None
+    return hc
 
 
 class Connections:
@@ -183,4 +207,39 @@ async def serve_http_bounded(
             )
 
 
-__all__ = ["WRITE_TIMEOUT", "BoundedConnection", "Connections", "serve_http_bounded"]
+async def serve_http(
+    app: Any,
+    hc: HypercornConfig,
+    *,
+    error: Callable[[str], Exception],
+    task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """:func:`serve_http_bounded`, with a bind failure (``OSError``; ``OverflowError`` for a
+    port out of 0-65535; also when hypercorn raises it inside its nurseries) raised as
+    ``error("cannot listen on HOST:PORT: <reason>")``, before ``started``.
+
+    Cancellation: as :func:`serve_http_bounded` (ends at once, writes in progress cut)."""
+    try:
+        await serve_http_bounded(app, hc, task_status=task_status)
+    except (OSError, OverflowError) as exc:
+        raise error(f"cannot listen on {', '.join(hc.bind)}: {exc}") from exc
+    except BaseExceptionGroup as group:
+        bind_errors, rest = group.split((OSError, OverflowError))
+        if bind_errors is None or rest is not None:
+            raise
+        first: BaseException = bind_errors
+        while isinstance(first, BaseExceptionGroup):
+            first = first.exceptions[0]
+        raise error(f"cannot listen on {', '.join(hc.bind)}: {first}") from first
+
+
+__all__ = [
+    "IDLE_TIMEOUT",
+    "TAIL_PING_INTERVAL",
+    "WRITE_TIMEOUT",
+    "BoundedConnection",
+    "Connections",
+    "hypercorn_config",
+    "serve_http",
+    "serve_http_bounded",
+]

@@ -41,6 +41,7 @@ from collections.abc import Callable, Sequence
 import attrs
 import trio
 
+from fleet_trio.backoff import Backoff
 from fleet_trio.durations import signal_text
 from fleet_trio.proc.sinks import Sink
 from fleet_trio.proc.spec import JobSpec, Result
@@ -315,7 +316,8 @@ class Supervisor:
         """
         with self.helpers.scope():
             await self.leader_done.wait()
-            pause = 0.02
+            pauses = Backoff.exponential(0.02, ESCAPE_POLL_MAX)
+            checks = 0
             while not self.completed.is_set():
                 if not self.target.alive():
                     with trio.move_on_after(ESCAPED_EOF_WAIT):
@@ -326,8 +328,8 @@ class Supervisor:
                         self.completed.set()
                         self.wake.set()
                         return
-                await trio.sleep(pause)
-                pause = min(pause * 2, ESCAPE_POLL_MAX)
+                await trio.sleep(pauses.delay(checks))
+                checks += 1
 
     # -- the end ------------------------------------------------------------------------------
     async def _conclude(self) -> Result:

@@ -171,7 +171,7 @@ def _remove_session(path: str) -> None:
 
 
 def _parse_listen(listen: str) -> tuple[str, int]:
-    from fleet_trio.node.config import is_loopback_host, split_host_port
+    from fleet_trio.edge import is_loopback_host, split_host_port
 
     try:
         host, port_text = split_host_port(listen)

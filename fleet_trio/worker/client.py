@@ -30,12 +30,13 @@ import cattrs
 import httpx
 import trio
 
+from fleet_trio.backoff import Backoff
 from fleet_trio.durations import go_duration_seconds
 from fleet_trio.errors import WireError
 from fleet_trio.inputs import InputError, id_problem, loads_json, printable
 
 if TYPE_CHECKING:
-    from fleet_trio.metrics import WorkerMetrics
+    from fleet_trio.worker.metrics import WorkerMetrics
 
 log = logging.getLogger(__name__)
 
@@ -638,10 +639,7 @@ class ControllerClient:
         return False
 
     def _backoff(self, index: int) -> float:
-        seq = self.timings.report_backoff
-        if not seq:
-            return 0.0
-        return seq[min(index, len(seq) - 1)]
+        return Backoff(self.timings.report_backoff).delay(index)
 
     async def deliver(self, what: str, method: str, path: str, body: bytes) -> bool:
         """Send until a 2xx, keeping the message through an outage.

@@ -45,7 +45,7 @@ from fleet_trio.worker.lease import (
 from fleet_trio.worker.verify import verify_assignment
 
 if TYPE_CHECKING:
-    from fleet_trio.metrics import WorkerMetrics
+    from fleet_trio.worker.metrics import WorkerMetrics
 
 log = logging.getLogger(__name__)
 

@@ -21,38 +21,32 @@ import logging
 from typing import TYPE_CHECKING
 
 import trio
-from hypercorn.config import Config as HypercornConfig
 from quart import Response, request, websocket
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
 from fleet_trio.auth import bearer, token_ok
-from fleet_trio.edge import EdgeGuard, EdgePolicy, OriginError, listen_is_loopback
+from fleet_trio.edge import (
+    EdgeGuard,
+    EdgePolicy,
+    OriginError,
+    error_response,
+    listen_is_loopback,
+    unauthorized,
+)
 from fleet_trio.errors import FleetTrioError
 from fleet_trio.logbus.bus import LogBus
 from fleet_trio.logbus.ui import mount_ui, stream_tail
-from fleet_trio.node.wire import MSG_UNAUTHORIZED, error_body
-from fleet_trio.nursery.httpserve import serve_http_bounded
+from fleet_trio.nursery.httpserve import hypercorn_config, serve_http
 
 if TYPE_CHECKING:
-    from fleet_trio.metrics import WorkerMetrics
+    from fleet_trio.worker.metrics import WorkerMetrics
 
 log = logging.getLogger(__name__)
-
-TAIL_PING_INTERVAL = 30.0
-"""Seconds between server pings on a tail websocket (keeps a silent client inside
-``read_timeout``; the node's value)."""
-READ_TIMEOUT = 120
 
 
 class TailListenError(FleetTrioError):
     """The tail listener could not start (bind failed)."""
-
-
-def _error(message: str, status: int, headers: dict[str, str] | None = None) -> Response:
-    return Response(
-        error_body(message), status=status, headers=headers or {}, content_type="application/json"
-    )
 
 
 def create_tail_app(
@@ -78,12 +72,12 @@ def create_tail_app(
             query_token = websocket.args.get("token")
             authorized = query_token is not None and token_ok(token, query_token)
         if not authorized:
-            return _error(MSG_UNAUTHORIZED, 401, {"WWW-Authenticate": 'Bearer realm="fleet-trio"'})
+            return unauthorized()
         await stream_tail(bus, job_id)
         return None
 
     async def _http_error(exc: HTTPException) -> Response:
-        return _error((exc.name or "error").lower(), exc.code or 500)
+        return error_response((exc.name or "error").lower(), exc.code or 500)
 
     app.register_error_handler(HTTPException, _http_error)
     if metrics is not None:
@@ -91,9 +85,7 @@ def create_tail_app(
 
         async def _metrics() -> Response:
             if not token_ok(token, bearer(request.headers.get("Authorization"))):
-                return _error(
-                    MSG_UNAUTHORIZED, 401, {"WWW-Authenticate": 'Bearer realm="fleet-trio"'}
-                )
+                return unauthorized()
             body, content_type = worker_metrics.render(request.headers.get("Accept"))
             return Response(body, status=200, content_type=content_type)
 
@@ -101,19 +93,6 @@ def create_tail_app(
     # the browser page (GET /fleet/ui and its job list), as on the node
     mount_ui(app, lambda: bus, lambda header: token_ok(token, bearer(header)), node_id=node_id)
     return app
-
-
-def tail_hypercorn_config(listen: str) -> HypercornConfig:
-    """Hypercorn settings for the tail listener (the node's, minus what HTTP routes need)."""
-    hc = HypercornConfig()
-    hc.bind = [listen]
-    hc.keep_alive_timeout = float(READ_TIMEOUT)
-    hc.read_timeout = READ_TIMEOUT
-    hc.graceful_timeout = 1.0
-    hc.websocket_ping_interval = TAIL_PING_INTERVAL
-    hc.accesslog = None
-    hc.errorlog = None
-    return hc
 
 
 async def serve_tail_listener(
@@ -143,36 +122,27 @@ async def serve_tail_listener(
     except OriginError as exc:
         raise TailListenError(f"tail_allow_origins: {exc}") from None
     app = create_tail_app(bus, token=token or None, metrics=metrics, edge=edge, node_id=node_id)
-    hc = tail_hypercorn_config(listen)
+    serve = functools.partial(serve_http, app, hypercorn_config(listen), error=TailListenError)
     started = False
-    problem: BaseException | None = None
     try:
         async with trio.open_nursery() as nursery:
-            try:
-                urls: list[str] = await nursery.start(
-                    functools.partial(serve_http_bounded, app, hc)
-                )
-            except Exception as exc:
-                problem = exc
-            else:
-                started = True
-                task_status.started(urls[0] if urls else f"http://{listen}")
+            urls: list[str] = await nursery.start(serve)  # a failed bind: TailListenError
+            started = True
+            task_status.started(urls[0] if urls else f"http://{listen}")
     except Exception as exc:
-        if started:
-            log.exception("the tail listener on %s failed; live tails are off", listen)
-            return
-        problem = exc
-    if not started:
-        while isinstance(problem, BaseExceptionGroup) and len(problem.exceptions) == 1:
-            problem = problem.exceptions[0]
-        raise TailListenError(f"cannot listen on {listen}: {problem}") from problem
+        if not started:
+            problem: BaseException = exc
+            while isinstance(problem, BaseExceptionGroup) and len(problem.exceptions) == 1:
+                problem = problem.exceptions[0]
+            if isinstance(problem, TailListenError):
+                raise problem from problem.__cause__
+            raise TailListenError(f"cannot listen on {listen}: {problem}") from problem
+        log.exception("the tail listener on %s failed; live tails are off", listen)
 
 
 __all__ = [
-    "TAIL_PING_INTERVAL",
     "TailListenError",
     "create_tail_app",
     "serve_tail_listener",
-    "tail_hypercorn_config",
     "token_ok",
 ]

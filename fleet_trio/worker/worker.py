@@ -39,11 +39,11 @@ import attrs
 import trio
 
 from fleet_trio import proc
+from fleet_trio.backoff import Backoff
 from fleet_trio.durations import SECOND
 from fleet_trio.logbus import JobLog, LogBus, Stream
 from fleet_trio.logs import console, job_context
 from fleet_trio.memory import MemoryBudget
-from fleet_trio.metrics import WorkerMetrics
 from fleet_trio.nursery import TaskTree, TaskTreeClosed, open_task_tree
 from fleet_trio.nursery.tree import SHUTDOWN_SLACK
 from fleet_trio.proc.recovery import gather_recovery_proof
@@ -64,6 +64,7 @@ from fleet_trio.worker.config import WorkerConfig, check_tail_listen, cuda_devic
 from fleet_trio.worker.hooks import DRAIN_BUDGET, HOOK_GRACE, HostHooks
 from fleet_trio.worker.listener import TailListenError, serve_tail_listener
 from fleet_trio.worker.logfeed import FINISH_BOUND, LogFeed
+from fleet_trio.worker.metrics import WorkerMetrics
 from fleet_trio.worker.probes import Prober
 from fleet_trio.worker.relay import run_attached
 
@@ -427,14 +428,14 @@ class Worker:
 
         Cancellation: :func:`serve_worker` runs it in the tree's body, which the first
         shutdown request cancels: a controller that never answers cannot hold a stop."""
-        backoff = self.timings.register_backoff
+        backoff = Backoff(self.timings.register_backoff, empty=1.0)
         attempt = 0
         while True:
             try:
                 await self.register()
                 return
             except ControllerError as exc:
-                delay = backoff[min(attempt, len(backoff) - 1)] if backoff else 1.0
+                delay = backoff.delay(attempt)
                 log.error(
                     "registration with %s failed (%s); retrying in %gs",
                     self.config.controller_url,

@@ -15,16 +15,10 @@ from fleet_trio.gpu import FootprintKey, FootprintStore
 from fleet_trio.gpu.sampler import GlobalSampler
 from fleet_trio.gpu.source import GpuError, VramSnapshot
 from fleet_trio.logbus import LogBus
-from fleet_trio.metrics import (
-    GIB,
-    NodeMetrics,
-    WorkerMetrics,
-    bus_section,
-    controller_endpoint,
-    footprint_section,
-    vram_section,
-)
+from fleet_trio.metrics import bus_section
+from fleet_trio.node.metrics import GIB, NodeMetrics, footprint_section, vram_section
 from fleet_trio.proc.spec import SweepReport
+from fleet_trio.worker.metrics import WorkerMetrics, controller_endpoint
 from tests.metrics.scrape import Samples, parse, total, value
 
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import trio
 
-from fleet_trio.metrics import GIB
+from fleet_trio.node.metrics import GIB
 from tests.metrics.scrape import parse, scrape, total, value
 from tests.node.conftest import PY
 from tests.node.harness import FakeFootprints, FakeSampler, Harness, node_config, running_node

@@ -11,8 +11,8 @@ import trio
 
 from fleet_trio.logbus import End, LogBus, Output, Skipped
 from fleet_trio.memory import MemoryBudget
-from fleet_trio.metrics import NodeMetrics
 from fleet_trio.node.jobs import Done, Failed, JobState, JobTable
+from fleet_trio.node.metrics import NodeMetrics
 from fleet_trio.node.retention import EVICTED_PREFIX, attach_result_budget
 from tests.node.harness import node_config, running_node
 

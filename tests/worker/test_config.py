@@ -6,6 +6,7 @@ import json
 import logging
 from pathlib import Path
 
+import attrs
 import pytest
 
 from fleet_trio.durations import HOUR, MILLISECOND, MINUTE, SECOND
@@ -19,6 +20,7 @@ from fleet_trio.worker.config import (
     WorkerConfig,
     config_from_mapping,
     cuda_device_index,
+    file_fields,
     load_worker_config,
     parse_go_bool,
 )
@@ -420,6 +422,21 @@ def test_unknown_keys_are_ignored_and_listed(
     assert cfg.ignored_keys == ("metrics_listen", "devices[0].colour", "hooks.retries")
     assert cfg.hooks.timeout == 9 * SECOND
     assert "metrics_listen" in caplog.text
+
+
+def test_the_keys_of_the_file_are_the_fields_of_the_classes(tmp_path: Path) -> None:
+    """Unknown keys are computed from the attrs classes: every field is read (none listed as
+    ignored), and the two that are not file keys (``path``, ``ignored_keys``) are unknown."""
+    tops = [f.name for f in attrs.fields(WorkerConfig) if f.name not in ("path", "ignored_keys")]
+    assert set(file_fields(WorkerConfig)) == set(tops)
+    devices = {f.name: None for f in attrs.fields(DeviceConfig)} | {"name": "g"}
+    hooks = {f.name: None for f in attrs.fields(HooksConfig)}
+    given = {k: None for k in tops} | {"controller_url": "http://c", "devices": [devices]}
+    cfg = config_from_mapping({**given, "hooks": hooks}, hostname=lambda: "box")
+    assert cfg.ignored_keys == ()
+    cfg = config_from_mapping({**given, "path": "/x", "ignored_keys": ["y"]}, hostname=lambda: "h")
+    assert cfg.ignored_keys == ("path", "ignored_keys")
+    assert cfg.path == ""
 
 
 def test_a_key_given_twice_is_an_error(tmp_path: Path) -> None:

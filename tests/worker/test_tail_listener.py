@@ -30,6 +30,7 @@ from fleet_trio.logbus.tail import (
 from fleet_trio.sim import serve_controller
 from fleet_trio.sim.relay import operator
 from fleet_trio.worker.config import WorkerConfig, check_tail_listen, load_worker_config
+from fleet_trio.worker.listener import TailListenError, serve_tail_listener
 from fleet_trio.worker.worker import Worker, serve_worker
 from tests.logbus.test_tail_node import assert_contiguous, collect
 from tests.worker.test_worker import (
@@ -282,6 +283,21 @@ async def test_a_port_in_use_leaves_the_worker_running_without_a_tail() -> None:
                 job = ctrl.submit(dev("gpu0"), ["sh", "-c", "echo fine"])
                 assert await until_terminal(ctrl, job) == ["running", "succeeded"]
                 await ctrl.wait_for(lambda: ctrl.logs(job) == b"fine\n")
+
+
+async def test_a_port_in_use_is_a_start_error_naming_the_address() -> None:
+    """The bind failure comes out of the shared server start (nursery.httpserve.serve_http)
+    as the listener's own error, with the node's wording."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with trio.fail_after(10):
+            async with trio.open_nursery() as nursery:
+                with pytest.raises(TailListenError) as info:
+                    await nursery.start(serve_tail_listener, LogBus(), f"127.0.0.1:{port}")
+    assert str(info.value).startswith(f"cannot listen on 127.0.0.1:{port}: [Errno 98]")
+    assert isinstance(info.value.__cause__, OSError)
 
 
 # --------------------------------------------------------------------------------------------

@@ -1,4 +1,7 @@
-"""The ``fleet-trio worker`` configuration: the rc ``/etc/rc/worker.yaml``, read unchanged.
+"""Reading the ``fleet-trio worker`` configuration: the rc ``/etc/rc/worker.yaml``, unchanged.
+
+(Over 500 lines: the yaml.v3 typing and the keyed loader are one unit, the typed tree is read
+only here.)
 
 Spec: worker-protocol.md §12 (keys, defaults, errors), §10.5 (``require_manual_clear`` /
 ``RC_REQUIRE_MANUAL_CLEAR``), §13; worker-process.md §4.1 (hooks), §4.3 (``CUDA_VISIBLE_DEVICES``).
@@ -15,11 +18,9 @@ that typing rather than PyYAML's YAML 1.1 one:
 * unknown keys are ignored (yaml.v3 non-strict decoding), and listed in
   :attr:`WorkerConfig.ignored_keys`; a key given twice in one mapping is an error.
 
-Durations are integer nanoseconds (``fleet_trio.durations``). Zero or negative means "the
-default" for every duration except a device's ``max_runtime`` (zero = no ceiling, negative =
-rejected). Defaults are applied when a config is *constructed*, so a config built in code gets
-them too (a hook never runs without a timeout). Errors are :class:`ConfigError` naming the key
-(dotted, ``devices[1].max_runtime``) and the file.
+Each key is structured by cattrs as its model field's type (``FILE_TYPE`` where the file spells
+it differently); only ``devices`` and ``tail_allow_origins`` have a shape of their own. Errors
+are :class:`ConfigError` naming the key (dotted, ``devices[1].max_runtime``) and the file.
 """
 
 from __future__ import annotations
@@ -27,8 +28,9 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import typing
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, NewType
+from typing import Any
 
 import attrs
 import cattrs
@@ -36,325 +38,30 @@ import yaml
 from cattrs.gen import make_dict_structure_fn, override
 
 from fleet_trio.configfile import check_yaml_shape, read_config_bytes
-from fleet_trio.durations import MINUTE, SECOND, go_duration, parse_duration
+from fleet_trio.confighints import KeyedError as _KeyedError
+from fleet_trio.confighints import structure as _structure
+from fleet_trio.durations import SECOND, go_duration, parse_duration
 from fleet_trio.errors import ConfigError, DurationError
-from fleet_trio.memory import DEFAULT_BUDGET, check_budget, format_size, parse_size
-from fleet_trio.node.config import is_loopback_host, split_host_port
+from fleet_trio.memory import DEFAULT_BUDGET, check_budget, parse_size
+from fleet_trio.worker.config.model import (
+    CONTROLLER_MAX_POLL_WAIT,
+    DEFAULT_CONFIG_PATH,
+    ENV_REQUIRE_MANUAL_CLEAR,
+    ENV_TOKEN,
+    FILE_TYPE,
+    DeviceConfig,
+    GoDuration,
+    HooksConfig,
+    Size,
+    WorkerConfig,
+    _safe_hostname,
+    file_fields,
+    parse_go_bool,
+    tail_listen_problem,
+)
 
-log = logging.getLogger(__name__)
-
-DEFAULT_CONFIG_PATH = "/etc/rc/worker.yaml"
-
-DEFAULT_HEARTBEAT_INTERVAL = 10 * SECOND
-DEFAULT_POLL_WAIT = 30 * SECOND
-CONTROLLER_MAX_POLL_WAIT = 1 * MINUTE
-"""The controller answers a longer ``?wait=`` with its own 30 s default (§13, §17.14)."""
-DEFAULT_HOOK_TIMEOUT = 60 * SECOND
-DEFAULT_RELEASE_LINGER = 30 * SECOND
-DEFAULT_PROBE_DIR = "/etc/rc/probe.d"
-DEFAULT_PROBE_INTERVAL = 5 * MINUTE
-DEFAULT_PROBE_TIMEOUT = 5 * SECOND
-DEFAULT_VERIFY_DIR = "/etc/rc/verify.d"
-DEFAULT_VERIFY_TIMEOUT = 30 * SECOND
-DEFAULT_VERIFY_PASS_BUDGET = 2 * MINUTE
-DEFAULT_SHEET_DIR = "/etc/rc"
-
-ENV_TOKEN = "RC_TOKEN"
-ENV_REQUIRE_MANUAL_CLEAR = "RC_REQUIRE_MANUAL_CLEAR"
-
-REDACTED = "(redacted)"
-
-GoDuration = NewType("GoDuration", int)
-"""Integer nanoseconds, written in YAML as a Go duration string (top-level keys)."""
-
-
-# --------------------------------------------------------------------------------------------
-# The model
-# --------------------------------------------------------------------------------------------
-
-
-def _fill_defaults(obj: object, defaults: Mapping[str, object]) -> None:
-    """Replace a zero/negative duration or an empty string by its default (frozen-safe)."""
-    for name, default in defaults.items():
-        value = getattr(obj, name)
-        if (isinstance(value, str) and not value) or (isinstance(value, int) and value <= 0):
-            object.__setattr__(obj, name, default)
-
-
-@attrs.frozen
-class HooksConfig:
-    """Host-level hook defaults (``hooks:``). Zero or negative means the built-in default."""
-
-    timeout: int = DEFAULT_HOOK_TIMEOUT
-    """Per-hook timeout, ns (default 60 s)."""
-    release_linger: int = DEFAULT_RELEASE_LINGER
-    """How long a device stays held after a job before ``on_release`` runs, ns (30 s)."""
-
-    def __attrs_post_init__(self) -> None:
-        _fill_defaults(
-            self, {"timeout": DEFAULT_HOOK_TIMEOUT, "release_linger": DEFAULT_RELEASE_LINGER}
-        )
-
-
-@attrs.frozen
-class DeviceConfig:
-    """One device this host offers: ``- gpu0`` or a mapping with ``name:``.
-
-    ``timeout`` / ``release_linger`` of 0 mean "not overridden"; :class:`WorkerConfig`
-    resolves them to the host ``hooks:`` values when it is constructed.
-    """
-
-    name: str = ""
-    max_runtime: int = 0
-    """Runtime ceiling, ns; 0 = none. Registered as whole seconds (truncated)."""
-    on_acquire: str = ""
-    on_release: str = ""
-    timeout: int = 0
-    """Per-device hook timeout, ns; 0 = the host ``hooks.timeout``."""
-    release_linger: int = 0
-    """Per-device linger, ns; 0 = the host ``hooks.release_linger``."""
-    labels: dict[str, str] = attrs.Factory(dict)
-    """Declared labels, sent as this device's ``declared_labels``."""
-
-    def __attrs_post_init__(self) -> None:
-        for name in ("timeout", "release_linger"):
-            if getattr(self, name) < 0:
-                object.__setattr__(self, name, 0)
-
-    @property
-    def max_runtime_seconds(self) -> int:
-        """The ceiling as registered: whole seconds, truncated; 0 = none."""
-        return max(self.max_runtime, 0) // SECOND
-
-    @property
-    def has_hooks(self) -> bool:
-        """A device with neither hook gets no hook state at all (worker-process.md §4.1)."""
-        return bool(self.on_acquire or self.on_release)
-
-
-def _strip_trailing_slash(url: str) -> str:
-    """The reference concatenates ``controller_url`` + path verbatim; ``/`` at the end would
-    give ``//v1/...`` (worker-protocol.md §1.2, §17.15), so it is dropped."""
-    return url.rstrip("/") if url.strip("/") else url
-
-
-def _to_devices(devices: Iterable[DeviceConfig]) -> tuple[DeviceConfig, ...]:
-    return tuple(devices)
-
-
-@attrs.frozen
-class WorkerConfig:
-    """The resolved worker settings. Every default is applied at construction."""
-
-    controller_url: str = attrs.field(default="", converter=_strip_trailing_slash)
-    token: str = ""
-    host: str = ""
-    """Empty: the machine's host name, resolved at construction."""
-    devices: tuple[DeviceConfig, ...] = attrs.field(default=(), converter=_to_devices)
-    heartbeat_interval: int = DEFAULT_HEARTBEAT_INTERVAL
-    poll_wait: int = DEFAULT_POLL_WAIT
-    hooks: HooksConfig = attrs.Factory(HooksConfig)
-    probe_dir: str = DEFAULT_PROBE_DIR
-    probe_interval: int = DEFAULT_PROBE_INTERVAL
-    probe_timeout: int = DEFAULT_PROBE_TIMEOUT
-    verify_dir: str = DEFAULT_VERIFY_DIR
-    verify_timeout: int = DEFAULT_VERIFY_TIMEOUT
-    verify_pass_budget: int = DEFAULT_VERIFY_PASS_BUDGET
-    sheet_dir: str = DEFAULT_SHEET_DIR
-    require_manual_clear: bool = False
-    tail_listen: str = ""
-    """fleet-trio only: ``HOST:PORT`` of the live log tail websocket; empty = off."""
-    tail_token: str = ""
-    """fleet-trio only: bearer token the tail listener requires; empty = none."""
-    tail_allow_origins: tuple[str, ...] = ()
-    """fleet-trio only: browser origins the tail listener serves besides its own
-    (``scheme://host[:port]``, docs/security.md)."""
-    memory_budget: int = DEFAULT_BUDGET
-    """fleet-trio only: bytes of job log history kept across jobs (``fleet_trio.memory``)."""
-    path: str = ""
-    """The file it came from ("" when built in code)."""
-    ignored_keys: tuple[str, ...] = ()
-    """Keys in the file the worker does not read (dotted), in file order."""
-
-    def __attrs_post_init__(self) -> None:
-        _fill_defaults(
-            self,
-            {
-                "heartbeat_interval": DEFAULT_HEARTBEAT_INTERVAL,
-                "poll_wait": DEFAULT_POLL_WAIT,
-                "probe_dir": DEFAULT_PROBE_DIR,
-                "probe_interval": DEFAULT_PROBE_INTERVAL,
-                "probe_timeout": DEFAULT_PROBE_TIMEOUT,
-                "verify_dir": DEFAULT_VERIFY_DIR,
-                "verify_timeout": DEFAULT_VERIFY_TIMEOUT,
-                "verify_pass_budget": DEFAULT_VERIFY_PASS_BUDGET,
-                "sheet_dir": DEFAULT_SHEET_DIR,
-            },
-        )
-        if not self.host:
-            object.__setattr__(self, "host", _safe_hostname(socket.gethostname))
-        resolved = tuple(
-            attrs.evolve(
-                d,
-                timeout=d.timeout if d.timeout > 0 else self.hooks.timeout,
-                release_linger=d.release_linger
-                if d.release_linger > 0
-                else self.hooks.release_linger,
-            )
-            for d in self.devices
-        )
-        object.__setattr__(self, "devices", resolved)
-
-    def device_id(self, name: str) -> str:
-        """The controller's id for a device of this host: ``host:name``."""
-        return f"{self.host}:{name}"
-
-    @property
-    def device_ids(self) -> tuple[str, ...]:
-        return tuple(self.device_id(d.name) for d in self.devices)
-
-    def device_by_id(self, device_id: str) -> DeviceConfig | None:
-        """The configured device with this full id, or ``None`` (not declared here)."""
-        for d in self.devices:
-            if self.device_id(d.name) == device_id:
-                return d
-        return None
-
-    def to_summary(self) -> dict[str, Any]:
-        """The resolved settings as plain JSON-able data (``fleet-trio worker --check``).
-
-        Durations are rendered as Go renders them (``30s``, ``2m0s``); the token is redacted.
-        """
-        return {
-            "path": self.path,
-            "controller_url": self.controller_url,
-            "token": REDACTED if self.token else "",
-            "host": self.host,
-            "devices": [
-                {
-                    "id": self.device_id(d.name),
-                    "name": d.name,
-                    "max_runtime": go_duration(d.max_runtime) if d.max_runtime else None,
-                    "on_acquire": d.on_acquire or None,
-                    "on_release": d.on_release or None,
-                    "timeout": go_duration(d.timeout),
-                    "release_linger": go_duration(d.release_linger),
-                    "labels": dict(d.labels),
-                    "cuda_visible_devices": cuda_device_index(self.device_id(d.name)),
-                }
-                for d in self.devices
-            ],
-            "heartbeat_interval": go_duration(self.heartbeat_interval),
-            "poll_wait": go_duration(self.poll_wait),
-            "hooks": {
-                "timeout": go_duration(self.hooks.timeout),
-                "release_linger": go_duration(self.hooks.release_linger),
-            },
-            "probe_dir": self.probe_dir,
-            "probe_interval": go_duration(self.probe_interval),
-            "probe_timeout": go_duration(self.probe_timeout),
-            "verify_dir": self.verify_dir,
-            "verify_timeout": go_duration(self.verify_timeout),
-            "verify_pass_budget": go_duration(self.verify_pass_budget),
-            "sheet_dir": self.sheet_dir,
-            "require_manual_clear": self.require_manual_clear,
-            "tail_listen": self.tail_listen or None,
-            "tail_token": REDACTED if self.tail_token else "",
-            "tail_allow_origins": list(self.tail_allow_origins),
-            "memory_budget": format_size(self.memory_budget),
-            "ignored_keys": list(self.ignored_keys),
-        }
-
-
-# --------------------------------------------------------------------------------------------
-# Small pure helpers
-# --------------------------------------------------------------------------------------------
-
-_GO_TRUE = frozenset({"1", "t", "T", "TRUE", "true", "True"})
-_GO_FALSE = frozenset({"0", "f", "F", "FALSE", "false", "False"})
-_MAX_INT64 = (1 << 63) - 1
-
-
-def parse_go_bool(text: str) -> bool | None:
-    """Go's ``strconv.ParseBool``: the value, or ``None`` for anything it rejects."""
-    if text in _GO_TRUE:
-        return True
-    if text in _GO_FALSE:
-        return False
-    return None
-
-
-def cuda_device_index(device_id: str) -> str | None:
-    """``CUDA_VISIBLE_DEVICES`` for a device id (worker-process.md §4.3).
-
-    The name after the first ``:`` must be non-empty; its trailing ASCII digits are used
-    verbatim (``gpubox:gpu1`` → ``1``, ``gpu01`` → ``01``); no digits, or a number that does not
-    fit an int64, → ``None`` (leave the variable unset).
-    """
-    _, sep, name = device_id.partition(":")
-    if not sep or not name:
-        return None
-    i = len(name)
-    while i > 0 and "0" <= name[i - 1] <= "9":
-        i -= 1
-    digits = name[i:]
-    if not digits or int(digits) > _MAX_INT64:
-        return None
-    return digits
-
-
-def hook_env(event: str, device_id: str, job_id: str, submitter: str) -> dict[str, str]:
-    """§4.3: ``RC_EVENT``, ``RC_DEVICE``, ``RC_JOB_ID``, ``RC_SUBMITTER`` (set, possibly empty)
-    and the derived ``CUDA_VISIBLE_DEVICES`` on top of the worker's environment. Hooks do not
-    get the job's own env; job id and submitter are only ever environment values."""
-    env = {
-        "RC_EVENT": event,
-        "RC_DEVICE": device_id,
-        "RC_JOB_ID": job_id,
-        "RC_SUBMITTER": submitter,
-    }
-    index = cuda_device_index(device_id)
-    if index is not None:
-        env["CUDA_VISIBLE_DEVICES"] = index
-    return env
-
-
-def tail_listen_problem(addr: str) -> str | None:
-    """Why ``addr`` is not a usable ``HOST:PORT`` for ``tail_listen``, or ``None``."""
-    try:
-        _host, port = split_host_port(addr)
-    except ValueError as exc:
-        return f"expected HOST:PORT (e.g. 127.0.0.1:18812), got {addr!r}: {exc}"
-    if not port.isascii() or not port.isdigit() or int(port) > 65535:
-        return f"expected HOST:PORT with a port from 0 to 65535, got {addr!r}"
-    return None
-
-
-def check_tail_listen(cfg: WorkerConfig, trusted_network: bool) -> None:
-    """The listen guard for ``tail_listen`` (the node's ``--listen`` rule): a non-loopback
-    address needs ``--listen-trusted-network``. Raises :class:`ConfigError` naming the key."""
-    addr = cfg.tail_listen
-    if not addr or trusted_network:
-        return
-    problem = tail_listen_problem(addr)
-    if problem:
-        raise ConfigError(problem, key="tail_listen", path=cfg.path or None)
-    host, _port = split_host_port(addr)
-    if not is_loopback_host(host):
-        raise ConfigError(
-            f"refusing to bind {addr!r}: use a loopback address (127.0.0.1, ::1, localhost) "
-            "or start the worker with --listen-trusted-network to bind a trusted network "
-            "such as a tailnet address",
-            key="tail_listen",
-            path=cfg.path or None,
-        )
-
-
-def _safe_hostname(hostname: Callable[[], str]) -> str:
-    try:
-        return (hostname() or "").strip()
-    except Exception:
-        return ""
+log = logging.getLogger("fleet_trio.worker.config")
+"""The package's name: what operators see in front of the config's warnings."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -380,12 +87,6 @@ class _Scalar:
     text: str
     kind: str = "str"
     """``str``, ``int``, ``float`` or ``bool``."""
-
-
-class _KeyedError(ValueError):
-    def __init__(self, message: str, key: str) -> None:
-        super().__init__(message)
-        self.key = key
 
 
 def _join(prefix: str, key: str) -> str:
@@ -478,11 +179,6 @@ def _describe(value: object) -> str:
 # The converter
 # --------------------------------------------------------------------------------------------
 
-_DURATION_FIELDS: dict[type, tuple[str, ...]] = {
-    HooksConfig: ("timeout", "release_linger"),
-    DeviceConfig: ("max_runtime", "timeout", "release_linger"),
-}
-
 
 def _structure_str(value: object, _: type) -> str:
     if value is None:
@@ -538,15 +234,28 @@ def register_hooks(converter: cattrs.Converter) -> None:
     converter.register_structure_hook(str, _structure_str)
     converter.register_structure_hook(bool, _structure_bool)
     converter.register_structure_hook(GoDuration, _structure_duration)
+    converter.register_structure_hook(Size, lambda value, _: Size(_structure_str(value, str)))
     converter.register_structure_hook_func(lambda t: t == dict[str, str], _structure_labels)
-    for cls, names in _DURATION_FIELDS.items():
+    for cls in (HooksConfig, DeviceConfig):  # the mappings: each field as the file types it
         overrides: dict[str, Any] = {
-            name: override(struct_hook=_structure_duration) for name in names
+            f.name: override(struct_hook=_as(converter, f.metadata[FILE_TYPE]))
+            for f in attrs.fields(cls)
+            if FILE_TYPE in f.metadata
         }
         hook: Any = make_dict_structure_fn(
             cls, converter, _cattrs_forbid_extra_keys=False, **overrides
         )
         converter.register_structure_hook(cls, hook)
+
+
+def _as(converter: cattrs.Converter, file_type: Any) -> Callable[[object, Any], Any]:
+    return lambda value, _: converter.structure(value, file_type)
+
+
+def file_type(cls: type, name: str) -> Any:
+    """The type key ``name`` of ``cls`` has in the file: its ``FILE_TYPE``, else the field's."""
+    field = attrs.fields_dict(cls)[name]
+    return field.metadata.get(FILE_TYPE) or typing.get_type_hints(cls)[name]
 
 
 def make_converter() -> cattrs.Converter:
@@ -555,58 +264,9 @@ def make_converter() -> cattrs.Converter:
     return converter
 
 
-def _format_exception(exc: BaseException, type_: type | None) -> str:
-    if isinstance(exc, ValueError) and str(exc):
-        return str(exc)
-    return cattrs.v.format_exception(exc, type_)
-
-
-def _structure(converter: cattrs.Converter, value: object, cls: Any, key: str) -> Any:
-    """``converter.structure`` with the first error turned into a keyed one."""
-    try:
-        return converter.structure(value, cls)
-    except (cattrs.BaseValidationError, ValueError, TypeError) as exc:
-        try:
-            messages = cattrs.transform_error(exc, path="$", format_exception=_format_exception)
-        except Exception:  # pragma: no cover - defensive
-            messages = []
-        if not messages:
-            raise _KeyedError(str(exc), key) from None
-        message, _, where = messages[0].rpartition(" @ ")
-        if not message:
-            message, where = messages[0], "$"
-        sub = where.removeprefix("$").lstrip(".").replace("['", ".").replace("']", "")
-        raise _KeyedError(message, ".".join(p for p in (key, sub.lstrip(".")) if p)) from None
-
-
 # --------------------------------------------------------------------------------------------
 # Loading
 # --------------------------------------------------------------------------------------------
-
-_TOP_KEYS: dict[str, Any] = {
-    "controller_url": str,
-    "token": str,
-    "host": str,
-    "devices": None,  # handled by _devices
-    "heartbeat_interval": GoDuration,
-    "poll_wait": GoDuration,
-    "hooks": HooksConfig,
-    "probe_dir": str,
-    "probe_interval": GoDuration,
-    "probe_timeout": GoDuration,
-    "verify_dir": str,
-    "verify_timeout": GoDuration,
-    "verify_pass_budget": GoDuration,
-    "sheet_dir": str,
-    "require_manual_clear": bool,
-    # fleet-trio only (unknown to the Go worker, which ignores them)
-    "tail_listen": str,
-    "tail_token": str,
-    "tail_allow_origins": None,  # handled by _origins
-    "memory_budget": str,
-}
-_HOOKS_KEYS = frozenset(f.name for f in attrs.fields(HooksConfig))
-_DEVICE_KEYS = frozenset(f.name for f in attrs.fields(DeviceConfig))
 
 
 def _key_hint(key: str) -> str:
@@ -614,7 +274,11 @@ def _key_hint(key: str) -> str:
     from fleet_trio.confighints import did_you_mean
 
     where, _, leaf = key.rpartition(".")
-    levels = {"": _TOP_KEYS, "hooks": _HOOKS_KEYS, "devices[]": _DEVICE_KEYS}
+    levels = {
+        "": file_fields(WorkerConfig),
+        "hooks": file_fields(HooksConfig),
+        "devices[]": file_fields(DeviceConfig),
+    }
     level = "devices[]" if where.startswith("devices[") else where
     hint = did_you_mean(leaf, levels.get(level, ()))
     if hint:
@@ -628,6 +292,18 @@ def _key_hint(key: str) -> str:
 def _unknown(data: Mapping[str, object], known: Iterable[str], where: str) -> list[str]:
     known = set(known)
     return [_join(where, k) for k in data if k not in known]
+
+
+def _mapping(
+    converter: cattrs.Converter, raw: object, cls: type, key: str, ignored: list[str]
+) -> Any:
+    """A mapping read as ``cls``: its unknown keys go to ``ignored``, the others are
+    structured."""
+    if not isinstance(raw, dict):
+        raise _KeyedError(f"expected a mapping, got {_describe(raw)}", key)
+    fields = file_fields(cls)
+    ignored.extend(_unknown(raw, fields, key))
+    return _structure(converter, {k: v for k, v in raw.items() if k in fields}, cls, key)
 
 
 def _devices(
@@ -648,9 +324,7 @@ def _devices(
         elif isinstance(item, _Scalar):
             device = DeviceConfig(name=item.text)
         elif isinstance(item, dict):
-            ignored.extend(_unknown(item, _DEVICE_KEYS, key))
-            known = {k: v for k, v in item.items() if k in _DEVICE_KEYS}
-            device = _structure(converter, known, DeviceConfig, key)
+            device = _mapping(converter, item, DeviceConfig, key, ignored)
         else:
             raise _KeyedError(
                 f"expected a device name or a mapping with name:, got {_describe(item)}", key
@@ -662,7 +336,7 @@ def _devices(
 
 def _origins(raw: object) -> tuple[str, ...]:
     """``tail_allow_origins``: a list of ``scheme://host[:port]`` (docs/security.md)."""
-    from fleet_trio.edge import OriginError, check_allowed_origin
+    from fleet_trio.edge import OriginError, check_allowed_origin  # the tail listener's rule
 
     if raw is None:
         return ()
@@ -719,24 +393,20 @@ def _build(
             f"{_describe(data)}",
             "",
         )
-    ignored = _unknown(data, _TOP_KEYS, "")
+    keys = file_fields(WorkerConfig)
+    ignored = _unknown(data, keys, "")
     values: dict[str, Any] = {}
     for key, value in data.items():
-        cls = _TOP_KEYS.get(key)
+        if key not in keys:
+            continue
         if key == "devices":
             values[key] = _devices(converter, value, ignored)
         elif key == "tail_allow_origins":
             values[key] = _origins(value)
-        elif cls is HooksConfig:
-            if value is None:
-                value = {}
-            if not isinstance(value, dict):
-                raise _KeyedError(f"expected a mapping, got {_describe(value)}", key)
-            ignored.extend(_unknown(value, _HOOKS_KEYS, key))
-            known = {k: v for k, v in value.items() if k in _HOOKS_KEYS}
-            values[key] = _structure(converter, known, HooksConfig, key)
-        elif cls is not None:
-            values[key] = _structure(converter, value, cls, key)
+        elif attrs.has(kind := file_type(WorkerConfig, key)):  # hooks:
+            values[key] = _mapping(converter, {} if value is None else value, kind, key, ignored)
+        else:
+            values[key] = _structure(converter, value, kind, key)
 
     if not values.get("controller_url", "").strip():
         raise _KeyedError(
@@ -873,33 +543,9 @@ def load_worker_config(
 
 
 __all__ = [
-    "CONTROLLER_MAX_POLL_WAIT",
-    "DEFAULT_CONFIG_PATH",
-    "DEFAULT_HEARTBEAT_INTERVAL",
-    "DEFAULT_HOOK_TIMEOUT",
-    "DEFAULT_POLL_WAIT",
-    "DEFAULT_PROBE_DIR",
-    "DEFAULT_PROBE_INTERVAL",
-    "DEFAULT_PROBE_TIMEOUT",
-    "DEFAULT_RELEASE_LINGER",
-    "DEFAULT_SHEET_DIR",
-    "DEFAULT_VERIFY_DIR",
-    "DEFAULT_VERIFY_PASS_BUDGET",
-    "DEFAULT_VERIFY_TIMEOUT",
-    "ENV_REQUIRE_MANUAL_CLEAR",
-    "ENV_TOKEN",
-    "REDACTED",
-    "DeviceConfig",
-    "GoDuration",
-    "HooksConfig",
-    "WorkerConfig",
-    "check_tail_listen",
     "config_from_mapping",
-    "cuda_device_index",
-    "hook_env",
+    "file_type",
     "load_worker_config",
     "make_converter",
-    "parse_go_bool",
     "register_hooks",
-    "tail_listen_problem",
 ]
