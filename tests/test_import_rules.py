@@ -1,0 +1,69 @@
+"""Import rules, each checked in a fresh interpreter (so nothing another test imported hides a
+leak): the CLI imports no simulation-harness module unless the command needs it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+_PROBE = """
+import contextlib, io, json, sys
+from fleet_trio.cli import main
+out = io.StringIO()
+with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+    try:
+        status = main(sys.argv[1:])
+    except SystemExit as exc:
+        status = exc.code
+print(json.dumps({"status": status, "out": out.getvalue(),
+                  "modules": sorted(m for m in sys.modules if m.startswith("fleet_trio"))}))
+"""
+
+
+def _run_cli(*argv: str) -> dict[str, object]:
+    proc = subprocess.run(
+        [sys.executable, "-c", _PROBE, *argv], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0, proc.stderr
+    result: dict[str, object] = json.loads(proc.stdout.splitlines()[-1])
+    return result
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [("--help",), ("node", "--help"), ("worker", "--help"), ("tail", "--help")],
+    ids=["top", "node", "worker", "tail"],
+)
+def test_cli_help_of_a_production_command_imports_no_sim(argv: tuple[str, ...]) -> None:
+    result = _run_cli(*argv)
+    assert result["status"] in (0, None)
+    assert "usage: fleet-trio" in str(result["out"])
+    modules = result["modules"]
+    assert isinstance(modules, list)
+    assert [m for m in modules if m.startswith("fleet_trio.sim")] == []
+
+
+def test_cli_help_still_lists_the_harness_commands() -> None:
+    result = _run_cli("--help")
+    out = str(result["out"])
+    for command in ("exec", "node", "measure", "worker", "tail", "sim", "demo", "fake-gpu"):
+        assert f"    {command} " in out, command
+
+
+@pytest.mark.parametrize(
+    ("argv", "module"),
+    [
+        (("demo", "--help"), "fleet_trio.sim.demo.command"),
+        (("sim", "--help"), "fleet_trio.sim.chaos_cli"),
+    ],
+    ids=["demo", "sim"],
+)
+def test_cli_a_harness_command_loads_its_parser(argv: tuple[str, ...], module: str) -> None:
+    result = _run_cli(*argv)
+    assert result["status"] in (0, None)
+    modules = result["modules"]
+    assert isinstance(modules, list) and module in modules
+    assert "fleet_trio.sim.demo.run" not in modules  # the parser alone: no fleet yet
