@@ -67,3 +67,17 @@ def test_cli_a_harness_command_loads_its_parser(argv: tuple[str, ...], module: s
     modules = result["modules"]
     assert isinstance(modules, list) and module in modules
     assert "fleet_trio.sim.demo.run" not in modules  # the parser alone: no fleet yet
+
+
+def test_sim_controller_state_never_sees_http() -> None:
+    """The simulated controller's state and transitions import no web stack: only its app does."""
+    probe = (
+        "import sys, json\n"
+        "import fleet_trio.sim.controller.state, fleet_trio.sim.controller.protocol\n"
+        "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in "
+        "('quart', 'quart_trio', 'hypercorn', 'werkzeug'))))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert json.loads(proc.stdout) == []
