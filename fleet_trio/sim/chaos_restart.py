@@ -32,8 +32,8 @@ import attrs
 import trio
 
 from fleet_trio.gpu.fake import init_device
-from fleet_trio.sim import chaos
-from fleet_trio.sim.chaos import NODE_MARKER, shell_tasks_yaml, yaml_str
+from fleet_trio.sim.chaos import runner, shell_tasks_yaml, yaml_str
+from fleet_trio.sim.chaos.schedule import NODE_MARKER
 from fleet_trio.sim.dispatcher import DispatchRecord, Observation, SimDispatcher
 from fleet_trio.sim.fleet import NodeProcess, ProcessEvent, ShutdownRecord, free_port
 
@@ -195,7 +195,7 @@ def scan_markers(job_ids: Iterable[str]) -> list[tuple[int, str]]:
     wanted = set(job_ids)
     if not wanted:
         return []
-    return [(p.pid, p.job_id) for p in chaos.scan_markers(wanted) if p.marker == NODE_MARKER]
+    return [(p.pid, p.job_id) for p in runner.scan_markers(wanted) if p.marker == NODE_MARKER]
 
 
 def read_runs(node_dir: str) -> dict[str, int]:

@@ -39,16 +39,9 @@ import trio
 
 from fleet_trio.gpu.fake import HANG_FILE, init_device
 from fleet_trio.nursery.tree import DEFAULT_INTERRUPT_BUDGET, JOBS_CLOSED_BUDGET, SHUTDOWN_SLACK
-from fleet_trio.sim.chaos import (
-    NODE_MARKER,
-    RC_MARKER,
-    TERMINAL_NODE,
-    TERMINAL_RC,
-    MarkedProcess,
-    Violation,
-    kill_pids,
-    scan_markers,
-)
+from fleet_trio.sim.chaos.checker import TERMINAL_NODE, TERMINAL_RC, MarkedProcess, Violation
+from fleet_trio.sim.chaos.runner import kill_pids, scan_markers
+from fleet_trio.sim.chaos.schedule import NODE_MARKER, RC_MARKER
 from fleet_trio.sim.controller import SimController, serve_controller
 from fleet_trio.sim.faults import FaultyLink, serve_link
 from fleet_trio.sim.fleet import ROLE_LAUNCHER, free_port, worker_yaml

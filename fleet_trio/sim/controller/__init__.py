@@ -15,47 +15,18 @@ re-exported here: ``from fleet_trio.sim.controller import SimController`` keeps 
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
-
-_EXPORTS = {
-    "create_app": "app",
-    "serve_controller": "app",
-    "ENDPOINTS": "records",
-    "INSTANCE_HEADER": "records",
-    "Device": "records",
-    "Event": "records",
-    "Job": "records",
-    "RequestRecord": "records",
-    "SimError": "records",
-    "Worker": "records",
-    "SimController": "state",
-}
-"""Names imported on first use (PEP 562): the state alone does not load the web stack."""
-
-if TYPE_CHECKING:
-    from fleet_trio.sim.controller.app import create_app, serve_controller
-    from fleet_trio.sim.controller.records import (
-        ENDPOINTS,
-        INSTANCE_HEADER,
-        Device,
-        Event,
-        Job,
-        RequestRecord,
-        SimError,
-        Worker,
-    )
-    from fleet_trio.sim.controller.state import SimController
-
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'fleet_trio.sim.controller' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"fleet_trio.sim.controller.{module}"), name)
-    globals()[name] = value
-    return value
-
+from fleet_trio.sim.controller.app import create_app, serve_controller
+from fleet_trio.sim.controller.records import (
+    ENDPOINTS,
+    INSTANCE_HEADER,
+    Device,
+    Event,
+    Job,
+    RequestRecord,
+    SimError,
+    Worker,
+)
+from fleet_trio.sim.controller.state import SimController
 
 __all__ = [
     "ENDPOINTS",
