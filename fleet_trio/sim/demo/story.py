@@ -20,6 +20,55 @@ if TYPE_CHECKING:
     from fleet_trio.sim.dispatcher import DispatchRecord
 
 
+PLAN = (
+    # name, where, what, expected; step_NAME (dashes as underscores) runs it
+    ("render-ok", "node", "a node job that succeeds", "done"),
+    (
+        "footprint",
+        "node",
+        "its measured VRAM peak is advertised in health",
+        "demo-diffusion >= 2 GiB",
+    ),
+    (
+        "two-gpus",
+        "node",
+        "two render jobs at once on the two-GPU node",
+        "both done, on 2 devices, at once",
+    ),
+    ("render-fail", "node", "a node job that fails", "error, exit status 2"),
+    ("train-ok", "worker gpu0", "an rc job that succeeds", "succeeded, exit 0"),
+    ("train-fail", "worker gpu1", "an rc job that fails", "failed, exit 3"),
+    ("kill", "worker gpu0", "an rc job killed by `rc kill`", "killed: cancelled"),
+    (
+        "timeout",
+        "worker gpu1",
+        "an rc job past its max_runtime of 2 s",
+        "killed: max_runtime exceeded",
+    ),
+    (
+        "escape",
+        "worker gpu0",
+        "an rc job whose helper escapes its process group",
+        "succeeded, escapee swept",
+    ),
+    (
+        "leak",
+        "worker gpu1",
+        "an rc job that leaks fake VRAM; verify fails",
+        "gpu1 unhealthy (fault)",
+    ),  # quarantined: the controller says unhealthy
+    (
+        "clear",
+        "worker gpu1",
+        "free the memory, `rc clear`, run a job again",
+        "gpu1 ready, job succeeded",
+    ),
+    ("drain", "node", "node shutdown with a job in flight", "error: interrupted"),
+    ("late-dispatch", "node", "a dispatch sent during that drain", "refused: 503 node draining"),
+    ("no-leftovers", "host", "no process of any demo job is left", "none"),
+)
+
+
 class Story:
     """The scripted steps, in order. Each ``step_*`` coroutine fills in its :class:`Step`."""
 
@@ -28,107 +77,10 @@ class Story:
         self.fleet = fleet
         self.keep_running = keep_running
         self._colour = 0
-        self.steps: list[Step] = []
-        self.plan: list[tuple[Step, Callable[[Step], Any]]] = []
-        add = self._add
-        add("render-ok", "node", "a node job that succeeds", "done", self.step_render_ok)
-        add(
-            "footprint",
-            "node",
-            "its measured VRAM peak is advertised in health",
-            "demo-diffusion >= 2 GiB",
-            self.step_footprint,
-        )
-        add(
-            "two-gpus",
-            "node",
-            "two render jobs at once on the two-GPU node",
-            "both done, on 2 devices, at once",
-            self.step_two_gpus,
-        )
-        add(
-            "render-fail",
-            "node",
-            "a node job that fails",
-            "error, exit status 2",
-            self.step_render_fail,
-        )
-        add(
-            "train-ok",
-            "worker gpu0",
-            "an rc job that succeeds",
-            "succeeded, exit 0",
-            self.step_rc_ok,
-        )
-        add(
-            "train-fail", "worker gpu1", "an rc job that fails", "failed, exit 3", self.step_rc_fail
-        )
-        add(
-            "kill",
-            "worker gpu0",
-            "an rc job killed by `rc kill`",
-            "killed: cancelled",
-            self.step_kill,
-        )
-        add(
-            "timeout",
-            "worker gpu1",
-            "an rc job past its max_runtime of 2 s",
-            "killed: max_runtime exceeded",
-            self.step_timeout,
-        )
-        add(
-            "escape",
-            "worker gpu0",
-            "an rc job whose helper escapes its process group",
-            "succeeded, escapee swept",
-            self.step_escape,
-        )
-        add(
-            "leak",
-            "worker gpu1",
-            "an rc job that leaks fake VRAM; verify fails",
-            "gpu1 unhealthy (fault)",  # quarantined: the controller says unhealthy
-            self.step_leak,
-        )
-        add(
-            "clear",
-            "worker gpu1",
-            "free the memory, `rc clear`, run a job again",
-            "gpu1 ready, job succeeded",
-            self.step_clear,
-        )
-        add(
-            "drain",
-            "node",
-            "node shutdown with a job in flight",
-            "error: interrupted",
-            self.step_drain,
-        )
-        add(
-            "late-dispatch",
-            "node",
-            "a dispatch sent during that drain",
-            "refused: 503 node draining",
-            self.step_late_dispatch,
-        )
-        add(
-            "no-leftovers",
-            "host",
-            "no process of any demo job is left",
-            "none",
-            self.step_leftovers,
-        )
+        self.steps = [Step(name, where, what, expected) for name, where, what, expected in PLAN]
         self._drain_record: DispatchRecord | None = None
         self._late_record: DispatchRecord | None = None
         self._drain_window = False
-
-    def _add(
-        self, name: str, where: str, what: str, expected: str, fn: Callable[[Step], Any]
-    ) -> None:
-        step = Step(name=name, where=where, what=what, expected=expected)
-        self.steps.append(step)
-        self.plan.append((step, fn))
 
     def next_colour(self) -> str:
         self._colour += 1
@@ -138,8 +90,8 @@ class Story:
 
     async def run(self) -> None:
         con = self.con
-        total = len(self.plan)
-        for index, (step, fn) in enumerate(self.plan, 1):
+        total = len(self.steps)
+        for index, step in enumerate(self.steps, 1):
             if self.keep_running and step.name in ("drain", "late-dispatch"):
                 step.status, step.observed = "skipped", "skipped (--keep-running)"
                 step.ok = True
@@ -149,7 +101,7 @@ class Story:
             con.say(f"{head} {title}  {step.what} ({step.where})")
             step.status = step.observed = "interrupted"  # unless it gets to the end
             try:
-                await fn(step)
+                await getattr(self, "step_" + step.name.replace("-", "_"))(step)
             except trio.TooSlowError:
                 step.observed = "timed out" if step.observed == "interrupted" else step.observed
                 step.ok = False
@@ -360,12 +312,12 @@ class Story:
         self.note(step, f"error: {error}")
         step.ok = rec.state == "error" and "exit status 2" in error
 
-    async def step_rc_ok(self, step: Step) -> None:
+    async def step_train_ok(self, step: Step) -> None:
         out = await self.rc_job("train-ok", "gpu0", self.count(4, 0.2, 0, "batch"))
         step.observed = f"{out.state}, exit {out.exit_code}"
         step.ok = (out.state, out.exit_code) == ("succeeded", 0)
 
-    async def step_rc_fail(self, step: Step) -> None:
+    async def step_train_fail(self, step: Step) -> None:
         out = await self.rc_job("train-fail", "gpu1", self.count(2, 0.2, 3, "batch"))
         step.observed = f"{out.state}, exit {out.exit_code}"
         step.ok = (out.state, out.exit_code) == ("failed", 3)
@@ -516,7 +468,7 @@ class Story:
         )
         step.ok = rec.state == "unplaced" and (503, "node draining") in refusals
 
-    async def step_leftovers(self, step: Step) -> None:
+    async def step_no_leftovers(self, step: Step) -> None:
         pids = await trio.to_thread.run_sync(marked_processes, self.fleet.files.run_id)
         step.observed = "none" if not pids else f"{len(pids)} left: {pids}"
         step.ok = not pids
