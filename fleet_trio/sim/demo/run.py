@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import shutil
 import signal
 import sys
 import tempfile
@@ -272,3 +273,4 @@ def main(options: DemoOptions, *, stdout: Any = None) -> int:
         return EXIT_MISMATCH
     finally:
         quiet.setLevel(level)
+        shutil.rmtree(root, ignore_errors=True)
