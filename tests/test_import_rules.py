@@ -38,8 +38,16 @@ def _run_cli(*argv: str) -> dict[str, object]:
 
 @pytest.mark.parametrize(
     "argv",
-    [("--help",), ("node", "--help"), ("worker", "--help"), ("tail", "--help")],
-    ids=["top", "node", "worker", "tail"],
+    [
+        ("--help",),
+        ("node", "--help"),
+        ("worker", "--help"),
+        ("tail", "--help"),
+        ("exec", "--help"),
+        ("measure", "--help"),
+        ("fake-gpu", "--help"),
+    ],
+    ids=["top", "node", "worker", "tail", "exec", "measure", "fake-gpu"],
 )
 def test_cli_help_of_a_production_command_imports_no_sim(argv: tuple[str, ...]) -> None:
     result = _run_cli(*argv)
@@ -47,6 +55,14 @@ def test_cli_help_of_a_production_command_imports_no_sim(argv: tuple[str, ...]) 
     assert "usage: fleet-trio" in str(result["out"])
     modules = result["modules"]
     assert isinstance(modules, list)
+    assert [m for m in modules if m.startswith("fleet_trio.sim")] == []
+
+
+def test_cli_running_a_production_command_imports_no_sim(tmp_path: Path) -> None:
+    result = _run_cli("worker", "--check", "-c", str(tmp_path / "missing.yaml"))
+    assert result["status"] == 1  # the config is missing: one error line, no traceback
+    modules = result["modules"]
+    assert isinstance(modules, list) and "fleet_trio.worker.config" in modules
     assert [m for m in modules if m.startswith("fleet_trio.sim")] == []
 
 
