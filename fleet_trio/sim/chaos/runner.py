@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import os
 import signal
@@ -221,19 +222,21 @@ def _known(fleet: Fleet, job_id: str) -> bool:
     return True
 
 
+def read_runs(node_dir: str) -> dict[str, int]:
+    """job id → runs, from a chaos node's ``runs`` file (blocking; none when it is missing)."""
+    try:
+        with open(os.path.join(node_dir, "runs")) as f:
+            return dict(collections.Counter(f.read().split()))
+    except FileNotFoundError:
+        return {}
+
+
 def _read_runs(fleet: Fleet) -> dict[str, dict[str, int]]:
     """job id → node name → runs, from each node's ``runs`` file (blocking)."""
     out: dict[str, dict[str, int]] = {}
     for node in fleet.nodes:
-        path = os.path.join(fleet.root, node.name, "runs")
-        try:
-            with open(path) as f:
-                lines = f.read().split()
-        except FileNotFoundError:
-            continue
-        for job_id in lines:
-            per = out.setdefault(job_id, {})
-            per[node.name] = per.get(node.name, 0) + 1
+        for job_id, runs in read_runs(os.path.join(fleet.root, node.name)).items():
+            out.setdefault(job_id, {})[node.name] = runs
     return out
 
 
