@@ -62,7 +62,7 @@ def reply_empty(status: int) -> Reply:
     return Reply(status)
 
 
-# -- E1 register --------------------
+# -- E1 register ------------------------------------------------------------------------------
 
 
 def register(ctrl: SimController, body: bytes) -> Reply:
@@ -169,7 +169,7 @@ def _apply_labels(
             dev.sheet = text
 
 
-# -- E2 labels --------------------
+# -- E2 labels --------------------------------------------------------------------------------
 
 
 def labels(ctrl: SimController, worker_id: str, body: bytes) -> Reply:
@@ -186,7 +186,7 @@ def labels(ctrl: SimController, worker_id: str, body: bytes) -> Reply:
     return reply_empty(200)
 
 
-# -- E3 heartbeat --------------------
+# -- E3 heartbeat -----------------------------------------------------------------------------
 
 
 def heartbeat(ctrl: SimController, worker_id: str, body: bytes) -> Reply:
@@ -243,7 +243,7 @@ def heartbeat(ctrl: SimController, worker_id: str, body: bytes) -> Reply:
     return reply_empty(200)
 
 
-# -- E4 assignments --------------------
+# -- E4 assignments ---------------------------------------------------------------------------
 
 
 def take_work(ctrl: SimController, worker_id: str) -> Assignments | None:
@@ -312,7 +312,7 @@ async def assignments(ctrl: SimController, worker_id: str, wait_text: str) -> Re
     return reply_empty(204)
 
 
-# -- E5 status --------------------
+# -- E5 status --------------------------------------------------------------------------------
 
 
 def status(ctrl: SimController, job_id: str, body: bytes) -> Reply:
@@ -339,7 +339,7 @@ def status(ctrl: SimController, job_id: str, body: bytes) -> Reply:
     return reply_empty(200)
 
 
-# -- E6 logs --------------------
+# -- E6 logs ----------------------------------------------------------------------------------
 
 
 def logs(ctrl: SimController, job_id: str, body: bytes) -> Reply:
@@ -351,7 +351,7 @@ def logs(ctrl: SimController, job_id: str, body: bytes) -> Reply:
     return reply_empty(200)
 
 
-# -- E7 fault --------------------
+# -- E7 fault ---------------------------------------------------------------------------------
 
 
 def fault(ctrl: SimController, device_id: str, body: bytes) -> Reply:
