@@ -33,3 +33,19 @@ def test_an_unknown_endpoint_is_refused_with_the_known_ones_named(endpoint: str)
     with pytest.raises(ValueError, match="unknown endpoint"):
         plan.drop_next(endpoint, 1)
     assert plan.faults == []
+
+
+async def test_the_transitions_run_without_http() -> None:
+    """E1 and E5 straight on the state: what the app would send is a plain Reply."""
+    from fleet_trio.sim.controller import SimController, protocol
+
+    ctrl = SimController()
+    reply = protocol.register(ctrl, b'{"host": "h", "devices": [{"name": "gpu0"}]}')
+    assert (reply.status, reply.json) == (200, True)
+    assert ctrl.device("h:gpu0").state == "ready"
+    job_id = ctrl.submit("h:gpu0", ["true"])
+    assert ctrl.job(job_id).state == "assigned"
+    refused = protocol.status(ctrl, job_id, b'{"worker_id": "someone", "state": "running"}')
+    assert (refused.status, refused.json) == (403, True)
+    assert b"not_job_owner" in refused.body
+    assert protocol.reply_empty(204).body == b""
