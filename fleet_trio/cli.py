@@ -11,11 +11,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
+import importlib
 import json
 import logging
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -37,9 +38,6 @@ from fleet_trio.nursery import DEFAULT_SIGNALS, open_task_tree
 from fleet_trio.proc.run import run
 from fleet_trio.proc.spec import JobSpec, Result
 from fleet_trio.proc.stop import StopToken
-from fleet_trio.sim.chaos_cli import add_parser as add_sim_parser
-from fleet_trio.sim.controller_cli import add_to_sim as add_sim_controller_parsers
-from fleet_trio.sim.demo import add_parser as add_demo_parser
 
 if TYPE_CHECKING:
     from fleet_trio.worker.config import WorkerConfig
@@ -353,7 +351,43 @@ def _add_worker(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     p.set_defaults(handler=_cmd_worker)
 
 
-def build_parser() -> argparse.ArgumentParser:
+HARNESS_COMMANDS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "sim": (
+        "the simulation harness: a local rc controller to try the worker with "
+        "(controller, worker, submit, jobs, devices) and chaos schedules against a fleet",
+        (
+            "fleet_trio.sim.chaos_cli:add_parser",  # fleet-trio sim chaos (docs/chaos.md)
+            "fleet_trio.sim.controller_cli:add_to_sim",  # sim controller|submit|jobs|devices
+        ),
+    ),
+    "demo": (  # docs/demo.md
+        "a whole fleet on one box: controller, worker, node, dispatcher, real jobs",
+        ("fleet_trio.sim.demo.command:add_parser",),
+    ),
+}
+"""Commands whose parsers live in the simulation harness (``fleet_trio.sim``): the one-line
+help shown by ``fleet-trio --help``, then the functions that register the full parser. They
+are imported only when the command line names the command, so ``--help`` and the production
+commands never load the harness (tests/test_help.py checks that the two help lines agree)."""
+
+
+def _add_harness(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser],
+    name: str,
+    full: Collection[str] | None,
+) -> None:
+    help_line, registrars = HARNESS_COMMANDS[name]
+    if full is not None and name not in full:
+        sub.add_parser(name, help=help_line, add_help=False)  # a stand-in: never run
+        return
+    for target in registrars:
+        module, function = target.split(":")
+        getattr(importlib.import_module(module), function)(sub)
+
+
+def build_parser(full: Collection[str] | None = None) -> argparse.ArgumentParser:
+    """The whole command line. ``full``: the harness commands (:data:`HARNESS_COMMANDS`) to
+    register in full, the others being stand-ins with the same one-line help (default: all)."""
     parser = argparse.ArgumentParser(
         prog=PROG, description="A GPU fleet agent on Trio: fleet node and drop-in rc worker."
     )
@@ -364,9 +398,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_measure(sub)
     _add_worker(sub)
     _add_tail(sub)  # fleet-trio tail (docs/tail.md)
-    add_sim_parser(sub)  # fleet-trio sim chaos (docs/chaos.md)
-    add_sim_controller_parsers(sub)  # fleet-trio sim controller|submit|jobs|devices
-    add_demo_parser(sub)  # fleet-trio demo (docs/demo.md)
+    _add_harness(sub, "sim", full)
+    _add_harness(sub, "demo", full)
     add_fake_gpu_parser(sub)  # fleet-trio fake-gpu (docs/gpu.md)
     add_log_arguments(parser)  # after every subcommand: they all get --log-level/--log-format
     return parser
@@ -707,15 +740,9 @@ def _add_tail(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def tail_url(base: str, job_id: str, params: dict[str, str]) -> str:
     """The tail websocket URL of ``job_id`` under the node's base URL."""
-    from urllib.parse import quote, urlencode
+    from fleet_trio.logbus.tail_client import tail_url as url
 
-    base = base.strip().rstrip("/")
-    for http, ws in (("http://", "ws://"), ("https://", "wss://")):
-        if base.lower().startswith(http):
-            base = ws + base[len(http) :]
-    if "://" not in base:
-        base = "ws://" + base
-    return f"{base}/fleet/jobs/{quote(job_id, safe='')}/tail?{urlencode(params)}"
+    return url(base, job_id, params)
 
 
 def tail_exit_status(state: str, exit_code: int | None) -> int:
@@ -738,37 +765,8 @@ def _rejection(exc: Exception) -> str:
     return f"refused: HTTP {status}" + (f" ({message})" if message else "")
 
 
-def _connection_problem(exc: BaseException) -> str:
-    """One short line for why a websocket could not be opened or was lost."""
-    from trio_websocket import ConnectionClosed
-
-    if isinstance(exc, ConnectionClosed) and exc.reason is not None:
-        reason = exc.reason
-        return f"closed {reason.code}" + (f" {reason.reason}" if reason.reason else "")
-    # HandshakeError wraps the OSError that says why; trio's "all attempts to connect … failed"
-    # wraps (in a group) the errno of each attempt: the first errno found is the reason.
-    todo: list[BaseException] = [exc]
-    visited: set[int] = set()  # chains can loop (a group's context is its own member)
-    fallback = ""
-    while todo and len(visited) < 100:
-        seen = todo.pop(0)
-        if id(seen) in visited:
-            continue
-        visited.add(id(seen))
-        if isinstance(seen, OSError):
-            if seen.errno is not None and seen.errno > 0:
-                return os.strerror(seen.errno)
-            if seen.errno is not None and seen.strerror:  # getaddrinfo's negative codes
-                return seen.strerror
-            fallback = fallback or str(seen)
-        if isinstance(seen, BaseExceptionGroup):
-            todo.extend(seen.exceptions)
-        todo.extend(e for e in (seen.__cause__, seen.__context__) if e is not None)
-    return fallback or str(exc) or type(exc).__name__
-
-
 async def _tail(args: argparse.Namespace) -> int:
-    from trio_websocket import ConnectionClosed, ConnectionRejected, HandshakeError
+    from trio_websocket import ConnectionRejected
 
     from fleet_trio.logbus.bus import End, Output, Skipped
     from fleet_trio.logbus.tail import (
@@ -778,7 +776,7 @@ async def _tail(args: argparse.Namespace) -> int:
         parse_start,
         parse_streams,
     )
-    from fleet_trio.logbus.tail_client import ConnectTimeout, TailLinkError, follow
+    from fleet_trio.logbus.tail_client import LOST, connection_problem, follow
 
     out = FdWriter(sys.stdout.fileno(), "stdout")
     err = FdWriter(sys.stderr.fileno(), "stderr")
@@ -838,8 +836,8 @@ async def _tail(args: argparse.Namespace) -> int:
         except TailProtocolError as exc:
             await say(f"error: bad message from the node: {exc}")
             return EXIT_TAIL_FAILED
-        except (HandshakeError, ConnectionClosed, OSError, ConnectTimeout, TailLinkError) as exc:
-            problem = _connection_problem(exc)
+        except LOST as exc:
+            problem = connection_problem(exc)
         if not established:
             base = tail_url(args.url, "", {}).split("/fleet/")[0]
             await say(f"error: cannot connect to {base}: {problem}")
@@ -896,9 +894,18 @@ def _cmd_tail(args: argparse.Namespace) -> int:
 # -- main -------------------------------------------------------------------------------------
 
 
+def parse_command_line(argv: list[str]) -> tuple[argparse.ArgumentParser, argparse.Namespace]:
+    """Parse ``argv``, importing a harness command's parser only when it is the command."""
+    parser = build_parser(full=())
+    known, _ = parser.parse_known_args(argv)  # --help, --version and errors end here as ever
+    command = getattr(known, "subcommand", None)
+    if command in HARNESS_COMMANDS:
+        parser = build_parser(full=(command,))
+    return parser, parser.parse_args(argv)
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(list(argv) if argv is not None else None)
+    parser, args = parse_command_line(list(argv) if argv is not None else sys.argv[1:])
     try:
         setup_logging(args.log_level, args.log_format)  # docs/logging.md
     except LogSetupError as exc:
@@ -962,12 +969,14 @@ def run_handler(handler: Any, args: argparse.Namespace) -> int:
 
 
 __all__ = [
+    "HARNESS_COMMANDS",
     "FdWriter",
     "UsageError",
     "build_parser",
     "exec_spec",
     "exit_status",
     "main",
+    "parse_command_line",
     "tail_exit_status",
     "tail_url",
 ]

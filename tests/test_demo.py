@@ -23,17 +23,10 @@ import trio
 
 from fleet_trio.node.config import load_config
 from fleet_trio.proc.procfs import list_pids, pid_alive, read_proc_file
-from fleet_trio.sim.demo import (
-    EXIT_MISMATCH,
-    EXIT_OK,
-    Console,
-    Step,
-    prepare_files,
-    story_status,
-    summary,
-    worker_yaml,
-    write_worker_yaml,
-)
+from fleet_trio.sim.demo.console import Console
+from fleet_trio.sim.demo.files import prepare_files, worker_yaml, write_worker_yaml
+from fleet_trio.sim.demo.model import EXIT_MISMATCH, EXIT_OK, Step
+from fleet_trio.sim.demo.report import story_status, summary
 from fleet_trio.worker.config import load_worker_config
 
 MARK = "DEMO_TEST_MARK"

@@ -130,3 +130,9 @@ def test_python_dash_m_and_version_from_one_place() -> None:
     from importlib.metadata import version
 
     assert version("fleet-trio") == __version__  # pyproject's dynamic version reads it
+
+
+def test_top_level_help_is_the_same_without_the_harness_loaded() -> None:
+    """``fleet-trio --help`` is printed with stand-ins for the harness commands (sim, demo),
+    whose parsers are imported only when named: their lines are the real parsers' lines."""
+    assert build_parser(full=()).format_help() == build_parser().format_help()

@@ -264,6 +264,8 @@ def test_wheel_and_sdist_build_and_install_into_a_clean_venv(tmp_path: Path) -> 
         entry_points = zf.read(f"fleet_trio-{version}.dist-info/entry_points.txt").decode()
         metadata = zf.read(f"fleet_trio-{version}.dist-info/METADATA").decode()
     assert "fleet_trio/logbus/static/tail.html" in names
+    for script in ("count", "escape", "leak", "verify", "render", "train"):  # the demo's jobs
+        assert f"fleet_trio/sim/demo/jobs/{script}.py" in names
     assert "fleet_trio/__main__.py" in names
     assert not any(n.startswith(("tests/", "docs/", "examples/")) for n in names)
     assert "fleet-trio = fleet_trio.cli:main" in entry_points

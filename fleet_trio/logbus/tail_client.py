@@ -1,4 +1,5 @@
-"""One websocket connection of ``fleet-trio tail``, robust to how it can end.
+"""The one tail client (``fleet-trio tail`` and the demo): one websocket connection to a
+node's or a worker's ``GET /fleet/jobs/JOB_ID/tail``, robust to how it can end.
 
 :func:`follow` connects (bounded by ``connect_timeout``), hands every message to
 ``on_message`` until it returns an exit status, then closes (bounded, shielded). It owns the
@@ -10,11 +11,15 @@ Once ``on_message`` has decided, whatever the close does is moot: the status is 
 Connection failures are raised as **one** exception (never a group): ``ConnectionRejected``
 (an HTTP status instead of the upgrade), ``HandshakeError``/``OSError`` (not reachable),
 :class:`ConnectTimeout`, ``ConnectionClosed`` (lost), :class:`TailLinkError` (the peer broke
-the websocket or HTTP protocol), or what ``on_message`` raised.
+the websocket or HTTP protocol), or what ``on_message`` raised. :data:`LOST` names them all
+(``ConnectionRejected`` is a ``HandshakeError``); :func:`connection_problem` says why in one
+short line, and :func:`tail_url` builds the URL. Reconnecting from the last offset received is
+the caller's policy.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Awaitable, Callable
 
 import h11
@@ -35,6 +40,15 @@ _LINK_ERRORS: tuple[type[BaseException], ...] = (
     h11.ProtocolError,
     wsproto.utilities.ProtocolError,
 )
+
+LOST: tuple[type[BaseException], ...] = (
+    HandshakeError,
+    ConnectionClosed,
+    OSError,
+    ConnectTimeout,
+    TailLinkError,
+)
+"""What :func:`follow` raises when the connection could not be opened or was lost."""
 
 OnMessage = Callable[[str | bytes], Awaitable[int | None]]
 
@@ -101,6 +115,47 @@ async def follow(
     return status
 
 
+def tail_url(base: str, job_id: str, params: dict[str, str]) -> str:
+    """The tail websocket URL of ``job_id`` under the node's base URL (``http(s)://`` is taken
+    as ``ws(s)://``, a bare ``HOST:PORT`` as ``ws://``)."""
+    from urllib.parse import quote, urlencode
+
+    base = base.strip().rstrip("/")
+    for http, ws in (("http://", "ws://"), ("https://", "wss://")):
+        if base.lower().startswith(http):
+            base = ws + base[len(http) :]
+    if "://" not in base:
+        base = "ws://" + base
+    return f"{base}/fleet/jobs/{quote(job_id, safe='')}/tail?{urlencode(params)}"
+
+
+def connection_problem(exc: BaseException) -> str:
+    """One short line for why a websocket could not be opened or was lost."""
+    if isinstance(exc, ConnectionClosed) and exc.reason is not None:
+        reason = exc.reason
+        return f"closed {reason.code}" + (f" {reason.reason}" if reason.reason else "")
+    # HandshakeError wraps the OSError that says why; trio's "all attempts to connect … failed"
+    # wraps (in a group) the errno of each attempt: the first errno found is the reason.
+    todo: list[BaseException] = [exc]
+    visited: set[int] = set()  # chains can loop (a group's context is its own member)
+    fallback = ""
+    while todo and len(visited) < 100:
+        seen = todo.pop(0)
+        if id(seen) in visited:
+            continue
+        visited.add(id(seen))
+        if isinstance(seen, OSError):
+            if seen.errno is not None and seen.errno > 0:
+                return os.strerror(seen.errno)
+            if seen.errno is not None and seen.strerror:  # getaddrinfo's negative codes
+                return seen.strerror
+            fallback = fallback or str(seen)
+        if isinstance(seen, BaseExceptionGroup):
+            todo.extend(seen.exceptions)
+        todo.extend(e for e in (seen.__cause__, seen.__context__) if e is not None)
+    return fallback or str(exc) or type(exc).__name__
+
+
 def _translate(exc: BaseException) -> BaseException:
     if isinstance(exc, _LINK_ERRORS):
         return TailLinkError(str(exc) or type(exc).__name__)
@@ -108,10 +163,13 @@ def _translate(exc: BaseException) -> BaseException:
 
 
 __all__ = [
+    "LOST",
     "ConnectTimeout",
     "ConnectionClosed",
     "HandshakeError",
     "OnMessage",
     "TailLinkError",
+    "connection_problem",
     "follow",
+    "tail_url",
 ]

@@ -32,7 +32,8 @@ import attrs
 import trio
 
 from fleet_trio.gpu.fake import init_device
-from fleet_trio.sim.chaos import NODE_MARKER, _scan_markers, shell_tasks_yaml, yaml_str
+from fleet_trio.sim.chaos import runner, shell_tasks_yaml, yaml_str
+from fleet_trio.sim.chaos.schedule import NODE_MARKER
 from fleet_trio.sim.dispatcher import DispatchRecord, Observation, SimDispatcher
 from fleet_trio.sim.fleet import NodeProcess, ProcessEvent, ShutdownRecord, free_port
 
@@ -194,20 +195,7 @@ def scan_markers(job_ids: Iterable[str]) -> list[tuple[int, str]]:
     wanted = set(job_ids)
     if not wanted:
         return []
-    return [(p.pid, p.job_id) for p in _scan_markers(wanted) if p.marker == NODE_MARKER]
-
-
-def read_runs(node_dir: str) -> dict[str, int]:
-    counts: dict[str, int] = {}
-    try:
-        with open(os.path.join(node_dir, "runs")) as f:
-            for line in f:
-                job = line.strip()
-                if job:
-                    counts[job] = counts.get(job, 0) + 1
-    except FileNotFoundError:
-        pass
-    return counts
+    return [(p.pid, p.job_id) for p in runner.scan_markers(wanted) if p.marker == NODE_MARKER]
 
 
 @attrs.frozen
@@ -331,7 +319,7 @@ class RestartLineage:
         rec.acked = {r.job_id for r in rec.records if any(a[1] == 202 for a in r.attempts)}
         mine = set(ids)
         rec.observations = [o for o in disp.observations() if o.job_id in mine]
-        rec.runs = {j: n for j, n in read_runs(self.node_dir).items() if j in mine}
+        rec.runs = {j: n for j, n in runner.read_runs(self.node_dir).items() if j in mine}
         violations = check_restart(rec)
         return RestartResult(
             seed, tuple(steps), tuple(violations), len(rec.acked), restarts, tuple(notes)

@@ -39,16 +39,9 @@ import trio
 
 from fleet_trio.gpu.fake import HANG_FILE, init_device
 from fleet_trio.nursery.tree import DEFAULT_INTERRUPT_BUDGET, JOBS_CLOSED_BUDGET, SHUTDOWN_SLACK
-from fleet_trio.sim.chaos import (
-    NODE_MARKER,
-    RC_MARKER,
-    TERMINAL_NODE,
-    TERMINAL_RC,
-    MarkedProcess,
-    Violation,
-    _kill_pids,
-    _scan_markers,
-)
+from fleet_trio.sim.chaos.checker import TERMINAL_NODE, TERMINAL_RC, MarkedProcess, Violation
+from fleet_trio.sim.chaos.runner import kill_pids, scan_markers
+from fleet_trio.sim.chaos.schedule import NODE_MARKER, RC_MARKER
 from fleet_trio.sim.controller import SimController, serve_controller
 from fleet_trio.sim.faults import FaultyLink, serve_link
 from fleet_trio.sim.fleet import ROLE_LAUNCHER, free_port, worker_yaml
@@ -435,9 +428,9 @@ async def play_node(plan: StopPlan, root: str, spawn: Spawner = spawn_fresh) -> 
         await _stop_all(proc, stalled)
         with contextlib.suppress(OSError):
             os.unlink(os.path.join(gpu, HANG_FILE))
-    marked = await trio.to_thread.run_sync(_scan_markers, set(job_ids))
+    marked = await trio.to_thread.run_sync(scan_markers, set(job_ids))
     if marked:
-        _kill_pids(p.pid for p in marked)
+        kill_pids(p.pid for p in marked)
     return StopRecord(
         plan=plan,
         exit_code=code,
@@ -546,9 +539,9 @@ async def play_worker(plan: StopPlan, root: str, spawn: Spawner = spawn_fresh) -
         final[j] = ctrl.job(j).state
         if final[j] not in jobs[j]:
             notes.append(f"{j}: {final[j]} at the controller (reports: {list(jobs[j])})")
-    marked = await trio.to_thread.run_sync(_scan_markers, set(job_ids))
+    marked = await trio.to_thread.run_sync(scan_markers, set(job_ids))
     if marked:
-        _kill_pids(p.pid for p in marked)
+        kill_pids(p.pid for p in marked)
     return StopRecord(
         plan=plan,
         exit_code=code,

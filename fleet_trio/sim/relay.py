@@ -214,8 +214,10 @@ def mount_relay(app: QuartTrio, ctrl: SimController) -> None:
     hub = relay_hub(ctrl)
 
     def check(endpoint: str, job_id: str) -> Response | None:
-        ctrl._record(endpoint, b"")
-        denied = ctrl._auth()
+        from fleet_trio.sim.controller.app import authorize, record
+
+        record(ctrl, endpoint, b"")
+        denied = authorize(ctrl)
         if denied is not None:
             return denied
         if job_id not in ctrl._jobs:

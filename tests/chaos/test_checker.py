@@ -9,8 +9,6 @@ import pytest
 import trio
 
 from fleet_trio.sim.chaos import (
-    NODE_KINDS,
-    STUBBORN_SECONDS,
     Holding,
     MarkedProcess,
     NodeJobRecord,
@@ -31,6 +29,7 @@ from fleet_trio.sim.chaos import (
     rc_expected_output,
     run_schedule,
 )
+from fleet_trio.sim.chaos.schedule import NODE_KINDS, STUBBORN_SECONDS
 from fleet_trio.sim.dispatcher import LOST_404
 from fleet_trio.sim.fleet import ProcessEvent, ShutdownRecord, open_fleet
 

@@ -1,0 +1,43 @@
+"""A simulated rc controller: the worker-facing half of ``rc serve``, in process, on Trio.
+
+It speaks E1–E7 of worker-protocol.md exactly as rc-wire-capture.md shows the reference
+controller doing it (paths, bodies, status codes, ``Rc-Controller-Instance`` on every answer,
+Go's JSON encoding), applies the controller state changes of §3, §5–§7, §10 and §14, and gives
+tests a small Python API: submit and kill jobs, restart the controller, inject failures, and
+read back every request the worker sent. See docs/sim-controller.md.
+
+The package: :mod:`.records` (constants and records), :mod:`.state` (:class:`SimController`:
+the state and the test API), :mod:`.protocol` (the E1–E7 transitions, no HTTP),
+:mod:`.faults` (failure injection), :mod:`.app` (the quart-trio app and the byte pump in
+front of hypercorn: :func:`create_app`, :func:`serve_controller`). The public names are
+re-exported here: ``from fleet_trio.sim.controller import SimController`` keeps working.
+"""
+
+from __future__ import annotations
+
+from fleet_trio.sim.controller.app import create_app, serve_controller
+from fleet_trio.sim.controller.records import (
+    ENDPOINTS,
+    INSTANCE_HEADER,
+    Device,
+    Event,
+    Job,
+    RequestRecord,
+    SimError,
+    Worker,
+)
+from fleet_trio.sim.controller.state import SimController
+
+__all__ = [
+    "ENDPOINTS",
+    "INSTANCE_HEADER",
+    "Device",
+    "Event",
+    "Job",
+    "RequestRecord",
+    "SimController",
+    "SimError",
+    "Worker",
+    "create_app",
+    "serve_controller",
+]

@@ -1,0 +1,180 @@
+"""The files the demo generates into its temporary directory: the job scripts (shipped as
+package data in ``jobs/``), the verify hook, the fake GPUs, the node and worker YAML."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shlex
+import sys
+from importlib import resources
+from typing import Any
+
+import attrs
+
+from fleet_trio.sim.demo.model import HOST, NODE_GPUS, NODE_ID, RUN_MARKER, VERIFY_LIMIT_GIB
+
+JOB_SCRIPTS = ("count.py", "escape.py", "leak.py", "verify.py", "render.py", "train.py")
+"""The files of ``fleet_trio/sim/demo/jobs/``, copied into the run's ``jobs/``."""
+
+
+@attrs.frozen
+class DemoFiles:
+    """Where the generated files are (all under ``root``)."""
+
+    root: str
+    run_id: str
+    token: str
+    python: str
+
+    @property
+    def fake_gpus(self) -> str:
+        return os.path.join(self.root, "fake-gpu")
+
+    def fake_gpu(self, name: str) -> str:
+        return os.path.join(self.fake_gpus, name)
+
+    def script(self, name: str) -> str:
+        return os.path.join(self.root, "jobs", name)
+
+    @property
+    def node_yaml(self) -> str:
+        return os.path.join(self.root, "node.yaml")
+
+    @property
+    def worker_yaml(self) -> str:
+        return os.path.join(self.root, "worker.yaml")
+
+    @property
+    def verify_dir(self) -> str:
+        return os.path.join(self.root, "verify.d")
+
+    @property
+    def work_root(self) -> str:
+        return os.path.join(self.root, "work")
+
+    @property
+    def empty_dir(self) -> str:
+        """An empty directory: the worker's probe_dir, sheet_dir and nvidia-smi search path."""
+        return os.path.join(self.root, "empty")
+
+
+def _write(path: str, text: str, mode: int = 0o644) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
+    os.chmod(path, mode)
+
+
+def write_fake_gpu(directory: str, name: str, total_gib: float = 24.0, uuid: str = "") -> None:
+    """(Re)create a fake GPU with nothing in use (blocking)."""
+    os.makedirs(directory, exist_ok=True)
+    device: dict[str, Any] = {"name": name, "total_gib": total_gib, "base_used_gib": 0.0}
+    if uuid:
+        device["uuid"] = uuid
+    _write(os.path.join(directory, "device.json"), json.dumps(device) + "\n")
+
+
+def node_yaml(files: DemoFiles) -> dict[str, Any]:
+    env = {"FLEET_TRIO_FAKE_GPU_DIR": files.fake_gpu("node"), RUN_MARKER: files.run_id}
+    return {
+        "node": {
+            "listen": "127.0.0.1:0",
+            "node_id": NODE_ID,
+            "sampler": "auto",
+            "footprints": {"path": "footprints.json", "margin": 1.2},
+            "timings": {
+                "health_sample_interval": "500ms",
+                "render_sample_interval": "100ms",
+                "drain_timeout": "2s",
+                "kill_grace": "2s",
+            },
+        },
+        "tasks": {
+            "render": {
+                "family": "demo-diffusion",
+                "footprint": {"family": "demo-diffusion", "quant": ""},
+                "command": [files.python, files.script("render.py")],
+                "env": env,
+                "timeout": "30s",
+                "gpu": True,
+                "payload": {
+                    "steps": {"type": "integer"},
+                    "hold": {"type": "string"},
+                    "fail": {"type": "boolean"},
+                },
+            },
+            "train": {
+                "family": "demo-trainer",
+                "command": [files.python, files.script("train.py")],
+                "env": env,
+                "timeout": "2m",
+                "payload": {"epochs": {"type": "integer", "required": True}},
+            },
+        },
+    }
+
+
+def worker_yaml(files: DemoFiles, controller_url: str) -> dict[str, Any]:
+    return {
+        "controller_url": controller_url,
+        "token": files.token,
+        "host": HOST,
+        "devices": ["gpu0", "gpu1"],
+        "heartbeat_interval": "1s",
+        "poll_wait": "10s",
+        "probe_dir": files.empty_dir,
+        "probe_interval": "1h",
+        "verify_dir": files.verify_dir,
+        "verify_timeout": "10s",
+        "sheet_dir": files.empty_dir,
+        "tail_listen": "127.0.0.1:0",
+    }
+
+
+def _dump_yaml(path: str, data: dict[str, Any], header: str) -> None:
+    import yaml
+
+    _write(path, header + yaml.safe_dump(data, sort_keys=False, default_flow_style=False))
+
+
+def prepare_files(root: str, python: str = sys.executable) -> DemoFiles:
+    """Generate the task scripts, the verify script, the fake GPUs and the node YAML into
+    ``root`` (blocking; before the event loop starts). The worker YAML needs the controller's
+    URL and is written once it listens (:func:`write_worker_yaml`)."""
+    files = DemoFiles(
+        root=root, run_id=secrets.token_hex(6), token=secrets.token_hex(16), python=python
+    )
+    shipped = resources.files("fleet_trio.sim.demo") / "jobs"
+    for name in JOB_SCRIPTS:
+        _write(files.script(name), (shipped / name).read_text(encoding="utf-8"))
+    quoted = " ".join(
+        shlex.quote(a)
+        for a in (python, files.script("verify.py"), files.fake_gpus, f"{VERIFY_LIMIT_GIB:g}")
+    )
+    _write(
+        os.path.join(files.verify_dir, "10-fake-vram-free"),
+        f"#!/bin/sh\n# fail when the job's fake GPU still has memory in use\nexec {quoted}\n",
+        0o755,
+    )
+    os.makedirs(files.empty_dir, exist_ok=True)
+    os.makedirs(files.work_root, exist_ok=True)
+    from fleet_trio.gpu.fake import device_dirs, fake_uuid
+
+    for i, path in enumerate(device_dirs(files.fake_gpu("node"), NODE_GPUS)):
+        write_fake_gpu(path, f"Fake GPU {i} (demo node)", uuid=fake_uuid(path))
+    write_fake_gpu(files.fake_gpu("gpu0"), "Fake GPU 0 (demo worker)")
+    write_fake_gpu(files.fake_gpu("gpu1"), "Fake GPU 1 (demo worker)")
+    _dump_yaml(
+        files.node_yaml, node_yaml(files), "# fleet-trio node config, written by fleet-trio demo\n"
+    )
+    return files
+
+
+def write_worker_yaml(files: DemoFiles, controller_url: str) -> None:
+    _dump_yaml(
+        files.worker_yaml,
+        worker_yaml(files, controller_url),
+        "# rc worker.yaml, written by fleet-trio demo\n",
+    )
