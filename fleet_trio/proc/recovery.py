@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import time
 
 import attrs
@@ -27,6 +28,7 @@ from fleet_trio.proc.procfs import (
     has_job_env,
     pause_since,
     read_proc_file,
+    read_proc_stat,
     scan_live_procs,
 )
 
@@ -74,17 +76,36 @@ def isolated_pid_namespace(self_pid: int, scan: ScanFn = scan_live_procs) -> boo
     return scanned and not pids
 
 
+EXEC_SETTLE = 1.0
+"""Seconds after its start during which an unmarked process that may not have finished its
+``execve`` is doubtful: one whose environ reads empty, or one still running its parent's
+program (between ``fork`` and ``execve`` a child's environ is its parent's, without the marker
+the exec brings). A doubtful process is read again until it has settled or is this old."""
+EXEC_RECHECK = 0.005
+"""Seconds between re-reads of doubtful processes."""
+PF_KTHREAD = 0x00200000
+"""A kernel thread (``stat`` flags): its environ reads empty for good."""
+
+
 def survivors_from_previous_run(self_pid: int, scan: ScanFn = scan_live_procs) -> tuple[bool, bool]:
     """``(checked, found)``: is a live process other than ``self_pid`` carrying ``RC_JOB_ID``?
 
     Only the worker's own pid is excluded (not its ancestors, §15 Q10). An empty marker value is
     not a survivor; a process that exited meanwhile is neither a survivor nor an error; an
     environment that cannot be read makes the scan *blind* and a blind scan that found nothing
-    checks nothing. An environ that read empty is read once more after the scan (a process in
-    the middle of ``execve`` reads empty for a moment).
+    checks nothing.
+
+    A process is judged by its environ only once it has exec'd. An environ that read empty is
+    read once more after the scan (a process in the middle of ``execve`` reads empty for a
+    moment). A process younger than :data:`EXEC_SETTLE` whose environ still reads empty, or
+    that still runs its parent's program (``/proc/PID/exe`` is its parent's: forked, not yet
+    exec'd, its environ still the parent's), is read again every :data:`EXEC_RECHECK` until it
+    carries the marker (a survivor), has exec'd without it, is gone, or is older than
+    :data:`EXEC_SETTLE` (a fork that never execs: judged by its environ). One still doubtful
+    when the bound is spent makes the check blind.
     """
     blind = False
-    empties: list[int] = []
+    doubtful: dict[int, ProcStat] = {}
     last_empty = [0.0]
 
     def carries_marker(st: ProcStat) -> bool:
@@ -95,27 +116,22 @@ def survivors_from_previous_run(self_pid: int, scan: ScanFn = scan_live_procs) -
         if err is not None:
             blind = True
             return False
-        if not marked and _environ_reads_empty(st.pid):
-            empties.append(st.pid)
+        if marked:
+            return True
+        if _environ_reads_empty(st.pid) or _unexeced_young(st):
+            doubtful[st.pid] = st
             last_empty[0] = time.monotonic()
-        return marked
+        return False
 
     pids, scanned = scan(carries_marker, True)
     if not scanned:
         log.info("survivor check: /proc could not be listed; could not determine leftovers")
         return False, False
-    if not pids:
-        # An environ that read empty: a kernel thread, a zombie, an exiting process — or one
-        # caught in the middle of execve, which shows its marker again a moment later.
-        if empties:
-            pause_since(last_empty[0], EMPTY_ENVIRON_RECHECK)
-        for pid in empties:
-            marked, err = has_job_env(pid)
-            if err is not None:
-                blind = True
-            elif marked:
-                pids.append(pid)
-                break
+    if not pids and doubtful:
+        found, unsure = _settle_doubtful(doubtful, last_empty[0])
+        if found is not None:
+            pids.append(found)
+        blind = blind or unsure
     if pids:
         log.warning(
             "survivor check: a process from a previous run is alive (pid %d carries RC_JOB_ID)",
@@ -129,6 +145,78 @@ def survivors_from_previous_run(self_pid: int, scan: ScanFn = scan_live_procs) -
         )
         return False, False
     return True, False
+
+
+def _settle_doubtful(doubtful: dict[int, ProcStat], since: float) -> tuple[int | None, bool]:
+    """Re-read the doubtful processes until each has settled: ``(survivor pid, blind)``.
+
+    The first re-read comes :data:`EMPTY_ENVIRON_RECHECK` after ``since`` (every empty one is
+    read once more, as before); later rounds keep only the young doubtful ones, bounded by
+    :data:`EXEC_SETTLE`.
+    """
+    deadline = time.monotonic() + EXEC_SETTLE + EMPTY_ENVIRON_RECHECK
+    pending = dict(doubtful)
+    pause_since(since, EMPTY_ENVIRON_RECHECK)
+    blind = False
+    while pending:
+        still: dict[int, ProcStat] = {}
+        for pid, first in pending.items():
+            marked, err = has_job_env(pid)
+            if err is not None:
+                blind = True
+            elif marked:
+                return pid, blind
+            elif _still_doubtful(first):
+                still[pid] = first
+        pending = still
+        if not pending:
+            break
+        if time.monotonic() >= deadline:
+            log.info(
+                "survivor check: pid %d had not settled its exec after %.1f s",
+                next(iter(pending)),
+                EXEC_SETTLE,
+            )
+            return None, True
+        pause_since(time.monotonic(), EXEC_RECHECK)
+    return None, blind
+
+
+def _still_doubtful(first: ProcStat) -> bool:
+    """The same live process as ``first``, young, and still reading empty or unexec'd."""
+    st = read_proc_stat(first.pid)
+    if st is None or st.state == "Z" or st.exiting or st.start != first.start:
+        return False
+    if not _young(st):
+        return False
+    return _environ_reads_empty(st.pid) or _runs_parents_program(st)
+
+
+def _unexeced_young(st: ProcStat) -> bool:
+    return _young(st) and _runs_parents_program(st)
+
+
+def _young(st: ProcStat) -> bool:
+    """Started less than :data:`EXEC_SETTLE` ago (and not a kernel thread). A start time of 0
+    (unknown) is not young."""
+    if st.start <= 0 or st.flags & PF_KTHREAD:
+        return False
+    try:
+        now = time.clock_gettime(time.CLOCK_BOOTTIME)
+        ticks = os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, AttributeError):
+        return False
+    return now - st.start / ticks < EXEC_SETTLE
+
+
+def _runs_parents_program(st: ProcStat) -> bool:
+    """``/proc/PID/exe`` names the same file as its parent's: forked, perhaps not exec'd yet."""
+    if st.ppid <= 0:
+        return False
+    try:
+        return os.readlink(f"{PROC}/{st.pid}/exe") == os.readlink(f"{PROC}/{st.ppid}/exe")
+    except OSError:
+        return False
 
 
 def _environ_reads_empty(pid: int) -> bool:
@@ -201,6 +289,8 @@ def boot_id() -> str:
 
 __all__ = [
     "BOOT_ID_PATH",
+    "EXEC_RECHECK",
+    "EXEC_SETTLE",
     "PROC_STAT_PATH",
     "RecoveryProof",
     "boot_id",

@@ -7,9 +7,14 @@ always read from the real ``/proc``.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import shutil
 import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -22,6 +27,7 @@ from fleet_trio.proc.procfs import (
     has_job_env,
     job_env_id,
     pid_alive,
+    read_proc_stat,
 )
 from fleet_trio.proc.recovery import (
     RecoveryProof,
@@ -217,10 +223,115 @@ async def test_survivor_check_catches_a_process_right_after_spawn() -> None:
         for _ in range(20):
             proc = await start_marked(DEAD_BEEF)
             try:
-                scan = FakeScan(ProcStat(pid=proc.pid))
+                scan = real_scan(proc.pid)
                 assert survivors_from_previous_run(os.getpid(), scan) == (True, True)
             finally:
                 await stop(proc)
+
+
+# A process between fork and exec still shows its parent's memory, so its environ is the
+# parent's (no marker) although the job's marker arrives with the exec a moment later.
+HELD_BEFORE_EXEC = """
+import os, sys
+child = os.fork()
+if child == 0:
+    os.read(0, 1)  # held between fork and exec until the test writes a byte
+    os.execve(sys.argv[1], [sys.argv[1], "60"], dict(os.environ, RC_JOB_ID=sys.argv[2]))
+print(child, flush=True)
+os.waitpid(child, 0)
+"""
+
+
+def real_scan(*pids: int) -> FakeScan:
+    """A scan over ``pids`` that reports their real ``/proc/PID/stat`` (ppid, start time)."""
+    stats = [read_proc_stat(pid) for pid in pids]
+    return FakeScan(*(st for st in stats if st is not None))
+
+
+async def test_survivor_check_waits_for_a_process_held_between_fork_and_exec(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Deterministic: the child is held after ``fork`` (its environ is its parent's, without
+    the marker) until the check's first read is done; it is released from inside the check's
+    pause and the check waits until it has exec'd. The re-read must find the marker."""
+    from fleet_trio.proc import recovery
+
+    sleep_bin = shutil.which("sleep")
+    assert sleep_bin is not None
+    env = {k: v for k, v in os.environ.items() if k != "RC_JOB_ID"}
+    with trio.fail_after(20):
+        holder = await trio.lowlevel.open_process(
+            [sys.executable, "-c", HELD_BEFORE_EXEC, sleep_bin, DEAD_BEEF],
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            process_group=0,
+        )
+        try:
+            assert holder.stdout is not None and holder.stdin is not None
+            line = b""
+            while not line.endswith(b"\n"):
+                chunk = await holder.stdout.receive_some()
+                assert chunk, "the holder exited before naming its child"
+                line += chunk
+            child = int(line)
+            assert has_job_env(child) == (False, None)  # the parent's environment
+            stdin_fd = holder.stdin.fileno()
+            released: list[float] = []
+
+            def release_then_pause(started: float, seconds: float) -> None:
+                if not released:
+                    released.append(started)
+                    os.write(stdin_fd, b"x")
+                    deadline = time.monotonic() + 10
+                    while job_env_id(child) != (DEAD_BEEF, None):  # waits on the exec
+                        assert time.monotonic() < deadline, "the held child never exec'd"
+                        time.sleep(0.001)
+
+            monkeypatch.setattr(recovery, "pause_since", release_then_pause)
+            scan = real_scan(child)
+            result = await trio.to_thread.run_sync(survivors_from_previous_run, os.getpid(), scan)
+            assert released, "the check never doubted the unexec'd child"
+            assert result == (True, True)
+        finally:
+            with trio.CancelScope(shield=True):
+                with contextlib.suppress(OSError):
+                    os.killpg(holder.pid, signal.SIGKILL)
+                await holder.wait()
+
+
+async def test_an_old_fork_that_never_execs_is_not_doubted(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A long-lived fork without exec (a pre-fork server's worker) is judged by its environ at
+    once: doubt is only for processes younger than ``EXEC_SETTLE``."""
+    from fleet_trio.proc import recovery
+
+    monkeypatch.setattr(recovery, "EXEC_SETTLE", 0.0)
+    with trio.fail_after(20):
+        holder = await trio.lowlevel.open_process(
+            [sys.executable, "-c", HELD_BEFORE_EXEC, "/nonexistent", DEAD_BEEF],
+            env={k: v for k, v in os.environ.items() if k != "RC_JOB_ID"},
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            process_group=0,
+        )
+        try:
+            assert holder.stdout is not None
+            line = b""
+            while not line.endswith(b"\n"):
+                chunk = await holder.stdout.receive_some()
+                assert chunk
+                line += chunk
+            child = int(line)
+            pauses: list[float] = []
+            monkeypatch.setattr(recovery, "pause_since", lambda s, t: pauses.append(t))
+            result = survivors_from_previous_run(os.getpid(), real_scan(child))
+            assert result == (True, False)
+            assert pauses == []
+        finally:
+            with trio.CancelScope(shield=True):
+                with contextlib.suppress(OSError):
+                    os.killpg(holder.pid, signal.SIGKILL)
+                await holder.wait()
 
 
 def test_survivor_check_logs_at_the_spec_levels(
