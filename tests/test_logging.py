@@ -35,6 +35,7 @@ from fleet_trio.logs import (
     teardown_logging,
 )
 from fleet_trio.sim import SimController, serve_controller
+from tests.helpers import wait_until
 
 PY = sys.executable
 CLI = [PY, "-m", "fleet_trio"]
@@ -252,11 +253,13 @@ def _free_port() -> int:
 
 
 async def _until_up(client: httpx.AsyncClient, url: str, **kw: Any) -> httpx.Response:
-    while True:
+    async def answer() -> httpx.Response | None:
         try:
             return await client.get(url, **kw)
         except httpx.TransportError:
-            await trio.sleep(0.05)
+            return None
+
+    return await wait_until(answer, timeout=30, what=f"{url} to answer")
 
 
 async def _tail_all(url: str) -> list[dict[str, Any]]:

@@ -10,8 +10,7 @@ import trio
 
 from fleet_trio.proc import BufferSink, JobSpec, StopToken
 from fleet_trio.proc.run import run
-
-from .helpers import PidWatcher, gone_within, stop_after, stop_when_output
+from tests.helpers import PidWatcher, gone_within, stop_after, stop_when_output
 
 
 async def test_process_001_captures_output_and_exit_code() -> None:

@@ -12,7 +12,7 @@ to a log file. ``worker_on_sim`` is shared with ``test_process_worker_verify.py`
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -27,7 +27,7 @@ from fleet_trio.worker.client import Assignment
 from fleet_trio.worker.config import DeviceConfig, HooksConfig, WorkerConfig
 from fleet_trio.worker.hooks import HostHooks, hook_env, run_hook
 from fleet_trio.worker.worker import Worker, serve_worker
-from tests.worker.test_worker import FAST, FAST_CLIENT, HOST, dev, sim, until_terminal
+from tests.helpers import FAST, FAST_CLIENT, HOST, dev, sim, until_terminal, wait_until
 
 GPU0 = dev("gpu0")
 LOG_EVENT = 'echo "$RC_EVENT $RC_JOB_ID" >> "{log}"'
@@ -51,13 +51,6 @@ def read_lines(path: Path) -> list[str]:
 
 def read_text(path: Path) -> str:
     return path.read_text() if path.exists() else ""
-
-
-async def until(predicate: Callable[[], object], timeout: float = 5.0) -> None:  # noqa: ASYNC109
-    """Poll ``predicate`` every 20 ms until truthy; ``trio.TooSlowError`` after ``timeout``."""
-    with trio.fail_after(timeout):
-        while not predicate():
-            await trio.sleep(0.02)
 
 
 def job(job_id: str, device_id: str = GPU0, submitter: str = "agent-x") -> Assignment:
@@ -277,7 +270,7 @@ async def test_process_039_back_to_back_jobs_within_linger_one_acquire_one_relea
             assert read_text(acq_log) == "acquire job1\n"
             await trio.sleep(0.1)
             assert read_text(rel_log) == ""
-            await until(lambda: read_text(rel_log), timeout=5)
+            await wait_until(lambda: read_text(rel_log), timeout=5)
             await trio.sleep(0.2)
             assert read_text(rel_log) == "release job2\n"
             assert read_text(acq_log) == "acquire job1\n"
@@ -298,7 +291,7 @@ async def test_process_040_delayed_release_of_a_finished_job_never_fires_during_
             await trio.sleep(0.4)
             assert read_text(rel_log) == ""
             await hooks.release(GPU0, job("job2"))
-            await until(lambda: read_text(rel_log), timeout=5)
+            await wait_until(lambda: read_text(rel_log), timeout=5)
             await trio.sleep(0.2)
             assert read_text(rel_log) == "release job2\n"
 
@@ -309,8 +302,8 @@ async def test_process_041_job_after_the_linger_gets_its_own_acquire(tmp_path: P
         async with serving(HostHooks(cfg)) as hooks:
             assert await hooks.acquire(GPU0, job("job1"), proc.StopToken()) is None
             await hooks.release(GPU0, job("job1"))
-            await until(lambda: read_text(rel_log) == "release job1\n", timeout=5)
-            await until(lambda: not hooks.book.lease(GPU0).held, timeout=5)  # type: ignore[union-attr]
+            await wait_until(lambda: read_text(rel_log) == "release job1\n", timeout=5)
+            await wait_until(lambda: not hooks.book.lease(GPU0).held, timeout=5)  # type: ignore[union-attr]
             assert await hooks.acquire(GPU0, job("job2"), proc.StopToken()) is None
             assert read_text(acq_log) == "acquire job1\nacquire job2\n"
 
@@ -356,7 +349,7 @@ async def test_process_044_only_on_release_configured(tmp_path: Path) -> None:
             assert not acq_log.exists()  # no acquire hook ran
             await hooks.release(GPU0, job("job1"))
             assert read_text(rel_log) == ""  # not before the linger
-            await until(lambda: read_text(rel_log), timeout=5)
+            await wait_until(lambda: read_text(rel_log), timeout=5)
             await trio.sleep(0.1)
             assert read_text(rel_log) == "release job1\n"
             assert not hooks.book.lease(GPU0).held  # type: ignore[union-attr]
@@ -386,7 +379,7 @@ async def test_process_045_back_to_back_jobs_through_the_worker(tmp_path: Path) 
             job2 = ctrl.submit(GPU0, ["true"])
             assert await until_terminal(ctrl, job1) == ["running", "succeeded"]
             assert await until_terminal(ctrl, job2) == ["running", "succeeded"]
-            await until(lambda: f"release {job2}" in read_lines(log), timeout=5)
+            await wait_until(lambda: f"release {job2}" in read_lines(log), timeout=5)
             await trio.sleep(0.7)  # ~1.2 s idle in all
             assert read_lines(log) == ["release ", f"acquire {job1}", f"release {job2}"]
 
@@ -402,11 +395,11 @@ async def test_process_046_job_after_the_linger_through_the_worker(tmp_path: Pat
             ctrl = run.ctrl
             job1 = ctrl.submit(GPU0, ["true"])
             assert await until_terminal(ctrl, job1) == ["running", "succeeded"]
-            await until(lambda: f"release {job1}" in read_lines(log), timeout=5)
+            await wait_until(lambda: f"release {job1}" in read_lines(log), timeout=5)
             await trio.sleep(0.2)
             job2 = ctrl.submit(GPU0, ["true"])
             assert await until_terminal(ctrl, job2) == ["running", "succeeded"]
-            await until(lambda: f"release {job2}" in read_lines(log), timeout=5)
+            await wait_until(lambda: f"release {job2}" in read_lines(log), timeout=5)
             await trio.sleep(0.2)
             assert read_lines(log) == [
                 "release ",
@@ -453,7 +446,7 @@ async def test_process_048_shutdown_during_acquire_cancels_without_a_fault(
             await run.ready()
             ctrl = run.ctrl
             job1 = ctrl.submit(GPU0, ["true"])
-            await until(started.exists, timeout=10)
+            await wait_until(started.exists, timeout=10)
             assert await run.stop(within=20) < 20
             assert ctrl.faults(GPU0) == []
             reports = ctrl.status_reports(job1)
@@ -473,7 +466,7 @@ async def test_process_049_pending_release_fires_on_shutdown(tmp_path: Path) -> 
             ctrl = run.ctrl
             job1 = ctrl.submit(GPU0, ["true"])
             assert await until_terminal(ctrl, job1) == ["running", "succeeded"]
-            await until(lambda: run.worker.supervised() == [], timeout=5)
+            await wait_until(lambda: run.worker.supervised() == [], timeout=5)
             assert read_lines(log) == ["release ", f"acquire {job1}"]
             assert await run.stop(within=15) < 15
             assert read_lines(log) == ["release ", f"acquire {job1}", f"release {job1}"]

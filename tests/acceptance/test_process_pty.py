@@ -11,8 +11,7 @@ import trio
 from fleet_trio.proc import JobSpec, StopToken
 from fleet_trio.proc.procfs import pid_alive
 from fleet_trio.proc.pty import PtySession, start_pty
-
-from .helpers import gone_within
+from tests.helpers import gone_within
 
 GRACE = 0.3
 """Interactive shells ignore SIGTERM: tests use a short grace (§8.4)."""

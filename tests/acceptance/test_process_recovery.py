@@ -38,6 +38,7 @@ from fleet_trio.proc.recovery import (
     recovery_proof_for,
     survivors_from_previous_run,
 )
+from tests.helpers import marker_ready
 
 DEAD_BEEF = "00000000-dead-beef-0000-000000000000"
 
@@ -72,13 +73,6 @@ async def start_marked(value: str, *argv: str) -> trio.Process:
     return await trio.lowlevel.open_process(
         list(argv) or ["sleep", "60"], env=marked_env(value), process_group=0
     )
-
-
-async def environ_ready(pid: int, value: str) -> None:
-    """A freshly spawned child is in ``execve`` when ``open_process`` returns; its environ
-    reads empty until the kernel has copied it onto the new stack."""
-    while job_env_id(pid) != (value, None):
-        await trio.sleep(0.001)
 
 
 async def stop(proc: trio.Process) -> None:
@@ -121,7 +115,7 @@ async def test_process_116_survivor_check_finds_a_live_job_process() -> None:
     with trio.fail_after(10):
         proc = await start_marked(DEAD_BEEF)
         try:
-            await environ_ready(proc.pid, DEAD_BEEF)
+            await marker_ready(proc.pid, DEAD_BEEF)
             result = await trio.to_thread.run_sync(survivors_from_previous_run, os.getpid())
             assert result == (True, True)
         finally:
@@ -140,7 +134,7 @@ async def test_process_118_survivor_check_ignores_the_workers_own_process() -> N
     with trio.fail_after(10):
         proc = await start_marked(DEAD_BEEF)
         try:
-            await environ_ready(proc.pid, DEAD_BEEF)
+            await marker_ready(proc.pid, DEAD_BEEF)
             scan = FakeScan(ProcStat(pid=proc.pid, state="S"))
             assert survivors_from_previous_run(proc.pid, scan) == (True, False)
             # The same process seen by anyone else is a survivor.

@@ -16,9 +16,8 @@ import trio
 
 from fleet_trio.proc.procfs import job_env_id, list_pids, pid_alive
 from fleet_trio.sim import SimController
-from tests.acceptance.helpers import gone_within
 from tests.acceptance.test_process_hooks import GPU0, hook, worker_on_sim
-from tests.worker.test_worker import until_terminal
+from tests.helpers import gone_within, until_terminal
 
 ESCAPEE = (
     "setsid sh -c 'echo $$ > {pidfile}; exec sleep 300' >/dev/null 2>&1 < /dev/null & "

@@ -19,8 +19,8 @@ import trio
 from fleet_trio.sim.harness import WorkerHandle
 from tests.acceptance.test_process_worker_supervision import GPUBOX
 from tests.acceptance.test_protocol_more import AUTH, _with_running_job
+from tests.helpers import HOST, dev, until_terminal
 from tests.worker.test_client import REG, controller
-from tests.worker.test_worker import HOST, dev, until_terminal
 
 
 @pytest.fixture

@@ -20,10 +20,9 @@ from tests.acceptance.test_process_hooks import (
     LOG_EVENT,
     hook,
     read_lines,
-    until,
     worker_on_sim,
 )
-from tests.worker.test_worker import until_terminal
+from tests.helpers import until_terminal, wait_until
 
 
 async def test_protocol_106_release_armed_before_shutdown_fires_during_it(
@@ -126,5 +125,5 @@ async def test_protocol_117_hold_then_queued_job_inside_linger_one_acquire_one_r
             assert ctrl.job(queued).state == "queued"  # behind the hold
             assert await until_terminal(ctrl, held) == ["running", "killed"]
             assert await until_terminal(ctrl, queued) == ["running", "succeeded"]
-            await until(lambda: f"release {queued}" in read_lines(log), timeout=10)
+            await wait_until(lambda: f"release {queued}" in read_lines(log), timeout=10)
             assert read_lines(log) == ["release ", f"acquire {held}", f"release {queued}"]

@@ -28,7 +28,7 @@ from fleet_trio.worker import probes
 from fleet_trio.worker.config import DeviceConfig, WorkerConfig
 from fleet_trio.worker.probes import Prober
 from fleet_trio.worker.worker import Worker, serve_worker
-from tests.worker.test_worker import FAST, FAST_CLIENT, HOST, dev, sim
+from tests.helpers import FAST, FAST_CLIENT, HOST, dev, sim
 
 PROBE_LOGGER = "fleet_trio.worker.probes"
 PRESERVING = "preserving the last known detected labels of device"

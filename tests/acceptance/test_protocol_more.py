@@ -28,7 +28,6 @@ from fleet_trio.worker.client import (
     StatusReport,
 )
 from fleet_trio.worker.worker import WorkerTimings
-from tests.acceptance.helpers import gone_within
 from tests.acceptance.test_process_recovery import (
     DEAD_BEEF,
     FakeScan,
@@ -36,9 +35,9 @@ from tests.acceptance.test_process_recovery import (
     start_marked,
     stop,
 )
+from tests.helpers import FAST, HOST, PY, dev, gone_within, running, until_terminal
 from tests.worker.test_client import FAST as CLIENT_FAST
 from tests.worker.test_client import REG, controller
-from tests.worker.test_worker import FAST, HOST, PY, dev, running, until_terminal
 
 AUTH = {"Authorization": "Bearer wtok"}
 

@@ -41,10 +41,9 @@ from fleet_trio.worker.relay import (
     run_attached,
 )
 from fleet_trio.worker.worker import terminal_report
-from tests.acceptance.helpers import gone_within
+from tests.helpers import dev, gone_within, running, until_terminal
 from tests.worker.test_client import FAST as CLIENT_FAST
 from tests.worker.test_client import REG, controller
-from tests.worker.test_worker import dev, running, until_terminal
 
 TOKEN = "wtok"
 GRACE = 0.3

@@ -22,8 +22,8 @@ from fleet_trio.worker.client import (
 )
 from fleet_trio.worker.config import DeviceConfig, WorkerConfig
 from fleet_trio.worker.worker import Worker
+from tests.helpers import FAST, HOST, PY, dev, running, sim, until_terminal
 from tests.worker.test_client import REG, controller
-from tests.worker.test_worker import FAST, HOST, PY, dev, running, sim, until_terminal
 
 # --------------------------------------------------------------------------------------------
 # §15.2 Registration and identity
@@ -391,7 +391,7 @@ async def test_protocol_091_self_sigkill_reports_137() -> None:
 async def test_protocol_104_cancelled_worker_waits_for_job_reports() -> None:
     from fleet_trio.sim import serve_controller
     from fleet_trio.worker.worker import serve_worker
-    from tests.worker.test_worker import FAST_CLIENT, config
+    from tests.helpers import FAST_CLIENT, config
 
     with trio.fail_after(20):
         ctrl = sim()

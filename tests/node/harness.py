@@ -165,6 +165,10 @@ class Harness:
             body["payload"] = payload
         return await self.client.post("/fleet/dispatch", content=json.dumps(body).encode())
 
+    async def state_is(self, job_id: str, state: str) -> bool:
+        """The job's polled state is ``state`` (a predicate for ``wait_until``)."""
+        return bool((await self.poll(job_id)).json().get("state") == state)
+
     async def poll(self, job_id: str) -> httpx.Response:
         return await self.client.get(f"/fleet/jobs/{job_id}")
 

@@ -12,7 +12,7 @@ import trio
 from fleet_trio.proc import BufferSink, JobSpec, Result, StopToken
 from fleet_trio.proc.procfs import pid_alive
 from fleet_trio.proc.run import run
-from tests.acceptance.helpers import PidWatcher, gone_within, stop_when_output
+from tests.helpers import PidWatcher, gone_within, stop_when_output
 
 
 async def test_run_background_child_holding_stdout_keeps_job_running() -> None:

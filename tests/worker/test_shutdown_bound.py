@@ -7,7 +7,7 @@ import trio
 
 from fleet_trio.sim import serve_controller
 from fleet_trio.worker.worker import Worker, serve_worker, shutdown_bound
-from tests.worker.test_worker import FAST, FAST_CLIENT, config, dev, sim
+from tests.helpers import FAST, FAST_CLIENT, config, dev, sim
 
 
 async def test_a_pre_killed_report_to_a_controller_that_never_answers_is_bounded() -> None:

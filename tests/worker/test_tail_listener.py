@@ -31,8 +31,7 @@ from fleet_trio.sim import serve_controller
 from fleet_trio.sim.relay import operator
 from fleet_trio.worker.config import WorkerConfig, check_tail_listen, load_worker_config
 from fleet_trio.worker.worker import Worker, serve_worker
-from tests.logbus.test_tail_node import assert_contiguous, collect
-from tests.worker.test_worker import (
+from tests.helpers import (
     FAST,
     FAST_CLIENT,
     FakeHooks,
@@ -43,6 +42,7 @@ from tests.worker.test_worker import (
     sim,
     until_terminal,
 )
+from tests.logbus.test_tail_node import assert_contiguous, collect
 
 LINES = 40
 SCRIPT = (

@@ -1,134 +1,41 @@
 """The real worker as a trio task against the simulated controller, with real job processes.
 
 Timers are shrunk (heartbeat 0.1 s, poll wait 0.5 s); every test runs under ``trio.fail_after``.
-Helpers here are shared with ``tests/acceptance/test_protocol_worker.py``.
+The harness (``running``, ``sim``, ``until_terminal``, ...) lives in ``tests/helpers.py``.
 """
 
 from __future__ import annotations
 
 import json
 import pathlib
-import sys
-from collections.abc import AsyncIterator, Callable, Sequence
-from contextlib import asynccontextmanager
 
 import attrs
 import pytest
 import trio
 
-from fleet_trio.sim import SimController, serve_controller
+from fleet_trio.sim import serve_controller
 from fleet_trio.sim.relay import operator
-from fleet_trio.worker.client import Assignment, StatusReport, Timings
-from fleet_trio.worker.config import DeviceConfig, WorkerConfig
+from fleet_trio.worker.client import Assignment, StatusReport
+from fleet_trio.worker.config import DeviceConfig
 from fleet_trio.worker.worker import (
     Worker,
-    WorkerTimings,
     effective_max_runtime,
     job_environment,
     serve_worker,
 )
-
-PY = sys.executable
-HOST = "gpubox"
-FAST = WorkerTimings(
-    idle_poll_floor=0.05,
-    poll_error_delay=0.1,
-    shutdown_drain=5.0,
-    kill_grace=2.0,
-    hurry_budget=2.0,
-    register_backoff=(0.05, 0.1),
-    reregister_silence=300.0,
-    reregister_jitter=0.0,
-    reregister_pacing=0.5,
-    heartbeat_interval=0.1,
-    poll_wait=0.5,
-    probe_interval=float("inf"),
+from tests.helpers import (
+    FAST,
+    FAST_CLIENT,
+    HOST,
+    PY,
+    FakeHooks,
+    config,
+    dev,
+    running,
+    running_with_hooks,
+    sim,
+    until_terminal,
 )
-FAST_CLIENT = Timings(
-    request_timeout=5.0,
-    report_attempt_timeout=1.0,
-    report_backoff=(0.05, 0.1, 0.2),
-    log_flush_delay=0.1,
-)
-
-
-def sim(**kw: float) -> SimController:
-    defaults: dict[str, float] = {
-        "reaper_interval": 0.05,
-        "heartbeat_timeout": 30.0,
-        "worker_lost_after": 300.0,
-        "startup_grace": 0.0,
-    }
-    defaults.update(kw)
-    return SimController(token="wtok", **defaults)  # type: ignore[arg-type]
-
-
-def config(
-    url: str,
-    devices: Sequence[str | DeviceConfig] = ("gpu0", "gpu1"),
-    *,
-    manual_clear: bool = False,
-) -> WorkerConfig:
-    """``manual_clear``: no recovery proof, so two registrations compare equal even while other
-    test runs' jobs (carrying RC_JOB_ID) come and go on this machine."""
-    devs = tuple(d if isinstance(d, DeviceConfig) else DeviceConfig(name=d) for d in devices)
-    return WorkerConfig(
-        controller_url=url,
-        token="wtok",
-        host=HOST,
-        devices=devs,
-        sheet_dir="/nonexistent",
-        require_manual_clear=manual_clear,
-    )
-
-
-@asynccontextmanager
-async def running(
-    ctrl: SimController | None = None,
-    *,
-    devices: Sequence[str | DeviceConfig] = ("gpu0", "gpu1"),
-    timings: WorkerTimings = FAST,
-    client_timings: Timings = FAST_CLIENT,
-    manual_clear: bool = False,
-    configure: Callable[[WorkerConfig], WorkerConfig] | None = None,
-) -> AsyncIterator[tuple[SimController, Worker]]:
-    """A sim controller and a started worker; the worker is shut down (gracefully) at exit.
-    ``configure`` adjusts the config (``lambda c: attrs.evolve(c, probe_dir=...)``)."""
-    ctrl = ctrl if ctrl is not None else sim()
-    async with trio.open_nursery() as nursery:
-        url = await nursery.start(serve_controller, ctrl)
-        cfg = config(url, devices, manual_clear=manual_clear)
-        worker = Worker(
-            configure(cfg) if configure is not None else cfg,
-            timings=timings,
-            client_timings=client_timings,
-        )
-        done = trio.Event()
-
-        async def run_worker() -> None:
-            try:
-                await serve_worker(worker)
-            finally:
-                done.set()
-
-        nursery.start_soon(run_worker)
-        await ctrl.wait_for(lambda: worker.registrations >= 1 and ctrl.polls(), timeout=5)
-        yield ctrl, worker
-        worker.request_shutdown("test over")
-        with trio.fail_after(15):
-            await done.wait()
-        nursery.cancel_scope.cancel()
-
-
-def dev(name: str) -> str:
-    return f"{HOST}:{name}"
-
-
-async def until_terminal(ctrl: SimController, job_id: str, within: float = 10.0) -> list[str]:
-    terminal = {"succeeded", "failed", "killed", "lost"}
-    await ctrl.wait_for(lambda: any(s in terminal for s in ctrl.statuses(job_id)), within)
-    return ctrl.statuses(job_id)
-
 
 # --------------------------------------------------------------------------------------------
 # Pure helpers
@@ -386,39 +293,6 @@ def test_terminal_report_precedence() -> None:
     )
     killed = Result(exit_code=143, killed=True, reason="cancelled")
     assert terminal_report("w", killed) == StatusReport("w", "killed", 143, "cancelled")
-
-
-class FakeHooks:
-    """Hook seam double: records calls, fails acquire/verify on demand."""
-
-    def __init__(self, *, acquire_fails: str | None = None, verify_fails: str | None = None):
-        self.acquire_fails = acquire_fails
-        self.verify_fails = verify_fails
-        self.calls: list[tuple[str, str]] = []
-
-    async def acquire(self, device_id: str, job: Assignment, stop: object) -> str | None:
-        self.calls.append(("acquire", job.job_id))
-        return self.acquire_fails
-
-    async def verify(self, device_id: str, job: Assignment) -> str | None:
-        self.calls.append(("verify", job.job_id))
-        return self.verify_fails
-
-    async def release(self, device_id: str, job: Assignment) -> None:
-        self.calls.append(("release", job.job_id))
-
-
-@asynccontextmanager
-async def running_with_hooks(hooks: FakeHooks) -> AsyncIterator[tuple[SimController, Worker]]:
-    ctrl = sim()
-    async with trio.open_nursery() as nursery:
-        url = await nursery.start(serve_controller, ctrl)
-        worker = Worker(config(url), timings=FAST, client_timings=FAST_CLIENT, hooks=hooks)
-        nursery.start_soon(serve_worker, worker)
-        await ctrl.wait_for(lambda: worker.registrations >= 1)
-        yield ctrl, worker
-        worker.request_shutdown("test over")
-        nursery.cancel_scope.cancel()
 
 
 async def test_hook_seams_in_execute_order() -> None:
