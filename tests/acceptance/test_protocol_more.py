@@ -31,11 +31,10 @@ from fleet_trio.worker.worker import WorkerTimings
 from tests.acceptance.test_process_recovery import (
     DEAD_BEEF,
     FakeScan,
-    environ_ready,
     start_marked,
     stop,
 )
-from tests.helpers import FAST, HOST, PY, dev, gone_within, running, until_terminal
+from tests.helpers import FAST, HOST, PY, dev, gone_within, marker_ready, running, until_terminal
 from tests.worker.test_client import FAST as CLIENT_FAST
 from tests.worker.test_client import REG, controller
 
@@ -150,7 +149,7 @@ async def _scenario_030_031() -> None:
         proc = await start_marked(DEAD_BEEF)
         scan = FakeScan(ProcStat(pid=proc.pid, state="S"))
         try:
-            await environ_ready(proc.pid, DEAD_BEEF)
+            await marker_ready(proc.pid, DEAD_BEEF)
             found = recovery_proof_for(os.getpid(), scan=scan)
         finally:
             await stop(proc)
@@ -167,7 +166,7 @@ async def test_protocol_032_own_pid_excluded_from_survivor_scan() -> None:
     with trio.fail_after(10):
         proc = await start_marked(DEAD_BEEF)
         try:
-            await environ_ready(proc.pid, DEAD_BEEF)
+            await marker_ready(proc.pid, DEAD_BEEF)
             # The marked process plays the worker: its own marker does not count.
             proof = recovery_proof_for(proc.pid, scan=FakeScan(ProcStat(pid=proc.pid)))
         finally:
