@@ -30,7 +30,7 @@ from fleet_trio.proc.procfs import (
 )
 from fleet_trio.proc.run import run
 from fleet_trio.proc.sweep import sweep_job_survivors
-from tests.helpers import gone_within
+from tests.helpers import gone_within, wait_until
 
 ESCAPEE = (
     "setsid sh -c 'echo $$ > {pidfile}; exec sleep 300' >/dev/null 2>&1 & "
