@@ -276,7 +276,7 @@ async def test_process_039_back_to_back_jobs_within_linger_one_acquire_one_relea
             assert read_text(acq_log) == "acquire job1\n"
 
 
-async def test_process_040_delayed_release_of_a_finished_job_never_fires_during_the_next(
+async def scenario_delayed_release_of_a_finished_job_never_fires_during_the_next(
     tmp_path: Path,
 ) -> None:
     cfg, acq_log, rel_log = linger_config(tmp_path, 100)
@@ -294,6 +294,12 @@ async def test_process_040_delayed_release_of_a_finished_job_never_fires_during_
             await wait_until(lambda: read_text(rel_log), timeout=5)
             await trio.sleep(0.2)
             assert read_text(rel_log) == "release job2\n"
+
+
+async def test_process_040_delayed_release_of_a_finished_job_never_fires_during_the_next(
+    tmp_path: Path,
+) -> None:
+    await scenario_delayed_release_of_a_finished_job_never_fires_during_the_next(tmp_path)
 
 
 async def test_process_041_job_after_the_linger_gets_its_own_acquire(tmp_path: Path) -> None:
@@ -366,7 +372,7 @@ def logging_device(tmp_path: Path, log: Path, **kw: object) -> DeviceConfig:
     return DeviceConfig(name="gpu0", on_acquire=script, on_release=script, **kw)  # type: ignore[arg-type]
 
 
-async def test_process_045_back_to_back_jobs_through_the_worker(tmp_path: Path) -> None:
+async def scenario_back_to_back_jobs_through_the_worker(tmp_path: Path) -> None:
     log = tmp_path / "hooks.log"
     device = logging_device(tmp_path, log)
     with trio.fail_after(30):
@@ -384,7 +390,11 @@ async def test_process_045_back_to_back_jobs_through_the_worker(tmp_path: Path) 
             assert read_lines(log) == ["release ", f"acquire {job1}", f"release {job2}"]
 
 
-async def test_process_046_job_after_the_linger_through_the_worker(tmp_path: Path) -> None:
+async def test_process_045_back_to_back_jobs_through_the_worker(tmp_path: Path) -> None:
+    await scenario_back_to_back_jobs_through_the_worker(tmp_path)
+
+
+async def scenario_job_after_the_linger_through_the_worker(tmp_path: Path) -> None:
     log = tmp_path / "hooks.log"
     device = logging_device(tmp_path, log)
     with trio.fail_after(30):
@@ -410,7 +420,11 @@ async def test_process_046_job_after_the_linger_through_the_worker(tmp_path: Pat
             ]
 
 
-async def test_process_047_acquire_failure_quarantines_the_device_and_skips_the_job(
+async def test_process_046_job_after_the_linger_through_the_worker(tmp_path: Path) -> None:
+    await scenario_job_after_the_linger_through_the_worker(tmp_path)
+
+
+async def scenario_acquire_failure_quarantines_the_device_and_skips_the_job(
     tmp_path: Path,
 ) -> None:
     failing = hook(tmp_path / "acquire.sh", "echo boom-output >&2; exit 1")
@@ -435,7 +449,13 @@ async def test_process_047_acquire_failure_quarantines_the_device_and_skips_the_
             assert ctrl.device(GPU0).state == "unhealthy"
 
 
-async def test_process_048_shutdown_during_acquire_cancels_without_a_fault(
+async def test_process_047_acquire_failure_quarantines_the_device_and_skips_the_job(
+    tmp_path: Path,
+) -> None:
+    await scenario_acquire_failure_quarantines_the_device_and_skips_the_job(tmp_path)
+
+
+async def scenario_shutdown_during_acquire_cancels_without_a_fault(
     tmp_path: Path,
 ) -> None:
     started = tmp_path / "started"
@@ -455,7 +475,11 @@ async def test_process_048_shutdown_during_acquire_cancels_without_a_fault(
             assert ctrl.device(GPU0).state != "unhealthy"
 
 
-async def test_process_049_pending_release_fires_on_shutdown(tmp_path: Path) -> None:
+async def test_process_048_shutdown_during_acquire_cancels_without_a_fault(tmp_path: Path) -> None:
+    await scenario_shutdown_during_acquire_cancels_without_a_fault(tmp_path)
+
+
+async def scenario_pending_release_fires_on_shutdown(tmp_path: Path) -> None:
     log = tmp_path / "hooks.log"
     device = logging_device(tmp_path, log)
     with trio.fail_after(30):
@@ -472,7 +496,11 @@ async def test_process_049_pending_release_fires_on_shutdown(tmp_path: Path) -> 
             assert read_lines(log) == ["release ", f"acquire {job1}", f"release {job1}"]
 
 
-async def test_process_050_startup_runs_release_hooks_before_the_first_poll(
+async def test_process_049_pending_release_fires_on_shutdown(tmp_path: Path) -> None:
+    await scenario_pending_release_fires_on_shutdown(tmp_path)
+
+
+async def scenario_startup_runs_release_hooks_before_the_first_poll(
     tmp_path: Path,
 ) -> None:
     marker = tmp_path / "released"
@@ -493,3 +521,7 @@ async def test_process_050_startup_runs_release_hooks_before_the_first_poll(
             assert not run.ctrl.polls()
             await run.ctrl.wait_for(first_poll, timeout=10)
             assert seen == [True]
+
+
+async def test_process_050_startup_runs_release_hooks_before_the_first_poll(tmp_path: Path) -> None:
+    await scenario_startup_runs_release_hooks_before_the_first_poll(tmp_path)

@@ -83,7 +83,7 @@ async def test_process_025_worker_sweeps_a_jobs_escapee_and_still_reports_succes
 # --------------------------------------------------------------------------------------------
 
 
-async def test_process_063_verify_failure_faults_the_device_before_the_terminal_report(
+async def scenario_verify_failure_faults_the_device_before_the_terminal_report(
     tmp_path: Path,
 ) -> None:
     with trio.fail_after(30):
@@ -98,7 +98,13 @@ async def test_process_063_verify_failure_faults_the_device_before_the_terminal_
             ]
 
 
-async def test_process_064_verify_failure_ordering_holds_on_shutdown(tmp_path: Path) -> None:
+async def test_process_063_verify_failure_faults_the_device_before_the_terminal_report(
+    tmp_path: Path,
+) -> None:
+    await scenario_verify_failure_faults_the_device_before_the_terminal_report(tmp_path)
+
+
+async def scenario_verify_failure_ordering_holds_on_shutdown(tmp_path: Path) -> None:
     with trio.fail_after(30):
         async with worker_on_sim(tmp_path, verify_dir=failing_verify(tmp_path)) as run:
             await run.ready()
@@ -115,12 +121,16 @@ async def test_process_064_verify_failure_ordering_holds_on_shutdown(tmp_path: P
             assert ctrl.faults(GPU0)[0].startswith("verify failed: 10-vram-free.sh: ")
 
 
+async def test_process_064_verify_failure_ordering_holds_on_shutdown(tmp_path: Path) -> None:
+    await scenario_verify_failure_ordering_holds_on_shutdown(tmp_path)
+
+
 # --------------------------------------------------------------------------------------------
 # V66
 # --------------------------------------------------------------------------------------------
 
 
-async def test_process_066_verify_failure_quarantines_then_a_passing_script_returns_it(
+async def scenario_verify_failure_quarantines_then_a_passing_script_returns_it(
     tmp_path: Path,
 ) -> None:
     verify_dir = failing_verify(tmp_path)
@@ -169,7 +179,13 @@ async def test_process_066_verify_failure_quarantines_then_a_passing_script_retu
             ]
 
 
-async def test_process_066_verify_failed_event_names_the_job(tmp_path: Path) -> None:
+async def test_process_066_verify_failure_quarantines_then_a_passing_script_returns_it(
+    tmp_path: Path,
+) -> None:
+    await scenario_verify_failure_quarantines_then_a_passing_script_returns_it(tmp_path)
+
+
+async def scenario_verify_failed_event_names_the_job(tmp_path: Path) -> None:
     with trio.fail_after(30):
         async with worker_on_sim(tmp_path, verify_dir=failing_verify(tmp_path)) as run:
             await run.ready()
@@ -178,3 +194,7 @@ async def test_process_066_verify_failed_event_names_the_job(tmp_path: Path) -> 
             assert await until_terminal(ctrl, job_id) == ["running", "succeeded"]
             events = [e for e in ctrl.events() if e.kind == "verify_failed"]
             assert [(e.device_id, e.job_id) for e in events] == [(GPU0, job_id)]
+
+
+async def test_process_066_verify_failed_event_names_the_job(tmp_path: Path) -> None:
+    await scenario_verify_failed_event_names_the_job(tmp_path)
