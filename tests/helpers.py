@@ -4,6 +4,7 @@
   state, a file, a log line, a process gone), never on a bare settle sleep.
 * :func:`quiet_for` — the one bounded "prove that nothing happened" wait against real
   processes (under the autojump clock no such wait is needed: virtual time proves it).
+* :func:`elapse` — virtual time passing, under the autojump clock only.
 * :func:`scenario_pause` — a pause that is part of the scenario under test (a fake's latency,
   a job that must still be running), named so that it is not mistaken for a settle sleep.
 * Watching a job's output for ``child:<pid>`` (:class:`PidWatcher`), stopping a job on it or
@@ -21,7 +22,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import TypeVar
 
+import httpx
 import trio
+import trio.testing
 
 from fleet_trio.proc import BufferSink, StopToken
 from fleet_trio.proc.procfs import job_env_id, pid_alive
@@ -35,7 +38,7 @@ T = TypeVar("T")
 PY = sys.executable
 HOST = "gpubox"
 
-WAIT_TIMEOUT = 10.0
+WAIT_TIMEOUT = 30.0
 """Default bound of :func:`wait_until`: long enough for a loaded 2-core machine; a fact that
 never comes fails the test after it, with what was awaited in the message."""
 WAIT_INTERVAL = 0.01
@@ -90,6 +93,14 @@ async def quiet_for(seconds: float, *, reason: str) -> None:
     await trio.sleep(seconds)
 
 
+async def elapse(seconds: float) -> None:
+    """Let ``seconds`` of *virtual* time pass: only under the autojump clock, where a job's
+    fake duration costs nothing and "nothing happened within T" is proven for free."""
+    clock = trio.lowlevel.current_clock()
+    assert isinstance(clock, trio.testing.MockClock), "elapse() needs the autojump clock"
+    await trio.sleep(seconds)
+
+
 async def scenario_pause(seconds: float, *, why: str) -> None:
     """A pause that is part of the scenario under test (a fake's latency, a job that must be
     running for a while), not a settle sleep. ``why`` says what it stands for."""
@@ -102,6 +113,27 @@ async def marker_ready(pid: int, value: str) -> None:
     ``execve`` when ``open_process`` returns; its environ reads empty until the kernel has
     copied it onto the new stack."""
     await wait_until(lambda: job_env_id(pid) == (value, None), what=f"pid {pid}'s marker")
+
+
+async def answer(client: httpx.AsyncClient, url: str, **kw: object) -> httpx.Response | None:
+    """One ``GET``; ``None`` while nothing accepts connections there yet (a predicate for
+    :func:`wait_until`: ``r = await wait_until(lambda: answer(client, "/fleet/health"))``)."""
+    try:
+        return await client.get(url, **kw)  # type: ignore[arg-type]
+    except httpx.TransportError:
+        return None
+
+
+async def healthy(client: httpx.AsyncClient) -> bool:
+    """``GET /fleet/health`` answers 200 (a node that is up and ready)."""
+    r = await answer(client, "/fleet/health")
+    return r is not None and r.status_code == 200
+
+
+async def state_in(client: httpx.AsyncClient, job_id: str, *states: str) -> bool:
+    """The node job's polled state (``GET /fleet/jobs/<id>``) is one of ``states`` (a
+    predicate for :func:`wait_until`: ``wait_until(lambda: state_in(c, "j1", "done"))``)."""
+    return (await client.get(f"/fleet/jobs/{job_id}")).json().get("state") in states
 
 
 def logged(bus: object, job_id: str, nbytes: int) -> bool:

@@ -27,7 +27,17 @@ from fleet_trio.worker.client import Assignment
 from fleet_trio.worker.config import DeviceConfig, HooksConfig, WorkerConfig
 from fleet_trio.worker.hooks import HostHooks, hook_env, run_hook
 from fleet_trio.worker.worker import Worker, serve_worker
-from tests.helpers import FAST, FAST_CLIENT, HOST, dev, sim, until_terminal, wait_until
+from tests.helpers import (
+    FAST,
+    FAST_CLIENT,
+    HOST,
+    dev,
+    quiet_for,
+    scenario_pause,
+    sim,
+    until_terminal,
+    wait_until,
+)
 
 GPU0 = dev("gpu0")
 LOG_EVENT = 'echo "$RC_EVENT $RC_JOB_ID" >> "{log}"'
@@ -264,14 +274,14 @@ async def test_process_039_back_to_back_jobs_within_linger_one_acquire_one_relea
             assert await hooks.acquire(GPU0, job("job1"), proc.StopToken()) is None
             assert read_text(acq_log) == "acquire job1\n"
             await hooks.release(GPU0, job("job1"))
-            await trio.sleep(0.05)
+            await scenario_pause(0.05, why="job2 arrives inside job1's linger")
             assert await hooks.acquire(GPU0, job("job2"), proc.StopToken()) is None
             await hooks.release(GPU0, job("job2"))
             assert read_text(acq_log) == "acquire job1\n"
-            await trio.sleep(0.1)
+            await quiet_for(0.1, reason="no release hook fires inside the linger")
             assert read_text(rel_log) == ""
             await wait_until(lambda: read_text(rel_log), timeout=5)
-            await trio.sleep(0.2)
+            await quiet_for(0.2, reason="no second release hook fires")
             assert read_text(rel_log) == "release job2\n"
             assert read_text(acq_log) == "acquire job1\n"
 
@@ -288,11 +298,11 @@ async def scenario_delayed_release_of_a_finished_job_never_fires_during_the_next
             await hooks.release(GPU0, job("job1"))  # job1's late release: epoch 1, stale
             lease = hooks.book.lease(GPU0)
             assert lease is not None and lease.held and lease.pending is None
-            await trio.sleep(0.4)
+            await quiet_for(0.4, reason="the stale release never fires")
             assert read_text(rel_log) == ""
             await hooks.release(GPU0, job("job2"))
             await wait_until(lambda: read_text(rel_log), timeout=5)
-            await trio.sleep(0.2)
+            await quiet_for(0.2, reason="no second release hook fires")
             assert read_text(rel_log) == "release job2\n"
 
 
@@ -329,7 +339,7 @@ async def test_process_042_failing_acquire_leaves_the_device_unheld(tmp_path: Pa
             error2 = await hooks.acquire(GPU0, job("job2"), proc.StopToken())
             assert error2 is not None
             assert read_text(acq_log) == "acquire job1\nacquire job2\n"
-            await trio.sleep(0.3)
+            await quiet_for(0.3, reason="no release hook fires after a failed acquire")
             assert read_text(rel_log) == ""
 
 
@@ -356,7 +366,7 @@ async def test_process_044_only_on_release_configured(tmp_path: Path) -> None:
             await hooks.release(GPU0, job("job1"))
             assert read_text(rel_log) == ""  # not before the linger
             await wait_until(lambda: read_text(rel_log), timeout=5)
-            await trio.sleep(0.1)
+            await quiet_for(0.1, reason="the release hook fires once")
             assert read_text(rel_log) == "release job1\n"
             assert not hooks.book.lease(GPU0).held  # type: ignore[union-attr]
 
@@ -386,7 +396,7 @@ async def scenario_back_to_back_jobs_through_the_worker(tmp_path: Path) -> None:
             assert await until_terminal(ctrl, job1) == ["running", "succeeded"]
             assert await until_terminal(ctrl, job2) == ["running", "succeeded"]
             await wait_until(lambda: f"release {job2}" in read_lines(log), timeout=5)
-            await trio.sleep(0.7)  # ~1.2 s idle in all
+            await quiet_for(0.7, reason="an idle linger fires no further hook")
             assert read_lines(log) == ["release ", f"acquire {job1}", f"release {job2}"]
 
 
@@ -406,11 +416,11 @@ async def scenario_job_after_the_linger_through_the_worker(tmp_path: Path) -> No
             job1 = ctrl.submit(GPU0, ["true"])
             assert await until_terminal(ctrl, job1) == ["running", "succeeded"]
             await wait_until(lambda: f"release {job1}" in read_lines(log), timeout=5)
-            await trio.sleep(0.2)
+            await scenario_pause(0.2, why="job2 comes after job1's linger has ended")
             job2 = ctrl.submit(GPU0, ["true"])
             assert await until_terminal(ctrl, job2) == ["running", "succeeded"]
             await wait_until(lambda: f"release {job2}" in read_lines(log), timeout=5)
-            await trio.sleep(0.2)
+            await quiet_for(0.2, reason="no further hook fires")
             assert read_lines(log) == [
                 "release ",
                 f"acquire {job1}",
@@ -436,7 +446,7 @@ async def scenario_acquire_failure_quarantines_the_device_and_skips_the_job(
             ctrl = run.ctrl
             job1 = ctrl.submit(GPU0, ["touch", str(artifact)])
             await ctrl.wait_for(lambda: ctrl.statuses(job1) and ctrl.faults(GPU0), timeout=10)
-            await trio.sleep(0.3)  # nothing more arrives
+            await quiet_for(0.3, reason="nothing more arrives")
             faults = ctrl.faults(GPU0)
             assert len(faults) == 1
             assert "boom-output" in faults[0]

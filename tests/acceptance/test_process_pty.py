@@ -11,7 +11,7 @@ import trio
 from fleet_trio.proc import JobSpec, StopToken
 from fleet_trio.proc.procfs import pid_alive
 from fleet_trio.proc.pty import PtySession, start_pty
-from tests.helpers import gone_within
+from tests.helpers import gone_within, wait_until
 
 GRACE = 0.3
 """Interactive shells ignore SIGTERM: tests use a short grace (§8.4)."""
@@ -125,19 +125,22 @@ async def test_process_104_pty_clean_shell_exit_reaps_backgrounded_stragglers() 
     assert res.exit_code == 0
 
 
+def reaped(pid: int) -> bool:
+    """ESRCH: reaped, not a zombie."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
 async def test_process_105_pty_close_reaps_without_an_explicit_wait() -> None:
     with trio.fail_after(10):
         session = await start_pty(shell())
         pid = session.pid
         await Transcript(session).prompt()
         await session.close()
-        with trio.fail_after(5):
-            while True:
-                try:
-                    os.kill(pid, 0)
-                except ProcessLookupError:
-                    break  # ESRCH: reaped, not a zombie
-                await trio.sleep(0.02)
+        await wait_until(lambda: reaped(pid), timeout=5, what=f"pid {pid} reaped")
 
 
 async def test_process_106_pty_has_a_usable_default_window_size() -> None:

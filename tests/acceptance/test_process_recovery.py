@@ -38,7 +38,7 @@ from fleet_trio.proc.recovery import (
     recovery_proof_for,
     survivors_from_previous_run,
 )
-from tests.helpers import marker_ready
+from tests.helpers import marker_ready, wait_until
 
 DEAD_BEEF = "00000000-dead-beef-0000-000000000000"
 
@@ -176,8 +176,7 @@ async def test_a_zombie_is_not_a_survivor() -> None:
     with trio.fail_after(10):
         proc = await start_marked(DEAD_BEEF, "true")
         try:
-            while pid_alive(proc.pid):
-                await trio.sleep(0.01)  # exited, not yet reaped: a zombie
+            await wait_until(lambda: not pid_alive(proc.pid))
             scan = FakeScan(ProcStat(pid=proc.pid, state="S"))  # even a scan that misses the Z
             assert survivors_from_previous_run(os.getpid(), scan) == (True, False)
         finally:

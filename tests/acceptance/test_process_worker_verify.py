@@ -17,7 +17,7 @@ import trio
 from fleet_trio.proc.procfs import job_env_id, list_pids, pid_alive
 from fleet_trio.sim import SimController
 from tests.acceptance.test_process_hooks import GPU0, hook, worker_on_sim
-from tests.helpers import gone_within, until_terminal
+from tests.helpers import gone_within, quiet_for, scenario_pause, until_terminal
 
 ESCAPEE = (
     "setsid sh -c 'echo $$ > {pidfile}; exec sleep 300' >/dev/null 2>&1 < /dev/null & "
@@ -114,7 +114,7 @@ async def scenario_verify_failure_ordering_holds_on_shutdown(tmp_path: Path) -> 
                 lambda: ctrl.statuses(job_id) == ["running"] and job_id in run.worker.supervised(),
                 timeout=10,
             )
-            await trio.sleep(0.2)
+            await scenario_pause(0.2, why="the job runs a moment before the shutdown")
             assert await run.stop(within=10) < 10
             assert ctrl.statuses(job_id) == ["running", "killed"]
             assert report_order(ctrl, job_id) == ["fault", "terminal"]
@@ -164,7 +164,7 @@ async def scenario_verify_failure_quarantines_then_a_passing_script_returns_it(
 
             # the quarantined device is not handed out (the sim has no no-wait submit)
             next_job = ctrl.submit(GPU0, ["sh", "-c", "echo next-ran"])
-            await trio.sleep(0.5)
+            await quiet_for(0.5, reason="the quarantined device is not handed out")
             assert ctrl.job(next_job).state == "queued"
             assert ctrl.statuses(next_job) == []
 

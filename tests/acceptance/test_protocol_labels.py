@@ -28,7 +28,7 @@ from fleet_trio.worker import probes
 from fleet_trio.worker.config import DeviceConfig, WorkerConfig
 from fleet_trio.worker.probes import Prober
 from fleet_trio.worker.worker import Worker, serve_worker
-from tests.helpers import FAST, FAST_CLIENT, HOST, dev, sim
+from tests.helpers import FAST, FAST_CLIENT, HOST, dev, scenario_pause, sim
 
 PROBE_LOGGER = "fleet_trio.worker.probes"
 PRESERVING = "preserving the last known detected labels of device"
@@ -159,7 +159,7 @@ async def test_protocol_061_slow_probe_pass_never_stalls_heartbeats(setup: Setup
             _,
         ):
             t0 = trio.current_time()
-            await trio.sleep(4)
+            await scenario_pause(4, why="four seconds of heartbeats are counted")
             t1 = trio.current_time()
             beats = [
                 r.at

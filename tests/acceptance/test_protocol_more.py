@@ -34,7 +34,17 @@ from tests.acceptance.test_process_recovery import (
     start_marked,
     stop,
 )
-from tests.helpers import FAST, HOST, PY, dev, gone_within, marker_ready, running, until_terminal
+from tests.helpers import (
+    FAST,
+    HOST,
+    PY,
+    dev,
+    gone_within,
+    marker_ready,
+    running,
+    scenario_pause,
+    until_terminal,
+)
 from tests.worker.test_client import FAST as CLIENT_FAST
 from tests.worker.test_client import REG, controller
 
@@ -274,7 +284,7 @@ async def _scenario_042_044() -> None:
     with trio.fail_after(10):
         async with _with_running_job() as (ctrl, client, _, job):
             ctrl.restart()  # mid-lease controller restart; the worker comes back isolated
-            await trio.sleep(0.05)
+            await scenario_pause(0.05, why="the cut connections close before the next request")
             proof = RecoveryProof(isolated=True).to_wire()
             reg = attrs.evolve(REG, recovery=proof)
             for _ in range(3):  # a pooled connection cut by restart() may fail once
@@ -365,7 +375,7 @@ async def _scenario_076_077() -> None:
             async with trio.open_nursery() as nursery:
 
                 async def kill_soon() -> None:
-                    await trio.sleep(0.2)
+                    await scenario_pause(0.2, why="the kill comes while the poll is parked")
                     ctrl.kill(job)
 
                 nursery.start_soon(kill_soon)
@@ -391,7 +401,7 @@ async def test_protocol_078_delivered_kill_offered_again_after_redelivery_window
             assert (await client.poll(worker_id, 0.1)).kills == ()
             # The sim checks redelivery when a poll wakes (as the reference does): poll anew
             # once the window has passed.
-            await trio.sleep(0.5)
+            await scenario_pause(0.5, why="the redelivery window passes")
             second = await client.poll(worker_id, 0.5)
             assert second.kills == (job,)
 
@@ -524,7 +534,7 @@ async def test_protocol_093_cancel_racing_exit_is_never_silent_success() -> None
         async with running() as (ctrl, worker):
             job = ctrl.submit(dev("gpu0"), ["sh", "-c", "sleep 0.3; exit 0"])
             await ctrl.wait_for(lambda: ctrl.statuses(job))
-            await trio.sleep(0.28)
+            await scenario_pause(0.28, why="the kill comes just before the job exits by itself")
             ctrl.kill(job)
             await until_terminal(ctrl, job)
             last = _status_bodies(ctrl, job)[-1]
@@ -700,13 +710,13 @@ async def test_protocol_066_named_finalized_kill_stays_deliverable_until_unnamed
             assert await client.heartbeat(worker_id, [job])
             assert ctrl.device(gpu0).state == "unknown"
             assert (await client.poll(worker_id, 0.05)).kills == (job,)
-            await trio.sleep(0.12)
+            await scenario_pause(0.12, why="the redelivery window (0.1 s) passes")
             assert await client.heartbeat(worker_id, [job])
             assert (await client.poll(worker_id, 0.05)).kills == (job,)  # re-delivered
             # it stops naming the job: the flag is cleared, the device returns to the pool
             assert await client.heartbeat(worker_id, [])
             assert ctrl.device(gpu0).state == "ready"
-            await trio.sleep(0.12)
+            await scenario_pause(0.12, why="the redelivery window (0.1 s) passes")
             assert (await client.poll(worker_id, 0.05)).kills == ()
 
 

@@ -25,6 +25,7 @@ from fleet_trio.metrics import (
     vram_section,
 )
 from fleet_trio.proc.spec import SweepReport
+from tests.helpers import elapse
 from tests.metrics.scrape import Samples, parse, total, value
 
 
@@ -191,7 +192,7 @@ class FlakySource:
 async def test_vram_from_the_real_sampler_with_its_failures(autojump_clock: Any) -> None:
     sampler = GlobalSampler(FlakySource(), interval=2.0)  # type: ignore[arg-type]
     assert await sampler.sample_once()
-    await trio.sleep(5)
+    await elapse(5)
     assert not await sampler.sample_once()  # keeps the old snapshot
     s = parse_families(vram_section(sampler, "1", trio.current_time()))
     assert value(s, "fleet_trio_gpu_vram_total_bytes", gpu="1") == 80 * GIB

@@ -21,6 +21,7 @@ import trio
 from fleet_trio.nursery import Phase, TaskTree, open_task_tree, run_task_tree
 from fleet_trio.proc import BufferSink, JobSpec, StopToken
 from fleet_trio.proc.procfs import group_alive
+from tests.helpers import scenario_pause, wait_until
 
 try:
     from fleet_trio.proc.run import run as proc_run
@@ -239,7 +240,7 @@ async def test_a_real_signal_starts_the_shutdown(sig: signal.Signals) -> None:
     finished: list[str] = []
 
     async def job() -> None:
-        await trio.sleep(0.2)
+        await scenario_pause(0.2, why="the job takes 0.2 s")
         finished.append("job")
 
     async def setup(tree: TaskTree) -> None:
@@ -286,6 +287,5 @@ async def test_a_second_real_sigint_skips_the_drain() -> None:
 
 
 async def _second_sigint(tree: TaskTree) -> None:
-    while tree.phase < Phase.DRAINING:
-        await trio.sleep(0.01)
+    await wait_until(lambda: tree.phase >= Phase.DRAINING)
     os.kill(os.getpid(), signal.SIGINT)

@@ -9,6 +9,7 @@ import signal
 import trio
 
 from fleet_trio.nursery import open_task_tree
+from tests.helpers import wait_until
 
 
 async def _stubborn_job(started: trio.Event) -> None:
@@ -47,8 +48,7 @@ async def test_a_request_after_the_drain_cuts_on_interrupt_and_on_jobs_closed(
         await started.wait()
 
         async def hurry_later() -> None:
-            while "interrupt" not in seen:
-                await trio.sleep(0.1)
+            await wait_until(lambda: "interrupt" in seen)
             await trio.sleep(3.0)  # well into the 50 s interrupt step
             assert tree.request_shutdown("second").name == "REPEATED"
             assert tree.hurried

@@ -31,7 +31,7 @@ from fleet_trio.proc.procfs import (
     scan_job_marker,
     signal_ident,
 )
-from tests.helpers import marker_ready
+from tests.helpers import marker_ready, wait_until
 
 # ------------------------------------------------------------------------------------ parsing
 
@@ -370,8 +370,9 @@ async def test_real_scan_finds_a_marked_process_and_not_its_zombie() -> None:
         dead = await trio.lowlevel.open_process([sys.executable, "-c", "pass"], env=marked)
         try:
             await marker_ready(live.pid, job)
-            while read_proc_stat(dead.pid) is not None and pid_alive(dead.pid):
-                await trio.sleep(0.01)  # exits, stays a zombie: we do not wait() it yet
+            await wait_until(
+                lambda: not (read_proc_stat(dead.pid) is not None and pid_alive(dead.pid))
+            )
             assert read_proc_stat(dead.pid) is not None  # the zombie is still listed
             res = scan_job_marker(job, ancestor_set(os.getpid()))
             assert res.scanned and res.settled and not res.blind
@@ -446,8 +447,7 @@ async def test_a_zombie_is_gone_for_the_identity_check() -> None:
         st = read_proc_stat(proc.pid)
         assert st is not None
         me = Ident(proc.pid, st.start)
-        while (cur := read_proc_stat(proc.pid)) is not None and cur.state != "Z":
-            await trio.sleep(0.01)
+        await wait_until(lambda: (cur := read_proc_stat(proc.pid)) is None or cur.state == "Z")
         assert not ident_alive(me)  # a zombie, not yet reaped
         await proc.wait()
 

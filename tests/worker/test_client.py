@@ -28,6 +28,7 @@ from fleet_trio.worker.client import (
     StatusReport,
     Timings,
 )
+from tests.helpers import scenario_pause, wait_until
 
 FAST = Timings(
     request_timeout=5.0,
@@ -229,7 +230,7 @@ async def test_instance_tracking_over_restart() -> None:
             assert first == ctrl.instances[0]
             assert not client.tracker.owed
             ctrl.restart()
-            await trio.sleep(0.05)
+            await scenario_pause(0.05, why="the cut connections close before the next request")
             for _ in range(3):
                 if await client.heartbeat(wid, []):
                     break
@@ -286,12 +287,12 @@ async def test_outbox_survives_an_outage_in_order() -> None:
                 await nursery.start(shipper.serve)
                 await shipper.write(b"before\n")
                 await ctrl.wait_for(lambda: ctrl.logs(job) == b"before\n", timeout=2)
-                while shipper.sent_chunks < 1:  # the answer is in: no ambiguous resend
-                    await trio.sleep(0.01)
+                # the answer is in: no ambiguous resend
+                await wait_until(lambda: shipper.sent_chunks >= 1, what="the chunk's answer")
                 ctrl.restart(down_for=1.0)
                 for i in range(5):
                     await shipper.write(f"during {i}\n".encode())
-                    await trio.sleep(0.1)
+                    await scenario_pause(0.1, why="one line per 100 ms through the outage")
                 await shipper.close()
             assert await client.report_terminal(job, StatusReport(wid, "succeeded", 0))
             expected = b"before\n" + b"".join(f"during {i}\n".encode() for i in range(5))

@@ -41,6 +41,7 @@ from tests.helpers import (
     running_with_hooks,
     sim,
     until_terminal,
+    wait_until,
 )
 from tests.logbus.test_tail_node import assert_contiguous, collect
 
@@ -66,9 +67,7 @@ def output(events: list[TailEvent], stream: str | None = None) -> bytes:
 
 async def job_log(worker: Worker, job_id: str) -> None:
     """Wait until the worker has opened the job's live log."""
-    with trio.fail_after(10):
-        while worker.bus.get(job_id) is None:
-            await trio.sleep(0.01)
+    await wait_until(lambda: worker.bus.get(job_id) is not None, timeout=10)
 
 
 # --------------------------------------------------------------------------------------------
@@ -128,8 +127,7 @@ async def test_killed_job_tail_ends_killed() -> None:
                 nursery.start_soon(tail)
                 log = worker.bus.get(job)
                 assert log is not None
-                while log.nbytes < len(b"started\n"):
-                    await trio.sleep(0.01)
+                await wait_until(lambda: not (log.nbytes < len(b"started\n")))
                 ctrl.kill(job)
             events, code = result[0]
             assert code == CLOSE_NORMAL

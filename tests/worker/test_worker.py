@@ -37,6 +37,7 @@ from tests.helpers import (
     scenario_pause,
     sim,
     until_terminal,
+    wait_until,
 )
 
 # --------------------------------------------------------------------------------------------
@@ -116,7 +117,7 @@ async def test_kill_running_job() -> None:
         async with running() as (ctrl, worker):
             job = ctrl.submit(dev("gpu0"), ["sleep", "30"])
             await ctrl.wait_for(lambda: job in worker.supervised() and ctrl.statuses(job))
-            await trio.sleep(0.2)
+            await scenario_pause(0.2, why="the job runs a moment before the kill")
             ctrl.kill(job)
             assert await until_terminal(ctrl, job) == ["running", "killed"]
             assert ctrl.status_reports(job)[-1].reason == "cancelled"
@@ -368,9 +369,11 @@ async def test_job_ending_during_outage_delivers_everything_after() -> None:
         async with running() as (ctrl, worker):
             job = ctrl.submit(dev("gpu0"), ["sh", "-c", "echo one; sleep 0.5; echo two"])
             await ctrl.wait_for(lambda: ctrl.logs(job) == b"one\n")
-            await trio.sleep(0.1)  # let its answer arrive (a lost answer means one resend)
+            await scenario_pause(
+                0.1, why="the chunk's answer reaches the worker (a lost answer means one resend)"
+            )
             ctrl.restart(down_for=1.5)
-            await trio.sleep(1.0)  # the job has ended; the controller is still down
+            await scenario_pause(1.0, why="the job ends while the controller is still down")
             assert job in worker.supervised()  # still named in heartbeats, report kept
             assert await until_terminal(ctrl, job, within=15) == ["running", "succeeded"]
             assert ctrl.logs(job) == b"one\ntwo\n"
@@ -385,8 +388,8 @@ async def test_outage_beyond_patience_gives_up_and_frees_the_worker() -> None:
             job = ctrl.submit(dev("gpu0"), ["sh", "-c", "sleep 0.3; echo late"])
             await ctrl.wait_for(lambda: job in worker.supervised() and ctrl.statuses(job))
             ctrl.restart(down_for=2.5)
-            await trio.sleep(2.0)
-            assert job not in worker.supervised()  # given up: the controller wrote us off
+            # given up (patience 0.8 s) before the controller is back (2.5 s)
+            await wait_until(lambda: job not in worker.supervised(), timeout=2.0)
             await ctrl.wait_for(lambda: len(ctrl.registrations()) >= 2, timeout=10)
             assert ctrl.statuses(job) == ["running"]
 
@@ -460,7 +463,7 @@ async def test_bad_poll_answers_are_logged_and_skipped_never_crash_or_rerun(
             ).encode()
             ctrl.fail_next("assignments", status=200, body=extra)  # a re-send: must not rerun
             await ctrl.wait_for(lambda: ctrl.requests("assignments")[-1].outcome == "injected")
-            await trio.sleep(0.3)
+            await quiet_for(0.3, reason="a re-sent assignment does not run again")
             assert ctrl.statuses(job) == ["running", "succeeded"]
             assert worker.supervised() == []
 
