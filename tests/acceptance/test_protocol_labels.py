@@ -168,7 +168,9 @@ async def test_protocol_061_slow_probe_pass_never_stalls_heartbeats(setup: Setup
             ]
             assert len(beats) > 15, beats
             gaps = [b - a for a, b in zip([t0, *beats], [*beats, t1], strict=True)]
-            assert max(gaps) < 0.6, gaps
+            # A stalled heartbeat would wait out the 1 s probe; below that, slack for a loaded
+            # 2-core machine (the interval is 0.1 s).
+            assert max(gaps) < 0.9, gaps
             # Passes really ran (slowly) in that window, one after the other, never overlapping.
             pushed = [r.at for r in ctrl.requests("labels") if t0 <= r.at <= t1]
             assert len(pushed) >= 2, pushed

@@ -581,7 +581,8 @@ async def test_protocol_096_term_trapping_job_sigkilled_at_grace() -> None:
             t0 = trio.current_time()
             assert await until_terminal(ctrl, job) == ["running", "killed"]
             elapsed = trio.current_time() - t0
-            assert 0.9 <= elapsed < 3.0
+            # at the 1 s grace, not before; bounded (slack for a loaded 2-core machine)
+            assert 0.9 <= elapsed < 1.0 + 5.0
             last = _status_bodies(ctrl, job)[-1]
             assert (last["state"], last["reason"]) == ("killed", "cancelled")
 

@@ -64,7 +64,9 @@ async def test_linger_is_bounded_without_pollers(tmp_path: Path) -> None:
         h.node.request_shutdown()
         await wait_until(lambda: bool(h.node.context.linger.active), timeout=10)
         gone = await wait_gone(h)  # polls of other ids do not end it
-        assert 1.0 <= gone < 3.0, gone
+        # The lower bound is the linger's; the upper bound only says "bounded, not hung", with
+        # slack for a loaded 2-core machine.
+        assert 1.0 <= gone < 1.5 + 5.0, gone
         assert h.node.tree.shutdown_bound >= 1.5
 
 
@@ -73,7 +75,7 @@ async def test_no_linger_when_no_job_was_in_flight(tmp_path: Path) -> None:
         await h.dispatch("done-1", "image-gen", {})
         await h.wait_terminal("done-1")
         h.node.request_shutdown()
-        assert await wait_gone(h) < 3.0
+        assert await wait_gone(h) < 10.0  # far below the 20 s linger, slack for a loaded box
 
 
 async def test_second_request_ends_the_linger(tmp_path: Path) -> None:
@@ -82,4 +84,4 @@ async def test_second_request_ends_the_linger(tmp_path: Path) -> None:
         h.node.request_shutdown()
         await wait_until(lambda: bool(h.node.context.linger.active), timeout=10)
         h.node.request_shutdown("second signal")
-        assert await wait_gone(h) < 3.0
+        assert await wait_gone(h) < 10.0  # far below the 20 s linger, slack for a loaded box

@@ -171,7 +171,8 @@ async def test_a_job_ignoring_sigterm_is_killed_after_the_grace(job: Job) -> Non
     assert not group_alive(record.pid)
     if job is local_job:
         assert record.ending == -signal.SIGKILL
-    assert drain + grace - 0.05 <= elapsed <= drain + grace + 2
+    # exact lower bound; the upper bound is "bounded", with slack for a loaded 2-core machine
+    assert drain + grace - 0.05 <= elapsed <= drain + grace + 5
     assert elapsed <= tree.shutdown_bound
 
 
@@ -189,7 +190,8 @@ async def test_a_job_exiting_on_sigterm_ends_the_shutdown_early(job: Job) -> Non
     assert record.cancelled
     assert record.pid is not None
     assert not group_alive(record.pid)
-    assert drain - 0.05 <= elapsed < drain + 1.5  # nowhere near drain + grace
+    # nowhere near drain + grace (5.3 s); slack for a loaded 2-core machine below that
+    assert drain - 0.05 <= elapsed < drain + 3.5
 
 
 @pytest.mark.parametrize("job", SUPERVISORS)
@@ -222,7 +224,7 @@ async def test_stop_tokens_set_on_stop_accepting_end_the_drain_early(job: Job) -
             tree.request_shutdown()
         elapsed = trio.current_time() - start
     assert interrupted == []
-    assert elapsed < 1.5
+    assert elapsed < 4.0  # ended early: below the 5 s drain, slack for a loaded machine
     for record in records:
         assert not record.cancelled  # ended by its stop token, not by the tree's cancel
         assert record.pid is not None
@@ -276,14 +278,14 @@ async def test_a_second_real_sigint_skips_the_drain() -> None:
         tree.services.start_soon(_second_sigint, tree)
         os.kill(os.getpid(), signal.SIGINT)
 
-    with trio.fail_after(5):
+    with trio.fail_after(15):
         start = trio.current_time()
         await run_task_tree(setup, drain=30, kill_grace=1, on_interrupt=on_interrupt)
         elapsed = trio.current_time() - start
     (tree,) = trees
     assert tree.escalated
     assert events == ["interrupt", "cancelled"]
-    assert elapsed < 2
+    assert elapsed < 10  # the 30 s drain was skipped; slack for a loaded machine
 
 
 async def _second_sigint(tree: TaskTree) -> None:

@@ -40,6 +40,8 @@ async def test_a_pre_killed_report_to_a_controller_that_never_answers_is_bounded
             await done.wait()
             took = trio.current_time() - began
         nursery.cancel_scope.cancel()
-    assert took <= FAST.shutdown_drain + FAST.hurry_budget + 1.0, took
+    # drain + hurry budget, plus slack for a loaded 2-core machine (the contract is the next
+    # line's bound)
+    assert took <= FAST.shutdown_drain + FAST.hurry_budget + 3.0, took
     assert took <= shutdown_bound(FAST)
     assert ctrl.statuses(job) == []  # the report never got an answer (and never ran twice)
