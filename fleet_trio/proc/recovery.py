@@ -98,8 +98,8 @@ def survivors_from_previous_run(self_pid: int, scan: ScanFn = scan_live_procs) -
     A process is judged by its environ only once it has exec'd. An environ that read empty is
     read once more after the scan (a process in the middle of ``execve`` reads empty for a
     moment). A process younger than :data:`EXEC_SETTLE` whose environ still reads empty, or
-    that still runs its parent's program (``/proc/PID/exe`` is its parent's: forked, not yet
-    exec'd, its environ still the parent's), is read again every :data:`EXEC_RECHECK` until it
+    that still runs its parent's program (``/proc/PID/exe`` and the environ are its parent's:
+    forked, not yet exec'd), is read again every :data:`EXEC_RECHECK` until it
     carries the marker (a survivor), has exec'd without it, is gone, or is older than
     :data:`EXEC_SETTLE` (a fork that never execs: judged by its environ). One still doubtful
     when the bound is spent makes the check blind.
@@ -210,11 +210,17 @@ def _young(st: ProcStat) -> bool:
 
 
 def _runs_parents_program(st: ProcStat) -> bool:
-    """``/proc/PID/exe`` names the same file as its parent's: forked, perhaps not exec'd yet."""
+    """Forked, perhaps not exec'd yet: ``/proc/PID/exe`` names the same file as its parent's
+    and its environ is byte for byte its parent's (a child that exec'd with an environment of
+    its own, as a job does, differs)."""
     if st.ppid <= 0:
         return False
     try:
-        return os.readlink(f"{PROC}/{st.pid}/exe") == os.readlink(f"{PROC}/{st.ppid}/exe")
+        if os.readlink(f"{PROC}/{st.pid}/exe") != os.readlink(f"{PROC}/{st.ppid}/exe"):
+            return False
+        return read_proc_file(f"{PROC}/{st.pid}/environ") == read_proc_file(
+            f"{PROC}/{st.ppid}/environ"
+        )
     except OSError:
         return False
 

@@ -23,10 +23,10 @@ Beyond rc (deliberate, changes no checklist item):
   the phases run again. At most ``SWEEP_MAX_PASSES`` discovery passes (initial, repeats,
   confirmations) run, plus one: a SIGKILL phase is always followed by a confirmation pass, one
   poll later (a child forked, or still inside ``execve``, as its parent was killed is not seen
-  by the look that ended the phase). Pids first discovered by a later pass are added to ``found`` (rc's
-  ``found`` is the initial scan only; without this a report could say ``found=[]`` for a sweep
-  that killed something). Pids first seen *during* a phase are signalled but, as in rc, not
-  added to ``found``.
+  by the look that ended the phase). Pids first discovered by a later pass are added to
+  ``found`` (rc's ``found`` is the initial scan only; without this a report could say
+  ``found=[]`` for a sweep that killed something). Pids first seen *during* a phase are
+  signalled but, as in rc, not added to ``found``.
 * Honest bookkeeping (issue 13): every process a scan ever matched is *attributed* to the job by
   identity (pid + start time from ``/proc/PID/stat``), signalled at once and on every phase,
   and counts as reaped only once an identity check has seen it gone (gone, a zombie, or its pid
