@@ -12,6 +12,8 @@ The functions here are synchronous and walk ``/proc``; call them from
 
 from __future__ import annotations
 
+import enum
+import errno
 import functools
 import logging
 import os
@@ -25,7 +27,7 @@ from fleet_trio.proc.procfs import (
     PROC,
     ProcStat,
     ScanFn,
-    has_job_env,
+    env_marker_value,
     pause_since,
     read_proc_file,
     read_proc_stat,
@@ -106,29 +108,26 @@ def survivors_from_previous_run(self_pid: int, scan: ScanFn = scan_live_procs) -
     """
     blind = False
     doubtful: dict[int, ProcStat] = {}
-    last_empty = [0.0]
+    last_doubt = [0.0]
 
     def carries_marker(st: ProcStat) -> bool:
         nonlocal blind
         if st.pid == self_pid:
             return False
-        marked, err = has_job_env(st.pid)
-        if err is not None:
+        verdict = _judge(st, first_look=True)
+        if verdict is _Verdict.BLIND:
             blind = True
-            return False
-        if marked:
-            return True
-        if _environ_reads_empty(st.pid) or _unexeced_young(st):
+        elif verdict is _Verdict.DOUBT:
             doubtful[st.pid] = st
-            last_empty[0] = time.monotonic()
-        return False
+            last_doubt[0] = time.monotonic()
+        return verdict is _Verdict.MARKED
 
     pids, scanned = scan(carries_marker, True)
     if not scanned:
         log.info("survivor check: /proc could not be listed; could not determine leftovers")
         return False, False
     if not pids and doubtful:
-        found, unsure = _settle_doubtful(doubtful, last_empty[0])
+        found, unsure = _settle_doubtful(doubtful, last_doubt[0])
         if found is not None:
             pids.append(found)
         blind = blind or unsure
@@ -147,11 +146,48 @@ def survivors_from_previous_run(self_pid: int, scan: ScanFn = scan_live_procs) -
     return True, False
 
 
-def _settle_doubtful(doubtful: dict[int, ProcStat], since: float) -> tuple[int | None, bool]:
-    """Re-read the doubtful processes until each has settled: ``(survivor pid, blind)``.
+class _Verdict(enum.Enum):
+    MARKED = "marked"
+    CLEAN = "clean"
+    DOUBT = "doubt"
+    BLIND = "blind"
 
-    The first re-read comes :data:`EMPTY_ENVIRON_RECHECK` after ``since`` (every empty one is
-    read once more, as before); later rounds keep only the young doubtful ones, bounded by
+
+def _judge(st: ProcStat, *, first_look: bool) -> _Verdict:
+    """One look at a live process. Whether it still runs its parent's program is decided
+    *before* its environ is read, and the marker and emptiness come from one read, so an exec
+    that completes meanwhile is never judged by a stale read."""
+    unexeced = _unexeced_young(st)
+    environ, err = _read_environ(st.pid)
+    if err is not None:
+        return _Verdict.BLIND
+    if environ is None:  # gone
+        return _Verdict.CLEAN
+    if env_marker_value(environ):
+        return _Verdict.MARKED
+    if unexeced:
+        return _Verdict.DOUBT
+    if not environ and (first_look or _young(st)):
+        return _Verdict.DOUBT  # inside execve (or a kernel thread, a zombie: read once more)
+    return _Verdict.CLEAN
+
+
+def _read_environ(pid: int) -> tuple[bytes | None, OSError | None]:
+    """``(environ, None)``; ``(None, None)`` when the process is gone; ``(None, error)`` when
+    it cannot be read (realistically EACCES on someone else's process)."""
+    try:
+        return read_proc_file(f"{PROC}/{pid}/environ"), None
+    except OSError as exc:
+        if exc.errno in (errno.ENOENT, errno.ESRCH):
+            return None, None
+        return None, exc
+
+
+def _settle_doubtful(doubtful: dict[int, ProcStat], since: float) -> tuple[int | None, bool]:
+    """Look again at the doubtful processes until each has settled: ``(survivor pid, blind)``.
+
+    The first look comes :data:`EMPTY_ENVIRON_RECHECK` after ``since`` (every empty one is
+    read once more); later rounds keep only the young doubtful ones, bounded by
     :data:`EXEC_SETTLE`.
     """
     deadline = time.monotonic() + EXEC_SETTLE + EMPTY_ENVIRON_RECHECK
@@ -161,12 +197,17 @@ def _settle_doubtful(doubtful: dict[int, ProcStat], since: float) -> tuple[int |
     while pending:
         still: dict[int, ProcStat] = {}
         for pid, first in pending.items():
-            marked, err = has_job_env(pid)
-            if err is not None:
-                blind = True
-            elif marked:
+            st = read_proc_stat(pid)
+            if st is None or st.state == "Z" or st.exiting:
+                continue  # gone, a zombie, exiting: nothing survives
+            if first.start and st.start != first.start:
+                continue  # the pid names another process now
+            verdict = _judge(st, first_look=False)
+            if verdict is _Verdict.MARKED:
                 return pid, blind
-            elif _still_doubtful(first):
+            if verdict is _Verdict.BLIND:
+                blind = True
+            elif verdict is _Verdict.DOUBT:
                 still[pid] = first
         pending = still
         if not pending:
@@ -180,16 +221,6 @@ def _settle_doubtful(doubtful: dict[int, ProcStat], since: float) -> tuple[int |
             return None, True
         pause_since(time.monotonic(), EXEC_RECHECK)
     return None, blind
-
-
-def _still_doubtful(first: ProcStat) -> bool:
-    """The same live process as ``first``, young, and still reading empty or unexec'd."""
-    st = read_proc_stat(first.pid)
-    if st is None or st.state == "Z" or st.exiting or st.start != first.start:
-        return False
-    if not _young(st):
-        return False
-    return _environ_reads_empty(st.pid) or _runs_parents_program(st)
 
 
 def _unexeced_young(st: ProcStat) -> bool:
@@ -221,13 +252,6 @@ def _runs_parents_program(st: ProcStat) -> bool:
         return read_proc_file(f"{PROC}/{st.pid}/environ") == read_proc_file(
             f"{PROC}/{st.ppid}/environ"
         )
-    except OSError:
-        return False
-
-
-def _environ_reads_empty(pid: int) -> bool:
-    try:
-        return read_proc_file(f"{PROC}/{pid}/environ") == b""
     except OSError:
         return False
 

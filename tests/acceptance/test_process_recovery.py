@@ -189,10 +189,10 @@ def test_blind_survivor_check_claims_nothing(
     """Root reads every environ, so the error is injected: an unreadable marker is blindness."""
     from fleet_trio.proc import recovery
 
-    def unreadable(pid: int) -> tuple[bool, OSError | None]:
-        return False, PermissionError(13, "Permission denied")
+    def unreadable(pid: int) -> tuple[bytes | None, OSError | None]:
+        return None, PermissionError(13, "Permission denied")
 
-    monkeypatch.setattr(recovery, "has_job_env", unreadable)
+    monkeypatch.setattr(recovery, "_read_environ", unreadable)
     assert survivors_from_previous_run(os.getpid(), FakeScan(ProcStat(pid=5))) == (False, False)
     proof = recovery_proof_for(os.getpid(), scan=FakeScan(ProcStat(pid=5)))
     assert proof == RecoveryProof()
@@ -203,11 +203,29 @@ def test_survivor_check_reads_an_empty_environ_once_more(monkeypatch: pytest.Mon
     """A process caught mid-``execve`` reads empty, then shows its marker: a survivor."""
     from fleet_trio.proc import recovery
 
-    answers = [(False, None), (True, None)]
-    monkeypatch.setattr(recovery, "has_job_env", lambda pid: answers.pop(0))
-    monkeypatch.setattr(recovery, "_environ_reads_empty", lambda pid: True)
+    answers: list[tuple[bytes | None, OSError | None]] = [(b"", None), (b"RC_JOB_ID=x\0", None)]
+    monkeypatch.setattr(recovery, "_read_environ", lambda pid: answers.pop(0))
+    monkeypatch.setattr(recovery, "read_proc_stat", lambda pid: ProcStat(pid=pid))
     assert survivors_from_previous_run(os.getpid(), FakeScan(ProcStat(pid=5))) == (True, True)
     assert answers == []
+
+
+def test_an_old_empty_environ_is_read_once_more_then_judged(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A kernel thread or a zombie-to-be reads empty for good: one more read, then clean."""
+    from fleet_trio.proc import recovery
+
+    reads: list[int] = []
+
+    def empty(pid: int) -> tuple[bytes | None, OSError | None]:
+        reads.append(pid)
+        return b"", None
+
+    monkeypatch.setattr(recovery, "_read_environ", empty)
+    monkeypatch.setattr(recovery, "read_proc_stat", lambda pid: ProcStat(pid=pid))
+    assert survivors_from_previous_run(os.getpid(), FakeScan(ProcStat(pid=5))) == (True, False)
+    assert reads == [5, 5]
 
 
 async def test_survivor_check_catches_a_process_right_after_spawn() -> None:
@@ -336,7 +354,7 @@ def test_survivor_check_logs_at_the_spec_levels(
     survivors_from_previous_run(os.getpid(), FakeScan(scanned=False))
     assert [r.levelno for r in caplog.records] == [logging.INFO]
     caplog.clear()
-    monkeypatch.setattr(recovery, "has_job_env", lambda pid: (True, None))
+    monkeypatch.setattr(recovery, "_read_environ", lambda pid: (b"RC_JOB_ID=x\0", None))
     survivors_from_previous_run(os.getpid(), FakeScan(ProcStat(pid=5)))
     assert [r.levelno for r in caplog.records] == [logging.WARNING]
     caplog.clear()
