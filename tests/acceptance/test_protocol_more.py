@@ -189,10 +189,10 @@ async def test_protocol_033_unreadable_environ_claims_nothing(
 ) -> None:
     import fleet_trio.proc.recovery as recovery
 
-    def denied(pid: int) -> tuple[bool, OSError | None]:
-        return False, PermissionError(13, "Permission denied")
+    def denied(pid: int) -> tuple[bytes | None, OSError | None]:
+        return None, PermissionError(13, "Permission denied")
 
-    monkeypatch.setattr(recovery, "has_job_env", denied)
+    monkeypatch.setattr(recovery, "_read_environ", denied)
     proof = recovery_proof_for(os.getpid(), scan=FakeScan(ProcStat(pid=1)))
     assert proof == RecoveryProof()
     with trio.fail_after(10):
