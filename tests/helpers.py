@@ -66,8 +66,8 @@ async def wait_until(
     return that value. Fails with ``AssertionError`` naming what was awaited (``what``, else
     the predicate) and the last value seen once ``timeout`` (trio time) has passed.
 
-    Under the autojump clock the polls cost no real time; a fact that depends on a real
-    process is then reached only if the polls yield to it (they do: each is a ``trio.sleep``).
+    Under the autojump clock the polls and the timeout are virtual: there, wait only on facts
+    that trio tasks produce (a real process may not act before the virtual timeout passes).
     """
     last: object = None
     with trio.move_on_after(timeout):
@@ -88,7 +88,7 @@ async def wait_until(
 async def quiet_for(seconds: float, *, reason: str) -> None:
     """A bounded wait that proves (by nothing happening) what ``reason`` says, against real
     processes where no event marks "nothing happened". Assert the quiet fact right after it.
-    Under the autojump clock, use ``trio.sleep`` of virtual time instead: it costs nothing."""
+    Under the autojump clock, use :func:`elapse` instead: virtual time costs nothing."""
     assert reason, "say what the quiet wait proves"
     await trio.sleep(seconds)
 
