@@ -16,7 +16,9 @@
 from __future__ import annotations
 
 import inspect
+import os
 import re
+import signal
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
@@ -27,9 +29,15 @@ import trio
 import trio.testing
 
 from fleet_trio.proc import BufferSink, StopToken
-from fleet_trio.proc.procfs import job_env_id, pid_alive
+from fleet_trio.proc.procfs import Predicate, ProcStat, job_env_id, pid_alive
 from fleet_trio.sim import SimController, serve_controller
-from fleet_trio.worker.client import Assignment, Timings
+from fleet_trio.worker.client import (
+    Assignment,
+    ControllerClient,
+    DeviceDecl,
+    Registration,
+    Timings,
+)
 from fleet_trio.worker.config import DeviceConfig, WorkerConfig
 from fleet_trio.worker.worker import Worker, WorkerTimings, serve_worker
 
@@ -184,6 +192,53 @@ async def stop_after(stop: StopToken, seconds: float) -> None:
 
 
 # ----------------------------------------------------------------------------------------------
+# Processes carrying a job marker, and a scan over a fixed namespace (the recovery tests).
+
+DEAD_BEEF = "00000000-dead-beef-0000-000000000000"
+
+
+class FakeScan:
+    """A scan over a fixed namespace; counts its calls."""
+
+    def __init__(self, *procs: ProcStat, scanned: bool = True) -> None:
+        self.procs = procs
+        self.scanned = scanned
+        self.calls = 0
+
+    def __call__(self, predicate: Predicate, stop_at_first: bool) -> tuple[list[int], bool]:
+        self.calls += 1
+        if not self.scanned:
+            return [], False
+        out: list[int] = []
+        for st in self.procs:
+            if st.state == "Z" or not predicate(st):
+                continue
+            out.append(st.pid)
+            if stop_at_first:
+                break
+        return out, True
+
+
+def marked_env(value: str) -> dict[str, str]:
+    """This environment with ``RC_JOB_ID=value``."""
+    return {**os.environ, "RC_JOB_ID": value}
+
+
+async def start_marked(value: str, *argv: str) -> trio.Process:
+    """A process (``sleep 60`` unless ``argv``) carrying ``RC_JOB_ID=value``."""
+    return await trio.lowlevel.open_process(
+        list(argv) or ["sleep", "60"], env=marked_env(value), process_group=0
+    )
+
+
+async def stop(proc: trio.Process) -> None:
+    """SIGKILL and reap, shielded."""
+    with trio.CancelScope(shield=True):
+        proc.send_signal(signal.SIGKILL)
+        await proc.wait()
+
+
+# ----------------------------------------------------------------------------------------------
 # The real worker as a trio task against the simulated controller, with real job processes.
 # Timers are shrunk (heartbeat 0.1 s, poll wait 0.5 s); every test runs under ``trio.fail_after``.
 
@@ -320,4 +375,38 @@ async def running_with_hooks(hooks: FakeHooks) -> AsyncIterator[tuple[SimControl
         await ctrl.wait_for(lambda: worker.registrations >= 1)
         yield ctrl, worker
         worker.request_shutdown("test over")
+        nursery.cancel_scope.cancel()
+
+
+# ----------------------------------------------------------------------------------------------
+# The controller client against the simulated controller over real HTTP.
+
+CLIENT_FAST = Timings(
+    request_timeout=5.0,
+    report_attempt_timeout=0.5,
+    report_backoff=(0.02, 0.04, 0.08),
+    patience=30.0,
+    log_flush_delay=0.1,
+)
+REG = Registration(
+    host=HOST,
+    devices=(DeviceDecl("gpu0", 3600), DeviceDecl("gpu1")),
+    boot_id="b-1",
+    recovery={"survivors_checked": True},
+    labels={"": {"cpus": "2"}, "gpu0": {}, "gpu1": {}},
+    declared_labels={"gpu0": {"rack": "r3"}, "gpu1": None},
+    sheet="",
+    device_sheets={"gpu0": "", "gpu1": ""},
+)
+
+
+@asynccontextmanager
+async def controller(
+    timings: Timings = CLIENT_FAST, **kw: float
+) -> AsyncIterator[tuple[SimController, ControllerClient]]:
+    ctrl = SimController(token="wtok", reaper_interval=0.05, startup_grace=0.0, **kw)  # type: ignore[arg-type]
+    async with trio.open_nursery() as nursery:
+        url = await nursery.start(serve_controller, ctrl)
+        async with ControllerClient(url + "/", "wtok", timings=timings) as client:
+            yield ctrl, client
         nursery.cancel_scope.cancel()

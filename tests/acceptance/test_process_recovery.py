@@ -38,48 +38,15 @@ from fleet_trio.proc.recovery import (
     recovery_proof_for,
     survivors_from_previous_run,
 )
-from tests.helpers import marker_ready, wait_until
-
-DEAD_BEEF = "00000000-dead-beef-0000-000000000000"
-
-
-class FakeScan:
-    """A scan over a fixed namespace; counts its calls."""
-
-    def __init__(self, *procs: ProcStat, scanned: bool = True) -> None:
-        self.procs = procs
-        self.scanned = scanned
-        self.calls = 0
-
-    def __call__(self, predicate: Predicate, stop_at_first: bool) -> tuple[list[int], bool]:
-        self.calls += 1
-        if not self.scanned:
-            return [], False
-        out: list[int] = []
-        for st in self.procs:
-            if st.state == "Z" or not predicate(st):
-                continue
-            out.append(st.pid)
-            if stop_at_first:
-                break
-        return out, True
-
-
-def marked_env(value: str) -> dict[str, str]:
-    return {**os.environ, "RC_JOB_ID": value}
-
-
-async def start_marked(value: str, *argv: str) -> trio.Process:
-    return await trio.lowlevel.open_process(
-        list(argv) or ["sleep", "60"], env=marked_env(value), process_group=0
-    )
-
-
-async def stop(proc: trio.Process) -> None:
-    with trio.CancelScope(shield=True):
-        proc.send_signal(signal.SIGKILL)
-        await proc.wait()
-
+from tests.helpers import (
+    DEAD_BEEF,
+    FakeScan,
+    marked_env,
+    marker_ready,
+    start_marked,
+    stop,
+    wait_until,
+)
 
 # -------------------------------------------------------------------------------- isolation
 

@@ -19,8 +19,7 @@ import trio
 from fleet_trio.sim.harness import WorkerHandle
 from tests.acceptance.test_process_worker_supervision import GPUBOX
 from tests.acceptance.test_protocol_more import AUTH, _with_running_job
-from tests.helpers import HOST, dev, quiet_for, until_terminal
-from tests.worker.test_client import REG, controller
+from tests.helpers import HOST, REG, controller, dev, quiet_for, until_terminal
 
 
 @pytest.fixture

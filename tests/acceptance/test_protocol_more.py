@@ -28,25 +28,24 @@ from fleet_trio.worker.client import (
     StatusReport,
 )
 from fleet_trio.worker.worker import WorkerTimings
-from tests.acceptance.test_process_recovery import (
-    DEAD_BEEF,
-    FakeScan,
-    start_marked,
-    stop,
-)
 from tests.helpers import (
+    CLIENT_FAST,
+    DEAD_BEEF,
     FAST,
     HOST,
     PY,
+    REG,
+    FakeScan,
+    controller,
     dev,
     gone_within,
     marker_ready,
     running,
     scenario_pause,
+    start_marked,
+    stop,
     until_terminal,
 )
-from tests.worker.test_client import FAST as CLIENT_FAST
-from tests.worker.test_client import REG, controller
 
 AUTH = {"Authorization": "Bearer wtok"}
 

@@ -41,9 +41,7 @@ from fleet_trio.worker.relay import (
     run_attached,
 )
 from fleet_trio.worker.worker import terminal_report
-from tests.helpers import dev, gone_within, running, until_terminal
-from tests.worker.test_client import FAST as CLIENT_FAST
-from tests.worker.test_client import REG, controller
+from tests.helpers import CLIENT_FAST, REG, controller, dev, gone_within, running, until_terminal
 
 TOKEN = "wtok"
 GRACE = 0.3

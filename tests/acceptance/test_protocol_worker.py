@@ -26,6 +26,8 @@ from tests.helpers import (
     FAST,
     HOST,
     PY,
+    REG,
+    controller,
     dev,
     quiet_for,
     running,
@@ -33,7 +35,6 @@ from tests.helpers import (
     sim,
     until_terminal,
 )
-from tests.worker.test_client import REG, controller
 
 # --------------------------------------------------------------------------------------------
 # §15.2 Registration and identity

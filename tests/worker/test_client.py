@@ -6,8 +6,6 @@ from __future__ import annotations
 import itertools
 import json
 import random
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 
 import pytest
 import trio
@@ -15,7 +13,6 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from fleet_trio.sim import SimController, serve_controller
 from fleet_trio.worker.client import (
     INSTANCE_HEADER,
     MAX_LOG_CHUNK,
@@ -28,39 +25,8 @@ from fleet_trio.worker.client import (
     StatusReport,
     Timings,
 )
-from tests.helpers import scenario_pause, wait_until
-
-FAST = Timings(
-    request_timeout=5.0,
-    report_attempt_timeout=0.5,
-    report_backoff=(0.02, 0.04, 0.08),
-    patience=30.0,
-    log_flush_delay=0.1,
-)
-HOST = "gpubox"
-REG = Registration(
-    host=HOST,
-    devices=(DeviceDecl("gpu0", 3600), DeviceDecl("gpu1")),
-    boot_id="b-1",
-    recovery={"survivors_checked": True},
-    labels={"": {"cpus": "2"}, "gpu0": {}, "gpu1": {}},
-    declared_labels={"gpu0": {"rack": "r3"}, "gpu1": None},
-    sheet="",
-    device_sheets={"gpu0": "", "gpu1": ""},
-)
-
-
-@asynccontextmanager
-async def controller(
-    timings: Timings = FAST, **kw: float
-) -> AsyncIterator[tuple[SimController, ControllerClient]]:
-    ctrl = SimController(token="wtok", reaper_interval=0.05, startup_grace=0.0, **kw)  # type: ignore[arg-type]
-    async with trio.open_nursery() as nursery:
-        url = await nursery.start(serve_controller, ctrl)
-        async with ControllerClient(url + "/", "wtok", timings=timings) as client:
-            yield ctrl, client
-        nursery.cancel_scope.cancel()
-
+from tests.helpers import CLIENT_FAST as FAST
+from tests.helpers import HOST, REG, controller, scenario_pause, wait_until
 
 # --------------------------------------------------------------------------------------------
 # Wire shapes
