@@ -56,7 +56,7 @@ def _describe(predicate: object, what: str | None) -> str:
     if what:
         return what
     name = getattr(predicate, "__qualname__", None) or repr(predicate)
-    if name == "<lambda>":
+    if name.endswith("<lambda>"):
         code = getattr(predicate, "__code__", None)
         if code is not None:
             return f"a lambda at {code.co_filename.rsplit('/', 1)[-1]}:{code.co_firstlineno}"

@@ -110,7 +110,8 @@ async def relay_job(
 
 async def type_line(op: RelaySession, line: str, expect: bytes | re.Pattern[bytes]) -> bytes:
     await op.send(line.encode() + b"\n")
-    return await op.wait_output(expect, timeout=5)
+    # bounded, not hung: a shell's echo on a loaded 2-core machine took over 5 s once
+    return await op.wait_output(expect, timeout=15)
 
 
 # ------------------------------------------------------------------------------------------
