@@ -15,6 +15,7 @@ import trio
 from fleet_trio import __version__
 from fleet_trio.proc.procfs import job_env_id, pid_alive
 from tests.conftest import PY
+from tests.helpers import scenario_pause, wait_until
 
 CLI = [PY, "-m", "fleet_trio"]
 
@@ -163,9 +164,7 @@ async def _escapee_case(shell: str) -> None:
         assert escapee in res["sweep"]["found"]
         assert res["sweep"]["remaining"] == []
         assert res["sweep"]["scanned"] is True
-        with trio.fail_after(5):
-            while pid_alive(escapee):
-                await trio.sleep(0.02)
+        await wait_until(lambda: not pid_alive(escapee), timeout=5)
     finally:
         # Never leak the escapee when the sweep is missing: only our marker is killed.
         value, _err = job_env_id(escapee)
@@ -266,7 +265,9 @@ async def _signal_case(
             start = trio.current_time()
             proc.send_signal(signum)
             if again:
-                await trio.sleep(0.2)
+                await scenario_pause(
+                    0.2, why="the second signal comes while the first is being handled"
+                )
                 proc.send_signal(signum)
             while chunk := await proc.stdout.receive_some(4096):
                 out += chunk

@@ -35,6 +35,7 @@ from fleet_trio.logs import (
     teardown_logging,
 )
 from fleet_trio.sim import SimController, serve_controller
+from tests.helpers import answer, wait_until
 
 PY = sys.executable
 CLI = [PY, "-m", "fleet_trio"]
@@ -251,14 +252,6 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-async def _until_up(client: httpx.AsyncClient, url: str, **kw: Any) -> httpx.Response:
-    while True:
-        try:
-            return await client.get(url, **kw)
-        except httpx.TransportError:
-            await trio.sleep(0.05)
-
-
 async def _tail_all(url: str) -> list[dict[str, Any]]:
     messages = []
     async with open_websocket_url(url) as ws:
@@ -306,7 +299,8 @@ async def test_no_token_in_any_log_line_of_a_node_and_its_clients(
             base = f"http://127.0.0.1:{port}"
             auth = {"Authorization": f"Bearer {token}"}
             async with httpx.AsyncClient(base_url=base) as client:
-                r = await _until_up(client, f"/fleet/health?token={token}", headers=auth)
+                health = f"/fleet/health?token={token}"
+                r = await wait_until(lambda: answer(client, health, headers=auth), timeout=30)
                 assert r.status_code == 200
                 assert (await client.get("/fleet/health")).status_code == 401
                 job = {"job_id": "j1", "task_type": "echo", "payload": {}}

@@ -12,8 +12,11 @@ The functions here are synchronous and walk ``/proc``; call them from
 
 from __future__ import annotations
 
+import enum
+import errno
 import functools
 import logging
+import os
 import time
 
 import attrs
@@ -24,9 +27,10 @@ from fleet_trio.proc.procfs import (
     PROC,
     ProcStat,
     ScanFn,
-    has_job_env,
+    env_marker_value,
     pause_since,
     read_proc_file,
+    read_proc_stat,
     scan_live_procs,
 )
 
@@ -74,48 +78,59 @@ def isolated_pid_namespace(self_pid: int, scan: ScanFn = scan_live_procs) -> boo
     return scanned and not pids
 
 
+EXEC_SETTLE = 1.0
+"""Seconds after its start during which an unmarked process that may not have finished its
+``execve`` is doubtful: one whose environ reads empty, or one still running its parent's
+program (between ``fork`` and ``execve`` a child's environ is its parent's, without the marker
+the exec brings). A doubtful process is read again until it has settled or is this old."""
+EXEC_RECHECK = 0.005
+"""Seconds between re-reads of doubtful processes."""
+PF_KTHREAD = 0x00200000
+"""A kernel thread (``stat`` flags): its environ reads empty for good."""
+
+
 def survivors_from_previous_run(self_pid: int, scan: ScanFn = scan_live_procs) -> tuple[bool, bool]:
     """``(checked, found)``: is a live process other than ``self_pid`` carrying ``RC_JOB_ID``?
 
     Only the worker's own pid is excluded (not its ancestors, §15 Q10). An empty marker value is
     not a survivor; a process that exited meanwhile is neither a survivor nor an error; an
     environment that cannot be read makes the scan *blind* and a blind scan that found nothing
-    checks nothing. An environ that read empty is read once more after the scan (a process in
-    the middle of ``execve`` reads empty for a moment).
+    checks nothing.
+
+    A process is judged by its environ only once it has exec'd. An environ that read empty is
+    read once more after the scan (a process in the middle of ``execve`` reads empty for a
+    moment). A process younger than :data:`EXEC_SETTLE` whose environ still reads empty, or
+    that still runs its parent's program (``/proc/PID/exe`` and the environ are its parent's:
+    forked, not yet exec'd), is read again every :data:`EXEC_RECHECK` until it
+    carries the marker (a survivor), has exec'd without it, is gone, or is older than
+    :data:`EXEC_SETTLE` (a fork that never execs: judged by its environ). One still doubtful
+    when the bound is spent makes the check blind.
     """
     blind = False
-    empties: list[int] = []
-    last_empty = [0.0]
+    doubtful: dict[int, ProcStat] = {}
+    last_doubt = [0.0]
 
     def carries_marker(st: ProcStat) -> bool:
         nonlocal blind
         if st.pid == self_pid:
             return False
-        marked, err = has_job_env(st.pid)
-        if err is not None:
+        verdict = _judge(st, first_look=True)
+        if verdict is _Verdict.BLIND:
             blind = True
-            return False
-        if not marked and _environ_reads_empty(st.pid):
-            empties.append(st.pid)
-            last_empty[0] = time.monotonic()
-        return marked
+        elif verdict is _Verdict.DOUBT:
+            doubtful[st.pid] = st
+            last_doubt[0] = time.monotonic()
+        return verdict is _Verdict.MARKED
 
     pids, scanned = scan(carries_marker, True)
     if not scanned:
         log.info("survivor check: /proc could not be listed; could not determine leftovers")
         return False, False
-    if not pids:
-        # An environ that read empty: a kernel thread, a zombie, an exiting process — or one
-        # caught in the middle of execve, which shows its marker again a moment later.
-        if empties:
-            pause_since(last_empty[0], EMPTY_ENVIRON_RECHECK)
-        for pid in empties:
-            marked, err = has_job_env(pid)
-            if err is not None:
-                blind = True
-            elif marked:
-                pids.append(pid)
-                break
+    if not pids and doubtful:
+        found, unsure = _settle_doubtful(doubtful, last_doubt[0])
+        if found is not None:
+            pids.append(found)
+        blind = blind or unsure
     if pids:
         log.warning(
             "survivor check: a process from a previous run is alive (pid %d carries RC_JOB_ID)",
@@ -131,9 +146,112 @@ def survivors_from_previous_run(self_pid: int, scan: ScanFn = scan_live_procs) -
     return True, False
 
 
-def _environ_reads_empty(pid: int) -> bool:
+class _Verdict(enum.Enum):
+    MARKED = "marked"
+    CLEAN = "clean"
+    DOUBT = "doubt"
+    BLIND = "blind"
+
+
+def _judge(st: ProcStat, *, first_look: bool) -> _Verdict:
+    """One look at a live process. Whether it still runs its parent's program is decided
+    *before* its environ is read, and the marker and emptiness come from one read, so an exec
+    that completes meanwhile is never judged by a stale read."""
+    unexeced = _unexeced_young(st)
+    environ, err = _read_environ(st.pid)
+    if err is not None:
+        return _Verdict.BLIND
+    if environ is None:  # gone
+        return _Verdict.CLEAN
+    if env_marker_value(environ):
+        return _Verdict.MARKED
+    if unexeced:
+        return _Verdict.DOUBT
+    if not environ and (first_look or _young(st)):
+        return _Verdict.DOUBT  # inside execve (or a kernel thread, a zombie: read once more)
+    return _Verdict.CLEAN
+
+
+def _read_environ(pid: int) -> tuple[bytes | None, OSError | None]:
+    """``(environ, None)``; ``(None, None)`` when the process is gone; ``(None, error)`` when
+    it cannot be read (realistically EACCES on someone else's process)."""
     try:
-        return read_proc_file(f"{PROC}/{pid}/environ") == b""
+        return read_proc_file(f"{PROC}/{pid}/environ"), None
+    except OSError as exc:
+        if exc.errno in (errno.ENOENT, errno.ESRCH):
+            return None, None
+        return None, exc
+
+
+def _settle_doubtful(doubtful: dict[int, ProcStat], since: float) -> tuple[int | None, bool]:
+    """Look again at the doubtful processes until each has settled: ``(survivor pid, blind)``.
+
+    The first look comes :data:`EMPTY_ENVIRON_RECHECK` after ``since`` (every empty one is
+    read once more); later rounds keep only the young doubtful ones, bounded by
+    :data:`EXEC_SETTLE`.
+    """
+    deadline = time.monotonic() + EXEC_SETTLE + EMPTY_ENVIRON_RECHECK
+    pending = dict(doubtful)
+    pause_since(since, EMPTY_ENVIRON_RECHECK)
+    blind = False
+    while pending:
+        still: dict[int, ProcStat] = {}
+        for pid, first in pending.items():
+            st = read_proc_stat(pid)
+            if st is None or st.state == "Z" or st.exiting:
+                continue  # gone, a zombie, exiting: nothing survives
+            if first.start and st.start != first.start:
+                continue  # the pid names another process now
+            verdict = _judge(st, first_look=False)
+            if verdict is _Verdict.MARKED:
+                return pid, blind
+            if verdict is _Verdict.BLIND:
+                blind = True
+            elif verdict is _Verdict.DOUBT:
+                still[pid] = first
+        pending = still
+        if not pending:
+            break
+        if time.monotonic() >= deadline:
+            log.info(
+                "survivor check: pid %d had not settled its exec after %.1f s",
+                next(iter(pending)),
+                EXEC_SETTLE,
+            )
+            return None, True
+        pause_since(time.monotonic(), EXEC_RECHECK)
+    return None, blind
+
+
+def _unexeced_young(st: ProcStat) -> bool:
+    return _young(st) and _runs_parents_program(st)
+
+
+def _young(st: ProcStat) -> bool:
+    """Started less than :data:`EXEC_SETTLE` ago (and not a kernel thread). A start time of 0
+    (unknown) is not young."""
+    if st.start <= 0 or st.flags & PF_KTHREAD:
+        return False
+    try:
+        now = time.clock_gettime(time.CLOCK_BOOTTIME)
+        ticks = os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, AttributeError):
+        return False
+    return now - st.start / ticks < EXEC_SETTLE
+
+
+def _runs_parents_program(st: ProcStat) -> bool:
+    """Forked, perhaps not exec'd yet: ``/proc/PID/exe`` names the same file as its parent's
+    and its environ is byte for byte its parent's (a child that exec'd with an environment of
+    its own, as a job does, differs)."""
+    if st.ppid <= 0:
+        return False
+    try:
+        if os.readlink(f"{PROC}/{st.pid}/exe") != os.readlink(f"{PROC}/{st.ppid}/exe"):
+            return False
+        return read_proc_file(f"{PROC}/{st.pid}/environ") == read_proc_file(
+            f"{PROC}/{st.ppid}/environ"
+        )
     except OSError:
         return False
 
@@ -201,6 +319,8 @@ def boot_id() -> str:
 
 __all__ = [
     "BOOT_ID_PATH",
+    "EXEC_RECHECK",
+    "EXEC_SETTLE",
     "PROC_STAT_PATH",
     "RecoveryProof",
     "boot_id",

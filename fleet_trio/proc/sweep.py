@@ -21,10 +21,12 @@ Beyond rc (deliberate, changes no checklist item):
   once more before the scan ends; rc would have missed such a process.
 * After the phases have emptied the box, one confirmation pass is made; if it finds new matches
   the phases run again. At most ``SWEEP_MAX_PASSES`` discovery passes (initial, repeats,
-  confirmations) run. Pids first discovered by a later pass are added to ``found`` (rc's
-  ``found`` is the initial scan only; without this a report could say ``found=[]`` for a sweep
-  that killed something). Pids first seen *during* a phase are signalled but, as in rc, not
-  added to ``found``.
+  confirmations) run, plus one: a SIGKILL phase is always followed by a confirmation pass, one
+  poll later (a child forked, or still inside ``execve``, as its parent was killed is not seen
+  by the look that ended the phase). Pids first discovered by a later pass are added to
+  ``found`` (rc's ``found`` is the initial scan only; without this a report could say
+  ``found=[]`` for a sweep that killed something). Pids first seen *during* a phase are
+  signalled but, as in rc, not added to ``found``.
 * Honest bookkeeping (issue 13): every process a scan ever matched is *attributed* to the job by
   identity (pid + start time from ``/proc/PID/stat``), signalled at once and on every phase,
   and counts as reaped only once an identity check has seen it gone (gone, a zombie, or its pid
@@ -129,7 +131,9 @@ class SweepBook:
     * no match, settled → done.
 
     Phase look (SIGTERM, then SIGKILL): scanned, settled, no live match and nothing watched →
-    the phase is over and a confirmation pass follows if the bound allows. Otherwise signal
+    the phase is over and a confirmation pass follows if the bound allows; after a SIGKILL
+    phase one always follows (once beyond the bound: at most ``max_passes + 1`` passes), after
+    a poll. Otherwise signal
     every watched process not yet signalled in this phase; once the deadline has passed, the
     SIGTERM phase hands over to the SIGKILL phase and the SIGKILL phase ends the sweep with
     every still-watched pid as ``remaining``. A scan that failed, or found nothing without
@@ -152,7 +156,7 @@ class SweepBook:
         self.kill_bound = kill_bound
         self.mode = Mode.DISCOVER
         self.passes = 0
-        """Discovery passes fed so far (≤ ``max_passes``)."""
+        """Discovery passes fed so far (≤ ``max_passes``, + 1 after a SIGKILL phase)."""
         self.phases = 0
         """Phases started so far (a SIGTERM and a SIGKILL phase count one each)."""
         self.scanned = False
@@ -166,6 +170,8 @@ class SweepBook:
         self.signalled: set[Ident] = set()
         """Processes signalled in the current phase."""
         self.deadline = 0.0
+        self.final_look = False
+        """The one confirmation pass beyond ``max_passes`` after a SIGKILL phase was granted."""
 
     @property
     def done(self) -> bool:
@@ -245,9 +251,16 @@ class SweepBook:
         if scan.scanned:
             self.blind = self.blind or scan.blind
             if not matches and scan.settled and not self.watch:
+                killed = self.mode is Mode.KILL
                 self.remaining = ()
                 self.signalled = set()
-                self.mode = Mode.DISCOVER if self.passes < self.max_passes else Mode.DONE
+                if self.passes < self.max_passes or (killed and not self.final_look):
+                    # After SIGKILL, one confirmation pass always follows, a poll later: a
+                    # child forked (or still inside execve) as its parent died is seen there.
+                    self.final_look = self.final_look or self.passes >= self.max_passes
+                    self.mode = Mode.DISCOVER
+                    return Step(sleep=killed)
+                self.mode = Mode.DONE
                 return Step()
         sig = signal.SIGTERM if self.mode is Mode.TERM else signal.SIGKILL
         if now < self.deadline:

@@ -10,6 +10,7 @@ import trio
 
 from fleet_trio.node.app import snapshot_problem
 from fleet_trio.node.jobs import INTERRUPTED, JobState
+from tests.helpers import scenario_pause, state_in, wait_until
 from tests.node.harness import (
     FakeSampler,
     FakeSnapshot,
@@ -35,9 +36,7 @@ async def test_node_102_superseded_known_ids_reack_through_a_drain(tmp_path: Pat
         await h.dispatch("failed-1", "image-gen", {"exit": 3})
         assert (await h.wait_terminal("failed-1"))["state"] == "error"
         await h.dispatch("running-1", "image-gen", {"sleep": 1.0})
-        with trio.fail_after(5):
-            while (await h.poll("running-1")).json()["state"] != "running":
-                await trio.sleep(0.01)
+        await wait_until(lambda: state_in(h.client, "running-1", "running"), timeout=5)
         h.node.request_shutdown()
         assert h.node.store.draining
         for job in ("running-1", "done-1"):
@@ -60,7 +59,7 @@ async def test_node_102_superseded_known_ids_reack_through_a_drain(tmp_path: Pat
 async def test_node_103_health_200_during_drain(tmp_path: Path) -> None:
     async with running_node(tmp_path, node_config(tmp_path, tasks(tmp_path))) as h:
         await h.dispatch("hold", "image-gen", {"sleep": 0.5})
-        await trio.sleep(0.1)
+        await wait_until(lambda: state_in(h.client, "hold", "running"), timeout=5)
         h.node.request_shutdown()
         r = await h.client.get("/fleet/health")
         assert r.status_code == 200 and r.json()["queue_depth"] == 1
@@ -75,14 +74,13 @@ async def test_node_104_sigterm_drains_like_sigint(tmp_path: Path) -> None:
         async with running_node(tmp_path, cfg, signals=(signal.SIGTERM, signal.SIGINT)) as h:
             job = f"long-{signo.name}"
             assert (await h.dispatch(job, "image-gen", {"sleep": 30})).status_code == 202
-            with trio.fail_after(5):
-                while h.node.store.get(job).state is not JobState.RUNNING:  # type: ignore[union-attr]
-                    await trio.sleep(0.01)
-            await trio.sleep(0.2)
+            await wait_until(
+                lambda j=job: h.node.store.get(j).state is JobState.RUNNING,  # type: ignore[union-attr]
+                timeout=5,
+            )
+            await scenario_pause(0.2, why="the job is well under way when the signal comes")
             os.kill(os.getpid(), signo)
-            with trio.fail_after(5):
-                while not h.node.store.draining:
-                    await trio.sleep(0.01)
+            await wait_until(lambda: bool(h.node.store.draining), timeout=5)
             r = await h.dispatch("after", "image-gen", {})
             assert r.status_code == 503
             node = h.node
@@ -121,9 +119,7 @@ async def test_node_107_refused_duplicate_leaves_no_files(tmp_path: Path) -> Non
             assert (await h.dispatch("dup", "run-graph", payload)).status_code == 202
         assert len(work_dirs(tmp_path)) == 1
         await h.wait_terminal("dup")
-        with trio.fail_after(2):
-            while work_dirs(tmp_path):
-                await trio.sleep(0.01)
+        await wait_until(lambda: not work_dirs(tmp_path), timeout=2)
 
 
 def test_node_108_exactly_30s_boundary() -> None:

@@ -24,6 +24,7 @@ from fleet_trio.gpu import (
     gpu_arch,
     parse_smi_memory,
 )
+from tests.helpers import elapse
 
 SDXL = FootprintKey("sdxl", "", "image-gen")
 ACESTEP = FootprintKey("acestep", "", "audio-gen")
@@ -370,7 +371,7 @@ async def test_node_057_snapshot_readable_once_started(autojump_clock: trio.abc.
         assert snap is not None
         assert (snap.total_gb, snap.free_gb, snap.used_gb) == (16.0, 12.0, 4.0)
         assert snap.wall_time > 0
-        await trio.sleep(0.035)
+        await elapse(0.035)
         assert source.calls >= 3
         nursery.cancel_scope.cancel()
     assert sampler.samples == source.calls and sampler.failures == 0
@@ -382,11 +383,11 @@ async def test_node_058_failures_keep_the_last_snapshot(autojump_clock: trio.abc
     async with trio.open_nursery() as nursery:
         await nursery.start(sampler.serve)
         first = sampler.snapshot()
-        await trio.sleep(0.1)
+        await elapse(0.1)
         assert sampler.snapshot() == first  # exactly, timestamp included
         assert first is not None and (first.total_gb, first.free_gb) == (16.0, 15.0)
         calls = source.calls
-        await trio.sleep(0.1)
+        await elapse(0.1)
         assert source.calls > calls  # sampling continues
         assert sampler.failures >= 2
         nursery.cancel_scope.cancel()
@@ -398,7 +399,7 @@ async def test_node_059_always_failing_sampler_has_no_snapshot(
     sampler = GlobalSampler(ScriptedSource(None), interval=0.01)
     async with trio.open_nursery() as nursery:
         await nursery.start(sampler.serve)
-        await trio.sleep(0.05)
+        await elapse(0.05)
         assert sampler.snapshot() is None
         assert sampler.status(trio.current_time()) == (None, NO_SNAPSHOT)
         nursery.cancel_scope.cancel()
@@ -411,10 +412,10 @@ async def test_node_060_at_most_one_more_sample_after_stop(
     sampler = GlobalSampler(source, interval=0.01)
     async with trio.open_nursery() as nursery:
         await nursery.start(sampler.serve)
-        await trio.sleep(0.05)
+        await elapse(0.05)
         nursery.cancel_scope.cancel()
     stopped_at = source.calls
-    await trio.sleep(0.1)
+    await elapse(0.1)
     assert source.calls <= stopped_at + 1
 
 

@@ -6,13 +6,12 @@ import json
 import os
 from pathlib import Path
 
-import trio
-
 from fleet_trio.node.app import NodeContext, create_app
 from fleet_trio.node.jobs import JobStore
 from fleet_trio.node.server import hypercorn_config, server_timeouts
 from fleet_trio.node.tasks import TaskRegistry, TaskRunner
 from fleet_trio.node.wire import HEALTH_FIELDS
+from tests.helpers import quiet_for, wait_until
 from tests.node.harness import (
     FakeFootprints,
     FakeSampler,
@@ -213,7 +212,7 @@ async def test_node_036_duplicate_after_done_202_same_data(tmp_path: Path) -> No
         assert r.status_code == 202 and r.json() == {"job_id": "d2", "status": "accepted"}
         again = (await h.poll("d2")).json()
         assert again == first and again["data"] == {"image_path": "/x.png", "seed": 7}
-        await trio.sleep(0.1)
+        await quiet_for(0.1, reason="the duplicate dispatch does not run the task again")
         assert runs(tmp_path, "d2") == 1
 
 
@@ -266,16 +265,12 @@ async def test_node_042_graph_file_lifetime(tmp_path: Path) -> None:
     async with running_node(tmp_path, node_config(tmp_path, two_tasks(tmp_path))) as h:
         graph = {"3": {"class_type": "KSampler", "inputs": {"seed": 1}}}
         await h.dispatch("rg", "run-graph", {"graph": graph, "sleep": 0.5})
-        with trio.fail_after(5):
-            while not work_dirs(tmp_path):
-                await trio.sleep(0.01)
+        await wait_until(lambda: bool(work_dirs(tmp_path)), timeout=5)
         (wd,) = work_dirs(tmp_path)
         graph_file = tmp_path / "work" / wd / "graph.json"
         assert json.loads(graph_file.read_text()) == graph
         await h.wait_terminal("rg")
-        with trio.fail_after(2):
-            while graph_file.exists():
-                await trio.sleep(0.01)
+        await wait_until(lambda: not graph_file.exists(), timeout=2)
         assert not os.path.exists(tmp_path / "work" / wd)
 
 

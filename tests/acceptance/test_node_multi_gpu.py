@@ -11,11 +11,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import httpx
 import trio
 
 from fleet_trio.gpu import GIB, FootprintKey, FootprintStore
 from fleet_trio.node.wire import GPU_DEVICE_FIELDS, HEALTH_FIELDS
 from fleet_trio.sim.harness import NodeHandle, open_fake_gpu, open_node
+from tests.helpers import wait_until
 from tests.metrics.scrape import scrape, value
 
 # -- single device: the v2 health payload is byte-identical to the one before multi-GPU ------
@@ -57,6 +59,25 @@ async def _health(node: NodeHandle) -> tuple[int, dict[str, Any]]:
     return r.status_code, body
 
 
+async def health_reads(node: NodeHandle, free_gb: float) -> httpx.Response | None:
+    """The health answer once it is 200 and reads ``free_gb`` free; else ``None``."""
+    r = await node.client.get("/fleet/health")
+    ok = r.status_code == 200 and json.loads(r.content)["vram_free_gb"] == free_gb
+    return r if ok else None
+
+
+async def health_has(node: NodeHandle, key: str, value: object) -> bool:
+    return (await _health(node))[1].get(key) == value
+
+
+async def health_status_is(node: NodeHandle, status: int) -> bool:
+    return (await _health(node))[0] == status
+
+
+async def health_devices_are(node: NodeHandle, count: int) -> bool:
+    return len((await _health(node))[1].get("gpu_devices", [])) == count
+
+
 async def _data(node: NodeHandle, job_id: str) -> dict[str, Any]:
     body = await node.wait(job_id, 30)
     assert body["state"] == "done", body
@@ -72,12 +93,7 @@ async def test_node_multi_gpu_single_device_health_bytes(tmp_path: Path) -> None
         open_node(config, fake_gpu=gpu, workdir=tmp_path / "node") as node,
     ):
         await gpu.hold("1.5G")
-        with trio.fail_after(15):
-            while True:
-                r = await node.client.get("/fleet/health")
-                if r.status_code == 200 and json.loads(r.content)["vram_free_gb"] == 78.5:
-                    break
-                await trio.sleep(0.1)
+        r = await wait_until(lambda: health_reads(node, 78.5), timeout=15)
         assert r.content == SINGLE_HEALTH
         # and /metrics still reads the sampler as before (snapshot, counters, gpu="0")
         samples = await scrape(node.client)
@@ -98,8 +114,7 @@ async def test_node_multi_gpu_two_devices_run_two_jobs_at_once(tmp_path: Path) -
         assert len(uuids) == 2
         ids = [await node.submit("sleepy") for _ in range(3)]
         with trio.fail_after(10):  # all three are in flight: two running, one queued
-            while (await _health(node))[1]["queue_depth"] != 3:
-                await trio.sleep(0.05)
+            await wait_until(lambda: health_has(node, "queue_depth", 3))
         first, second, third = [await _data(node, i) for i in ids]
     assert {first["cuda"], second["cuda"]} == uuids  # distinct devices, by UUID
     assert first["nvidia"] == first["cuda"] and second["nvidia"] == second["cuda"]
@@ -114,9 +129,7 @@ async def test_node_multi_gpu_health_lists_every_device(tmp_path: Path) -> None:
         open_node(_sleepy_config(gpu=True), fake_gpu=gpu, workdir=tmp_path / "n") as node,
     ):
         await gpu.hold("10G", device=1)
-        with trio.fail_after(10):
-            while (await _health(node))[1]["vram_free_gb"] != 70.0:
-                await trio.sleep(0.05)
+        await wait_until(lambda: health_has(node, "vram_free_gb", 70.0), timeout=10)
         status, body = await _health(node)
         samples = await scrape(node.client)
     assert status == 200
@@ -155,9 +168,7 @@ async def test_node_multi_gpu_primary_uuid_pins_the_headline(tmp_path: Path) -> 
             assert (body["vram_total_gb"], body["vram_free_gb"]) == (40.0, 40.0)
             # the pinned device stops reading: health's stale rule applies to it
             await gpu.fail(device=0)
-            with trio.fail_after(10):
-                while (await _health(node))[0] != 503:
-                    await trio.sleep(0.05)
+            await wait_until(lambda: health_status_is(node, 503), timeout=10)
             assert (await _health(node))[1] == {"status": "error", "error": "vram snapshot stale"}
 
 
@@ -200,9 +211,7 @@ async def test_node_multi_gpu_stale_device_does_not_stop_the_others(tmp_path: Pa
         open_node(_sleepy_config(gpu=True), fake_gpu=gpu, workdir=tmp_path / "n") as node,
     ):
         await gpu.fail("driver fell off the bus", device=0)
-        with trio.fail_after(10):
-            while len((await _health(node))[1].get("gpu_devices", [])) != 1:
-                await trio.sleep(0.05)
+        await wait_until(lambda: health_devices_are(node, 1), timeout=10)
         status, body = await _health(node)
         assert status == 200  # the headline is the device that still reads
         assert body["gpu_devices"][0]["uuid"] == gpu.uuid(1)

@@ -9,6 +9,7 @@ import trio
 from fleet_trio.node.config import config_from_mapping
 from fleet_trio.node.jobs import Done, Failed
 from fleet_trio.node.tasks import PreparedJob, TaskRegistry, TaskRunner
+from tests.helpers import scenario_pause
 from tests.node.conftest import PY, TASK_SCRIPT
 
 
@@ -34,7 +35,7 @@ class Hooks:
         peak: float | None = None
         for value in self.samples:
             peak = value if peak is None else max(peak, value)
-            await trio.sleep(0.01)
+            await scenario_pause(0.01, why="the fake sampler takes one sample per 10 ms")
         await stop.wait()
         return peak
 

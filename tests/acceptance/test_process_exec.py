@@ -10,8 +10,7 @@ import trio
 
 from fleet_trio.proc import BufferSink, JobSpec, StopToken
 from fleet_trio.proc.run import run
-
-from .helpers import PidWatcher, gone_within, stop_after, stop_when_output
+from tests.helpers import PidWatcher, gone_within, scenario_pause, stop_after, stop_when_output
 
 
 async def test_process_001_captures_output_and_exit_code() -> None:
@@ -174,7 +173,7 @@ class _EndlessSource(trio.abc.ReceiveStream):
     """A stdin source that never ends (an operator stream nobody closes)."""
 
     async def receive_some(self, max_bytes: int | None = None) -> bytes:
-        await trio.sleep(0.01)
+        await scenario_pause(0.01, why="an endless operator stream: 16 bytes per 10 ms")
         return b"x" * 16
 
     async def aclose(self) -> None:

@@ -12,7 +12,7 @@ to a log file. ``worker_on_sim`` is shared with ``test_process_worker_verify.py`
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -27,7 +27,17 @@ from fleet_trio.worker.client import Assignment
 from fleet_trio.worker.config import DeviceConfig, HooksConfig, WorkerConfig
 from fleet_trio.worker.hooks import HostHooks, hook_env, run_hook
 from fleet_trio.worker.worker import Worker, serve_worker
-from tests.worker.test_worker import FAST, FAST_CLIENT, HOST, dev, sim, until_terminal
+from tests.helpers import (
+    FAST,
+    FAST_CLIENT,
+    HOST,
+    dev,
+    quiet_for,
+    scenario_pause,
+    sim,
+    until_terminal,
+    wait_until,
+)
 
 GPU0 = dev("gpu0")
 LOG_EVENT = 'echo "$RC_EVENT $RC_JOB_ID" >> "{log}"'
@@ -51,13 +61,6 @@ def read_lines(path: Path) -> list[str]:
 
 def read_text(path: Path) -> str:
     return path.read_text() if path.exists() else ""
-
-
-async def until(predicate: Callable[[], object], timeout: float = 5.0) -> None:  # noqa: ASYNC109
-    """Poll ``predicate`` every 20 ms until truthy; ``trio.TooSlowError`` after ``timeout``."""
-    with trio.fail_after(timeout):
-        while not predicate():
-            await trio.sleep(0.02)
 
 
 def job(job_id: str, device_id: str = GPU0, submitter: str = "agent-x") -> Assignment:
@@ -271,19 +274,19 @@ async def test_process_039_back_to_back_jobs_within_linger_one_acquire_one_relea
             assert await hooks.acquire(GPU0, job("job1"), proc.StopToken()) is None
             assert read_text(acq_log) == "acquire job1\n"
             await hooks.release(GPU0, job("job1"))
-            await trio.sleep(0.05)
+            await scenario_pause(0.05, why="job2 arrives inside job1's linger")
             assert await hooks.acquire(GPU0, job("job2"), proc.StopToken()) is None
             await hooks.release(GPU0, job("job2"))
             assert read_text(acq_log) == "acquire job1\n"
-            await trio.sleep(0.1)
+            await quiet_for(0.1, reason="no release hook fires inside the linger")
             assert read_text(rel_log) == ""
-            await until(lambda: read_text(rel_log), timeout=5)
-            await trio.sleep(0.2)
+            await wait_until(lambda: read_text(rel_log), timeout=5)
+            await quiet_for(0.2, reason="no second release hook fires")
             assert read_text(rel_log) == "release job2\n"
             assert read_text(acq_log) == "acquire job1\n"
 
 
-async def test_process_040_delayed_release_of_a_finished_job_never_fires_during_the_next(
+async def scenario_delayed_release_of_a_finished_job_never_fires_during_the_next(
     tmp_path: Path,
 ) -> None:
     cfg, acq_log, rel_log = linger_config(tmp_path, 100)
@@ -295,12 +298,18 @@ async def test_process_040_delayed_release_of_a_finished_job_never_fires_during_
             await hooks.release(GPU0, job("job1"))  # job1's late release: epoch 1, stale
             lease = hooks.book.lease(GPU0)
             assert lease is not None and lease.held and lease.pending is None
-            await trio.sleep(0.4)
+            await quiet_for(0.4, reason="the stale release never fires")
             assert read_text(rel_log) == ""
             await hooks.release(GPU0, job("job2"))
-            await until(lambda: read_text(rel_log), timeout=5)
-            await trio.sleep(0.2)
+            await wait_until(lambda: read_text(rel_log), timeout=5)
+            await quiet_for(0.2, reason="no second release hook fires")
             assert read_text(rel_log) == "release job2\n"
+
+
+async def test_process_040_delayed_release_of_a_finished_job_never_fires_during_the_next(
+    tmp_path: Path,
+) -> None:
+    await scenario_delayed_release_of_a_finished_job_never_fires_during_the_next(tmp_path)
 
 
 async def test_process_041_job_after_the_linger_gets_its_own_acquire(tmp_path: Path) -> None:
@@ -309,8 +318,8 @@ async def test_process_041_job_after_the_linger_gets_its_own_acquire(tmp_path: P
         async with serving(HostHooks(cfg)) as hooks:
             assert await hooks.acquire(GPU0, job("job1"), proc.StopToken()) is None
             await hooks.release(GPU0, job("job1"))
-            await until(lambda: read_text(rel_log) == "release job1\n", timeout=5)
-            await until(lambda: not hooks.book.lease(GPU0).held, timeout=5)  # type: ignore[union-attr]
+            await wait_until(lambda: read_text(rel_log) == "release job1\n", timeout=5)
+            await wait_until(lambda: not hooks.book.lease(GPU0).held, timeout=5)  # type: ignore[union-attr]
             assert await hooks.acquire(GPU0, job("job2"), proc.StopToken()) is None
             assert read_text(acq_log) == "acquire job1\nacquire job2\n"
 
@@ -330,7 +339,7 @@ async def test_process_042_failing_acquire_leaves_the_device_unheld(tmp_path: Pa
             error2 = await hooks.acquire(GPU0, job("job2"), proc.StopToken())
             assert error2 is not None
             assert read_text(acq_log) == "acquire job1\nacquire job2\n"
-            await trio.sleep(0.3)
+            await quiet_for(0.3, reason="no release hook fires after a failed acquire")
             assert read_text(rel_log) == ""
 
 
@@ -356,8 +365,8 @@ async def test_process_044_only_on_release_configured(tmp_path: Path) -> None:
             assert not acq_log.exists()  # no acquire hook ran
             await hooks.release(GPU0, job("job1"))
             assert read_text(rel_log) == ""  # not before the linger
-            await until(lambda: read_text(rel_log), timeout=5)
-            await trio.sleep(0.1)
+            await wait_until(lambda: read_text(rel_log), timeout=5)
+            await quiet_for(0.1, reason="the release hook fires once")
             assert read_text(rel_log) == "release job1\n"
             assert not hooks.book.lease(GPU0).held  # type: ignore[union-attr]
 
@@ -373,7 +382,7 @@ def logging_device(tmp_path: Path, log: Path, **kw: object) -> DeviceConfig:
     return DeviceConfig(name="gpu0", on_acquire=script, on_release=script, **kw)  # type: ignore[arg-type]
 
 
-async def test_process_045_back_to_back_jobs_through_the_worker(tmp_path: Path) -> None:
+async def scenario_back_to_back_jobs_through_the_worker(tmp_path: Path) -> None:
     log = tmp_path / "hooks.log"
     device = logging_device(tmp_path, log)
     with trio.fail_after(30):
@@ -386,12 +395,16 @@ async def test_process_045_back_to_back_jobs_through_the_worker(tmp_path: Path) 
             job2 = ctrl.submit(GPU0, ["true"])
             assert await until_terminal(ctrl, job1) == ["running", "succeeded"]
             assert await until_terminal(ctrl, job2) == ["running", "succeeded"]
-            await until(lambda: f"release {job2}" in read_lines(log), timeout=5)
-            await trio.sleep(0.7)  # ~1.2 s idle in all
+            await wait_until(lambda: f"release {job2}" in read_lines(log), timeout=5)
+            await quiet_for(0.7, reason="an idle linger fires no further hook")
             assert read_lines(log) == ["release ", f"acquire {job1}", f"release {job2}"]
 
 
-async def test_process_046_job_after_the_linger_through_the_worker(tmp_path: Path) -> None:
+async def test_process_045_back_to_back_jobs_through_the_worker(tmp_path: Path) -> None:
+    await scenario_back_to_back_jobs_through_the_worker(tmp_path)
+
+
+async def scenario_job_after_the_linger_through_the_worker(tmp_path: Path) -> None:
     log = tmp_path / "hooks.log"
     device = logging_device(tmp_path, log)
     with trio.fail_after(30):
@@ -402,12 +415,12 @@ async def test_process_046_job_after_the_linger_through_the_worker(tmp_path: Pat
             ctrl = run.ctrl
             job1 = ctrl.submit(GPU0, ["true"])
             assert await until_terminal(ctrl, job1) == ["running", "succeeded"]
-            await until(lambda: f"release {job1}" in read_lines(log), timeout=5)
-            await trio.sleep(0.2)
+            await wait_until(lambda: f"release {job1}" in read_lines(log), timeout=5)
+            await scenario_pause(0.2, why="job2 comes after job1's linger has ended")
             job2 = ctrl.submit(GPU0, ["true"])
             assert await until_terminal(ctrl, job2) == ["running", "succeeded"]
-            await until(lambda: f"release {job2}" in read_lines(log), timeout=5)
-            await trio.sleep(0.2)
+            await wait_until(lambda: f"release {job2}" in read_lines(log), timeout=5)
+            await quiet_for(0.2, reason="no further hook fires")
             assert read_lines(log) == [
                 "release ",
                 f"acquire {job1}",
@@ -417,7 +430,11 @@ async def test_process_046_job_after_the_linger_through_the_worker(tmp_path: Pat
             ]
 
 
-async def test_process_047_acquire_failure_quarantines_the_device_and_skips_the_job(
+async def test_process_046_job_after_the_linger_through_the_worker(tmp_path: Path) -> None:
+    await scenario_job_after_the_linger_through_the_worker(tmp_path)
+
+
+async def scenario_acquire_failure_quarantines_the_device_and_skips_the_job(
     tmp_path: Path,
 ) -> None:
     failing = hook(tmp_path / "acquire.sh", "echo boom-output >&2; exit 1")
@@ -429,7 +446,7 @@ async def test_process_047_acquire_failure_quarantines_the_device_and_skips_the_
             ctrl = run.ctrl
             job1 = ctrl.submit(GPU0, ["touch", str(artifact)])
             await ctrl.wait_for(lambda: ctrl.statuses(job1) and ctrl.faults(GPU0), timeout=10)
-            await trio.sleep(0.3)  # nothing more arrives
+            await quiet_for(0.3, reason="nothing more arrives")
             faults = ctrl.faults(GPU0)
             assert len(faults) == 1
             assert "boom-output" in faults[0]
@@ -442,7 +459,13 @@ async def test_process_047_acquire_failure_quarantines_the_device_and_skips_the_
             assert ctrl.device(GPU0).state == "unhealthy"
 
 
-async def test_process_048_shutdown_during_acquire_cancels_without_a_fault(
+async def test_process_047_acquire_failure_quarantines_the_device_and_skips_the_job(
+    tmp_path: Path,
+) -> None:
+    await scenario_acquire_failure_quarantines_the_device_and_skips_the_job(tmp_path)
+
+
+async def scenario_shutdown_during_acquire_cancels_without_a_fault(
     tmp_path: Path,
 ) -> None:
     started = tmp_path / "started"
@@ -453,7 +476,7 @@ async def test_process_048_shutdown_during_acquire_cancels_without_a_fault(
             await run.ready()
             ctrl = run.ctrl
             job1 = ctrl.submit(GPU0, ["true"])
-            await until(started.exists, timeout=10)
+            await wait_until(started.exists, timeout=10)
             assert await run.stop(within=20) < 20
             assert ctrl.faults(GPU0) == []
             reports = ctrl.status_reports(job1)
@@ -462,7 +485,11 @@ async def test_process_048_shutdown_during_acquire_cancels_without_a_fault(
             assert ctrl.device(GPU0).state != "unhealthy"
 
 
-async def test_process_049_pending_release_fires_on_shutdown(tmp_path: Path) -> None:
+async def test_process_048_shutdown_during_acquire_cancels_without_a_fault(tmp_path: Path) -> None:
+    await scenario_shutdown_during_acquire_cancels_without_a_fault(tmp_path)
+
+
+async def scenario_pending_release_fires_on_shutdown(tmp_path: Path) -> None:
     log = tmp_path / "hooks.log"
     device = logging_device(tmp_path, log)
     with trio.fail_after(30):
@@ -473,13 +500,17 @@ async def test_process_049_pending_release_fires_on_shutdown(tmp_path: Path) -> 
             ctrl = run.ctrl
             job1 = ctrl.submit(GPU0, ["true"])
             assert await until_terminal(ctrl, job1) == ["running", "succeeded"]
-            await until(lambda: run.worker.supervised() == [], timeout=5)
+            await wait_until(lambda: run.worker.supervised() == [], timeout=5)
             assert read_lines(log) == ["release ", f"acquire {job1}"]
             assert await run.stop(within=15) < 15
             assert read_lines(log) == ["release ", f"acquire {job1}", f"release {job1}"]
 
 
-async def test_process_050_startup_runs_release_hooks_before_the_first_poll(
+async def test_process_049_pending_release_fires_on_shutdown(tmp_path: Path) -> None:
+    await scenario_pending_release_fires_on_shutdown(tmp_path)
+
+
+async def scenario_startup_runs_release_hooks_before_the_first_poll(
     tmp_path: Path,
 ) -> None:
     marker = tmp_path / "released"
@@ -500,3 +531,7 @@ async def test_process_050_startup_runs_release_hooks_before_the_first_poll(
             assert not run.ctrl.polls()
             await run.ctrl.wait_for(first_poll, timeout=10)
             assert seen == [True]
+
+
+async def test_process_050_startup_runs_release_hooks_before_the_first_poll(tmp_path: Path) -> None:
+    await scenario_startup_runs_release_hooks_before_the_first_poll(tmp_path)

@@ -11,8 +11,7 @@ import trio
 from fleet_trio.proc import JobSpec, StopToken
 from fleet_trio.proc.procfs import pid_alive
 from fleet_trio.proc.pty import PtySession, start_pty
-
-from .helpers import gone_within
+from tests.helpers import gone_within, wait_until
 
 GRACE = 0.3
 """Interactive shells ignore SIGTERM: tests use a short grace (§8.4)."""
@@ -28,7 +27,7 @@ class Transcript:
     def text(self) -> str:
         return self.data.decode("utf-8", errors="replace")
 
-    async def until(self, pattern: str, seconds: float = 5.0) -> re.Match[str]:
+    async def read_until(self, pattern: str, seconds: float = 5.0) -> re.Match[str]:
         """Read until ``pattern`` matches the transcript; fail after ``seconds`` or at EOF."""
         regex = re.compile(pattern)
         with trio.fail_after(seconds):
@@ -43,7 +42,7 @@ class Transcript:
     async def prompt(self) -> None:
         """Wait for the interactive shell's first prompt, so typed input and the shell's answer
         are not interleaved with it."""
-        await self.until(r"[$#] ")
+        await self.read_until(r"[$#] ")
 
     async def to_eof(self, seconds: float = 5.0) -> str:
         with trio.fail_after(seconds):
@@ -75,7 +74,7 @@ async def test_process_101_pty_carries_input_back_to_the_process() -> None:
             await t.prompt()
             await session.write(b"echo hello-from-stdin\n")
             # The shell's own output line, not the terminal's echo of what was typed.
-            await t.until(r"(?:^|\n)hello-from-stdin\r?\n", seconds=5)
+            await t.read_until(r"(?:^|\n)hello-from-stdin\r?\n", seconds=5)
     assert "hello-from-stdin" in t.text()
 
 
@@ -86,7 +85,7 @@ async def test_process_102_pty_resize_is_visible_to_the_process() -> None:
             await t.prompt()
             session.resize(48, 180)
             await session.write(b"stty size\n")
-            await t.until(r"48 180", seconds=5)
+            await t.read_until(r"48 180", seconds=5)
 
 
 async def test_process_103_pty_stop_kills_the_whole_session() -> None:
@@ -96,7 +95,7 @@ async def test_process_103_pty_stop_kills_the_whole_session() -> None:
             await t.prompt()
             await session.write(b"sleep 300 & echo child:$!\n")
             # The echoed input reads "child:$!"; only the shell's output has digits.
-            child = int((await t.until(r"child:(\d+)")).group(1))
+            child = int((await t.read_until(r"child:(\d+)")).group(1))
             assert pid_alive(child)
             stop = StopToken()
             stop.set()
@@ -115,7 +114,7 @@ async def test_process_104_pty_clean_shell_exit_reaps_backgrounded_stragglers() 
             t = Transcript(session)
             await t.prompt()
             await session.write(b"sleep 300 & echo child:$!\n")
-            child = int((await t.until(r"child:(\d+)")).group(1))
+            child = int((await t.read_until(r"child:(\d+)")).group(1))
             assert pid_alive(child)
             await session.write(b"exit\n")
             with trio.fail_after(5):
@@ -126,19 +125,22 @@ async def test_process_104_pty_clean_shell_exit_reaps_backgrounded_stragglers() 
     assert res.exit_code == 0
 
 
+def reaped(pid: int) -> bool:
+    """ESRCH: reaped, not a zombie."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
 async def test_process_105_pty_close_reaps_without_an_explicit_wait() -> None:
     with trio.fail_after(10):
         session = await start_pty(shell())
         pid = session.pid
         await Transcript(session).prompt()
         await session.close()
-        with trio.fail_after(5):
-            while True:
-                try:
-                    os.kill(pid, 0)
-                except ProcessLookupError:
-                    break  # ESRCH: reaped, not a zombie
-                await trio.sleep(0.02)
+        await wait_until(lambda: reaped(pid), timeout=5, what=f"pid {pid} reaped")
 
 
 async def test_process_106_pty_has_a_usable_default_window_size() -> None:
@@ -166,6 +168,6 @@ async def test_process_108_pty_runs_in_requested_directory_with_requested_env(
             t = Transcript(session)
             await t.prompt()
             await session.write(b"pwd; echo $RC_PTY_TEST\n")
-            await t.until(r"(?:^|\n)pty-env-value\r?\n")
+            await t.read_until(r"(?:^|\n)pty-env-value\r?\n")
     assert "pty-env-value" in t.text()
     assert str(tmp_path.resolve()) in t.text() or str(tmp_path) in t.text()

@@ -7,9 +7,14 @@ always read from the real ``/proc``.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import shutil
 import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -22,6 +27,7 @@ from fleet_trio.proc.procfs import (
     has_job_env,
     job_env_id,
     pid_alive,
+    read_proc_stat,
 )
 from fleet_trio.proc.recovery import (
     RecoveryProof,
@@ -32,54 +38,15 @@ from fleet_trio.proc.recovery import (
     recovery_proof_for,
     survivors_from_previous_run,
 )
-
-DEAD_BEEF = "00000000-dead-beef-0000-000000000000"
-
-
-class FakeScan:
-    """A scan over a fixed namespace; counts its calls."""
-
-    def __init__(self, *procs: ProcStat, scanned: bool = True) -> None:
-        self.procs = procs
-        self.scanned = scanned
-        self.calls = 0
-
-    def __call__(self, predicate: Predicate, stop_at_first: bool) -> tuple[list[int], bool]:
-        self.calls += 1
-        if not self.scanned:
-            return [], False
-        out: list[int] = []
-        for st in self.procs:
-            if st.state == "Z" or not predicate(st):
-                continue
-            out.append(st.pid)
-            if stop_at_first:
-                break
-        return out, True
-
-
-def marked_env(value: str) -> dict[str, str]:
-    return {**os.environ, "RC_JOB_ID": value}
-
-
-async def start_marked(value: str, *argv: str) -> trio.Process:
-    return await trio.lowlevel.open_process(
-        list(argv) or ["sleep", "60"], env=marked_env(value), process_group=0
-    )
-
-
-async def environ_ready(pid: int, value: str) -> None:
-    """A freshly spawned child is in ``execve`` when ``open_process`` returns; its environ
-    reads empty until the kernel has copied it onto the new stack."""
-    while job_env_id(pid) != (value, None):
-        await trio.sleep(0.001)
-
-
-async def stop(proc: trio.Process) -> None:
-    with trio.CancelScope(shield=True):
-        proc.send_signal(signal.SIGKILL)
-        await proc.wait()
-
+from tests.helpers import (
+    DEAD_BEEF,
+    FakeScan,
+    marked_env,
+    marker_ready,
+    start_marked,
+    stop,
+    wait_until,
+)
 
 # -------------------------------------------------------------------------------- isolation
 
@@ -115,7 +82,7 @@ async def test_process_116_survivor_check_finds_a_live_job_process() -> None:
     with trio.fail_after(10):
         proc = await start_marked(DEAD_BEEF)
         try:
-            await environ_ready(proc.pid, DEAD_BEEF)
+            await marker_ready(proc.pid, DEAD_BEEF)
             result = await trio.to_thread.run_sync(survivors_from_previous_run, os.getpid())
             assert result == (True, True)
         finally:
@@ -134,7 +101,7 @@ async def test_process_118_survivor_check_ignores_the_workers_own_process() -> N
     with trio.fail_after(10):
         proc = await start_marked(DEAD_BEEF)
         try:
-            await environ_ready(proc.pid, DEAD_BEEF)
+            await marker_ready(proc.pid, DEAD_BEEF)
             scan = FakeScan(ProcStat(pid=proc.pid, state="S"))
             assert survivors_from_previous_run(proc.pid, scan) == (True, False)
             # The same process seen by anyone else is a survivor.
@@ -176,8 +143,7 @@ async def test_a_zombie_is_not_a_survivor() -> None:
     with trio.fail_after(10):
         proc = await start_marked(DEAD_BEEF, "true")
         try:
-            while pid_alive(proc.pid):
-                await trio.sleep(0.01)  # exited, not yet reaped: a zombie
+            await wait_until(lambda: not pid_alive(proc.pid))
             scan = FakeScan(ProcStat(pid=proc.pid, state="S"))  # even a scan that misses the Z
             assert survivors_from_previous_run(os.getpid(), scan) == (True, False)
         finally:
@@ -190,10 +156,10 @@ def test_blind_survivor_check_claims_nothing(
     """Root reads every environ, so the error is injected: an unreadable marker is blindness."""
     from fleet_trio.proc import recovery
 
-    def unreadable(pid: int) -> tuple[bool, OSError | None]:
-        return False, PermissionError(13, "Permission denied")
+    def unreadable(pid: int) -> tuple[bytes | None, OSError | None]:
+        return None, PermissionError(13, "Permission denied")
 
-    monkeypatch.setattr(recovery, "has_job_env", unreadable)
+    monkeypatch.setattr(recovery, "_read_environ", unreadable)
     assert survivors_from_previous_run(os.getpid(), FakeScan(ProcStat(pid=5))) == (False, False)
     proof = recovery_proof_for(os.getpid(), scan=FakeScan(ProcStat(pid=5)))
     assert proof == RecoveryProof()
@@ -204,11 +170,29 @@ def test_survivor_check_reads_an_empty_environ_once_more(monkeypatch: pytest.Mon
     """A process caught mid-``execve`` reads empty, then shows its marker: a survivor."""
     from fleet_trio.proc import recovery
 
-    answers = [(False, None), (True, None)]
-    monkeypatch.setattr(recovery, "has_job_env", lambda pid: answers.pop(0))
-    monkeypatch.setattr(recovery, "_environ_reads_empty", lambda pid: True)
+    answers: list[tuple[bytes | None, OSError | None]] = [(b"", None), (b"RC_JOB_ID=x\0", None)]
+    monkeypatch.setattr(recovery, "_read_environ", lambda pid: answers.pop(0))
+    monkeypatch.setattr(recovery, "read_proc_stat", lambda pid: ProcStat(pid=pid))
     assert survivors_from_previous_run(os.getpid(), FakeScan(ProcStat(pid=5))) == (True, True)
     assert answers == []
+
+
+def test_an_old_empty_environ_is_read_once_more_then_judged(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A kernel thread or a zombie-to-be reads empty for good: one more read, then clean."""
+    from fleet_trio.proc import recovery
+
+    reads: list[int] = []
+
+    def empty(pid: int) -> tuple[bytes | None, OSError | None]:
+        reads.append(pid)
+        return b"", None
+
+    monkeypatch.setattr(recovery, "_read_environ", empty)
+    monkeypatch.setattr(recovery, "read_proc_stat", lambda pid: ProcStat(pid=pid))
+    assert survivors_from_previous_run(os.getpid(), FakeScan(ProcStat(pid=5))) == (True, False)
+    assert reads == [5, 5]
 
 
 async def test_survivor_check_catches_a_process_right_after_spawn() -> None:
@@ -217,10 +201,115 @@ async def test_survivor_check_catches_a_process_right_after_spawn() -> None:
         for _ in range(20):
             proc = await start_marked(DEAD_BEEF)
             try:
-                scan = FakeScan(ProcStat(pid=proc.pid))
+                scan = real_scan(proc.pid)
                 assert survivors_from_previous_run(os.getpid(), scan) == (True, True)
             finally:
                 await stop(proc)
+
+
+# A process between fork and exec still shows its parent's memory, so its environ is the
+# parent's (no marker) although the job's marker arrives with the exec a moment later.
+HELD_BEFORE_EXEC = """
+import os, sys
+child = os.fork()
+if child == 0:
+    os.read(0, 1)  # held between fork and exec until the test writes a byte
+    os.execve(sys.argv[1], [sys.argv[1], "60"], dict(os.environ, RC_JOB_ID=sys.argv[2]))
+print(child, flush=True)
+os.waitpid(child, 0)
+"""
+
+
+def real_scan(*pids: int) -> FakeScan:
+    """A scan over ``pids`` that reports their real ``/proc/PID/stat`` (ppid, start time)."""
+    stats = [read_proc_stat(pid) for pid in pids]
+    return FakeScan(*(st for st in stats if st is not None))
+
+
+async def test_survivor_check_waits_for_a_process_held_between_fork_and_exec(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Deterministic: the child is held after ``fork`` (its environ is its parent's, without
+    the marker) until the check's first read is done; it is released from inside the check's
+    pause and the check waits until it has exec'd. The re-read must find the marker."""
+    from fleet_trio.proc import recovery
+
+    sleep_bin = shutil.which("sleep")
+    assert sleep_bin is not None
+    env = {k: v for k, v in os.environ.items() if k != "RC_JOB_ID"}
+    with trio.fail_after(20):
+        holder = await trio.lowlevel.open_process(
+            [sys.executable, "-c", HELD_BEFORE_EXEC, sleep_bin, DEAD_BEEF],
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            process_group=0,
+        )
+        try:
+            assert holder.stdout is not None and holder.stdin is not None
+            line = b""
+            while not line.endswith(b"\n"):
+                chunk = await holder.stdout.receive_some()
+                assert chunk, "the holder exited before naming its child"
+                line += chunk
+            child = int(line)
+            assert has_job_env(child) == (False, None)  # the parent's environment
+            stdin_fd = holder.stdin.fileno()
+            released: list[float] = []
+
+            def release_then_pause(started: float, seconds: float) -> None:
+                if not released:
+                    released.append(started)
+                    os.write(stdin_fd, b"x")
+                    deadline = time.monotonic() + 10
+                    while job_env_id(child) != (DEAD_BEEF, None):  # waits on the exec
+                        assert time.monotonic() < deadline, "the held child never exec'd"
+                        time.sleep(0.001)
+
+            monkeypatch.setattr(recovery, "pause_since", release_then_pause)
+            scan = real_scan(child)
+            result = await trio.to_thread.run_sync(survivors_from_previous_run, os.getpid(), scan)
+            assert released, "the check never doubted the unexec'd child"
+            assert result == (True, True)
+        finally:
+            with trio.CancelScope(shield=True):
+                with contextlib.suppress(OSError):
+                    os.killpg(holder.pid, signal.SIGKILL)
+                await holder.wait()
+
+
+async def test_an_old_fork_that_never_execs_is_not_doubted(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A long-lived fork without exec (a pre-fork server's worker) is judged by its environ at
+    once: doubt is only for processes younger than ``EXEC_SETTLE``."""
+    from fleet_trio.proc import recovery
+
+    monkeypatch.setattr(recovery, "EXEC_SETTLE", 0.0)
+    with trio.fail_after(20):
+        holder = await trio.lowlevel.open_process(
+            [sys.executable, "-c", HELD_BEFORE_EXEC, "/nonexistent", DEAD_BEEF],
+            env={k: v for k, v in os.environ.items() if k != "RC_JOB_ID"},
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            process_group=0,
+        )
+        try:
+            assert holder.stdout is not None
+            line = b""
+            while not line.endswith(b"\n"):
+                chunk = await holder.stdout.receive_some()
+                assert chunk
+                line += chunk
+            child = int(line)
+            pauses: list[float] = []
+            monkeypatch.setattr(recovery, "pause_since", lambda s, t: pauses.append(t))
+            result = survivors_from_previous_run(os.getpid(), real_scan(child))
+            assert result == (True, False)
+            assert pauses == []
+        finally:
+            with trio.CancelScope(shield=True):
+                with contextlib.suppress(OSError):
+                    os.killpg(holder.pid, signal.SIGKILL)
+                await holder.wait()
 
 
 def test_survivor_check_logs_at_the_spec_levels(
@@ -232,7 +321,7 @@ def test_survivor_check_logs_at_the_spec_levels(
     survivors_from_previous_run(os.getpid(), FakeScan(scanned=False))
     assert [r.levelno for r in caplog.records] == [logging.INFO]
     caplog.clear()
-    monkeypatch.setattr(recovery, "has_job_env", lambda pid: (True, None))
+    monkeypatch.setattr(recovery, "_read_environ", lambda pid: (b"RC_JOB_ID=x\0", None))
     survivors_from_previous_run(os.getpid(), FakeScan(ProcStat(pid=5)))
     assert [r.levelno for r in caplog.records] == [logging.WARNING]
     caplog.clear()

@@ -30,6 +30,7 @@ from fleet_trio.proc.procfs import (
 )
 from fleet_trio.proc.run import run
 from fleet_trio.proc.sweep import sweep_job_survivors
+from tests.helpers import gone_within, quiet_for, wait_until
 
 ESCAPEE = (
     "setsid sh -c 'echo $$ > {pidfile}; exec sleep 300' >/dev/null 2>&1 & "
@@ -47,14 +48,14 @@ def marked_pids(job_id: str) -> tuple[int, ...]:
 
 
 async def kill_marked(job_id: str) -> None:
-    for _ in range(50):
+    def none_left() -> bool:
         pids = marked_pids(job_id)
-        if not pids:
-            return
         for pid in pids:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
-        await trio.sleep(0.02)
+        return not pids
+
+    await wait_until(none_left, timeout=5, interval=0.02, what=f"no process marked {job_id}")
 
 
 @pytest.fixture
@@ -75,13 +76,6 @@ def marked_env(value: str) -> dict[str, str]:
 
 def read_pid(pidfile: Path) -> int:
     return int(pidfile.read_text().strip())
-
-
-async def gone_within(pid: int, seconds: float) -> bool:
-    with trio.move_on_after(seconds):
-        while pid_alive(pid):
-            await trio.sleep(0.02)
-    return not pid_alive(pid)
 
 
 async def start_escapee(job: str, pidfile: Path, shape: str = ESCAPEE) -> int:
@@ -203,7 +197,9 @@ async def test_process_027_sweep_escalates_to_sigkill_when_sigterm_is_ignored(
             assert elapsed >= 2.0
             assert not pid_alive(loop.pid)
             assert rep.remaining == ()
-            assert marked_pids(job_id) == ()  # its forked children are gone too
+            # Its forked children are gone too (a child killed mid-exit may still read for a
+            # moment; wait on the fact, bounded).
+            await wait_until(lambda: marked_pids(job_id) == (), what="no marked process left")
         finally:
             loop.kill()
             await loop.wait()
@@ -231,7 +227,7 @@ async def test_process_029_sweep_with_no_job_id_sweeps_nothing(job_id: str) -> N
             assert rep.found == ()
             assert rep.scanned is False
             assert rep == SweepReport()
-            await trio.sleep(0.05)
+            await quiet_for(0.05, reason="the sweep with no job id signalled nothing")
             assert pid_alive(empty.pid)
             assert pid_alive(plain.pid)
         finally:
@@ -275,8 +271,7 @@ async def test_sweep_kills_escapees_forked_while_it_runs(job_id: str) -> None:
             start_new_session=True,
         )
         try:
-            while len(marked_pids(job_id)) < 5:
-                await trio.sleep(0.01)
+            await wait_until(lambda: not (len(marked_pids(job_id)) < 5))
             rep = await sweep_job_survivors(job_id, os.getpid(), grace=0.3)
             assert loop.pid in rep.found
             assert rep.remaining == ()

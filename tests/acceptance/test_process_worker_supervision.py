@@ -16,7 +16,7 @@ from fleet_trio.proc.procfs import Predicate, read_proc_stat
 from fleet_trio.sim.harness import WorkerHandle
 from fleet_trio.worker.client import Assignment
 from fleet_trio.worker.worker import HOLD_COMMAND, Worker, job_environment
-from tests.worker.test_worker import HOST, PY, config, dev, until_terminal
+from tests.helpers import HOST, PY, config, dev, until_terminal
 
 GPUBOX: dict[str, Any] = {
     "host": HOST,

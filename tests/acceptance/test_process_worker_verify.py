@@ -16,9 +16,8 @@ import trio
 
 from fleet_trio.proc.procfs import job_env_id, list_pids, pid_alive
 from fleet_trio.sim import SimController
-from tests.acceptance.helpers import gone_within
 from tests.acceptance.test_process_hooks import GPU0, hook, worker_on_sim
-from tests.worker.test_worker import until_terminal
+from tests.helpers import gone_within, quiet_for, scenario_pause, until_terminal
 
 ESCAPEE = (
     "setsid sh -c 'echo $$ > {pidfile}; exec sleep 300' >/dev/null 2>&1 < /dev/null & "
@@ -84,7 +83,7 @@ async def test_process_025_worker_sweeps_a_jobs_escapee_and_still_reports_succes
 # --------------------------------------------------------------------------------------------
 
 
-async def test_process_063_verify_failure_faults_the_device_before_the_terminal_report(
+async def scenario_verify_failure_faults_the_device_before_the_terminal_report(
     tmp_path: Path,
 ) -> None:
     with trio.fail_after(30):
@@ -99,7 +98,13 @@ async def test_process_063_verify_failure_faults_the_device_before_the_terminal_
             ]
 
 
-async def test_process_064_verify_failure_ordering_holds_on_shutdown(tmp_path: Path) -> None:
+async def test_process_063_verify_failure_faults_the_device_before_the_terminal_report(
+    tmp_path: Path,
+) -> None:
+    await scenario_verify_failure_faults_the_device_before_the_terminal_report(tmp_path)
+
+
+async def scenario_verify_failure_ordering_holds_on_shutdown(tmp_path: Path) -> None:
     with trio.fail_after(30):
         async with worker_on_sim(tmp_path, verify_dir=failing_verify(tmp_path)) as run:
             await run.ready()
@@ -109,11 +114,15 @@ async def test_process_064_verify_failure_ordering_holds_on_shutdown(tmp_path: P
                 lambda: ctrl.statuses(job_id) == ["running"] and job_id in run.worker.supervised(),
                 timeout=10,
             )
-            await trio.sleep(0.2)
+            await scenario_pause(0.2, why="the job runs a moment before the shutdown")
             assert await run.stop(within=10) < 10
             assert ctrl.statuses(job_id) == ["running", "killed"]
             assert report_order(ctrl, job_id) == ["fault", "terminal"]
             assert ctrl.faults(GPU0)[0].startswith("verify failed: 10-vram-free.sh: ")
+
+
+async def test_process_064_verify_failure_ordering_holds_on_shutdown(tmp_path: Path) -> None:
+    await scenario_verify_failure_ordering_holds_on_shutdown(tmp_path)
 
 
 # --------------------------------------------------------------------------------------------
@@ -121,7 +130,7 @@ async def test_process_064_verify_failure_ordering_holds_on_shutdown(tmp_path: P
 # --------------------------------------------------------------------------------------------
 
 
-async def test_process_066_verify_failure_quarantines_then_a_passing_script_returns_it(
+async def scenario_verify_failure_quarantines_then_a_passing_script_returns_it(
     tmp_path: Path,
 ) -> None:
     verify_dir = failing_verify(tmp_path)
@@ -155,7 +164,7 @@ async def test_process_066_verify_failure_quarantines_then_a_passing_script_retu
 
             # the quarantined device is not handed out (the sim has no no-wait submit)
             next_job = ctrl.submit(GPU0, ["sh", "-c", "echo next-ran"])
-            await trio.sleep(0.5)
+            await quiet_for(0.5, reason="the quarantined device is not handed out")
             assert ctrl.job(next_job).state == "queued"
             assert ctrl.statuses(next_job) == []
 
@@ -170,7 +179,13 @@ async def test_process_066_verify_failure_quarantines_then_a_passing_script_retu
             ]
 
 
-async def test_process_066_verify_failed_event_names_the_job(tmp_path: Path) -> None:
+async def test_process_066_verify_failure_quarantines_then_a_passing_script_returns_it(
+    tmp_path: Path,
+) -> None:
+    await scenario_verify_failure_quarantines_then_a_passing_script_returns_it(tmp_path)
+
+
+async def scenario_verify_failed_event_names_the_job(tmp_path: Path) -> None:
     with trio.fail_after(30):
         async with worker_on_sim(tmp_path, verify_dir=failing_verify(tmp_path)) as run:
             await run.ready()
@@ -179,3 +194,7 @@ async def test_process_066_verify_failed_event_names_the_job(tmp_path: Path) -> 
             assert await until_terminal(ctrl, job_id) == ["running", "succeeded"]
             events = [e for e in ctrl.events() if e.kind == "verify_failed"]
             assert [(e.device_id, e.job_id) for e in events] == [(GPU0, job_id)]
+
+
+async def test_process_066_verify_failed_event_names_the_job(tmp_path: Path) -> None:
+    await scenario_verify_failed_event_names_the_job(tmp_path)

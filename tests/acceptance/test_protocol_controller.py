@@ -19,8 +19,7 @@ import trio
 from fleet_trio.sim.harness import WorkerHandle
 from tests.acceptance.test_process_worker_supervision import GPUBOX
 from tests.acceptance.test_protocol_more import AUTH, _with_running_job
-from tests.worker.test_client import REG, controller
-from tests.worker.test_worker import HOST, dev, until_terminal
+from tests.helpers import HOST, REG, controller, dev, quiet_for, until_terminal
 
 
 @pytest.fixture
@@ -134,7 +133,7 @@ async def test_protocol_145_killed_queued_job_never_runs(
         assert ctrl.kill(b)
         assert ctrl.job(b).state == "killed"
         await until_terminal(ctrl, a)
-        await trio.sleep(0.3)
+        await quiet_for(0.3, reason="a job killed while queued never runs")
         assert ctrl.statuses(b) == [] and ctrl.logs(b) == b""
 
 

@@ -28,7 +28,7 @@ from fleet_trio.worker import probes
 from fleet_trio.worker.config import DeviceConfig, WorkerConfig
 from fleet_trio.worker.probes import Prober
 from fleet_trio.worker.worker import Worker, serve_worker
-from tests.worker.test_worker import FAST, FAST_CLIENT, HOST, dev, sim
+from tests.helpers import FAST, FAST_CLIENT, HOST, dev, scenario_pause, sim
 
 PROBE_LOGGER = "fleet_trio.worker.probes"
 PRESERVING = "preserving the last known detected labels of device"
@@ -159,7 +159,7 @@ async def test_protocol_061_slow_probe_pass_never_stalls_heartbeats(setup: Setup
             _,
         ):
             t0 = trio.current_time()
-            await trio.sleep(4)
+            await scenario_pause(4, why="four seconds of heartbeats are counted")
             t1 = trio.current_time()
             beats = [
                 r.at
@@ -168,7 +168,9 @@ async def test_protocol_061_slow_probe_pass_never_stalls_heartbeats(setup: Setup
             ]
             assert len(beats) > 15, beats
             gaps = [b - a for a, b in zip([t0, *beats], [*beats, t1], strict=True)]
-            assert max(gaps) < 0.6, gaps
+            # A stalled heartbeat would wait out the 1 s probe; below that, slack for a loaded
+            # 2-core machine (the interval is 0.1 s).
+            assert max(gaps) < 0.9, gaps
             # Passes really ran (slowly) in that window, one after the other, never overlapping.
             pushed = [r.at for r in ctrl.requests("labels") if t0 <= r.at <= t1]
             assert len(pushed) >= 2, pushed

@@ -28,17 +28,24 @@ from fleet_trio.worker.client import (
     StatusReport,
 )
 from fleet_trio.worker.worker import WorkerTimings
-from tests.acceptance.helpers import gone_within
-from tests.acceptance.test_process_recovery import (
+from tests.helpers import (
+    CLIENT_FAST,
     DEAD_BEEF,
+    FAST,
+    HOST,
+    PY,
+    REG,
     FakeScan,
-    environ_ready,
+    controller,
+    dev,
+    gone_within,
+    marker_ready,
+    running,
+    scenario_pause,
     start_marked,
     stop,
+    until_terminal,
 )
-from tests.worker.test_client import FAST as CLIENT_FAST
-from tests.worker.test_client import REG, controller
-from tests.worker.test_worker import FAST, HOST, PY, dev, running, until_terminal
 
 AUTH = {"Authorization": "Bearer wtok"}
 
@@ -151,7 +158,7 @@ async def _scenario_030_031() -> None:
         proc = await start_marked(DEAD_BEEF)
         scan = FakeScan(ProcStat(pid=proc.pid, state="S"))
         try:
-            await environ_ready(proc.pid, DEAD_BEEF)
+            await marker_ready(proc.pid, DEAD_BEEF)
             found = recovery_proof_for(os.getpid(), scan=scan)
         finally:
             await stop(proc)
@@ -168,7 +175,7 @@ async def test_protocol_032_own_pid_excluded_from_survivor_scan() -> None:
     with trio.fail_after(10):
         proc = await start_marked(DEAD_BEEF)
         try:
-            await environ_ready(proc.pid, DEAD_BEEF)
+            await marker_ready(proc.pid, DEAD_BEEF)
             # The marked process plays the worker: its own marker does not count.
             proof = recovery_proof_for(proc.pid, scan=FakeScan(ProcStat(pid=proc.pid)))
         finally:
@@ -181,10 +188,10 @@ async def test_protocol_033_unreadable_environ_claims_nothing(
 ) -> None:
     import fleet_trio.proc.recovery as recovery
 
-    def denied(pid: int) -> tuple[bool, OSError | None]:
-        return False, PermissionError(13, "Permission denied")
+    def denied(pid: int) -> tuple[bytes | None, OSError | None]:
+        return None, PermissionError(13, "Permission denied")
 
-    monkeypatch.setattr(recovery, "has_job_env", denied)
+    monkeypatch.setattr(recovery, "_read_environ", denied)
     proof = recovery_proof_for(os.getpid(), scan=FakeScan(ProcStat(pid=1)))
     assert proof == RecoveryProof()
     with trio.fail_after(10):
@@ -276,7 +283,7 @@ async def _scenario_042_044() -> None:
     with trio.fail_after(10):
         async with _with_running_job() as (ctrl, client, _, job):
             ctrl.restart()  # mid-lease controller restart; the worker comes back isolated
-            await trio.sleep(0.05)
+            await scenario_pause(0.05, why="the cut connections close before the next request")
             proof = RecoveryProof(isolated=True).to_wire()
             reg = attrs.evolve(REG, recovery=proof)
             for _ in range(3):  # a pooled connection cut by restart() may fail once
@@ -367,7 +374,7 @@ async def _scenario_076_077() -> None:
             async with trio.open_nursery() as nursery:
 
                 async def kill_soon() -> None:
-                    await trio.sleep(0.2)
+                    await scenario_pause(0.2, why="the kill comes while the poll is parked")
                     ctrl.kill(job)
 
                 nursery.start_soon(kill_soon)
@@ -393,7 +400,7 @@ async def test_protocol_078_delivered_kill_offered_again_after_redelivery_window
             assert (await client.poll(worker_id, 0.1)).kills == ()
             # The sim checks redelivery when a poll wakes (as the reference does): poll anew
             # once the window has passed.
-            await trio.sleep(0.5)
+            await scenario_pause(0.5, why="the redelivery window passes")
             second = await client.poll(worker_id, 0.5)
             assert second.kills == (job,)
 
@@ -526,7 +533,7 @@ async def test_protocol_093_cancel_racing_exit_is_never_silent_success() -> None
         async with running() as (ctrl, worker):
             job = ctrl.submit(dev("gpu0"), ["sh", "-c", "sleep 0.3; exit 0"])
             await ctrl.wait_for(lambda: ctrl.statuses(job))
-            await trio.sleep(0.28)
+            await scenario_pause(0.28, why="the kill comes just before the job exits by itself")
             ctrl.kill(job)
             await until_terminal(ctrl, job)
             last = _status_bodies(ctrl, job)[-1]
@@ -573,7 +580,8 @@ async def test_protocol_096_term_trapping_job_sigkilled_at_grace() -> None:
             t0 = trio.current_time()
             assert await until_terminal(ctrl, job) == ["running", "killed"]
             elapsed = trio.current_time() - t0
-            assert 0.9 <= elapsed < 3.0
+            # at the 1 s grace, not before; bounded (slack for a loaded 2-core machine)
+            assert 0.9 <= elapsed < 1.0 + 5.0
             last = _status_bodies(ctrl, job)[-1]
             assert (last["state"], last["reason"]) == ("killed", "cancelled")
 
@@ -702,13 +710,13 @@ async def test_protocol_066_named_finalized_kill_stays_deliverable_until_unnamed
             assert await client.heartbeat(worker_id, [job])
             assert ctrl.device(gpu0).state == "unknown"
             assert (await client.poll(worker_id, 0.05)).kills == (job,)
-            await trio.sleep(0.12)
+            await scenario_pause(0.12, why="the redelivery window (0.1 s) passes")
             assert await client.heartbeat(worker_id, [job])
             assert (await client.poll(worker_id, 0.05)).kills == (job,)  # re-delivered
             # it stops naming the job: the flag is cleared, the device returns to the pool
             assert await client.heartbeat(worker_id, [])
             assert ctrl.device(gpu0).state == "ready"
-            await trio.sleep(0.12)
+            await scenario_pause(0.12, why="the redelivery window (0.1 s) passes")
             assert (await client.poll(worker_id, 0.05)).kills == ()
 
 

@@ -41,10 +41,7 @@ from fleet_trio.worker.relay import (
     run_attached,
 )
 from fleet_trio.worker.worker import terminal_report
-from tests.acceptance.helpers import gone_within
-from tests.worker.test_client import FAST as CLIENT_FAST
-from tests.worker.test_client import REG, controller
-from tests.worker.test_worker import dev, running, until_terminal
+from tests.helpers import CLIENT_FAST, REG, controller, dev, gone_within, running, until_terminal
 
 TOKEN = "wtok"
 GRACE = 0.3
@@ -113,7 +110,8 @@ async def relay_job(
 
 async def type_line(op: RelaySession, line: str, expect: bytes | re.Pattern[bytes]) -> bytes:
     await op.send(line.encode() + b"\n")
-    return await op.wait_output(expect, timeout=5)
+    # bounded, not hung: a shell's echo on a loaded 2-core machine took over 5 s once
+    return await op.wait_output(expect, timeout=15)
 
 
 # ------------------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ import trio
 
 from fleet_trio.worker.config import WorkerConfig, config_from_mapping
 from fleet_trio.worker.worker import MAX_SHEET, SHEET_MARKER, read_sheets, truncate_sheet
-from tests.worker.test_worker import dev, running, until_terminal
+from tests.helpers import dev, running, until_terminal
 
 
 def sheet_config(sheet_dir: pathlib.Path) -> WorkerConfig:

@@ -22,8 +22,19 @@ from fleet_trio.worker.client import (
 )
 from fleet_trio.worker.config import DeviceConfig, WorkerConfig
 from fleet_trio.worker.worker import Worker
-from tests.worker.test_client import REG, controller
-from tests.worker.test_worker import FAST, HOST, PY, dev, running, sim, until_terminal
+from tests.helpers import (
+    FAST,
+    HOST,
+    PY,
+    REG,
+    controller,
+    dev,
+    quiet_for,
+    running,
+    scenario_pause,
+    sim,
+    until_terminal,
+)
 
 # --------------------------------------------------------------------------------------------
 # §15.2 Registration and identity
@@ -207,7 +218,7 @@ async def test_protocol_057_short_outage_does_not_reregister() -> None:
         async with running() as (ctrl, _):
             ctrl.drop_next("assignments", count=2)
             ctrl.drop_next("heartbeat", count=2)
-            await trio.sleep(1.0)
+            await quiet_for(1.0, reason="a short outage does not make the worker re-register")
             assert len(ctrl.registrations()) == 1
 
 
@@ -228,7 +239,7 @@ async def test_protocol_059_busy_worker_defers_reregistration() -> None:
             job = ctrl.submit(dev("gpu0"), ["sleep", "1.5"])
             await ctrl.wait_for(lambda: job in worker.supervised() and ctrl.statuses(job))
             ctrl.restart()
-            await trio.sleep(0.8)
+            await quiet_for(0.8, reason="a restart alone does not make the worker re-register")
             assert len(ctrl.registrations()) == 1
             assert worker.tracker.owed
             assert await until_terminal(ctrl, job) == ["running", "succeeded"]
@@ -264,7 +275,7 @@ async def test_protocol_069_resent_assignment_runs_once() -> None:
             again = Assignment(job_id=job, device_id=dev("gpu0"), command=(PY, "-c", "1"))
             for _ in range(3):
                 assert worker.handle_answer(PollAnswer(assignments=(again,))) is False
-            await trio.sleep(0.3)
+            await quiet_for(0.3, reason="a re-sent assignment does not run again")
             assert ctrl.statuses(job) == ["running", "succeeded"]
             assert ctrl.logs(job) == b"ran\n"
 
@@ -274,7 +285,7 @@ async def test_protocol_070_idle_poll_floor() -> None:
     with trio.fail_after(20):
         async with running(timings=timings) as (ctrl, _):
             n = len(ctrl.polls())
-            await trio.sleep(1.2)
+            await scenario_pause(1.2, why="polls are counted over 1.2 s")
             assert len(ctrl.polls()) - n < 20
 
 
@@ -288,7 +299,7 @@ async def test_protocol_071_pre_killed_assignment_never_runs() -> None:
             ctrl.kill(job)
             await ctrl.wait_for(lambda: ctrl.statuses(job), timeout=5)
             ctrl.latency("assignments", 0)
-            await trio.sleep(0.3)
+            await quiet_for(0.3, reason="the job killed before it ran never runs")
             reports = ctrl.status_reports(job)
             assert [r.state for r in reports] == ["killed"]
             assert reports[0].worker_id == worker.worker_id
@@ -391,7 +402,7 @@ async def test_protocol_091_self_sigkill_reports_137() -> None:
 async def test_protocol_104_cancelled_worker_waits_for_job_reports() -> None:
     from fleet_trio.sim import serve_controller
     from fleet_trio.worker.worker import serve_worker
-    from tests.worker.test_worker import FAST_CLIENT, config
+    from tests.helpers import FAST_CLIENT, config
 
     with trio.fail_after(20):
         ctrl = sim()
@@ -486,7 +497,7 @@ async def _scenario_104_105(
                 await ctrl.wait_for(lambda: ctrl.polls(), timeout=15)
                 job = ctrl.submit(dev("gpu0"), ["sleep", "30"])
                 await ctrl.wait_for(lambda: ctrl.statuses(job), timeout=10)
-                await trio.sleep(0.3)
+                await scenario_pause(0.3, why="the job runs a while before SIGTERM")
                 proc.send_signal(signal.SIGTERM)
                 assert await proc.wait() == 0
             finally:

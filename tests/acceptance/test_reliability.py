@@ -18,7 +18,7 @@ from pathlib import Path
 
 import trio
 
-from tests.worker.test_worker import dev, running, until_terminal
+from tests.helpers import dev, running, until_terminal
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -20,6 +20,7 @@ from fleet_trio.gpu.sampler import NO_SNAPSHOT, STALE_SNAPSHOT
 from fleet_trio.gpu.smi import DEVICES_QUERY, open_smi_devices, parse_smi_devices
 from fleet_trio.gpu.source import GpuDevice, VramSnapshot, open_devices, select_devices
 from tests.gpu.test_sources import FakeNvml, FakeNVMLError, _install
+from tests.helpers import elapse
 
 # -- nvidia-smi: the 5-field per-device query -------------------------------------------------
 
@@ -236,7 +237,7 @@ async def test_headline_largest_then_most_free(autojump_clock: Any) -> None:
         assert rows is not None and [r["index"] for r in rows] == [0, 1]
         for s in sources:
             s.fail = True
-        await trio.sleep(6)
+        await elapse(6)
         assert sampler.status(trio.current_time()) == (None, STALE_SNAPSHOT)
         nursery.cancel_scope.cancel()
 

@@ -17,6 +17,7 @@ import trio
 from fleet_trio.gpu import GIB, GpuError, job_pids, measure_job_peak, open_source
 from fleet_trio.gpu.fake import FakeGpu, main, parse_size, read_holdings
 from fleet_trio.proc.procfs import pid_alive
+from tests.helpers import wait_until
 
 PY = sys.executable
 HELPER = [PY, "-m", "fleet_trio.gpu.fake"]
@@ -28,13 +29,6 @@ def gpu_dir(tmp_path: Path) -> str:
     d.mkdir()
     (d / "device.json").write_text(json.dumps({"name": "Fake H200", "total_gib": 80}))
     return str(d)
-
-
-async def wait_for(pred: object, seconds: float = 10.0) -> None:
-    assert callable(pred)
-    with trio.fail_after(seconds):
-        while not pred():
-            await trio.sleep(0.02)
 
 
 class Procs:
@@ -106,7 +100,7 @@ async def test_holder_is_attributed_then_gone_after_kill(gpu_dir: str, procs: Pr
     with trio.fail_after(20):
         proc = await trio.lowlevel.open_process([PY, "-c", code])
         procs.add(proc.pid)
-        await wait_for(lambda: os.path.exists(os.path.join(gpu_dir, str(proc.pid))))
+        await wait_until(lambda: os.path.exists(os.path.join(gpu_dir, str(proc.pid))))
         assert await gpu.process_used_bytes() == {proc.pid: 2 * GIB}
         snap = await gpu.snapshot()
         assert (snap.used_gb, snap.free_gb) == (2.0, 78.0)
@@ -122,7 +116,7 @@ async def test_holder_removes_its_file_on_sigterm(gpu_dir: str, procs: Procs) ->
         proc = await trio.lowlevel.open_process([*HELPER, "hold", "512M", "--dir", gpu_dir])
         procs.add(proc.pid)
         path = os.path.join(gpu_dir, str(proc.pid))
-        await wait_for(lambda: os.path.exists(path))
+        await wait_until(lambda: os.path.exists(path))
         proc.terminate()
         await proc.wait()
         assert not os.path.exists(path)
@@ -145,11 +139,11 @@ async def test_escaped_holder_keeps_used_up(gpu_dir: str, procs: Procs) -> None:
     with trio.fail_after(20):
         res = await trio.run_process(["sh", "-c", script], capture_stdout=True)
         escaped = procs.add(int(res.stdout.decode().strip()))
-        await wait_for(lambda: os.path.exists(os.path.join(gpu_dir, str(escaped))))
+        await wait_until(lambda: os.path.exists(os.path.join(gpu_dir, str(escaped))))
         assert (await gpu.snapshot()).used_gb == 1.5
         assert await gpu.process_used_bytes() == {escaped: int(1.5 * GIB)}
     os.kill(escaped, signal.SIGKILL)
-    await wait_for(lambda: not pid_alive(escaped))
+    await wait_until(lambda: not pid_alive(escaped))
     assert (await gpu.snapshot()).used_gb == 0.0
 
 
@@ -248,7 +242,7 @@ async def _run_job(
 async def _bystander(gpu_dir: str, procs: Procs) -> int:
     proc = await trio.lowlevel.open_process([*HELPER, "hold", "5G", "--dir", gpu_dir])
     procs.add(proc.pid)
-    await wait_for(lambda: os.path.exists(os.path.join(gpu_dir, str(proc.pid))))
+    await wait_until(lambda: os.path.exists(os.path.join(gpu_dir, str(proc.pid))))
     return proc.pid
 
 

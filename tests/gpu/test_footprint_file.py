@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 from fleet_trio.gpu import FootprintKey, FootprintStore
 from fleet_trio.gpu.fake import init_device
 from fleet_trio.gpu.footprints import MAX_FILE_BYTES, FootprintFileError, parse_records
+from tests.helpers import answer, wait_until
 
 GOOD = '[{"model_family": "sdxl", "vram_peak_gb": 2.4, "observed_peak_gb": 2, "samples": 1}]'
 
@@ -234,13 +235,12 @@ async def _health_of_node_with(tmp_path: Path, footprints: Path, then: Callable[
             os.close(errfd)
         try:
             async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
-                while True:
-                    try:
-                        r = await client.get("/fleet/health")
-                        break
-                    except httpx.TransportError:
-                        assert proc.returncode is None, err.read_text()
-                        await trio.sleep(0.05)
+
+                async def up() -> httpx.Response | None:
+                    assert proc.returncode is None, err.read_text()
+                    return await answer(client, "/fleet/health")
+
+                r = await wait_until(up, what="the node's health answering")
                 assert r.status_code == 200 and r.json()["model_footprints"] == []
                 then()
                 for _ in range(3):

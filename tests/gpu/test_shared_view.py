@@ -17,6 +17,7 @@ from fleet_trio.gpu.sampler import (
     read_process_view,
 )
 from fleet_trio.proc.procfs import ProcStat
+from tests.helpers import elapse, scenario_pause
 
 
 class CountingSource:
@@ -34,7 +35,7 @@ class CountingSource:
 
     async def process_used_bytes(self) -> dict[int, int] | None:
         self.calls += 1
-        await trio.sleep(0.01)  # a query takes time: concurrent callers overlap
+        await scenario_pause(0.01, why="a query takes time: concurrent callers overlap")
         if self.fail:
             raise GpuError("boom")
         return self.used
@@ -97,10 +98,10 @@ async def test_concurrent_callers_share_one_query(autojump_clock: trio.abc.Clock
             nursery.start_soon(ask)
     assert source.calls == 1 and shared.queries == 1
     assert len(views) == 32 and all(v is views[0] for v in views)
-    await trio.sleep(0.1)
+    await elapse(0.1)
     await shared.view()
     assert source.calls == 1  # still fresh
-    await trio.sleep(0.2)
+    await elapse(0.2)
     await shared.view()
     assert source.calls == 2  # older than max_age: queried again
 

@@ -12,6 +12,7 @@ import trio.testing
 
 from fleet_trio.logbus import End, Event, JobLog, LogBus, Output, Skipped, Stream, Subscription
 from fleet_trio.proc import BufferSink, JobSpec, TeeSink, run
+from tests.helpers import scenario_pause, wait_until
 
 
 async def collect(sub: Subscription) -> list[Event]:
@@ -162,10 +163,9 @@ async def test_end_mid_write_from_a_real_child() -> None:
             with trio.CancelScope() as scope:
 
                 async def stop_soon() -> None:
-                    while log.nbytes < 200_000:
-                        await trio.sleep(0.01)
+                    await wait_until(lambda: log.nbytes >= 200_000)
                     log.end("killed", -1, "cancelled")  # while the child is still writing
-                    await trio.sleep(0.05)
+                    await scenario_pause(0.05, why="the child is still writing after the log ended")
                     scope.cancel()
 
                 nursery.start_soon(stop_soon)

@@ -33,6 +33,7 @@ from fleet_trio.logbus.tail import (
     loads,
     parse_query,
 )
+from tests.helpers import scenario_pause
 from tests.node.conftest import PY
 from tests.node.harness import Harness, node_config, running_node
 
@@ -374,7 +375,7 @@ async def test_a_node_shutdown_sends_open_tails_their_end(tmp_path: Path) -> Non
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(tail)
-            await trio.sleep(0.5)  # real time: the job prints a few lines, the tail follows
+            await scenario_pause(0.5, why="the job prints a few lines, the tail follows")
             h.node.request_shutdown("test: drain with a job and a tail open")
     ((events, code),) = got
     assert code == CLOSE_NORMAL

@@ -23,6 +23,7 @@ import trio
 from trio_websocket import WebSocketConnection, open_websocket_url
 
 from fleet_trio.logbus.ui import page_html
+from tests.helpers import wait_until
 from tests.node.conftest import PY
 from tests.node.harness import Harness, node_config, running_node
 
@@ -305,14 +306,14 @@ async def test_page_in_headless_chromium(tmp_path: Path) -> None:
             await cdp.call("Page.enable", session)
             await cdp.call("Page.navigate", session, url=url)
             state_js = "document.getElementById('final')?.dataset.state || ''"
-            with trio.fail_after(30):
-                while True:
-                    try:  # the first evaluations may land on about:blank or mid-navigation
-                        if await cdp.evaluate(session, state_js) == "done":
-                            break
-                    except RuntimeError:
-                        pass
-                    await trio.sleep(0.1)
+
+            async def done() -> bool:
+                try:  # the first evaluations may land on about:blank or mid-navigation
+                    return bool(await cdp.evaluate(session, state_js) == "done")
+                except RuntimeError:
+                    return False
+
+            await wait_until(done, timeout=30, interval=0.1, what="the page's final state done")
             text = await cdp.evaluate(session, "document.getElementById('log').textContent")
             for i in range(6):
                 assert f"red {i} plain bold green {i} <b>&amp;\n" in text

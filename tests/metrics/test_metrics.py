@@ -19,6 +19,7 @@ from fleet_trio.metrics import bus_section
 from fleet_trio.node.metrics import GIB, NodeMetrics, footprint_section, vram_section
 from fleet_trio.proc.spec import SweepReport
 from fleet_trio.worker.metrics import WorkerMetrics, controller_endpoint
+from tests.helpers import elapse
 from tests.metrics.scrape import Samples, parse, total, value
 
 
@@ -185,7 +186,7 @@ class FlakySource:
 async def test_vram_from_the_real_sampler_with_its_failures(autojump_clock: Any) -> None:
     sampler = GlobalSampler(FlakySource(), interval=2.0)  # type: ignore[arg-type]
     assert await sampler.sample_once()
-    await trio.sleep(5)
+    await elapse(5)
     assert not await sampler.sample_once()  # keeps the old snapshot
     s = parse_families(vram_section(sampler, "1", trio.current_time()))
     assert value(s, "fleet_trio_gpu_vram_total_bytes", gpu="1") == 80 * GIB

@@ -5,12 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import trio
-
 from fleet_trio.node.metrics import GIB
+from tests.helpers import logged, wait_until
 from tests.metrics.scrape import parse, scrape, total, value
 from tests.node.conftest import PY
-from tests.node.harness import FakeFootprints, FakeSampler, Harness, node_config, running_node
+from tests.node.harness import FakeFootprints, FakeSampler, node_config, running_node
 
 # Writes 1000 bytes on stderr, waits for the gate file named in the payload, then prints its
 # result (or exits 3 when the payload says so).
@@ -29,18 +28,6 @@ sys.stdout.write(json.dumps({"ok": True}))
 
 def config(tmp_path: Path) -> Any:
     return node_config(tmp_path, {"gated": {"command": [PY, "-c", GATED]}})
-
-
-async def until_state(h: Harness, job_id: str, state: str) -> None:
-    with trio.fail_after(10):
-        while (await h.poll(job_id)).json().get("state") != state:
-            await trio.sleep(0.01)
-
-
-async def until_logged(h: Harness, job_id: str, nbytes: int) -> None:
-    with trio.fail_after(10):
-        while (log := h.node.context.bus.get(job_id)) is None or log.nbytes < nbytes:
-            await trio.sleep(0.01)
 
 
 async def test_counters_follow_a_real_job_from_ack_to_done(tmp_path: Path) -> None:
@@ -67,8 +54,8 @@ async def test_counters_follow_a_real_job_from_ack_to_done(tmp_path: Path) -> No
         gate = tmp_path / "gate"
         r = await h.dispatch("job-1", "gated", {"gate": str(gate)})
         assert r.status_code == 202
-        await until_state(h, "job-1", "running")
-        await until_logged(h, "job-1", 1000)
+        await wait_until(lambda: h.state_is("job-1", "running"), what="job-1 running")
+        await wait_until(lambda: logged(h.node.context.bus, "job-1", 1000), what="1000 bytes")
 
         running = await scrape(h.client)
         assert value(running, "fleet_trio_node_jobs", state="running") == 1

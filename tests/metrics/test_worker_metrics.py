@@ -14,8 +14,8 @@ import trio
 
 from fleet_trio.worker.config import DeviceConfig, WorkerConfig
 from fleet_trio.worker.worker import Worker
+from tests.helpers import dev, logged, running, sim, until_terminal, wait_until
 from tests.metrics.scrape import Samples, scrape, total, value
-from tests.worker.test_worker import dev, running, sim, until_terminal
 
 GPU0 = dev("gpu0")
 
@@ -42,12 +42,6 @@ async def metrics_of(worker: Worker, **headers: str) -> Samples:
         return await scrape(client, **headers)
 
 
-async def until_logged(worker: Worker, job_id: str, nbytes: int) -> None:
-    with trio.fail_after(10):
-        while (log := worker.bus.get(job_id)) is None or log.nbytes < nbytes:
-            await trio.sleep(0.01)
-
-
 async def test_counters_follow_a_real_job_on_the_worker(tmp_path: Path) -> None:
     with trio.fail_after(30):
         async with running(configure=listening()) as (ctrl, worker):
@@ -65,7 +59,7 @@ async def test_counters_follow_a_real_job_on_the_worker(tmp_path: Path) -> None:
             gate = tmp_path / "gate"
             job = ctrl.submit(GPU0, gated(gate))
             await ctrl.wait_for(lambda: "running" in ctrl.statuses(job), timeout=10)
-            await until_logged(worker, job, 1000)
+            await wait_until(lambda: logged(worker.bus, job, 1000), what="1000 bytes logged")
             mid = await metrics_of(worker)
             assert value(mid, "fleet_trio_worker_jobs_running", device=GPU0) == 1
             assert value(mid, "fleet_trio_worker_jobs_running", device=dev("gpu1")) == 0

@@ -17,6 +17,7 @@ import trio
 
 from fleet_trio.node.config import NodeConfig, config_from_mapping, load_config
 from fleet_trio.node.server import GpuServices, NodeOptions, RunningNode, serve_node
+from tests.helpers import wait_until
 from tests.node.conftest import PY, TASK_SCRIPT
 
 REPO = Path(__file__).resolve().parents[2]
@@ -165,17 +166,19 @@ class Harness:
             body["payload"] = payload
         return await self.client.post("/fleet/dispatch", content=json.dumps(body).encode())
 
+    async def state_is(self, job_id: str, state: str) -> bool:
+        """The job's polled state is ``state`` (a predicate for ``wait_until``)."""
+        return bool((await self.poll(job_id)).json().get("state") == state)
+
     async def poll(self, job_id: str) -> httpx.Response:
         return await self.client.get(f"/fleet/jobs/{job_id}")
 
     async def wait_terminal(self, job_id: str, within: float = 10.0) -> dict[str, Any]:
-        with trio.fail_after(within):
-            while True:
-                r = await self.poll(job_id)
-                body: dict[str, Any] = r.json()
-                if body.get("state") in ("done", "error"):
-                    return body
-                await trio.sleep(0.02)
+        async def terminal() -> dict[str, Any] | None:
+            body: dict[str, Any] = (await self.poll(job_id)).json()
+            return body if body.get("state") in ("done", "error") else None
+
+        return await wait_until(terminal, timeout=within, interval=0.02, what=f"{job_id} terminal")
 
 
 @asynccontextmanager

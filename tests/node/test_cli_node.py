@@ -14,6 +14,7 @@ import trio
 
 from fleet_trio.cli import main
 from fleet_trio.gpu.fake import init_device
+from tests.helpers import answer, state_in, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -89,12 +90,7 @@ async def test_real_process_with_fake_gpu(tmp_path: Path) -> None:
         proc = await trio.lowlevel.open_process(argv, env=env)
         try:
             async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
-                while True:
-                    try:
-                        r = await client.get("/fleet/health")
-                        break
-                    except httpx.TransportError:
-                        await trio.sleep(0.05)
+                r = await wait_until(lambda: answer(client, "/fleet/health"))
                 assert r.status_code == 200
                 body = r.json()
                 assert body["node_id"] == "cli-node" and body["supported_task_types"] == ["sleepy"]
@@ -103,8 +99,7 @@ async def test_real_process_with_fake_gpu(tmp_path: Path) -> None:
                     json={"job_id": "j1", "task_type": "sleepy", "payload": {"seconds": 0.3}},
                 )
                 assert r.status_code == 202
-                while (await client.get("/fleet/jobs/j1")).json()["state"] not in ("done", "error"):
-                    await trio.sleep(0.05)
+                await wait_until(lambda: state_in(client, "j1", "done", "error"))
                 assert (await client.get("/fleet/jobs/j1")).json()["state"] == "done"
             proc.send_signal(signal.SIGTERM)
             assert await proc.wait() == 0

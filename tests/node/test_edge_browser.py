@@ -23,6 +23,7 @@ import trio
 import fleet_trio.logbus.ui as ui_module
 from fleet_trio.logbus.bus import LogBus
 from fleet_trio.worker.listener import serve_tail_listener
+from tests.helpers import wait_until
 from tests.logbus.test_ui import NO_CHROMIUM, Cdp, chromium, chromium_binary
 from tests.logbus.test_ui import config as colour_config
 from tests.logbus.test_ui import dispatch as colour_dispatch
@@ -108,6 +109,10 @@ async def serve_page(
         task_status.started(f"http://127.0.0.1:{port}")
 
 
+async def final_state_is(cdp: Cdp, session: str, state_js: str, state: str) -> bool:
+    return bool(await cdp.evaluate(session, state_js) == state)
+
+
 async def open_page(cdp: Cdp, url: str) -> str:
     """A new tab on ``url``, loaded; its CDP session."""
     target = await cdp.call("Target.createTarget", url="about:blank")
@@ -115,15 +120,16 @@ async def open_page(cdp: Cdp, url: str) -> str:
     session: str = attached["sessionId"]
     await cdp.call("Page.enable", session)
     await cdp.call("Page.navigate", session, url=url)
-    with trio.fail_after(30):
-        while True:
-            try:  # the first evaluations may land on about:blank or mid-navigation
-                href = await cdp.evaluate(session, "location.href + ' ' + document.readyState")
-                if href.startswith(url) and href.endswith("complete"):
-                    return session
-            except RuntimeError:
-                pass
-            await trio.sleep(0.05)
+
+    async def loaded() -> bool:
+        try:  # the first evaluations may land on about:blank or mid-navigation
+            href = await cdp.evaluate(session, "location.href + ' ' + document.readyState")
+        except RuntimeError:
+            return False
+        return bool(href.startswith(url) and href.endswith("complete"))
+
+    await wait_until(loaded, timeout=30, interval=0.05, what=f"{url} loaded")
+    return session
 
 
 @pytest.mark.slow
@@ -198,9 +204,7 @@ async def test_another_origin_gets_nothing_and_the_own_page_works(
             await colour_dispatch(h, "own-page", lines=3, pause=0.1)
             session = await open_page(cdp, f"{h.node.url}/fleet/ui?job=own-page")
             state_js = "document.getElementById('final')?.dataset.state || ''"
-            with trio.fail_after(30):
-                while await cdp.evaluate(session, state_js) != "done":
-                    await trio.sleep(0.1)
+            await wait_until(lambda: final_state_is(cdp, session, state_js, "done"), timeout=30)
             text = await cdp.evaluate(session, "document.getElementById('log').textContent")
             assert "red 2 plain bold green 2" in text
             assert served == ["own-page"]

@@ -24,6 +24,7 @@ from fleet_trio.node.jobs import INTERRUPTED, Done, Failed, JobState, JobStore, 
 from fleet_trio.node.journal import Accept, Finish, Journal, JournalError, JournalWriter, Start
 from fleet_trio.node.recovery import replay
 from fleet_trio.node.tasks import TaskRegistry
+from tests.helpers import wait_until
 from tests.node.harness import FakeSampler
 from tests.node.store_tree import store_in_tree
 
@@ -125,6 +126,12 @@ def test_retention_follows_the_ttl_across_a_restart(tmp_path: Path) -> None:
     assert [r.state for r in journal.load() if r.job_id == "busy"] == ["error"]
 
 
+def terminal_view(store: Any, job_id: str) -> Any:
+    """The job's view once it is terminal; else ``None`` (a predicate for ``wait_until``)."""
+    view = store.get(job_id)
+    return view if view is not None and view.state.terminal else None
+
+
 async def test_the_journal_and_its_results_are_private_whatever_the_umask(
     tmp_path: Path,
 ) -> None:
@@ -139,9 +146,7 @@ async def test_the_journal_and_its_results_are_private_whatever_the_umask(
                 return Done(b'{"secret": "' + b"s" * 100 + b'"}')
 
             store.register("p1", work)
-            with trio.fail_after(5):
-                while (view := store.get("p1")) is None or not view.state.terminal:
-                    await trio.sleep(0.01)
+            view = await wait_until(lambda: terminal_view(store, "p1"), timeout=5)
         assert view.data_file is not None
     finally:
         os.umask(old)
@@ -164,9 +169,7 @@ async def test_large_result_lives_in_a_file(tmp_path: Path) -> None:
             return Done(big)
 
         store.register("big", work)
-        with trio.fail_after(5):
-            while (view := store.get("big")) is None or not view.state.terminal:
-                await trio.sleep(0.01)
+        view = await wait_until(lambda: terminal_view(store, "big"), timeout=5)
         assert view.data is None and view.data_file is not None  # not in RAM
         assert await store.read_data(view) == big
         (row,) = await trio.to_thread.run_sync(journal.load)
@@ -178,9 +181,7 @@ async def test_large_result_lives_in_a_file(tmp_path: Path) -> None:
         assert again is not None and again.data_file == view.data_file
         # eviction removes the file too
         store.sweep(trio.current_time() + 3600)
-        with trio.fail_after(5):
-            while os.path.exists(view.data_file):
-                await trio.sleep(0.01)
+        await wait_until(lambda: not os.path.exists(view.data_file), timeout=5)
 
 
 # -- a full disk mid-run ---------------------------------------------------------------------
@@ -238,9 +239,7 @@ async def test_disk_full_refuses_new_dispatches_with_503(
             # the refused id never ran, is unknown, and left no work dir
             assert (await client.get(f"/fleet/jobs/{refused}")).status_code == 404
             assert refused not in ctx.runner.runs  # type: ignore[attr-defined]
-            with trio.fail_after(5):
-                while os.listdir(work):
-                    await trio.sleep(0.01)
+            await wait_until(lambda: not os.listdir(work), timeout=5)
             # every acked job is still answered
             for job_id in ctx.runner.runs:  # type: ignore[attr-defined]
                 assert (await client.get(f"/fleet/jobs/{job_id}")).status_code == 200
@@ -277,9 +276,7 @@ async def test_failed_outcome_write_is_logged_and_still_shown(
         journal.apply = broken  # type: ignore[method-assign]
         with caplog.at_level(logging.ERROR):
             release.set()
-            with trio.fail_after(5):
-                while (view := store.get("j")) is None or not view.state.terminal:
-                    await trio.sleep(0.01)
+            view = await wait_until(lambda: terminal_view(store, "j"), timeout=5)
         assert view.error == "boom"  # a poll never hangs on the disk
         assert "outcome not recorded" in caplog.text
         journal.apply = original  # type: ignore[method-assign]
@@ -311,9 +308,7 @@ async def test_an_ack_is_invisible_and_nothing_runs_until_it_is_committed(tmp_pa
         assert store.get("j") is None and store.table.pending("j") and ran == []
         gate.set()
         assert await store.wait_recorded("j")
-        with trio.fail_after(5):
-            while (view := store.get("j")) is None or not view.state.terminal:
-                await trio.sleep(0.01)
+        await wait_until(lambda: terminal_view(store, "j"), timeout=5)
     assert ran == ["j"]
     rows = journal.load()
     assert [(r.job_id, r.state) for r in rows] == [("j", "done")]

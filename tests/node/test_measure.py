@@ -15,6 +15,7 @@ import trio
 import yaml
 
 from fleet_trio.gpu.fake import init_device
+from tests.helpers import wait_until
 from tests.node.conftest import PY
 
 # A probe that holds 2 GiB of fake VRAM for 0.6 s (its own pid, in the job's process
@@ -234,8 +235,7 @@ async def test_measure_serves_signals_from_its_task_tree(tmp_path: Path) -> None
             argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
         )
         try:
-            while not marker.exists():
-                await trio.sleep(0.05)
+            await wait_until(lambda: bool(marker.exists()))
             proc.send_signal(signal.SIGTERM)
             start = trio.current_time()
             assert proc.stderr is not None

@@ -19,6 +19,7 @@ from fleet_trio.node.config import config_from_mapping
 from fleet_trio.node.jobs import Done, Failed
 from fleet_trio.node.placement import Placement, footprint_need, pin_env
 from fleet_trio.node.tasks import TaskRegistry, TaskRunner
+from tests.helpers import scenario_pause, wait_until
 from tests.node.conftest import PY
 
 ENV_SCRIPT = (
@@ -115,8 +116,7 @@ async def test_interrupted_running_and_queued_jobs_release(tmp_path: Path) -> No
         async with trio.open_nursery() as nursery:
             nursery.start_soon(runner.execute, reg.prepare("t", '{"sleep": 30}', "run"))
             nursery.start_soon(runner.execute, reg.prepare("t", '{"sleep": 30}', "queued"))
-            while not (placement.allocator.holders() and placement.queued == 1):
-                await trio.sleep(0.01)
+            await wait_until(lambda: bool(placement.allocator.holders() and placement.queued == 1))
             nursery.cancel_scope.cancel()  # shutdown: trio cancellation
     assert placement.allocator.holders() == {} and placement.queued == 0
 
@@ -135,8 +135,7 @@ async def test_a_footprint_waits_for_a_device_with_that_much_free(tmp_path: Path
                 result.append(await runner.execute(_registry(tmp_path).prepare("t", "{}", "j")))
 
             nursery.start_soon(run)
-            while placement.queued != 1:
-                await trio.sleep(0.01)
+            await wait_until(lambda: placement.queued == 1)
             placement.update(b, Snap(80, 40))  # the next sample: GPU-b now fits
     assert isinstance(result[0], Done)
     assert json.loads(result[0].data)["CUDA_VISIBLE_DEVICES"] == "GPU-b"
@@ -215,10 +214,10 @@ async def test_peak_is_measured_on_the_pinned_device_only(tmp_path: Path, mode: 
                 peaks.append(await sample(job, stop, os.getpgid(0)))
 
             nursery.start_soon(measure)
-            await trio.sleep(0.2)  # the baseline is taken
+            await scenario_pause(0.2, why="the sampler takes its baseline")
             fake.write_holding(os.path.join(root, "gpu0"), me, 2 * GIB)  # the job's device
             fake.write_holding(os.path.join(root, "gpu1"), me, 5 * GIB)  # another device
-            await trio.sleep(0.3)
+            await scenario_pause(0.3, why="the sampler sees the new holdings")
             stop.set()
     fake.remove_holding(os.path.join(root, "gpu0"), me)
     fake.remove_holding(os.path.join(root, "gpu1"), me)

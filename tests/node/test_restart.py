@@ -20,6 +20,7 @@ import httpx
 import trio
 
 from fleet_trio.gpu.fake import init_device
+from tests.helpers import healthy, state_in, wait_until
 
 SLEEPER = (
     "import os, sys, time; sys.stdin.read(); "
@@ -72,14 +73,13 @@ class Node:
         env = {**os.environ, "TMPDIR": str(self.work)}
         self.proc = await trio.lowlevel.open_process(self.argv, env=env)
         async with httpx.AsyncClient(base_url=self.url) as client:
-            while True:
-                try:
-                    if (await client.get("/fleet/health")).status_code == 200:
-                        return
-                except httpx.TransportError:
-                    pass
-                assert self.proc.returncode is None, "the node exited at start"
-                await trio.sleep(0.05)
+            proc = self.proc
+
+            async def up() -> bool:
+                assert proc.returncode is None, "the node exited at start"
+                return await healthy(client)
+
+            await wait_until(up, what="the node's health answering 200")
 
     @property
     def url(self) -> str:
@@ -112,14 +112,12 @@ async def test_kill_9_and_restart_acked_jobs_still_answer(tmp_path: Path) -> Non
             async with httpx.AsyncClient(base_url=node.url) as c:
                 body: dict[str, Any] = {"job_id": "q1", "task_type": "quick", "payload": {}}
                 assert (await c.post("/fleet/dispatch", json=body)).status_code == 202
-                while (await c.get("/fleet/jobs/q1")).json()["state"] not in ("done", "error"):
-                    await trio.sleep(0.05)
+                await wait_until(lambda: state_in(c, "q1", "done", "error"))
                 assert (await c.get("/fleet/jobs/q1")).json()["state"] == "done"
                 body = {"job_id": "s1", "task_type": "sleeper", "payload": {}}
                 assert (await c.post("/fleet/dispatch", json=body)).status_code == 202
                 pid_file = tmp_path / "pids" / "s1"
-                while not (pid_file.exists() and pid_file.read_text()):
-                    await trio.sleep(0.05)
+                await wait_until(lambda: pid_file.exists() and pid_file.read_text())
                 pid = int(pid_file.read_text())
                 assert os.listdir(node.work)  # the sleeper's work dir
             await node.kill()

@@ -19,6 +19,7 @@ import httpx
 import trio
 
 from fleet_trio.gpu.fake import init_device
+from tests.helpers import healthy, scenario_pause, state_in, wait_until
 
 DRAIN = 1.0
 GRACE = 1.0
@@ -70,19 +71,12 @@ async def test_sigterm_with_jobs_in_flight_every_poller_sees_a_terminal_state(
         proc = await trio.lowlevel.open_process(argv, env=dict(os.environ))
         try:
             async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
-                while True:
-                    try:
-                        if (await client.get("/fleet/health")).status_code == 200:
-                            break
-                    except httpx.TransportError:
-                        pass
-                    await trio.sleep(0.05)
+                await wait_until(lambda: healthy(client), what="the node's health answering 200")
                 for job in jobs:
                     body = {"job_id": job, "task_type": "stubborn", "payload": {}}
                     assert (await client.post("/fleet/dispatch", json=body)).status_code == 202
                 for job in jobs:
-                    while (await client.get(f"/fleet/jobs/{job}")).json()["state"] != "running":
-                        await trio.sleep(0.05)
+                    await wait_until(lambda j=job: state_in(client, j, "running"))  # type: ignore[misc]
 
                 async def poll(job: str) -> None:
                     # Poll until the listener goes away; remember the last state seen.
@@ -92,12 +86,12 @@ async def test_sigterm_with_jobs_in_flight_every_poller_sees_a_terminal_state(
                         except httpx.TransportError:
                             return
                         last_seen[job] = r.json()["state"] + ":" + str(r.json().get("error"))
-                        await trio.sleep(0.02)
+                        await scenario_pause(0.02, why="a client polling every 20 ms")
 
                 async with trio.open_nursery() as nursery:
                     for job in jobs:
                         nursery.start_soon(poll, job)
-                    await trio.sleep(0.2)
+                    await scenario_pause(0.2, why="the pollers are under way before the signal")
                     signalled = time.monotonic()
                     proc.send_signal(signal.SIGTERM)
                     code = await proc.wait()

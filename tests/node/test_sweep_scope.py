@@ -10,6 +10,7 @@ from pathlib import Path
 import trio
 
 from fleet_trio.node.tasks import SWEEP_MARKER, sweep_value
+from tests.helpers import wait_until
 from tests.node.harness import echo_task, node_config, running_node
 
 
@@ -26,8 +27,7 @@ async def test_a_reused_job_id_never_sweeps_a_stranger(tmp_path: Path) -> None:
             assert (await h.dispatch("victim1", "echo", {"x": 1})).status_code == 202
             assert (await h.wait_terminal("victim1"))["state"] == "done"
             with trio.move_on_after(0.5):  # the job's sweep has run by its end: check it held
-                while _alive(stranger):
-                    await trio.sleep(0.05)
+                await wait_until(lambda: not _alive(stranger))
             assert _alive(stranger)
     finally:
         stranger.kill()

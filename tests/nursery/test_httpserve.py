@@ -13,6 +13,7 @@ from quart_trio import QuartTrio
 
 from fleet_trio.nursery.httpserve import Connections, serve_http_bounded
 from fleet_trio.sim.stall import open_stalled_tail, wait_server_blocked
+from tests.helpers import wait_until
 
 
 def _app(ended: trio.Event) -> QuartTrio:
@@ -53,8 +54,7 @@ async def test_a_client_that_stops_reading_is_dropped_at_the_write_deadline() ->
                 await wait_server_blocked(client, port)
                 await ended.wait()  # the handler was cancelled: its client was dropped
                 assert conns.dropped == 1
-                while conns.live:  # and the connection's task ends
-                    await trio.sleep(0.05)
+                await wait_until(lambda: not conns.live, what="the connection's task ended")
             finally:
                 client.close()
             nursery.cancel_scope.cancel()

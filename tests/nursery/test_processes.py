@@ -21,6 +21,7 @@ import trio
 from fleet_trio.nursery import Phase, TaskTree, open_task_tree, run_task_tree
 from fleet_trio.proc import BufferSink, JobSpec, StopToken
 from fleet_trio.proc.procfs import group_alive
+from tests.helpers import scenario_pause, wait_until
 
 try:
     from fleet_trio.proc.run import run as proc_run
@@ -170,7 +171,8 @@ async def test_a_job_ignoring_sigterm_is_killed_after_the_grace(job: Job) -> Non
     assert not group_alive(record.pid)
     if job is local_job:
         assert record.ending == -signal.SIGKILL
-    assert drain + grace - 0.05 <= elapsed <= drain + grace + 2
+    # exact lower bound; the upper bound is "bounded", with slack for a loaded 2-core machine
+    assert drain + grace - 0.05 <= elapsed <= drain + grace + 5
     assert elapsed <= tree.shutdown_bound
 
 
@@ -188,7 +190,8 @@ async def test_a_job_exiting_on_sigterm_ends_the_shutdown_early(job: Job) -> Non
     assert record.cancelled
     assert record.pid is not None
     assert not group_alive(record.pid)
-    assert drain - 0.05 <= elapsed < drain + 1.5  # nowhere near drain + grace
+    # nowhere near drain + grace (5.3 s); slack for a loaded 2-core machine below that
+    assert drain - 0.05 <= elapsed < drain + 3.5
 
 
 @pytest.mark.parametrize("job", SUPERVISORS)
@@ -221,7 +224,7 @@ async def test_stop_tokens_set_on_stop_accepting_end_the_drain_early(job: Job) -
             tree.request_shutdown()
         elapsed = trio.current_time() - start
     assert interrupted == []
-    assert elapsed < 1.5
+    assert elapsed < 4.0  # ended early: below the 5 s drain, slack for a loaded machine
     for record in records:
         assert not record.cancelled  # ended by its stop token, not by the tree's cancel
         assert record.pid is not None
@@ -239,7 +242,7 @@ async def test_a_real_signal_starts_the_shutdown(sig: signal.Signals) -> None:
     finished: list[str] = []
 
     async def job() -> None:
-        await trio.sleep(0.2)
+        await scenario_pause(0.2, why="the job takes 0.2 s")
         finished.append("job")
 
     async def setup(tree: TaskTree) -> None:
@@ -275,17 +278,16 @@ async def test_a_second_real_sigint_skips_the_drain() -> None:
         tree.services.start_soon(_second_sigint, tree)
         os.kill(os.getpid(), signal.SIGINT)
 
-    with trio.fail_after(5):
+    with trio.fail_after(15):
         start = trio.current_time()
         await run_task_tree(setup, drain=30, kill_grace=1, on_interrupt=on_interrupt)
         elapsed = trio.current_time() - start
     (tree,) = trees
     assert tree.escalated
     assert events == ["interrupt", "cancelled"]
-    assert elapsed < 2
+    assert elapsed < 10  # the 30 s drain was skipped; slack for a loaded machine
 
 
 async def _second_sigint(tree: TaskTree) -> None:
-    while tree.phase < Phase.DRAINING:
-        await trio.sleep(0.01)
+    await wait_until(lambda: tree.phase >= Phase.DRAINING)
     os.kill(os.getpid(), signal.SIGINT)

@@ -23,6 +23,7 @@ from fleet_trio.sim import serve_controller
 from fleet_trio.sim.controller import SimController
 from fleet_trio.sim.fleet import free_port, worker_yaml
 from fleet_trio.sim.stall import open_stalled_tail, wait_server_blocked
+from tests.helpers import healthy, wait_until
 
 DRAIN = 0.5
 GRACE = 0.5
@@ -69,13 +70,7 @@ async def test_node_exits_within_its_bound_with_a_tail_client_that_stopped_readi
         )
         try:
             async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
-                while True:
-                    try:
-                        if (await client.get("/fleet/health")).status_code == 200:
-                            break
-                    except httpx.TransportError:
-                        pass
-                    await trio.sleep(0.05)
+                await wait_until(lambda: healthy(client), what="the node's health answering 200")
                 body = {"job_id": "flood-1", "task_type": "flood", "payload": {}}
                 assert (await client.post("/fleet/dispatch", json=body)).status_code == 202
             stalled = await trio.to_thread.run_sync(
@@ -134,17 +129,19 @@ async def test_worker_exits_promptly_with_a_tail_client_that_stopped_reading(
                 await ctrl.wait_for(lambda: bool(ctrl.registrations()), timeout=30)
                 job_id = ctrl.submit("stallbox:gpu0", ["sh", "-c", FLOOD])
                 await ctrl.wait_for(lambda: "running" in ctrl.statuses(job_id), timeout=30)
-                stalled = None
-                while stalled is None:  # the listener opens the job's log when it starts it
-                    try:
-                        stalled = await trio.to_thread.run_sync(
+
+                async def tail_opened() -> object:
+                    try:  # the listener opens the job's log when it starts it
+                        return await trio.to_thread.run_sync(
                             open_stalled_tail,
                             "127.0.0.1",
                             tail_port,
                             f"/fleet/jobs/{job_id}/tail",
                         )
                     except (ConnectionError, OSError):
-                        await trio.sleep(0.1)
+                        return None
+
+                stalled = await wait_until(tail_opened, interval=0.1, what="a stalled tail open")
                 try:
                     await wait_server_blocked(stalled, tail_port)
                     proc.send_signal(signal.SIGTERM)

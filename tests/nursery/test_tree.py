@@ -18,6 +18,7 @@ from fleet_trio.nursery import (
     open_task_tree,
     run_task_tree,
 )
+from tests.helpers import elapse
 
 # A tolerance for "about this much fake time": the autojump clock only moves when all tasks
 # are blocked, so timings are exact up to scheduling rounds, which cost no fake time.
@@ -166,7 +167,7 @@ async def test_second_request_before_the_body_returns_skips_the_drain(
         tree.start_job(sleeper, rec, "a")
         tree.request_shutdown()
         tree.request_shutdown()
-        await trio.sleep(1)  # the body takes its time to return
+        await elapse(1)  # the body takes its time to return
     assert rec.events == ["interrupt", "cancelled:a"]
     assert rec.times["interrupt"] - start == pytest.approx(1, abs=EPS)
 
@@ -186,7 +187,7 @@ async def test_body_exception_marks_interrupted_first_and_is_reraised(
         ) as tree:
             tree.start_job(sleeper, rec, "a")
             tree.start_job(stubborn, rec, "b", 1.0)
-            await trio.sleep(0.5)
+            await elapse(0.5)
             raise ValueError("setup failed")
     assert type(info.value) is ValueError  # not wrapped in an exception group
     assert rec.events[0] == "interrupt"
@@ -223,7 +224,7 @@ async def test_cancel_order_is_jobs_then_role_then_services(
         finally:
             rec("cancelled:role")
             with trio.move_on_after(0.3, shield=True):
-                await trio.sleep(0.3)  # e.g. closing the listener
+                await elapse(0.3)  # e.g. closing the listener
             rec("closed:role")
 
     async with open_task_tree(drain=1, kill_grace=5, on_interrupt=rec.interrupt) as tree:
@@ -279,14 +280,14 @@ async def test_a_failing_job_is_logged_and_does_not_stop_the_tree(
     rec = Recorder()
 
     async def broken() -> None:
-        await trio.sleep(0.1)
+        await elapse(0.1)
         raise KeyError("no such device")
 
     async with open_task_tree(drain=5, kill_grace=1) as tree:
         await tree.services.start(service, rec, "services")
         tree.start_job(broken, name="broken-job")
         tree.start_job(sleeper, rec, "ok", 1.0)
-        await trio.sleep(0.5)
+        await elapse(0.5)
         assert tree.live_jobs == 1
         assert not tree.stopping
         tree.request_shutdown()
@@ -324,7 +325,7 @@ async def test_a_crashing_role_shuts_the_tree_down_in_order(
     rec = Recorder()
 
     async def crashing_role() -> None:
-        await trio.sleep(1)
+        await elapse(1)
         raise RuntimeError("listener died")
 
     with pytest.RaisesGroup(

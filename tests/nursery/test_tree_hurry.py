@@ -9,6 +9,7 @@ import signal
 import trio
 
 from fleet_trio.nursery import open_task_tree
+from tests.helpers import scenario_pause, wait_until
 
 
 async def _stubborn_job(started: trio.Event) -> None:
@@ -47,9 +48,8 @@ async def test_a_request_after_the_drain_cuts_on_interrupt_and_on_jobs_closed(
         await started.wait()
 
         async def hurry_later() -> None:
-            while "interrupt" not in seen:
-                await trio.sleep(0.1)
-            await trio.sleep(3.0)  # well into the 50 s interrupt step
+            await wait_until(lambda: "interrupt" in seen)
+            await scenario_pause(3.0, why="well into the 50 s interrupt step")
             assert tree.request_shutdown("second").name == "REPEATED"
             assert tree.hurried
 
@@ -60,7 +60,7 @@ async def test_a_request_after_the_drain_cuts_on_interrupt_and_on_jobs_closed(
     # drain 2 s + 3 s of the interrupt step, then: the cut interrupt, the job's 1 s teardown,
     # the cut jobs-closed step; nowhere near the 50 + 60 s of budgets
     assert "interrupt" in seen and "jobs_closed" in seen
-    assert took < 2.0 + 3.0 + 1.0 + 0.5
+    assert took < 2.0 + 3.0 + 1.0 + 5.0  # slack for a loaded 2-core machine
 
 
 async def test_on_jobs_closed_is_bounded_by_its_budget(autojump_clock: trio.abc.Clock) -> None:

@@ -31,6 +31,7 @@ from fleet_trio.proc.procfs import (
     scan_job_marker,
     signal_ident,
 )
+from tests.helpers import marker_ready, wait_until
 
 # ------------------------------------------------------------------------------------ parsing
 
@@ -361,14 +362,6 @@ def test_empty_environ_recheck_waits(fake_proc: Path) -> None:
 # ---------------------------------------------------------------- the marker scan, real /proc
 
 
-async def wait_for_marker(pid: int, value: str) -> None:
-    """``Popen`` returns once the child is in ``execve``; its environ reads empty until the
-    kernel has copied it onto the new stack."""
-    with trio.fail_after(5):
-        while procfs.job_env_id(pid) != (value, None):
-            await trio.sleep(0.001)
-
-
 async def test_real_scan_finds_a_marked_process_and_not_its_zombie() -> None:
     job = f"procfs-{uuid.uuid4()}"
     marked = {**os.environ, "RC_JOB_ID": job}
@@ -376,9 +369,10 @@ async def test_real_scan_finds_a_marked_process_and_not_its_zombie() -> None:
         live = await trio.lowlevel.open_process(["sleep", "30"], env=marked)
         dead = await trio.lowlevel.open_process([sys.executable, "-c", "pass"], env=marked)
         try:
-            await wait_for_marker(live.pid, job)
-            while read_proc_stat(dead.pid) is not None and pid_alive(dead.pid):
-                await trio.sleep(0.01)  # exits, stays a zombie: we do not wait() it yet
+            await marker_ready(live.pid, job)
+            await wait_until(
+                lambda: not (read_proc_stat(dead.pid) is not None and pid_alive(dead.pid))
+            )
             assert read_proc_stat(dead.pid) is not None  # the zombie is still listed
             res = scan_job_marker(job, ancestor_set(os.getpid()))
             assert res.scanned and res.settled and not res.blind
@@ -407,7 +401,7 @@ async def test_real_scan_decodes_non_utf8_ids_like_job_env_id() -> None:
     with trio.fail_after(10):
         proc = await trio.lowlevel.open_process(["sleep", "30"], env=marked)
         try:
-            await wait_for_marker(proc.pid, job)
+            await marker_ready(proc.pid, job)
             assert scan_job_marker(job).pids == (proc.pid,)
         finally:
             proc.kill()
@@ -453,8 +447,7 @@ async def test_a_zombie_is_gone_for_the_identity_check() -> None:
         st = read_proc_stat(proc.pid)
         assert st is not None
         me = Ident(proc.pid, st.start)
-        while (cur := read_proc_stat(proc.pid)) is not None and cur.state != "Z":
-            await trio.sleep(0.01)
+        await wait_until(lambda: (cur := read_proc_stat(proc.pid)) is None or cur.state == "Z")
         assert not ident_alive(me)  # a zombie, not yet reaped
         await proc.wait()
 

@@ -11,6 +11,7 @@ import trio
 from fleet_trio.proc import JobSpec, StopToken
 from fleet_trio.proc.procfs import pid_alive, read_proc_stat
 from fleet_trio.proc.pty import PtySession, PtyStartError, start_pty
+from tests.helpers import scenario_pause, wait_until
 
 GRACE = 0.3
 
@@ -40,8 +41,7 @@ async def read_to_eof(session: PtySession, seconds: float = 5.0) -> bytes:
 
 async def gone(pid: int, seconds: float = 5.0) -> bool:
     with trio.move_on_after(seconds):
-        while pid_alive(pid):
-            await trio.sleep(0.02)
+        await wait_until(lambda: not pid_alive(pid))
     return not pid_alive(pid)
 
 
@@ -141,9 +141,9 @@ async def test_concurrent_waiters_share_one_result_and_a_follower_can_stop() -> 
 
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(waiter, None)
-                await trio.sleep(0.05)
+                await scenario_pause(0.05, why="the first waiter is waiting")
                 nursery.start_soon(waiter, stop)  # a follower's token still stops it
-                await trio.sleep(0.05)
+                await scenario_pause(0.05, why="the follower is waiting")
                 stop.set()
     assert len(results) == 2
     assert results[0] is results[1]
@@ -226,7 +226,7 @@ async def test_cancelling_a_follower_leaves_the_supervising_caller_alone() -> No
     with trio.fail_after(10):
         async with await start_pty(shell()) as s, trio.open_nursery() as nursery:
             nursery.start_soon(s.wait)
-            await trio.sleep(0.05)
+            await scenario_pause(0.05, why="the first waiter is waiting")
             with trio.move_on_after(0.1):
                 try:
                     await s.wait(StopToken())

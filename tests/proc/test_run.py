@@ -12,7 +12,7 @@ import trio
 from fleet_trio.proc import BufferSink, JobSpec, Result, StopToken
 from fleet_trio.proc.procfs import pid_alive
 from fleet_trio.proc.run import run
-from tests.acceptance.helpers import PidWatcher, gone_within, stop_when_output
+from tests.helpers import PidWatcher, gone_within, scenario_pause, stop_when_output
 
 
 async def test_run_background_child_holding_stdout_keeps_job_running() -> None:
@@ -208,7 +208,7 @@ async def test_spawn_limiter_bounds_spawns_in_flight(monkeypatch: pytest.MonkeyP
         in_flight += 1
         most = max(most, in_flight)
         try:
-            await trio.sleep(0.01)  # widen the window a concurrent spawn would overlap in
+            await scenario_pause(0.01, why="widen the window a concurrent spawn would overlap in")
             return await real_open(*args, **kwargs)
         finally:
             in_flight -= 1

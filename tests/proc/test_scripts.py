@@ -18,6 +18,7 @@ from fleet_trio.proc.scripts import (
 )
 from fleet_trio.proc.spec import Result
 from fleet_trio.proc.stop import StopToken
+from tests.helpers import scenario_pause
 
 
 def script(directory: Path, name: str, body: str, mode: int = 0o755) -> Path:
@@ -201,7 +202,7 @@ async def test_parent_stop_ends_the_pass(tmp_path: Path) -> None:
         async with trio.open_nursery() as nursery:
 
             async def later() -> None:
-                await trio.sleep(0.3)
+                await scenario_pause(0.3, why="the stop comes while the script runs")
                 stop.set()
 
             nursery.start_soon(later)

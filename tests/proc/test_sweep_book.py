@@ -125,7 +125,7 @@ class SweepBookMachine(RuleBasedStateMachine):
             else:
                 assert step == Step()
         elif step.sig is None:  # the phase ended: a settled scan found nothing, nothing watched
-            assert step == Step()
+            assert step == Step(sleep=mode_before is Mode.KILL and not self.book.done)
             assert scan.scanned and scan.settled and not live_matches
             assert self.book.watched == ()
         else:
@@ -153,7 +153,10 @@ class SweepBookMachine(RuleBasedStateMachine):
 
     @invariant()
     def pass_count_is_bounded(self) -> None:
-        assert 0 <= self.book.passes <= self.book.max_passes
+        # One pass beyond the bound: the confirmation that always follows a SIGKILL phase.
+        assert 0 <= self.book.passes <= self.book.max_passes + 1
+        if self.book.passes > self.book.max_passes:
+            assert self.book.final_look
 
     @invariant()
     def found_is_unique_discovered_and_never_protected(self) -> None:
@@ -257,10 +260,10 @@ def test_sweep_ends_within_its_time_and_pass_bounds(
     scans: list[MarkerScan], max_passes: int
 ) -> None:
     """With scans 20 ms apart, the book is done after at most
-    ``max_passes * (phases / poll + a few)`` scans, whatever the scans say."""
+    ``(max_passes + 1) * (phases / poll + a few)`` scans, whatever the scans say."""
     book = SweepBook(PROTECTED, max_passes=max_passes, term_bound=0.2, kill_bound=0.2)
     now = 0.0
-    bound = max_passes * (2 * (0.2 / 0.02 + 2) + 1)
+    bound = (max_passes + 1) * (2 * (0.2 / 0.02 + 2) + 1)
     n = 0
     while not book.done:
         scan = scans[n % len(scans)]
@@ -600,3 +603,38 @@ async def test_shell_reports_reaped_once_the_check_sees_it_gone(
     rep = await sweep_job_survivors("j", os.getpid(), scan=script, check=check, kill=kills)
     assert kills.sent == [(61, signal.SIGTERM)]
     assert rep.found == (61,) and rep.remaining == () and rep.clean()
+
+
+def test_a_sigkill_phase_is_confirmed_after_a_poll_even_at_the_pass_bound() -> None:
+    """A process forked (or still inside ``execve``, reading empty) as its SIGKILLed parent
+    died is not seen by the look that ends the SIGKILL phase: one confirmation pass always
+    follows a SIGKILL phase, after a poll, even when the pass bound is spent; it is the last."""
+    book = SweepBook(PROTECTED, max_passes=1, term_bound=0.05, kill_bound=0.05)
+    now = 0.0
+    step = book.feed(ok(5), now, frozenset(ids(5)))
+    while book.mode is not Mode.KILL:  # 5 ignores SIGTERM
+        now += 0.02
+        step = book.feed(ok(5), now, frozenset(ids(5)))
+    now += 0.02
+    step = book.feed(ok(5), now, frozenset(ids(5)))
+    assert step.sig is signal.SIGKILL and step.idents == ids(5)
+    now += 0.02
+    step = book.feed(ok(), now, frozenset())  # 5 is gone: the SIGKILL phase is over
+    assert step == Step(sleep=True)
+    assert not book.done and book.mode is Mode.DISCOVER
+    now += 0.02
+    step = book.feed(ok(7), now, frozenset(ids(7)))  # the late child
+    assert step == Step(signal.SIGTERM, ids(7), sleep=True)
+    assert book.report().found == (5, 7)
+    now += 0.02
+    book.feed(ok(), now, frozenset())  # 7 died of SIGTERM: the phase is over, and the last
+    assert book.done
+    assert book.passes == 2
+    assert book.report().clean()
+
+
+def test_a_phase_that_ends_without_sigkill_is_confirmed_at_once() -> None:
+    book = SweepBook(PROTECTED)
+    book.feed(ok(5), 0.0, frozenset(ids(5)))
+    assert book.feed(ok(), 0.02, frozenset()) == Step()  # no poll: nothing was SIGKILLed
+    assert book.mode is Mode.DISCOVER

@@ -16,6 +16,7 @@ import pytest
 import trio
 
 from fleet_trio.sim import SimController, SimError, serve_controller
+from tests.helpers import scenario_pause
 
 WTOK, CTOK, ATOK = "wtok", "ctok", "atok"
 HEADERS = {"Authorization": f"Bearer {WTOK}", "Content-Type": "application/json"}
@@ -182,7 +183,7 @@ async def test_kill_is_delivered_in_kills(sim: Sim) -> None:
     assert [a["job_id"] for a in r.json()["assignments"]] == [job_id]
 
     async def kill_soon() -> None:
-        await trio.sleep(0.2)
+        await scenario_pause(0.2, why="the kill comes while the poll is parked")
         assert ctrl.kill(job_id)
 
     async with trio.open_nursery() as nursery:
@@ -243,7 +244,7 @@ async def test_long_poll_wakes_on_submit(sim: Sim) -> None:
     async with trio.open_nursery() as nursery:
         nursery.start_soon(poll)
         await ctrl.wait_for(lambda: ctrl.polls())
-        await trio.sleep(0.05)
+        await scenario_pause(0.05, why="the poll is parked before the submit")
         job_id = ctrl.submit(DEVICE, ["true"])
     assert results[0].json()["assignments"][0]["job_id"] == job_id
 
@@ -287,7 +288,7 @@ async def test_instance_header_everywhere_and_restart(sim: Sim) -> None:
     assert {r.headers["rc-controller-instance"] for r in (r1, r2, r3)} == {first}
     new = ctrl.restart()
     assert new != first and ctrl.instance == new
-    await trio.sleep(0.1)  # the cut keep-alive connection must close before it is reused
+    await scenario_pause(0.1, why="the cut keep-alive connection closes before it is reused")
     r = await client.post(f"/v1/workers/{WORKER_ID}/heartbeat", content=b"{}")
     assert r.headers["rc-controller-instance"] == new
     # durable state survives the restart
@@ -310,7 +311,7 @@ async def test_restart_cuts_a_parked_long_poll(sim: Sim) -> None:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(poll)
             await ctrl.wait_for(lambda: ctrl.polls())
-            await trio.sleep(0.05)
+            await scenario_pause(0.05, why="the poll is parked before the restart")
             ctrl.restart()
     assert len(errors) == 1
 
@@ -319,7 +320,7 @@ async def test_restart_wipe_forgets_workers(sim: Sim) -> None:
     ctrl, client = sim
     await register(client)
     ctrl.restart(wipe=True)
-    await trio.sleep(0.1)
+    await scenario_pause(0.1, why="the cut connections close")
     assert ctrl.workers() == [] and ctrl.devices() == []
     r = await client.post(f"/v1/workers/{WORKER_ID}/heartbeat", content=b"{}")
     assert r.status_code == 200  # unknown worker: silent no-op (§17.17)

@@ -12,6 +12,7 @@ import trio
 
 from fleet_trio.sim.dispatcher import LOST_404, SimDispatcher, serve_dispatcher
 from fleet_trio.sim.faults import FaultyLink, serve_link
+from tests.helpers import quiet_for, scenario_pause
 from tests.node.conftest import PY, TASK_SCRIPT
 from tests.node.harness import FakeFootprints, FakeSampler, Harness, node_config, running_node
 
@@ -143,7 +144,7 @@ async def test_injected_5xx_on_a_link_makes_it_try_the_next_node(tmp_path: Path)
         await nursery.start(serve_dispatcher, disp)
         link.fail_http(502)
         link.drop_all()  # the pooled health connection would otherwise carry the dispatch
-        await trio.sleep(0.05)
+        await scenario_pause(0.05, why="the dropped connections close")
         rec = await disp.submit("gen", payload={"result": {}}, job_id="via-link")
         assert rec.attempts[0] == (link.url, 502, "injected")
         assert rec.node == n["b"].node.url
@@ -152,7 +153,7 @@ async def test_injected_5xx_on_a_link_makes_it_try_the_next_node(tmp_path: Path)
         # a connection error counts as a refusal as well
         link.drop(5)
         link.drop_all()
-        await trio.sleep(0.05)
+        await scenario_pause(0.05, why="the dropped connections close")
         rec2 = await disp.submit("gen", payload={"result": {}}, job_id="dropped")
         assert rec2.attempts[0][0] == link.url and rec2.attempts[0][1] is None
         assert rec2.node == n["b"].node.url
@@ -205,7 +206,7 @@ async def test_connection_errors_never_end_a_job(tmp_path: Path) -> None:
         rec = await disp.submit("gen", payload={"sleep": 0.5, "result": {}}, job_id="j")
         link.drop(1000)
         link.drop_all()
-        await trio.sleep(0.3)
+        await scenario_pause(0.3, why="polls fail on the dropped link for a while")
         assert rec.state in ("acked", "running")
         errors = [o for o in disp.observations(link.url) if o.kind == "poll" and o.status is None]
         # each failed poll was retried once on a new connection before it counted
@@ -216,7 +217,7 @@ async def test_connection_errors_never_end_a_job(tmp_path: Path) -> None:
         assert rec.state == "done"
         # terminal_confirmations=3: three terminal polls, then polling stops
         await disp.wait_for(lambda: rec.terminal_polls >= 3, timeout=5)
-        await trio.sleep(0.2)
+        await quiet_for(0.2, reason="polling stops after three terminal polls")
         done_polls = [o for o in disp.observations() if o.kind == "poll" and o.detail == "done"]
         assert len(done_polls) == 3 and rec.terminal_polls == 3
         nursery.cancel_scope.cancel()
@@ -242,7 +243,7 @@ async def test_add_and_remove_nodes_while_serving(tmp_path: Path) -> None:
         await disp.wait_for(lambda: disp.healthy(n["a"].node.url), timeout=5)
         disp.remove_node(n["a"].node.url)
         seen = len(disp.observations())
-        await trio.sleep(0.3)
+        await quiet_for(0.3, reason="a removed node's health loop stopped")
         assert len(disp.observations()) == seen  # its health loop stopped
         rec = await disp.submit("gen", job_id="none")
         assert rec.state == "unplaced"

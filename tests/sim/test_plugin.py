@@ -35,6 +35,7 @@ from fleet_trio.sim.harness import (
     open_node,
     open_worker,
 )
+from tests.helpers import wait_until
 
 PY = sys.executable
 EXAMPLE_NODE = "../../examples/sim/node.yaml"
@@ -114,6 +115,10 @@ async def test_rc_controller_fixture(rc_controller: SimController) -> None:
 
 
 # --------------------------------------------------------------------------------------------
+async def has_footprints(node: NodeHandle) -> bool:
+    return bool((await node.health())["model_footprints"])
+
+
 # fleet_node
 # --------------------------------------------------------------------------------------------
 
@@ -175,13 +180,11 @@ class TestConfigFromTheUsersFile:
         assert fleet_node.config.path == str(tmp_path / "my-node.yaml")
         with trio.fail_after(20):
             job_id = await fleet_node.submit("holder", {})
-            while not await fake_gpu.holdings():  # the job's helper holds 1 GiB
-                await trio.sleep(0.02)
+            await wait_until(fake_gpu.holdings, what="the job's helper holding 1 GiB")
             job = await fleet_node.wait(job_id)
             assert job["data"] == {"held": True}
             assert await fake_gpu.holdings() == {}
-            while not (await fleet_node.health())["model_footprints"]:
-                await trio.sleep(0.05)
+            await wait_until(lambda: has_footprints(fleet_node), what="model_footprints in health")
         (entry,) = (await fleet_node.health())["model_footprints"]
         assert entry["model_family"] == "fake-model"
         assert entry["task_type"] == "holder"
@@ -290,9 +293,7 @@ SLEEPER = (
 
 
 async def _read_pid(path: Path) -> int:
-    with trio.fail_after(15):
-        while not path.exists() or not path.read_text():
-            await trio.sleep(0.02)
+    await wait_until(lambda: path.exists() and path.read_text(), timeout=15)
     return int(path.read_text())
 
 

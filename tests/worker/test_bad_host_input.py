@@ -12,7 +12,7 @@ import trio
 
 from fleet_trio.durations import SECOND
 from fleet_trio.worker.config import DeviceConfig, WorkerConfig
-from tests.worker.test_worker import dev, running, until_terminal
+from tests.helpers import dev, running, until_terminal
 
 
 def _script(path: Path, body: str) -> str:

@@ -6,8 +6,6 @@ from __future__ import annotations
 import itertools
 import json
 import random
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 
 import pytest
 import trio
@@ -15,7 +13,6 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from fleet_trio.sim import SimController, serve_controller
 from fleet_trio.worker.client import (
     INSTANCE_HEADER,
     MAX_LOG_CHUNK,
@@ -28,38 +25,8 @@ from fleet_trio.worker.client import (
     StatusReport,
     Timings,
 )
-
-FAST = Timings(
-    request_timeout=5.0,
-    report_attempt_timeout=0.5,
-    report_backoff=(0.02, 0.04, 0.08),
-    patience=30.0,
-    log_flush_delay=0.1,
-)
-HOST = "gpubox"
-REG = Registration(
-    host=HOST,
-    devices=(DeviceDecl("gpu0", 3600), DeviceDecl("gpu1")),
-    boot_id="b-1",
-    recovery={"survivors_checked": True},
-    labels={"": {"cpus": "2"}, "gpu0": {}, "gpu1": {}},
-    declared_labels={"gpu0": {"rack": "r3"}, "gpu1": None},
-    sheet="",
-    device_sheets={"gpu0": "", "gpu1": ""},
-)
-
-
-@asynccontextmanager
-async def controller(
-    timings: Timings = FAST, **kw: float
-) -> AsyncIterator[tuple[SimController, ControllerClient]]:
-    ctrl = SimController(token="wtok", reaper_interval=0.05, startup_grace=0.0, **kw)  # type: ignore[arg-type]
-    async with trio.open_nursery() as nursery:
-        url = await nursery.start(serve_controller, ctrl)
-        async with ControllerClient(url + "/", "wtok", timings=timings) as client:
-            yield ctrl, client
-        nursery.cancel_scope.cancel()
-
+from tests.helpers import CLIENT_FAST as FAST
+from tests.helpers import HOST, REG, controller, scenario_pause, wait_until
 
 # --------------------------------------------------------------------------------------------
 # Wire shapes
@@ -229,7 +196,7 @@ async def test_instance_tracking_over_restart() -> None:
             assert first == ctrl.instances[0]
             assert not client.tracker.owed
             ctrl.restart()
-            await trio.sleep(0.05)
+            await scenario_pause(0.05, why="the cut connections close before the next request")
             for _ in range(3):
                 if await client.heartbeat(wid, []):
                     break
@@ -286,12 +253,12 @@ async def test_outbox_survives_an_outage_in_order() -> None:
                 await nursery.start(shipper.serve)
                 await shipper.write(b"before\n")
                 await ctrl.wait_for(lambda: ctrl.logs(job) == b"before\n", timeout=2)
-                while shipper.sent_chunks < 1:  # the answer is in: no ambiguous resend
-                    await trio.sleep(0.01)
+                # the answer is in: no ambiguous resend
+                await wait_until(lambda: shipper.sent_chunks >= 1, what="the chunk's answer")
                 ctrl.restart(down_for=1.0)
                 for i in range(5):
                     await shipper.write(f"during {i}\n".encode())
-                    await trio.sleep(0.1)
+                    await scenario_pause(0.1, why="one line per 100 ms through the outage")
                 await shipper.close()
             assert await client.report_terminal(job, StatusReport(wid, "succeeded", 0))
             expected = b"before\n" + b"".join(f"during {i}\n".encode() for i in range(5))

@@ -14,7 +14,7 @@ import trio
 
 from fleet_trio.proc.procfs import job_env_id, pid_alive
 from fleet_trio.sim import serve_controller
-from tests.worker.test_worker import HOST, dev, sim
+from tests.helpers import HOST, dev, sim
 
 
 async def _start_worker(cfg: pathlib.Path) -> trio.Process:

@@ -24,7 +24,7 @@ from fleet_trio.worker.client import (
     make_converter,
 )
 from fleet_trio.worker.relay import FrameError, decode_frame
-from tests.worker.test_worker import PY, dev, running, until_terminal
+from tests.helpers import PY, dev, running, until_terminal
 
 CONV = make_converter()
 

@@ -7,7 +7,7 @@ import trio
 
 from fleet_trio.sim import serve_controller
 from fleet_trio.worker.worker import Worker, serve_worker, shutdown_bound
-from tests.worker.test_worker import FAST, FAST_CLIENT, config, dev, sim
+from tests.helpers import FAST, FAST_CLIENT, config, dev, sim
 
 
 async def test_a_pre_killed_report_to_a_controller_that_never_answers_is_bounded() -> None:
@@ -40,6 +40,8 @@ async def test_a_pre_killed_report_to_a_controller_that_never_answers_is_bounded
             await done.wait()
             took = trio.current_time() - began
         nursery.cancel_scope.cancel()
-    assert took <= FAST.shutdown_drain + FAST.hurry_budget + 1.0, took
+    # drain + hurry budget, plus slack for a loaded 2-core machine (the contract is the next
+    # line's bound)
+    assert took <= FAST.shutdown_drain + FAST.hurry_budget + 3.0, took
     assert took <= shutdown_bound(FAST)
     assert ctrl.statuses(job) == []  # the report never got an answer (and never ran twice)

@@ -32,8 +32,7 @@ from fleet_trio.sim.relay import operator
 from fleet_trio.worker.config import WorkerConfig, check_tail_listen, load_worker_config
 from fleet_trio.worker.listener import TailListenError, serve_tail_listener
 from fleet_trio.worker.worker import Worker, serve_worker
-from tests.logbus.test_tail_node import assert_contiguous, collect
-from tests.worker.test_worker import (
+from tests.helpers import (
     FAST,
     FAST_CLIENT,
     FakeHooks,
@@ -43,7 +42,9 @@ from tests.worker.test_worker import (
     running_with_hooks,
     sim,
     until_terminal,
+    wait_until,
 )
+from tests.logbus.test_tail_node import assert_contiguous, collect
 
 LINES = 40
 SCRIPT = (
@@ -67,9 +68,7 @@ def output(events: list[TailEvent], stream: str | None = None) -> bytes:
 
 async def job_log(worker: Worker, job_id: str) -> None:
     """Wait until the worker has opened the job's live log."""
-    with trio.fail_after(10):
-        while worker.bus.get(job_id) is None:
-            await trio.sleep(0.01)
+    await wait_until(lambda: worker.bus.get(job_id) is not None, timeout=10)
 
 
 # --------------------------------------------------------------------------------------------
@@ -129,8 +128,7 @@ async def test_killed_job_tail_ends_killed() -> None:
                 nursery.start_soon(tail)
                 log = worker.bus.get(job)
                 assert log is not None
-                while log.nbytes < len(b"started\n"):
-                    await trio.sleep(0.01)
+                await wait_until(lambda: not (log.nbytes < len(b"started\n")))
                 ctrl.kill(job)
             events, code = result[0]
             assert code == CLOSE_NORMAL

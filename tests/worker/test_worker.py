@@ -1,134 +1,44 @@
 """The real worker as a trio task against the simulated controller, with real job processes.
 
 Timers are shrunk (heartbeat 0.1 s, poll wait 0.5 s); every test runs under ``trio.fail_after``.
-Helpers here are shared with ``tests/acceptance/test_protocol_worker.py``.
+The harness (``running``, ``sim``, ``until_terminal``, ...) lives in ``tests/helpers.py``.
 """
 
 from __future__ import annotations
 
 import json
 import pathlib
-import sys
-from collections.abc import AsyncIterator, Callable, Sequence
-from contextlib import asynccontextmanager
 
 import attrs
 import pytest
 import trio
 
-from fleet_trio.sim import SimController, serve_controller
+from fleet_trio.sim import serve_controller
 from fleet_trio.sim.relay import operator
-from fleet_trio.worker.client import Assignment, StatusReport, Timings
-from fleet_trio.worker.config import DeviceConfig, WorkerConfig
+from fleet_trio.worker.client import Assignment, StatusReport
+from fleet_trio.worker.config import DeviceConfig
 from fleet_trio.worker.worker import (
     Worker,
-    WorkerTimings,
     effective_max_runtime,
     job_environment,
     serve_worker,
 )
-
-PY = sys.executable
-HOST = "gpubox"
-FAST = WorkerTimings(
-    idle_poll_floor=0.05,
-    poll_error_delay=0.1,
-    shutdown_drain=5.0,
-    kill_grace=2.0,
-    hurry_budget=2.0,
-    register_backoff=(0.05, 0.1),
-    reregister_silence=300.0,
-    reregister_jitter=0.0,
-    reregister_pacing=0.5,
-    heartbeat_interval=0.1,
-    poll_wait=0.5,
-    probe_interval=float("inf"),
+from tests.helpers import (
+    FAST,
+    FAST_CLIENT,
+    HOST,
+    PY,
+    FakeHooks,
+    config,
+    dev,
+    quiet_for,
+    running,
+    running_with_hooks,
+    scenario_pause,
+    sim,
+    until_terminal,
+    wait_until,
 )
-FAST_CLIENT = Timings(
-    request_timeout=5.0,
-    report_attempt_timeout=1.0,
-    report_backoff=(0.05, 0.1, 0.2),
-    log_flush_delay=0.1,
-)
-
-
-def sim(**kw: float) -> SimController:
-    defaults: dict[str, float] = {
-        "reaper_interval": 0.05,
-        "heartbeat_timeout": 30.0,
-        "worker_lost_after": 300.0,
-        "startup_grace": 0.0,
-    }
-    defaults.update(kw)
-    return SimController(token="wtok", **defaults)  # type: ignore[arg-type]
-
-
-def config(
-    url: str,
-    devices: Sequence[str | DeviceConfig] = ("gpu0", "gpu1"),
-    *,
-    manual_clear: bool = False,
-) -> WorkerConfig:
-    """``manual_clear``: no recovery proof, so two registrations compare equal even while other
-    test runs' jobs (carrying RC_JOB_ID) come and go on this machine."""
-    devs = tuple(d if isinstance(d, DeviceConfig) else DeviceConfig(name=d) for d in devices)
-    return WorkerConfig(
-        controller_url=url,
-        token="wtok",
-        host=HOST,
-        devices=devs,
-        sheet_dir="/nonexistent",
-        require_manual_clear=manual_clear,
-    )
-
-
-@asynccontextmanager
-async def running(
-    ctrl: SimController | None = None,
-    *,
-    devices: Sequence[str | DeviceConfig] = ("gpu0", "gpu1"),
-    timings: WorkerTimings = FAST,
-    client_timings: Timings = FAST_CLIENT,
-    manual_clear: bool = False,
-    configure: Callable[[WorkerConfig], WorkerConfig] | None = None,
-) -> AsyncIterator[tuple[SimController, Worker]]:
-    """A sim controller and a started worker; the worker is shut down (gracefully) at exit.
-    ``configure`` adjusts the config (``lambda c: attrs.evolve(c, probe_dir=...)``)."""
-    ctrl = ctrl if ctrl is not None else sim()
-    async with trio.open_nursery() as nursery:
-        url = await nursery.start(serve_controller, ctrl)
-        cfg = config(url, devices, manual_clear=manual_clear)
-        worker = Worker(
-            configure(cfg) if configure is not None else cfg,
-            timings=timings,
-            client_timings=client_timings,
-        )
-        done = trio.Event()
-
-        async def run_worker() -> None:
-            try:
-                await serve_worker(worker)
-            finally:
-                done.set()
-
-        nursery.start_soon(run_worker)
-        await ctrl.wait_for(lambda: worker.registrations >= 1 and ctrl.polls(), timeout=5)
-        yield ctrl, worker
-        worker.request_shutdown("test over")
-        with trio.fail_after(15):
-            await done.wait()
-        nursery.cancel_scope.cancel()
-
-
-def dev(name: str) -> str:
-    return f"{HOST}:{name}"
-
-
-async def until_terminal(ctrl: SimController, job_id: str, within: float = 10.0) -> list[str]:
-    terminal = {"succeeded", "failed", "killed", "lost"}
-    await ctrl.wait_for(lambda: any(s in terminal for s in ctrl.statuses(job_id)), within)
-    return ctrl.statuses(job_id)
-
 
 # --------------------------------------------------------------------------------------------
 # Pure helpers
@@ -207,7 +117,7 @@ async def test_kill_running_job() -> None:
         async with running() as (ctrl, worker):
             job = ctrl.submit(dev("gpu0"), ["sleep", "30"])
             await ctrl.wait_for(lambda: job in worker.supervised() and ctrl.statuses(job))
-            await trio.sleep(0.2)
+            await scenario_pause(0.2, why="the job runs a moment before the kill")
             ctrl.kill(job)
             assert await until_terminal(ctrl, job) == ["running", "killed"]
             assert ctrl.status_reports(job)[-1].reason == "cancelled"
@@ -388,39 +298,6 @@ def test_terminal_report_precedence() -> None:
     assert terminal_report("w", killed) == StatusReport("w", "killed", 143, "cancelled")
 
 
-class FakeHooks:
-    """Hook seam double: records calls, fails acquire/verify on demand."""
-
-    def __init__(self, *, acquire_fails: str | None = None, verify_fails: str | None = None):
-        self.acquire_fails = acquire_fails
-        self.verify_fails = verify_fails
-        self.calls: list[tuple[str, str]] = []
-
-    async def acquire(self, device_id: str, job: Assignment, stop: object) -> str | None:
-        self.calls.append(("acquire", job.job_id))
-        return self.acquire_fails
-
-    async def verify(self, device_id: str, job: Assignment) -> str | None:
-        self.calls.append(("verify", job.job_id))
-        return self.verify_fails
-
-    async def release(self, device_id: str, job: Assignment) -> None:
-        self.calls.append(("release", job.job_id))
-
-
-@asynccontextmanager
-async def running_with_hooks(hooks: FakeHooks) -> AsyncIterator[tuple[SimController, Worker]]:
-    ctrl = sim()
-    async with trio.open_nursery() as nursery:
-        url = await nursery.start(serve_controller, ctrl)
-        worker = Worker(config(url), timings=FAST, client_timings=FAST_CLIENT, hooks=hooks)
-        nursery.start_soon(serve_worker, worker)
-        await ctrl.wait_for(lambda: worker.registrations >= 1)
-        yield ctrl, worker
-        worker.request_shutdown("test over")
-        nursery.cancel_scope.cancel()
-
-
 async def test_hook_seams_in_execute_order() -> None:
     hooks = FakeHooks()
     with trio.fail_after(20):
@@ -492,9 +369,11 @@ async def test_job_ending_during_outage_delivers_everything_after() -> None:
         async with running() as (ctrl, worker):
             job = ctrl.submit(dev("gpu0"), ["sh", "-c", "echo one; sleep 0.5; echo two"])
             await ctrl.wait_for(lambda: ctrl.logs(job) == b"one\n")
-            await trio.sleep(0.1)  # let its answer arrive (a lost answer means one resend)
+            await scenario_pause(
+                0.1, why="the chunk's answer reaches the worker (a lost answer means one resend)"
+            )
             ctrl.restart(down_for=1.5)
-            await trio.sleep(1.0)  # the job has ended; the controller is still down
+            await scenario_pause(1.0, why="the job ends while the controller is still down")
             assert job in worker.supervised()  # still named in heartbeats, report kept
             assert await until_terminal(ctrl, job, within=15) == ["running", "succeeded"]
             assert ctrl.logs(job) == b"one\ntwo\n"
@@ -509,8 +388,8 @@ async def test_outage_beyond_patience_gives_up_and_frees_the_worker() -> None:
             job = ctrl.submit(dev("gpu0"), ["sh", "-c", "sleep 0.3; echo late"])
             await ctrl.wait_for(lambda: job in worker.supervised() and ctrl.statuses(job))
             ctrl.restart(down_for=2.5)
-            await trio.sleep(2.0)
-            assert job not in worker.supervised()  # given up: the controller wrote us off
+            # given up (patience 0.8 s) before the controller is back (2.5 s)
+            await wait_until(lambda: job not in worker.supervised(), timeout=2.0)
             await ctrl.wait_for(lambda: len(ctrl.registrations()) >= 2, timeout=10)
             assert ctrl.statuses(job) == ["running"]
 
@@ -584,11 +463,12 @@ async def test_bad_poll_answers_are_logged_and_skipped_never_crash_or_rerun(
             ).encode()
             ctrl.fail_next("assignments", status=200, body=extra)  # a re-send: must not rerun
             await ctrl.wait_for(lambda: ctrl.requests("assignments")[-1].outcome == "injected")
-            await trio.sleep(0.3)
+            await quiet_for(0.3, reason="a re-sent assignment does not run again")
             assert ctrl.statuses(job) == ["running", "succeeded"]
             assert worker.supervised() == []
 
 
+@pytest.mark.slow  # 30 s of real time: the job is a real process living through the outage
 async def test_controller_unreachable_30s_mid_job_loses_and_repeats_nothing() -> None:
     """The controller is down for 30 s while a job runs: the job keeps running, the output it
     printed during the outage and its terminal state arrive after the reconnect, in order, and
@@ -598,9 +478,11 @@ async def test_controller_unreachable_30s_mid_job_loses_and_repeats_nothing() ->
         async with running() as (ctrl, worker):
             job = ctrl.submit(dev("gpu0"), ["sh", "-c", script])
             await ctrl.wait_for(lambda: ctrl.logs(job) == b"before\n")
-            await trio.sleep(0.2)  # let the chunk's answer arrive
+            # The outage cuts every open connection without an answer: give the chunk's
+            # answer its way back first (the sim records no fact for "answer delivered").
+            await scenario_pause(0.2, why="the log chunk's answer reaches the worker")
             ctrl.restart(down_for=30.0)
-            await trio.sleep(29.0)
+            await quiet_for(29.0, reason="the job outlives 29 s of outage, still ours")
             assert job in worker.supervised()  # still running, still ours
             assert ctrl.statuses(job) == ["running"]
             assert await until_terminal(ctrl, job, within=20) == ["running", "succeeded"]

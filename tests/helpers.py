@@ -1,0 +1,412 @@
+"""The one home of shared test helpers.
+
+* :func:`wait_until` — the one wait-for-a-condition helper: tests wait on the fact itself (a
+  state, a file, a log line, a process gone), never on a bare settle sleep.
+* :func:`quiet_for` — the one bounded "prove that nothing happened" wait against real
+  processes (under the autojump clock no such wait is needed: virtual time proves it).
+* :func:`elapse` — virtual time passing, under the autojump clock only.
+* :func:`scenario_pause` — a pause that is part of the scenario under test (a fake's latency,
+  a job that must still be running), named so that it is not mistaken for a settle sleep.
+* Watching a job's output for ``child:<pid>`` (:class:`PidWatcher`), stopping a job on it or
+  after a while, checking a pid is gone (:func:`gone_within`).
+* The worker against the simulated controller: :func:`sim`, :func:`config`, :func:`running`,
+  :func:`until_terminal`, and the shrunk timings ``FAST`` / ``FAST_CLIENT``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import re
+import signal
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
+from typing import TypeVar
+
+import httpx
+import trio
+import trio.testing
+
+from fleet_trio.proc import BufferSink, StopToken
+from fleet_trio.proc.procfs import Predicate, ProcStat, job_env_id, pid_alive
+from fleet_trio.sim import SimController, serve_controller
+from fleet_trio.worker.client import (
+    Assignment,
+    ControllerClient,
+    DeviceDecl,
+    Registration,
+    Timings,
+)
+from fleet_trio.worker.config import DeviceConfig, WorkerConfig
+from fleet_trio.worker.worker import Worker, WorkerTimings, serve_worker
+
+T = TypeVar("T")
+
+PY = sys.executable
+HOST = "gpubox"
+
+WAIT_TIMEOUT = 30.0
+"""Default bound of :func:`wait_until`: long enough for a loaded 2-core machine; a fact that
+never comes fails the test after it, with what was awaited in the message."""
+WAIT_INTERVAL = 0.01
+
+
+def _describe(predicate: object, what: str | None) -> str:
+    if what:
+        return what
+    name = getattr(predicate, "__qualname__", None) or repr(predicate)
+    if name.endswith("<lambda>"):
+        code = getattr(predicate, "__code__", None)
+        if code is not None:
+            return f"a lambda at {code.co_filename.rsplit('/', 1)[-1]}:{code.co_firstlineno}"
+    return str(name)
+
+
+async def wait_until(
+    predicate: Callable[[], T | Awaitable[T]],
+    *,
+    timeout: float = WAIT_TIMEOUT,  # noqa: ASYNC109 - the bound is the helper's contract
+    interval: float = WAIT_INTERVAL,
+    what: str | None = None,
+) -> T:
+    """Poll ``predicate`` (sync or async) every ``interval`` until it returns something truthy;
+    return that value. Fails with ``AssertionError`` naming what was awaited (``what``, else
+    the predicate) and the last value seen once ``timeout`` (trio time) has passed.
+
+    Under the autojump clock the polls and the timeout are virtual: there, wait only on facts
+    that trio tasks produce (a real process may not act before the virtual timeout passes).
+    """
+    last: object = None
+    with trio.move_on_after(timeout):
+        while True:
+            value = predicate()
+            if inspect.isawaitable(value):
+                value = await value
+            if value:
+                return value  # type: ignore[return-value]
+            last = value
+            await trio.sleep(interval)
+    raise AssertionError(
+        f"timed out after {timeout:g} s waiting for {_describe(predicate, what)}"
+        f" (last value: {last!r})"
+    )
+
+
+async def quiet_for(seconds: float, *, reason: str) -> None:
+    """A bounded wait that proves (by nothing happening) what ``reason`` says, against real
+    processes where no event marks "nothing happened". Assert the quiet fact right after it.
+    Under the autojump clock, use :func:`elapse` instead: virtual time costs nothing."""
+    assert reason, "say what the quiet wait proves"
+    await trio.sleep(seconds)
+
+
+async def elapse(seconds: float) -> None:
+    """Let ``seconds`` of *virtual* time pass: only under the autojump clock, where a job's
+    fake duration costs nothing and "nothing happened within T" is proven for free."""
+    clock = trio.lowlevel.current_clock()
+    assert isinstance(clock, trio.testing.MockClock), "elapse() needs the autojump clock"
+    await trio.sleep(seconds)
+
+
+async def scenario_pause(seconds: float, *, why: str) -> None:
+    """A pause that is part of the scenario under test (a fake's latency, a job that must be
+    running for a while), not a settle sleep. ``why`` says what it stands for."""
+    assert why, "say what the pause stands for"
+    await trio.sleep(seconds)
+
+
+async def marker_ready(pid: int, value: str) -> None:
+    """Until the process's ``RC_JOB_ID`` reads ``value``. A freshly spawned child is inside
+    ``execve`` when ``open_process`` returns; its environ reads empty until the kernel has
+    copied it onto the new stack."""
+    await wait_until(lambda: job_env_id(pid) == (value, None), what=f"pid {pid}'s marker")
+
+
+async def answer(client: httpx.AsyncClient, url: str, **kw: object) -> httpx.Response | None:
+    """One ``GET``; ``None`` while nothing accepts connections there yet (a predicate for
+    :func:`wait_until`: ``r = await wait_until(lambda: answer(client, "/fleet/health"))``)."""
+    try:
+        return await client.get(url, **kw)  # type: ignore[arg-type]
+    except httpx.TransportError:
+        return None
+
+
+async def healthy(client: httpx.AsyncClient) -> bool:
+    """``GET /fleet/health`` answers 200 (a node that is up and ready)."""
+    r = await answer(client, "/fleet/health")
+    return r is not None and r.status_code == 200
+
+
+async def state_in(client: httpx.AsyncClient, job_id: str, *states: str) -> bool:
+    """The node job's polled state (``GET /fleet/jobs/<id>``) is one of ``states`` (a
+    predicate for :func:`wait_until`: ``wait_until(lambda: state_in(c, "j1", "done"))``)."""
+    return (await client.get(f"/fleet/jobs/{job_id}")).json().get("state") in states
+
+
+def logged(bus: object, job_id: str, nbytes: int) -> bool:
+    """The log bus holds at least ``nbytes`` of the job's output (a predicate for
+    :func:`wait_until`; ``bus`` is a node's or a worker's ``LogBus``)."""
+    log = bus.get(job_id)  # type: ignore[attr-defined]
+    return log is not None and log.nbytes >= nbytes
+
+
+async def gone_within(pid: int, seconds: float) -> bool:
+    """True once ``pid`` is gone or a zombie, waiting for at most ``seconds``."""
+    with trio.move_on_after(seconds):
+        await wait_until(lambda: not pid_alive(pid), timeout=seconds, interval=0.02)
+        return True
+    return not pid_alive(pid)
+
+
+class PidWatcher:
+    """A sink that records output and wakes waiters once a ``child:<pid>`` line appears."""
+
+    def __init__(self, inner: BufferSink) -> None:
+        self.inner = inner
+        self.seen = trio.Event()
+        self._pid: int | None = None
+
+    async def write(self, data: bytes) -> None:
+        await self.inner.write(data)
+        if self._pid is None:
+            m = re.search(r"child:(\d+)", self.inner.text())
+            if m:
+                self._pid = int(m.group(1))
+                self.seen.set()
+
+    def pid(self) -> int:
+        assert self._pid is not None, "the job never printed child:<pid>"
+        return self._pid
+
+
+async def stop_when_output(watcher: PidWatcher, stop: StopToken) -> None:
+    await watcher.seen.wait()
+    stop.set()
+
+
+async def stop_after(stop: StopToken, seconds: float) -> None:
+    """The scenario's stop request, ``seconds`` into the job."""
+    await scenario_pause(seconds, why="the stop request comes this long into the job")
+    stop.set()
+
+
+# ----------------------------------------------------------------------------------------------
+# Processes carrying a job marker, and a scan over a fixed namespace (the recovery tests).
+
+DEAD_BEEF = "00000000-dead-beef-0000-000000000000"
+
+
+class FakeScan:
+    """A scan over a fixed namespace; counts its calls."""
+
+    def __init__(self, *procs: ProcStat, scanned: bool = True) -> None:
+        self.procs = procs
+        self.scanned = scanned
+        self.calls = 0
+
+    def __call__(self, predicate: Predicate, stop_at_first: bool) -> tuple[list[int], bool]:
+        self.calls += 1
+        if not self.scanned:
+            return [], False
+        out: list[int] = []
+        for st in self.procs:
+            if st.state == "Z" or not predicate(st):
+                continue
+            out.append(st.pid)
+            if stop_at_first:
+                break
+        return out, True
+
+
+def marked_env(value: str) -> dict[str, str]:
+    """This environment with ``RC_JOB_ID=value``."""
+    return {**os.environ, "RC_JOB_ID": value}
+
+
+async def start_marked(value: str, *argv: str) -> trio.Process:
+    """A process (``sleep 60`` unless ``argv``) carrying ``RC_JOB_ID=value``."""
+    return await trio.lowlevel.open_process(
+        list(argv) or ["sleep", "60"], env=marked_env(value), process_group=0
+    )
+
+
+async def stop(proc: trio.Process) -> None:
+    """SIGKILL and reap, shielded."""
+    with trio.CancelScope(shield=True):
+        proc.send_signal(signal.SIGKILL)
+        await proc.wait()
+
+
+# ----------------------------------------------------------------------------------------------
+# The real worker as a trio task against the simulated controller, with real job processes.
+# Timers are shrunk (heartbeat 0.1 s, poll wait 0.5 s); every test runs under ``trio.fail_after``.
+
+FAST = WorkerTimings(
+    idle_poll_floor=0.05,
+    poll_error_delay=0.1,
+    shutdown_drain=5.0,
+    kill_grace=2.0,
+    hurry_budget=2.0,
+    register_backoff=(0.05, 0.1),
+    reregister_silence=300.0,
+    reregister_jitter=0.0,
+    reregister_pacing=0.5,
+    heartbeat_interval=0.1,
+    poll_wait=0.5,
+    probe_interval=float("inf"),
+)
+FAST_CLIENT = Timings(
+    request_timeout=5.0,
+    report_attempt_timeout=1.0,
+    report_backoff=(0.05, 0.1, 0.2),
+    log_flush_delay=0.1,
+)
+
+
+def sim(**kw: float) -> SimController:
+    defaults: dict[str, float] = {
+        "reaper_interval": 0.05,
+        "heartbeat_timeout": 30.0,
+        "worker_lost_after": 300.0,
+        "startup_grace": 0.0,
+    }
+    defaults.update(kw)
+    return SimController(token="wtok", **defaults)  # type: ignore[arg-type]
+
+
+def config(
+    url: str,
+    devices: Sequence[str | DeviceConfig] = ("gpu0", "gpu1"),
+    *,
+    manual_clear: bool = False,
+) -> WorkerConfig:
+    """``manual_clear``: no recovery proof, so two registrations compare equal even while other
+    test runs' jobs (carrying RC_JOB_ID) come and go on this machine."""
+    devs = tuple(d if isinstance(d, DeviceConfig) else DeviceConfig(name=d) for d in devices)
+    return WorkerConfig(
+        controller_url=url,
+        token="wtok",
+        host=HOST,
+        devices=devs,
+        sheet_dir="/nonexistent",
+        require_manual_clear=manual_clear,
+    )
+
+
+@asynccontextmanager
+async def running(
+    ctrl: SimController | None = None,
+    *,
+    devices: Sequence[str | DeviceConfig] = ("gpu0", "gpu1"),
+    timings: WorkerTimings = FAST,
+    client_timings: Timings = FAST_CLIENT,
+    manual_clear: bool = False,
+    configure: Callable[[WorkerConfig], WorkerConfig] | None = None,
+) -> AsyncIterator[tuple[SimController, Worker]]:
+    """A sim controller and a started worker; the worker is shut down (gracefully) at exit.
+    ``configure`` adjusts the config (``lambda c: attrs.evolve(c, probe_dir=...)``)."""
+    ctrl = ctrl if ctrl is not None else sim()
+    async with trio.open_nursery() as nursery:
+        url = await nursery.start(serve_controller, ctrl)
+        cfg = config(url, devices, manual_clear=manual_clear)
+        worker = Worker(
+            configure(cfg) if configure is not None else cfg,
+            timings=timings,
+            client_timings=client_timings,
+        )
+        done = trio.Event()
+
+        async def run_worker() -> None:
+            try:
+                await serve_worker(worker)
+            finally:
+                done.set()
+
+        nursery.start_soon(run_worker)
+        await ctrl.wait_for(lambda: worker.registrations >= 1 and ctrl.polls(), timeout=5)
+        yield ctrl, worker
+        worker.request_shutdown("test over")
+        with trio.fail_after(15):
+            await done.wait()
+        nursery.cancel_scope.cancel()
+
+
+def dev(name: str) -> str:
+    return f"{HOST}:{name}"
+
+
+TERMINAL = frozenset({"succeeded", "failed", "killed", "lost"})
+
+
+async def until_terminal(ctrl: SimController, job_id: str, within: float = 10.0) -> list[str]:
+    """The job's statuses once the sim controller has a terminal one."""
+    await ctrl.wait_for(lambda: any(s in TERMINAL for s in ctrl.statuses(job_id)), within)
+    return ctrl.statuses(job_id)
+
+
+class FakeHooks:
+    """Hook seam double: records calls, fails acquire/verify on demand."""
+
+    def __init__(self, *, acquire_fails: str | None = None, verify_fails: str | None = None):
+        self.acquire_fails = acquire_fails
+        self.verify_fails = verify_fails
+        self.calls: list[tuple[str, str]] = []
+
+    async def acquire(self, device_id: str, job: Assignment, stop: object) -> str | None:
+        self.calls.append(("acquire", job.job_id))
+        return self.acquire_fails
+
+    async def verify(self, device_id: str, job: Assignment) -> str | None:
+        self.calls.append(("verify", job.job_id))
+        return self.verify_fails
+
+    async def release(self, device_id: str, job: Assignment) -> None:
+        self.calls.append(("release", job.job_id))
+
+
+@asynccontextmanager
+async def running_with_hooks(hooks: FakeHooks) -> AsyncIterator[tuple[SimController, Worker]]:
+    ctrl = sim()
+    async with trio.open_nursery() as nursery:
+        url = await nursery.start(serve_controller, ctrl)
+        worker = Worker(config(url), timings=FAST, client_timings=FAST_CLIENT, hooks=hooks)
+        nursery.start_soon(serve_worker, worker)
+        await ctrl.wait_for(lambda: worker.registrations >= 1)
+        yield ctrl, worker
+        worker.request_shutdown("test over")
+        nursery.cancel_scope.cancel()
+
+
+# ----------------------------------------------------------------------------------------------
+# The controller client against the simulated controller over real HTTP.
+
+CLIENT_FAST = Timings(
+    request_timeout=5.0,
+    report_attempt_timeout=0.5,
+    report_backoff=(0.02, 0.04, 0.08),
+    patience=30.0,
+    log_flush_delay=0.1,
+)
+REG = Registration(
+    host=HOST,
+    devices=(DeviceDecl("gpu0", 3600), DeviceDecl("gpu1")),
+    boot_id="b-1",
+    recovery={"survivors_checked": True},
+    labels={"": {"cpus": "2"}, "gpu0": {}, "gpu1": {}},
+    declared_labels={"gpu0": {"rack": "r3"}, "gpu1": None},
+    sheet="",
+    device_sheets={"gpu0": "", "gpu1": ""},
+)
+
+
+@asynccontextmanager
+async def controller(
+    timings: Timings = CLIENT_FAST, **kw: float
+) -> AsyncIterator[tuple[SimController, ControllerClient]]:
+    ctrl = SimController(token="wtok", reaper_interval=0.05, startup_grace=0.0, **kw)  # type: ignore[arg-type]
+    async with trio.open_nursery() as nursery:
+        url = await nursery.start(serve_controller, ctrl)
+        async with ControllerClient(url + "/", "wtok", timings=timings) as client:
+            yield ctrl, client
+        nursery.cancel_scope.cancel()
