@@ -30,7 +30,9 @@ async def test_node_102_superseded_known_ids_reack_through_a_drain(tmp_path: Pat
     """Item 102 ("503 even for an id that is already done") is superseded (docs/node.md,
     "Dispatch during a drain"): a known id re-acks through a drain — 202 for a running or done
     job, 409 for a failed one — and only a new id gets 503. Nothing runs twice."""
-    async with running_node(tmp_path, node_config(tmp_path, tasks(tmp_path))) as h:
+    # a drain long enough for running-1 (1 s) on a loaded machine: the drain ends when it does
+    cfg = node_config(tmp_path, tasks(tmp_path), timings={"drain_timeout": "20s"})
+    async with running_node(tmp_path, cfg) as h:
         await h.dispatch("done-1", "image-gen", {})
         assert (await h.wait_terminal("done-1"))["state"] == "done"
         await h.dispatch("failed-1", "image-gen", {"exit": 3})

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
+from pathlib import Path
 
 import trio
 
@@ -17,7 +17,7 @@ from fleet_trio.gpu.sampler import (
     read_process_view,
 )
 from fleet_trio.proc.procfs import ProcStat
-from tests.helpers import elapse, scenario_pause
+from tests.helpers import elapse, scenario_pause, wait_until
 
 
 class CountingSource:
@@ -64,12 +64,19 @@ def test_attribute_by_group_descent_and_marker() -> None:
     assert attribute(view, 40, "nope") == {40}
 
 
-def test_read_process_view_reads_a_real_child() -> None:
+async def test_read_process_view_reads_a_real_child() -> None:
     env = {**os.environ, "FT_VIEW_MARK": "m1"}
-    child = subprocess.Popen(
+    child = await trio.lowlevel.open_process(
         [sys.executable, "-c", "import time; time.sleep(30)"], env=env, start_new_session=True
     )
     try:
+        # the spawn returns once the exec is past its point of no return, but the new program's
+        # environment is readable in /proc only a moment later (it reads empty until then)
+        await wait_until(
+            lambda: b"FT_VIEW_MARK=m1" in Path(f"/proc/{child.pid}/environ").read_bytes(),
+            timeout=10,
+            what="the child's environment in /proc",
+        )
         me = os.getpid()
         view = read_process_view({child.pid: 5, me: 7}, "FT_VIEW_MARK")
         st = view.stats[child.pid]
@@ -81,7 +88,8 @@ def test_read_process_view_reads_a_real_child() -> None:
         assert attribute(view, 0, "m1") == {child.pid}
     finally:
         child.kill()
-        child.wait(timeout=10)
+        with trio.fail_after(10):
+            await child.wait()
 
 
 async def test_concurrent_callers_share_one_query(autojump_clock: trio.abc.Clock) -> None:

@@ -107,13 +107,17 @@ async def test_runs_with_raw_stdin_env_placeholders_and_cleans_up(tmp_path: Path
 
 
 async def test_failures_map_to_messages(tmp_path: Path) -> None:
-    reg = registry(tmp_path, t=echo_task(timeout="300ms"))
+    # the timeout case has its own short timeout; the others a long one, so an interpreter
+    # slow to start on a loaded machine is not read as a timeout
+    reg = registry(tmp_path, t=echo_task(timeout="60s"), short=echo_task(timeout="300ms"))
     runner = TaskRunner(kill_grace=0.5)
+    with trio.fail_after(20):
+        outcome = await runner.execute(reg.prepare("short", '{"sleep": 5}', "j"))
+    assert outcome == Failed("short failed: timed out after 300ms")
     cases = [
         ('{"exit": 3, "stderr": "boom"}', "t failed: exit status 3 (boom)"),
         ('{"stdout": "not json"}', "t failed: result is not a JSON object (not json)"),
         ('{"stdout": ""}', "t failed: result is not a JSON object"),
-        ('{"sleep": 5}', "t failed: timed out after 300ms"),
         ('{"result": {"deferred": true, "code": "C", "detail": "d"}}', "C: d"),
         ('{"result": {"deferred": true, "reason": "gpu_busy: x"}}', "gpu_busy: x"),
         ('{"result": {"deferred": true}}', "deferred"),

@@ -387,9 +387,10 @@ async def test_outage_beyond_patience_gives_up_and_frees_the_worker() -> None:
         async with running(client_timings=client_timings) as (ctrl, worker):
             job = ctrl.submit(dev("gpu0"), ["sh", "-c", "sleep 0.3; echo late"])
             await ctrl.wait_for(lambda: job in worker.supervised() and ctrl.statuses(job))
-            ctrl.restart(down_for=2.5)
-            # given up (patience 0.8 s) before the controller is back (2.5 s)
-            await wait_until(lambda: job not in worker.supervised(), timeout=2.0)
+            ctrl.restart(down_for=6.0)
+            # given up (patience 0.8 s) before the controller is back (6 s: room for a loaded
+            # machine to finish the job and spend the patience first)
+            await wait_until(lambda: job not in worker.supervised(), timeout=5.0)
             await ctrl.wait_for(lambda: len(ctrl.registrations()) >= 2, timeout=10)
             assert ctrl.statuses(job) == ["running"]
 
