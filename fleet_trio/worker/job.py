@@ -147,6 +147,57 @@ async def pre_killed(worker: Worker, a: Assignment) -> None:
         await worker.client.report_terminal(a.job_id, report)
 
 
+class _RunningReport:
+    """The job's single-attempt ``running`` report (§7.3 step 3); ``done`` once answered (or
+    given up)."""
+
+    def __init__(self, worker: Worker, a: Assignment) -> None:
+        self.worker = worker
+        self.assignment = a
+        self.done = trio.Event()
+
+    async def post(self) -> None:
+        a = self.assignment
+        try:
+            await self.worker.client.report_running(a.job_id, self.worker.worker_id)
+        finally:
+            self.done.set()
+        log.info("job %s: started on %s", a.job_id, a.device_id, extra=self.worker.log_context(a))
+
+
+class _Verify:
+    """The verify pass of one job, started as soon as its process tree is gone; shielded and
+    bounded like the terminal report (detached from the shutdown, §7.3 step 8)."""
+
+    def __init__(self, worker: Worker, job: Job) -> None:
+        self.worker = worker
+        self.job = job
+        self.started = False
+        self.finished = trio.Event()
+        self.failure: str | None = None
+
+    async def run(self) -> None:
+        self.started = True
+        a = self.job.assignment
+        try:
+            with self.worker.finish_scope(self.job, "verify pass"):
+                self.failure = await self.worker.hooks.verify(a.device_id, a)
+        finally:
+            self.finished.set()
+
+
+async def _serve_after(
+    ready: trio.Event,
+    shipper: LogShipper,
+    *,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """The log shipper's sender, once ``ready`` (the running report answered)."""
+    task_status.started()
+    await ready.wait()
+    await shipper.serve()
+
+
 async def run_job(worker: Worker, a: Assignment) -> None:
     """§7.3, steps 2–11 (step 1, dedup and the supervised set, is done by the caller).
 
@@ -174,8 +225,6 @@ async def run_job(worker: Worker, a: Assignment) -> None:
                 if state == "failed":
                     await client.report_fault(a.device_id, reason)
             return
-        await client.report_running(a.job_id, worker.worker_id)
-        log.info("job %s: started on %s", a.job_id, a.device_id, extra=worker.log_context(a))
         shipper = LogShipper(
             lambda chunk: client.send_log_chunk(a.job_id, chunk),
             flush_bytes=worker.client_timings.log_flush_bytes,
@@ -184,10 +233,19 @@ async def run_job(worker: Worker, a: Assignment) -> None:
             label=f"job {a.job_id}",
         )
         feed = _log_feed(joblog, a, shipper)
+        running = _RunningReport(worker, a)
+        if a.stdio in ("tty", "pipe"):
+            await running.post()  # the relay's halves are opened only after it (§7.3 step 3)
         result: proc.Result | None = None
+        verify = _Verify(worker, job)
         try:
             async with trio.open_nursery() as nursery:
-                await nursery.start(shipper.serve)
+                # Logs mode: the ``running`` report goes out while the process starts; the
+                # shipper sends nothing before it has been answered, and the terminal report
+                # waits for it, so the controller sees running → log chunks → terminal.
+                if not running.done.is_set():
+                    nursery.start_soon(running.post)
+                await nursery.start(_serve_after, running.done, shipper)
                 if feed is not None:
                     await nursery.start(feed.serve)
                 job.started_at = trio.current_time()
@@ -199,6 +257,10 @@ async def run_job(worker: Worker, a: Assignment) -> None:
                 finally:
                     job.process_done.set()
                     job.ended_at = trio.current_time()
+                    # The process tree is gone (reaped and swept): the verify pass runs while
+                    # the last log chunks go out (§7.3 steps 7–8; its fault report still
+                    # follows the final flush on the wire).
+                    nursery.start_soon(verify.run)
                     if feed is not None and joblog is not None:
                         with worker.finish_scope(job, "log upload catch-up") as scope:
                             scope.deadline = min(scope.deadline, trio.current_time() + FINISH_BOUND)
@@ -208,10 +270,11 @@ async def run_job(worker: Worker, a: Assignment) -> None:
                     shipper.seal()
         finally:
             with worker.finish_scope(job):
+                await running.done.wait()
                 await shipper.close()
                 if result is None:
                     result = proc.Result(exit_code=-1, killed=True, reason="cancelled")
-                await _conclude(worker, a, result, joblog=joblog)
+                await _conclude(worker, a, result, joblog=joblog, verify=verify)
     finally:
         job.process_done.set()
         worker.jobs.pop(a.job_id, None)
@@ -250,12 +313,21 @@ async def _execute(
 
 
 async def _conclude(
-    worker: Worker, a: Assignment, result: proc.Result, *, joblog: JobLog | None = None
+    worker: Worker,
+    a: Assignment,
+    result: proc.Result,
+    *,
+    joblog: JobLog | None = None,
+    verify: _Verify | None = None,
 ) -> None:
     """Steps 8–10: verify (fault first), terminal report, release. The live log ends
     with the report's state, exit code and reason just before the report goes out."""
     client = worker.client
-    failure = await worker.hooks.verify(a.device_id, a)
+    if verify is not None and verify.started:
+        await verify.finished.wait()
+        failure = verify.failure
+    else:
+        failure = await worker.hooks.verify(a.device_id, a)
     if failure is not None:
         log.error(
             "job %s: %s; quarantining device %s",

@@ -36,7 +36,7 @@ import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 
 import attrs
 import trio
@@ -73,9 +73,17 @@ class Side:
     cpu_s: float = 0.0
     child_cpu_s: float = 0.0
     jobs: int = 0
+    device: str = ""
+    pid: int = 0
 
 
-def fleet_trio_command(tmp: pathlib.Path, url: str, host: str) -> list[str]:
+def fleet_trio_command(
+    tmp: pathlib.Path, url: str, host: str, profile: str = "", tree: str = ""
+) -> list[str]:
+    """``fleet-trio worker`` with one verify script; ``tree``: a source tree of another
+    version (its ``fleet_trio`` package is run instead, e.g. the one before a change)."""
+    tmp = tmp / host
+    tmp.mkdir()
     verify = tmp / "verify.d"
     verify.mkdir()
     script = verify / "10-clean"
@@ -88,6 +96,10 @@ def fleet_trio_command(tmp: pathlib.Path, url: str, host: str) -> list[str]:
     )
     exe = pathlib.Path(sys.executable).parent / "fleet-trio"
     base = [str(exe)] if exe.exists() else [sys.executable, "-m", "fleet_trio"]
+    if profile:
+        base = [sys.executable, "-m", "cProfile", "-o", profile, "-m", "fleet_trio"]
+    if tree:
+        base = ["env", f"PYTHONPATH={tree}", sys.executable, "-m", "fleet_trio"]
     return [*base, "worker", "-c", str(cfg)]
 
 
@@ -140,55 +152,56 @@ async def wait_terminal(ctrl: SimController, job_ids: list[str]) -> None:
             raise RuntimeError(f"job {j}: statuses {ctrl.statuses(j)}")
 
 
-async def measure(
-    ctrl: SimController, side: Side, pid: int, device: str, args: argparse.Namespace
-) -> None:
+async def one_round(ctrl: SimController, side: Side, args: argparse.Namespace) -> None:
+    """One timed job (seq) or one burst of jobs (burst) on ``side``'s device."""
     if args.mode == "seq":
-        for _ in range(args.warmup):
-            j = ctrl.submit(device, [TRUE])
-            await wait_terminal(ctrl, [j])
-        cpu0, kids0 = cpu_seconds(pid)
-        for _ in range(args.n):
-            j = ctrl.submit(device, [TRUE])
-            await wait_terminal(ctrl, [j])
-            side.hold_ms.append(hold_ms(ctrl, j))
-        side.jobs = args.n
-    else:
-        warm = [ctrl.submit(device, [TRUE]) for _ in range(min(args.warmup, args.burst))]
-        await wait_terminal(ctrl, warm)
-        cpu0, kids0 = cpu_seconds(pid)
-        for _ in range(args.rounds):
-            t0 = time.perf_counter()
-            ids = [ctrl.submit(device, [TRUE]) for _ in range(args.burst)]
-            await wait_terminal(ctrl, ids)
-            side.per_job_ms.append((time.perf_counter() - t0) * 1000.0 / args.burst)
-            side.hold_ms.extend(hold_ms(ctrl, j) for j in ids)
-        side.jobs = args.rounds * args.burst
-    cpu1, kids1 = cpu_seconds(pid)
-    side.cpu_s = cpu1 - cpu0
-    side.child_cpu_s = kids1 - kids0
+        j = ctrl.submit(side.device, [TRUE])
+        await wait_terminal(ctrl, [j])
+        side.hold_ms.append(hold_ms(ctrl, j))
+        side.jobs += 1
+        return
+    t0 = time.perf_counter()
+    ids = [ctrl.submit(side.device, [TRUE]) for _ in range(args.burst)]
+    await wait_terminal(ctrl, ids)
+    side.per_job_ms.append((time.perf_counter() - t0) * 1000.0 / args.burst)
+    side.hold_ms.extend(hold_ms(ctrl, j) for j in ids)
+    side.jobs += args.burst
 
 
 async def bench(args: argparse.Namespace) -> list[Side]:
+    """Both workers up at once, each with its own device; their jobs interleaved (the order
+    alternates), so that the machine's noise hits both alike."""
     ctrl = SimController(token=TOKEN, reaper_interval=1.0, startup_grace=0.0)
-    sides: list[Side] = []
-    async with trio.open_nursery() as nursery:
+    sides = [Side("thin"), Side("fleet-trio")]
+    if args.before:
+        sides.insert(1, Side("before"))
+    async with trio.open_nursery() as nursery, AsyncExitStack() as stack:
         url = await nursery.start(serve_controller, ctrl)
-        with tempfile.TemporaryDirectory(prefix="bench-hold-") as tmp:
-            order = ["thin", "fleet-trio"] if not args.reverse else ["fleet-trio", "thin"]
-            for name in order:
-                host = f"bench-{name}"
-                argv = (
-                    thin_command(url, host)
-                    if name == "thin"
-                    else fleet_trio_command(pathlib.Path(tmp), url, host)
-                )
-                side = Side(name)
-                async with child(ctrl, argv, host) as pid:
-                    await measure(ctrl, side, pid, f"{host}:gpu0", args)
-                sides.append(side)
+        tmp = pathlib.Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-hold-")))
+        for side in sides:
+            host = f"bench-{side.name}"
+            side.device = f"{host}:gpu0"
+            if side.name == "thin":
+                argv = thin_command(url, host)
+            elif side.name == "before":
+                argv = fleet_trio_command(tmp, url, host, tree=args.before)
+            else:
+                argv = fleet_trio_command(tmp, url, host, args.profile)
+            side.pid = await stack.enter_async_context(child(ctrl, argv, host))
+        for side in sides:
+            warm = [ctrl.submit(side.device, [TRUE]) for _ in range(args.warmup)]
+            await wait_terminal(ctrl, warm)
+        for side in sides:
+            side.cpu_s, side.child_cpu_s = cpu_seconds(side.pid)
+        rounds = args.n if args.mode == "seq" else args.rounds
+        for i in range(rounds):
+            for side in sides if i % 2 == 0 else sides[::-1]:
+                await one_round(ctrl, side, args)
+        for side in sides:
+            own, kids = cpu_seconds(side.pid)
+            side.cpu_s, side.child_cpu_s = own - side.cpu_s, kids - side.child_cpu_s
         nursery.cancel_scope.cancel()
-    return sorted(sides, key=lambda s: s.name != "thin")
+    return sides
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -198,11 +211,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mode", choices=("seq", "burst"), default="seq")
     parser.add_argument("--burst", type=int, default=30, help="burst mode: jobs at once")
     parser.add_argument("--rounds", type=int, default=2, help="burst mode: rounds (default 2)")
-    parser.add_argument("--reverse", action="store_true", help="measure fleet-trio first")
+    parser.add_argument(
+        "--before",
+        default="",
+        metavar="TREE",
+        help="also run the fleet_trio package found in TREE (e.g. `git worktree add` of an"
+        " older commit) as a third side, `before`",
+    )
+    parser.add_argument(
+        "--profile", default="", metavar="FILE", help="cProfile the fleet-trio worker into FILE"
+    )
     args = parser.parse_args(argv)
     if args.n < 2:
         parser.error("-n must be at least 2")
-    thin, ours = trio.run(bench, args)
+    sides = trio.run(bench, args)
+    thin = sides[0]
 
     def row(xs: list[float]) -> str:
         return f"median {statistics.median(xs):8.2f}  p90 {pct(xs, 0.9):8.2f}  max {max(xs):8.2f}"
@@ -212,26 +235,28 @@ def main(argv: list[str] | None = None) -> int:
         if args.mode == "seq"
         else f"{args.rounds} rounds of {args.burst} `true` jobs submitted at once"
     )
-    print(f"worker hold  {what}; fleet-trio with one verify script; ms")
-    for s in (thin, ours):
+    print(f"worker hold  {what}, interleaved; fleet-trio with one verify script; ms")
+    for s in sides:
         print(f"  hold  {s.name:<11} {row(s.hold_ms)}")
     if args.mode == "burst":
-        for s in (thin, ours):
+        for s in sides:
             print(f"  wall/job {s.name:<8} {row(s.per_job_ms)}")
-    above = statistics.median(ours.hold_ms) - statistics.median(thin.hold_ms)
-    ratio = statistics.median(ours.hold_ms) / statistics.median(thin.hold_ms)
-    verdict = "ok" if above <= TARGET_ABOVE_MS else "ABOVE TARGET"
-    print(
-        f"  above thin  {above:8.2f} ms (medians; ratio {ratio:.2f})"
-        f"   target <= {TARGET_ABOVE_MS:g} ms: {verdict}"
-    )
-    for s in (thin, ours):
+    for s in sides[1:]:
+        above = statistics.median(s.hold_ms) - statistics.median(thin.hold_ms)
+        ratio = statistics.median(s.hold_ms) / statistics.median(thin.hold_ms)
+        verdict = "ok" if above <= TARGET_ABOVE_MS else "ABOVE TARGET"
+        print(
+            f"  above thin  {s.name:<11}{above:8.2f} ms (medians; ratio {ratio:.2f})"
+            f"   target <= {TARGET_ABOVE_MS:g} ms: {verdict}"
+        )
+    for s in sides:
         print(
             f"  cpu   {s.name:<11} {s.cpu_s * 1000.0 / s.jobs:8.2f} ms/job own (user+sys),"
             f" children {s.child_cpu_s * 1000.0 / s.jobs:8.2f} ms/job"
         )
     if thin.cpu_s > 0:
-        print(f"  cpu ratio   {ours.cpu_s / thin.cpu_s:8.2f} (fleet-trio / thin, own)")
+        for s in sides[1:]:
+            print(f"  cpu ratio   {s.name:<11}{s.cpu_s / thin.cpu_s:8.2f} (/ thin, own)")
     return 0
 
 
