@@ -97,7 +97,7 @@ def fleet_trio_command(
     exe = pathlib.Path(sys.executable).parent / "fleet-trio"
     base = [str(exe)] if exe.exists() else [sys.executable, "-m", "fleet_trio"]
     if profile:
-        base = [sys.executable, "-m", "cProfile", "-o", profile, "-m", "fleet_trio"]
+        base = [sys.executable, str(HERE / "cpu_profile.py"), profile, "-m", "fleet_trio"]
     if tree:
         base = ["env", f"PYTHONPATH={tree}", sys.executable, "-m", "fleet_trio"]
     return [*base, "worker", "-c", str(cfg)]
@@ -219,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
         " older commit) as a third side, `before`",
     )
     parser.add_argument(
-        "--profile", default="", metavar="FILE", help="cProfile the fleet-trio worker into FILE"
+        "--profile", default="", metavar="FILE", help="CPU-profile the fleet-trio worker into FILE"
     )
     args = parser.parse_args(argv)
     if args.n < 2:
