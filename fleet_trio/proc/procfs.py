@@ -353,6 +353,26 @@ def _last_pid(proc: str) -> int | None:
         return None
 
 
+def forks_since_boot(proc: str = PROC) -> int | None:
+    """The host's process and thread creations since boot (``/proc/stat``'s ``processes``
+    line, every pid namespace counted, never wrapping); ``None`` when it cannot be read.
+
+    Two reads that differ by exactly one around a spawn prove that the spawn was the only
+    fork or clone in between, anywhere on the host (see :func:`~fleet_trio.proc.sweep.
+    sweep_job_survivors`' ``forks_before``)."""
+    try:
+        data = read_proc_file(f"{proc}/stat")
+    except OSError:
+        return None
+    at = data.find(b"\nprocesses ")
+    if at < 0:
+        return None
+    try:
+        return int(data[at + 11 : data.index(b"\n", at + 1)])
+    except ValueError:
+        return None
+
+
 def scan_job_marker(
     job_id: str,
     protected: Collection[int] = frozenset(),
@@ -563,6 +583,7 @@ __all__ = [
     "ScanFn",
     "ancestor_set",
     "env_marker_value",
+    "forks_since_boot",
     "group_alive",
     "group_settling",
     "has_job_env",
