@@ -1,5 +1,6 @@
 """The thinnest worker that still speaks the rc worker protocol: register, long-poll, spawn,
-report. No verify, no sweep, no log upload, no heartbeats, no live log, no retries: the floor
+report, and a heartbeat every 10 s (else the controller writes it off). No verify, no
+sweep, no log upload, no live log, no retries: the floor
 ``worker_hold.py`` measures ``fleet-trio worker`` against (issue: worker speed).
 
     python scripts/bench/thin_worker.py URL TOKEN HOST DEVICE
@@ -20,8 +21,19 @@ import httpx
 import trio
 
 
-async def run_one(http: httpx.AsyncClient, url: str, worker_id: str, a: dict[str, object]) -> None:
-    job_id = a["job_id"]
+async def heartbeats(http: httpx.AsyncClient, url: str, worker_id: str, running: set[str]) -> None:
+    """E3 every 10 s (the controller's default interval), naming the running jobs."""
+    while True:
+        await trio.sleep(10.0)
+        body = {"running_job_ids": sorted(running)} if running else {}
+        await http.post(f"{url}/v1/workers/{worker_id}/heartbeat", content=json.dumps(body))
+
+
+async def run_one(
+    http: httpx.AsyncClient, url: str, worker_id: str, a: dict[str, object], running: set[str]
+) -> None:
+    job_id = str(a["job_id"])
+    running.add(job_id)
     path = f"{url}/v1/jobs/{job_id}/status"
     await http.post(path, content=json.dumps({"worker_id": worker_id, "state": "running"}))
     command = [str(c) for c in a.get("command") or []]  # type: ignore[attr-defined]
@@ -34,6 +46,7 @@ async def run_one(http: httpx.AsyncClient, url: str, worker_id: str, a: dict[str
     if code:
         body["reason"] = f"exit status {code}"
     await http.post(path, content=json.dumps(body))
+    running.discard(job_id)
 
 
 async def main(url: str, token: str, host: str, device: str) -> None:
@@ -56,6 +69,8 @@ async def main(url: str, token: str, host: str, device: str) -> None:
         answer = await http.post(f"{url}/v1/workers/register", content=json.dumps(registration))
         answer.raise_for_status()
         worker_id = answer.json()["worker_id"]
+        running: set[str] = set()
+        nursery.start_soon(heartbeats, http, url, worker_id, running)
         while True:
             answer = await poller.get(
                 f"{url}/v1/workers/{worker_id}/assignments", params={"wait": "30s"}
@@ -63,7 +78,7 @@ async def main(url: str, token: str, host: str, device: str) -> None:
             if answer.status_code != 200:
                 continue
             for a in answer.json().get("assignments") or []:
-                nursery.start_soon(run_one, http, url, worker_id, a)
+                nursery.start_soon(run_one, http, url, worker_id, a, running)
 
 
 if __name__ == "__main__":

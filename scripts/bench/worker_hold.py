@@ -146,7 +146,11 @@ async def wait_terminal(ctrl: SimController, job_ids: list[str]) -> None:
     def done() -> bool:
         return all(TERMINAL.intersection(ctrl.statuses(j)) for j in job_ids)
 
-    await ctrl.wait_for(done, timeout=120.0)
+    try:
+        await ctrl.wait_for(done, timeout=60.0)
+    except trio.TooSlowError:
+        stuck = {j: ctrl.job(j).state for j in job_ids if not TERMINAL & set(ctrl.statuses(j))}
+        raise RuntimeError(f"jobs not terminal after 60 s: {stuck}") from None
     for j in job_ids:
         if ctrl.statuses(j)[-1] != "succeeded":
             raise RuntimeError(f"job {j}: statuses {ctrl.statuses(j)}")
@@ -156,7 +160,10 @@ async def one_round(ctrl: SimController, side: Side, args: argparse.Namespace) -
     """One timed job (seq) or one burst of jobs (burst) on ``side``'s device."""
     if args.mode == "seq":
         j = ctrl.submit(side.device, [TRUE])
-        await wait_terminal(ctrl, [j])
+        try:
+            await wait_terminal(ctrl, [j])
+        except RuntimeError as exc:
+            raise RuntimeError(f"{side.name}: {exc}") from None
         side.hold_ms.append(hold_ms(ctrl, j))
         side.jobs += 1
         return
