@@ -99,7 +99,9 @@ def fleet_trio_command(
     if profile:
         base = [sys.executable, str(HERE / "cpu_profile.py"), profile, "-m", "fleet_trio"]
     if tree:
-        base = ["env", f"PYTHONPATH={tree}", sys.executable, "-m", "fleet_trio"]
+        # In TREE: ``-m`` puts the working directory first on sys.path, ahead of an
+        # editable install of this tree.
+        base = ["env", "-C", tree, f"PYTHONPATH={tree}", sys.executable, "-m", "fleet_trio"]
     return [*base, "worker", "-c", str(cfg)]
 
 
