@@ -1,5 +1,8 @@
 """Primitives over Linux ``/proc`` (worker-process.md §2.9, §3.4).
 
+(Over 500 lines: one reader of ``/proc`` for every caller, so that the "found nothing" versus
+"could not look" rule below lives in one place.)
+
 "Found nothing" (``scanned=True`` with no pids) and "could not look" (``scanned=False``) are
 opposite answers and are never merged. A zombie (state ``Z``) is never evidence of life.
 Every function that scans takes the scan as a parameter so tests can substitute a fake
