@@ -20,6 +20,9 @@ from collections.abc import Callable, Collection
 import attrs
 
 PROC = "/proc"
+PF_KTHREAD = 0x00200000
+"""A kernel thread (``stat`` flags): its environment is empty for good and it never carries a
+job's marker, so an empty read from one is not doubtful."""
 PF_EXITING = 0x4
 """Set by the kernel at the start of ``do_exit``, before the process closes its files: a
 process can hold no pipe any more yet not be a zombie yet. Such a process is not a straggler."""
@@ -395,8 +398,9 @@ def scan_job_marker(
     decides something — after a match (the process may have become a zombie since) or after a
     read error (a zombie or a process that is gone is not *blind*). Protected pids are not read.
 
-    **Empty environments.** A kernel thread, a zombie and an exiting process read as an empty
-    environ for good; so, for a moment, does a process inside ``execve`` (between the switch to
+    **Empty environments.** A kernel thread (told apart by its ``stat`` flags, and passed
+    over), a zombie and an exiting process read as an empty environ for good; so, for a
+    moment, does a process inside ``execve`` (between the switch to
     its new memory and the kernel copying the environment onto its new stack), which is alive
     and carries its marker again a moment later. Every empty one is read once more, at least
     ``recheck`` seconds after the last empty read.
@@ -503,6 +507,9 @@ def _marker_batch(
                 doubt = True
             continue
         if not data:
+            st = _live_stat(proc, name)
+            if st is not None and st.flags & PF_KTHREAD:
+                continue  # a kernel thread: never the job's, never a late fork of it
             doubt = True
             if empties is not None:
                 empties.append(name)
@@ -578,6 +585,7 @@ __all__ = [
     "JOB_ENV_KEY",
     "MARKER_MAX_LISTINGS",
     "PF_EXITING",
+    "PF_KTHREAD",
     "PROC",
     "Ident",
     "MarkerScan",
