@@ -1,5 +1,8 @@
 """Primitives over Linux ``/proc`` (worker-process.md §2.9, §3.4).
 
+(Over 500 lines: one reader of ``/proc`` for every caller, so that the "found nothing" versus
+"could not look" rule below lives in one place.)
+
 "Found nothing" (``scanned=True`` with no pids) and "could not look" (``scanned=False``) are
 opposite answers and are never merged. A zombie (state ``Z``) is never evidence of life.
 Every function that scans takes the scan as a parameter so tests can substitute a fake
@@ -17,6 +20,9 @@ from collections.abc import Callable, Collection
 import attrs
 
 PROC = "/proc"
+PF_KTHREAD = 0x00200000
+"""A kernel thread (``stat`` flags): its environment is empty for good and it never carries a
+job's marker, so an empty read from one is not doubtful."""
 PF_EXITING = 0x4
 """Set by the kernel at the start of ``do_exit``, before the process closes its files: a
 process can hold no pipe any more yet not be a zombie yet. Such a process is not a straggler."""
@@ -353,6 +359,26 @@ def _last_pid(proc: str) -> int | None:
         return None
 
 
+def forks_since_boot(proc: str = PROC) -> int | None:
+    """The host's process and thread creations since boot (``/proc/stat``'s ``processes``
+    line, every pid namespace counted, never wrapping); ``None`` when it cannot be read.
+
+    Two reads that differ by exactly one around a spawn prove that the spawn was the only
+    fork or clone in between, anywhere on the host (see :func:`~fleet_trio.proc.sweep.
+    sweep_job_survivors`' ``forks_before``)."""
+    try:
+        data = read_proc_file(f"{proc}/stat")
+    except OSError:
+        return None
+    at = data.find(b"\nprocesses ")
+    if at < 0:
+        return None
+    try:
+        return int(data[at + 11 : data.index(b"\n", at + 1)])
+    except ValueError:
+        return None
+
+
 def scan_job_marker(
     job_id: str,
     protected: Collection[int] = frozenset(),
@@ -372,8 +398,9 @@ def scan_job_marker(
     decides something — after a match (the process may have become a zombie since) or after a
     read error (a zombie or a process that is gone is not *blind*). Protected pids are not read.
 
-    **Empty environments.** A kernel thread, a zombie and an exiting process read as an empty
-    environ for good; so, for a moment, does a process inside ``execve`` (between the switch to
+    **Empty environments.** A kernel thread (told apart by its ``stat`` flags, and passed
+    over), a zombie and an exiting process read as an empty environ for good; so, for a
+    moment, does a process inside ``execve`` (between the switch to
     its new memory and the kernel copying the environment onto its new stack), which is alive
     and carries its marker again a moment later. Every empty one is read once more, at least
     ``recheck`` seconds after the last empty read.
@@ -480,6 +507,9 @@ def _marker_batch(
                 doubt = True
             continue
         if not data:
+            st = _live_stat(proc, name)
+            if st is not None and st.flags & PF_KTHREAD:
+                continue  # a kernel thread: never the job's, never a late fork of it
             doubt = True
             if empties is not None:
                 empties.append(name)
@@ -555,6 +585,7 @@ __all__ = [
     "JOB_ENV_KEY",
     "MARKER_MAX_LISTINGS",
     "PF_EXITING",
+    "PF_KTHREAD",
     "PROC",
     "Ident",
     "MarkerScan",
@@ -563,6 +594,7 @@ __all__ = [
     "ScanFn",
     "ancestor_set",
     "env_marker_value",
+    "forks_since_boot",
     "group_alive",
     "group_settling",
     "has_job_env",

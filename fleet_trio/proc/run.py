@@ -37,6 +37,7 @@ from collections.abc import AsyncIterator, Callable
 import trio
 
 from fleet_trio.errors import errno_text
+from fleet_trio.proc.procfs import forks_since_boot
 from fleet_trio.proc.sinks import Sink
 from fleet_trio.proc.spec import JobSpec, Result
 from fleet_trio.proc.stop import StopToken
@@ -160,6 +161,9 @@ async def run(
         with trio.CancelScope(shield=True):
             # Shielded: a pre-cancelled caller still spawns, then takes the cancellation path,
             # so a stop before the spawn is a "cancelled" Result, never an error (§2.3.4, E8).
+            # The sweep's shortcut: the host's fork counter just before the spawn (a
+            # /proc/stat read, no blocking I/O).
+            forks_before = forks_since_boot() if spec.sweep_job_id else None
             try:
                 proc = await trio.lowlevel.open_process(
                     argv,
@@ -185,6 +189,7 @@ async def run(
         started=trio.current_time(),
         idle_from=idle_from,
         grow=grow_pipe,
+        forks_before=forks_before,
     )
     assert proc.stdout is not None
     pumps = [Pump(proc.stdout, sink)]

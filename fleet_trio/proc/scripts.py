@@ -190,6 +190,20 @@ def _list_candidates(directory: str) -> list[str]:
     return names
 
 
+def _list_and_stat_first(directory: str) -> tuple[list[str], os.stat_result | OSError | None]:
+    """:func:`_list_candidates`, and the first candidate's ``stat`` (or its error) in the same
+    thread hop: a pass of one script (the common verify setup) takes one hop before its spawn,
+    not two. The first entry is stat'ed right after the listing, as it would be anyway; the
+    later ones are stat'ed just before their turn."""
+    names = _list_candidates(directory)
+    if not names:
+        return names, None
+    try:
+        return names, os.stat(_script_path(directory, names[0]))
+    except OSError as exc:
+        return names, exc
+
+
 def _script_path(directory: str, name: str) -> str:
     path = os.path.join(directory, name)
     # A bare name would be looked up on PATH by run(); a path with a slash is run as is.
@@ -233,7 +247,9 @@ async def run_scripts(
     env_dict = dict(env or {})
 
     try:
-        names = await trio.to_thread.run_sync(_list_candidates, directory, limiter=limiter)
+        names, first = await trio.to_thread.run_sync(
+            _list_and_stat_first, directory, limiter=limiter
+        )
     except FileNotFoundError:
         return ScriptPass(directory=directory, budget=pass_budget, missing=True)
     except OSError as exc:
@@ -254,7 +270,12 @@ async def run_scripts(
                 break
             path = _script_path(directory, name)
             try:
-                st = await trio.to_thread.run_sync(os.stat, path, limiter=limiter)
+                if first is not None:  # the first entry's, from the listing's hop
+                    st, first = first, None
+                    if isinstance(st, OSError):
+                        raise st
+                else:
+                    st = await trio.to_thread.run_sync(os.stat, path, limiter=limiter)
             except OSError as exc:
                 reached += 1
                 outcomes.append(

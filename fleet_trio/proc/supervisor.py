@@ -138,8 +138,11 @@ class Supervisor:
         started: float,
         idle_from: float,
         grow: Callable[[trio.abc.ReceiveStream], int] | None = None,
+        forks_before: int | None = None,
     ) -> None:
         self.spec = spec
+        self.forks_before = forks_before
+        """The host's fork counter just before the spawn (the sweep's shortcut), if read."""
         self.proc = proc
         self.target = target
         self.dog = Watchdog(started, spec.max_runtime, spec.idle_timeout)
@@ -343,7 +346,10 @@ class Supervisor:
                 await stream.aclose()
         if self.spec.sweep_job_id:
             report = await sweep_job_survivors(
-                self.spec.sweep_job_id, os.getpid(), marker=self.spec.sweep_marker
+                self.spec.sweep_job_id,
+                os.getpid(),
+                marker=self.spec.sweep_marker,
+                forks_before=self.forks_before,
             )
             result = attrs.evolve(result, sweep=report)
         return result

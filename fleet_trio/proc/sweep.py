@@ -59,6 +59,7 @@ from fleet_trio.proc.procfs import (
     Ident,
     MarkerScan,
     ancestor_set,
+    forks_since_boot,
     idents_alive,
     scan_job_marker,
     signal_ident,
@@ -295,6 +296,7 @@ async def sweep_job_survivors(
     check: CheckFn | None = None,
     kill: SignalFn | None = None,
     marker: str = "RC_JOB_ID",
+    forks_before: int | None = None,
 ) -> SweepReport:
     """Find and kill live processes whose ``RC_JOB_ID`` equals ``job_id`` (§3.3); ``marker``
     names another variable (the node's ``FLEET_JOB_ID``).
@@ -306,6 +308,13 @@ async def sweep_job_survivors(
     ``trio.to_thread.run_sync(..., limiter=limiter)``. The timing parameters default to the
     module constants (read at call time, so tests may patch them); ``scan``, ``check`` and
     ``kill`` replace the ``/proc`` walk, the identity check and the signal in tests.
+
+    ``forks_before``: :func:`~fleet_trio.proc.procfs.forks_since_boot` read just before the
+    job's leader was spawned. When the counter has since grown by exactly one (the leader's own
+    creation), nothing else was forked or cloned anywhere on the host: the leader (reaped by
+    now) was the only process that ever carried the marker, and the sweep is a settled scan
+    that found nothing, without walking ``/proc`` (and without a thread hop). Any other count,
+    or a counter that cannot be read, takes the full walk.
 
     Cancellation: the sweep is cancellable at every scan and sleep; a cancelled sweep raises
     ``Cancelled`` and reports nothing (what it had signalled stays signalled). Supervisors run
@@ -334,6 +343,9 @@ async def sweep_job_survivors(
         protected = frozenset(ancestor_set(self_pid))
         return (protected, *look(protected, ()))
 
+    if forks_before is not None and scan is None and forks_since_boot() == forks_before + 1:
+        log.debug("sweep %s: nothing forked since the job started; no /proc walk", job_id)
+        return SweepReport(scanned=True)
     protected, result, live = await trio.to_thread.run_sync(first_look, limiter=limiter)
     book = SweepBook(protected, max_passes=max_passes, term_bound=grace, kill_bound=kill_bound)
     while True:

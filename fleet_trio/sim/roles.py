@@ -75,8 +75,8 @@ def worker_class(defects: frozenset[str]) -> type[Worker]:
     class NoSweepWorker(Worker):
         """Defect ``skip-sweep``: no ``RC_JOB_ID`` sweep after a job's group is gone."""
 
-        def _spec(self, a: Assignment) -> proc.JobSpec:
-            return attrs.evolve(super()._spec(a), sweep_job_id="")
+        def job_spec(self, a: Assignment) -> proc.JobSpec:
+            return attrs.evolve(super().job_spec(a), sweep_job_id="")
 
     return NoSweepWorker
 

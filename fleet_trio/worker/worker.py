@@ -1,5 +1,8 @@
 """``fleet-trio worker``: the rc worker lifecycle as a task tree (worker-protocol.md §4–§7).
 
+(Over 500 lines: the Worker's state and the task-tree callbacks that read it are one unit;
+the job lifecycle is in :mod:`fleet_trio.worker.job`, the sheets in :mod:`.sheets`.)
+
 ::
 
     task tree  (opened first; serves SIGTERM/SIGINT from its opening to its close)
@@ -41,39 +44,38 @@ import trio
 from fleet_trio import proc
 from fleet_trio.backoff import Backoff
 from fleet_trio.durations import SECOND
-from fleet_trio.logbus import JobLog, LogBus, Stream
+from fleet_trio.logbus import JobLog, LogBus
 from fleet_trio.logs import console, job_context
 from fleet_trio.memory import MemoryBudget
 from fleet_trio.nursery import TaskTree, TaskTreeClosed, open_task_tree
 from fleet_trio.nursery.tree import SHUTDOWN_SLACK
 from fleet_trio.proc.recovery import gather_recovery_proof
-from fleet_trio.proc.sinks import Sink
+from fleet_trio.worker import job as job_lifecycle
 from fleet_trio.worker.client import (
     Assignment,
     ContactTracker,
     ControllerClient,
     ControllerError,
     DeviceDecl,
-    LogShipper,
     PollAnswer,
     Registration,
-    StatusReport,
     Timings,
 )
-from fleet_trio.worker.config import WorkerConfig, check_tail_listen, cuda_device_index
+from fleet_trio.worker.config import WorkerConfig, check_tail_listen
 from fleet_trio.worker.hooks import DRAIN_BUDGET, HOOK_GRACE, HostHooks
+from fleet_trio.worker.job import (
+    HOLD_COMMAND,
+    Job,
+    effective_max_runtime,
+    job_environment,
+    terminal_report,
+)
 from fleet_trio.worker.listener import TailListenError, serve_tail_listener
-from fleet_trio.worker.logfeed import FINISH_BOUND, LogFeed
 from fleet_trio.worker.metrics import WorkerMetrics
 from fleet_trio.worker.probes import Prober
-from fleet_trio.worker.relay import run_attached
+from fleet_trio.worker.sheets import MAX_SHEET, SHEET_MARKER, read_sheets, truncate_sheet
 
 log = logging.getLogger(__name__)
-
-HOLD_COMMAND = ("sleep", "2147483647")
-"""§7.4: what a hold runs (the assignment's ``["hold"]`` is never executed)."""
-PRE_KILLED_REASON = "killed before this worker started it"
-MAX_SHEET = 65536
 
 
 @attrs.frozen
@@ -132,157 +134,8 @@ class NoHooks:
 
 
 # --------------------------------------------------------------------------------------------
-# Pure helpers
-# --------------------------------------------------------------------------------------------
-
-
-def job_environment(job: Assignment) -> dict[str, str]:
-    """§7.3 step 4: assignment env, then RC_JOB_ID/RC_DEVICE, then the derived CUDA index."""
-    env = dict(job.env)
-    env["RC_JOB_ID"] = job.job_id
-    env["RC_DEVICE"] = job.device_id
-    if "CUDA_VISIBLE_DEVICES" not in job.env:
-        index = cuda_device_index(job.device_id)
-        if index is not None:
-            env["CUDA_VISIBLE_DEVICES"] = index
-    return env
-
-
-def effective_max_runtime(job: Assignment, ceiling_seconds: int) -> int:
-    """§17.7 decision: the configured device ceiling caps a missing or larger limit."""
-    if ceiling_seconds > 0 and (
-        job.max_runtime_seconds <= 0 or job.max_runtime_seconds > ceiling_seconds
-    ):
-        return ceiling_seconds
-    return job.max_runtime_seconds
-
-
-def terminal_report(worker_id: str, result: proc.Result) -> StatusReport:
-    """§7.2 precedence: killed, else failed (error or non-zero), else succeeded."""
-    if result.killed:
-        return StatusReport(worker_id, "killed", result.exit_code, result.err or result.reason)
-    if result.err is not None:
-        return StatusReport(worker_id, "failed", -1, result.err)
-    if result.exit_code != 0:
-        return StatusReport(worker_id, "failed", result.exit_code, result.reason)
-    return StatusReport(worker_id, "succeeded", 0, "")
-
-
-SHEET_MARKER = "\n...(truncated: sheet exceeds 64KB)\n"
-
-
-def truncate_sheet(data: bytes) -> str:
-    """A sheet as sent (§9.2): at most 64 KiB of valid UTF-8, cut on a character boundary.
-
-    Invalid bytes become U+FFFD first, so the cap holds for what is actually sent (the
-    reference once produced invalid UTF-8 that grew past 64 KiB when encoded).
-    """
-    text = data.decode("utf-8", errors="replace")
-    encoded = text.encode("utf-8")
-    if len(encoded) <= MAX_SHEET:
-        return text
-    cut = MAX_SHEET - len(SHEET_MARKER.encode("utf-8"))
-    while cut > 0 and (encoded[cut] & 0xC0) == 0x80:  # never end inside a character
-        cut -= 1
-    return encoded[:cut].decode("utf-8") + SHEET_MARKER
-
-
-async def read_sheets(cfg: WorkerConfig) -> tuple[str | None, dict[str, str]]:
-    """``host.md`` (missing ⇒ ``""``, unreadable ⇒ ``None``) and ``host.d/<dev>.md``.
-
-    Cancellation: safe at any point (file reads in worker threads)."""
-
-    async def one(path: trio.Path) -> str | None:
-        try:
-            return truncate_sheet(await path.read_bytes())
-        except FileNotFoundError:
-            return ""
-        except OSError as exc:
-            log.warning("usage sheet %s unreadable: %s", path, exc)
-            return None
-
-    base = trio.Path(cfg.sheet_dir)
-    sheet = await one(base / "host.md")
-    devices: dict[str, str] = {}
-    for d in cfg.devices:
-        text = await one(base / "host.d" / f"{d.name}.md")
-        if text is not None:
-            devices[d.name] = text
-    return sheet, devices
-
-
-# --------------------------------------------------------------------------------------------
-# The live log bus (docs/tail.md): best effort, never in the way of a job or a report
-# --------------------------------------------------------------------------------------------
-
-
-class _BusSink:
-    """A job log's sink that swallows its own failures: the bus is never a job's problem.
-    After the first failure it stops writing (the log is then incomplete, not wrong)."""
-
-    def __init__(self, joblog: JobLog, stream: Stream) -> None:
-        self._sink: Sink | None = joblog.sink(stream)
-        self._label = f"job {joblog.job_id}"
-
-    async def write(self, data: bytes) -> None:
-        if self._sink is None:
-            return
-        try:
-            await self._sink.write(data)
-        except Exception:
-            self._sink = None
-            log.exception("%s: live log write failed; the live tail stops here", self._label)
-
-
-def _upload_stream(a: Assignment) -> Stream | None:
-    """The live log's stream that goes to the log endpoint (E6): logs mode's merged output
-    (``stdout``), pipe mode's stderr; nothing for a tty."""
-    if a.stdio == "tty":
-        return None
-    return "stderr" if a.stdio == "pipe" else "stdout"
-
-
-def _to_upload(shipper: LogShipper, feed: LogFeed | None, stream: Stream) -> Sink:
-    """Where the pump writes output bound for the log endpoint: the live log, which the
-    job's :class:`LogFeed` reads into ``shipper``; ``shipper`` itself without a live log."""
-    return shipper if feed is None else feed.sink(stream)
-
-
-def _log_feed(joblog: JobLog | None, a: Assignment, shipper: LogShipper) -> LogFeed | None:
-    stream = _upload_stream(a)
-    if joblog is None or stream is None:
-        return None
-    return LogFeed(joblog, frozenset({stream}), shipper)
-
-
-def _end_log(joblog: JobLog | None, state: str, exit_code: int | None, reason: str) -> None:
-    if joblog is None:
-        return
-    try:
-        joblog.end(state, exit_code, reason)
-    except Exception:
-        log.exception("job %s: could not end its live log", joblog.job_id)
-
-
-# --------------------------------------------------------------------------------------------
 # The worker
 # --------------------------------------------------------------------------------------------
-
-
-@attrs.define(eq=False)
-class _Job:
-    assignment: Assignment
-    stop: proc.StopToken
-    process_done: trio.Event = attrs.Factory(trio.Event)
-    finish_scope: trio.CancelScope | None = None
-    started_at: float | None = None
-    """When its process started, and ended (metrics: the job duration)."""
-    ended_at: float | None = None
-
-    def ran_for(self) -> float | None:
-        if self.started_at is None:
-            return None
-        return (self.ended_at or trio.current_time()) - self.started_at
 
 
 class Worker:
@@ -328,7 +181,7 @@ class Worker:
         )
         self.worker_id = ""
         self.registrations = 0
-        self.jobs: dict[str, _Job] = {}
+        self.jobs: dict[str, Job] = {}
         self.started: set[str] = set()
         self._hurry = False
         self._hurry_deadline = math.inf
@@ -373,6 +226,13 @@ class Worker:
             self._tree.request_shutdown(reason)
         elif self._early_shutdown is None:
             self._early_shutdown = reason
+
+    def bind_tree(self, tree: TaskTree | None) -> None:
+        """:func:`serve_worker`: the task tree the worker runs in (``None`` once it closed). A
+        shutdown requested before it opened is passed on to it now."""
+        self._tree = tree
+        if tree is not None and self._early_shutdown is not None:
+            tree.request_shutdown(self._early_shutdown)
 
     # -- registration ----------------------------------------------------------------------------
     async def build_registration(self, *, with_proof: bool = True) -> Registration:
@@ -532,7 +392,7 @@ class Worker:
                 if a.job_id in kills:
                     tree.start_job(self._pre_killed, a, name=f"job {a.job_id} (pre-killed)")
                 else:
-                    self.jobs[a.job_id] = _Job(a, proc.StopToken())
+                    self.jobs[a.job_id] = Job(a, proc.StopToken())
                     tree.start_job(self.run_job, a, name=f"job {a.job_id}")
                     started = True
             except TaskTreeClosed:
@@ -542,15 +402,11 @@ class Worker:
 
     # -- one job ---------------------------------------------------------------------------------
     async def _pre_killed(self, a: Assignment) -> None:
-        report = StatusReport(self.worker_id, "killed", None, PRE_KILLED_REASON)
-        _end_log(self._open_log(a), report.state, report.exit_code, report.reason)
-        self.metrics.job_finished(a.device_id, report.state)
-        with self._finish_scope(None):
-            await self.client.report_terminal(a.job_id, report)
+        await job_lifecycle.pre_killed(self, a)
 
     @contextlib.contextmanager
-    def _finish_scope(
-        self, job: _Job | None, what: str = "final report"
+    def finish_scope(
+        self, job: Job | None, what: str = "final report"
     ) -> Iterator[trio.CancelScope]:
         """A job's final flush and terminal report: shielded from the tree's cancel (the report
         must go out), and bounded: once the drain is over every such scope, whatever job it
@@ -576,11 +432,11 @@ class Worker:
                     what,
                 )
 
-    def _context(self, a: Assignment) -> dict[str, str]:
+    def log_context(self, a: Assignment) -> dict[str, str]:
         """The ``extra=`` of a job's log lines (docs/logging.md)."""
         return job_context(job_id=a.job_id, device=a.device_id, worker_id=self.worker_id)
 
-    def _open_log(self, a: Assignment) -> JobLog | None:
+    def open_log(self, a: Assignment) -> JobLog | None:
         """The job's live log, or ``None`` (an id the bus refuses, or any bus failure)."""
         try:
             return self.bus.open(a.job_id, meta={"device": a.device_id, "stdio": a.stdio or "logs"})
@@ -588,7 +444,7 @@ class Worker:
             log.warning("job %s: no live log (%s)", a.job_id, exc)
             return None
 
-    def _spec(self, a: Assignment) -> proc.JobSpec:
+    def job_spec(self, a: Assignment) -> proc.JobSpec:
         device = self.config.device_by_id(a.device_id)
         ceiling = device.max_runtime_seconds if device is not None else 0
         limit = effective_max_runtime(a, ceiling)
@@ -605,165 +461,16 @@ class Worker:
         )
 
     async def run_job(self, a: Assignment) -> None:
-        """§7.3, steps 2–11 (step 1, dedup and the supervised set, is done by the caller).
-
-        Cancellation: the job's process gets its supervisor's SIGTERM → grace → SIGKILL; the
-        log catch-up and the terminal report are shielded (they must go out) but bounded: once
-        the shutdown's drain is over they end by the hurry deadline, and a request after the
-        drain cuts them at once."""
-        job = self.jobs[a.job_id]
-        client = self.client
-        joblog = self._open_log(a)
-        try:
-            failure = await self.hooks.acquire(a.device_id, a, job.stop)
-            if failure is not None:
-                with self._finish_scope(job):
-                    state = "killed" if job.stop.was_set else "failed"
-                    prefix = (
-                        "cancelled during acquire hook"
-                        if job.stop.was_set
-                        else "acquire hook failed"
-                    )
-                    reason = f"{prefix}: {failure}"
-                    _end_log(joblog, state, None, reason)
-                    self.metrics.job_finished(a.device_id, state)
-                    await client.report_terminal(
-                        a.job_id, StatusReport(self.worker_id, state, None, reason)
-                    )
-                    if state == "failed":
-                        await client.report_fault(a.device_id, reason)
-                return
-            await client.report_running(a.job_id, self.worker_id)
-            log.info("job %s: started on %s", a.job_id, a.device_id, extra=self._context(a))
-            shipper = LogShipper(
-                lambda chunk: client.send_log_chunk(a.job_id, chunk),
-                flush_bytes=self.client_timings.log_flush_bytes,
-                flush_delay=self.client_timings.log_flush_delay,
-                limit=self.client_timings.log_outbox_limit,
-                label=f"job {a.job_id}",
-            )
-            feed = _log_feed(joblog, a, shipper)
-            result: proc.Result | None = None
-            try:
-                async with trio.open_nursery() as nursery:
-                    await nursery.start(shipper.serve)
-                    if feed is not None:
-                        await nursery.start(feed.serve)
-                    job.started_at = trio.current_time()
-                    try:
-                        result = await self._execute(a, shipper, job.stop, joblog=joblog, feed=feed)
-                    except Exception as exc:
-                        result = proc.Result(exit_code=-1, err=f"worker error: {exc}")
-                        raise
-                    finally:
-                        job.process_done.set()
-                        job.ended_at = trio.current_time()
-                        if feed is not None and joblog is not None:
-                            with self._finish_scope(job, "log upload catch-up") as scope:
-                                scope.deadline = min(
-                                    scope.deadline, trio.current_time() + FINISH_BOUND
-                                )
-                                await feed.finish(joblog.nbytes)
-                            if not feed.finished:
-                                log.error("job %s: the log upload did not catch up", a.job_id)
-                        shipper.seal()
-            finally:
-                with self._finish_scope(job):
-                    await shipper.close()
-                    if result is None:
-                        result = proc.Result(exit_code=-1, killed=True, reason="cancelled")
-                    await self._conclude(a, result, joblog=joblog)
-        finally:
-            job.process_done.set()
-            self.jobs.pop(a.job_id, None)
-            if joblog is not None and joblog.ended is None:  # never leave a tail hanging
-                _end_log(joblog, "failed", None, "the worker did not conclude this job")
-
-    async def _execute(
-        self,
-        a: Assignment,
-        shipper: LogShipper,
-        stop: proc.StopToken,
-        *,
-        joblog: JobLog | None = None,
-        feed: LogFeed | None = None,
-    ) -> proc.Result:
-        """Step 7: logs mode through ``proc.run``; ``tty`` / ``pipe`` through the relay (§8.2):
-        the operator's terminal halves, and for ``pipe`` the stderr to the log endpoint.
-
-        The pump writes into the live log (``joblog``), and the log upload reads from there
-        (:class:`~fleet_trio.worker.logfeed.LogFeed`): logs mode's merged output (what goes
-        to the log endpoint) as ``stdout``; pipe mode's stdout (to the operator) as ``stdout``
-        and its stderr (to the log endpoint) as ``stderr``; a tty's output (to the operator)
-        as ``stdout``. Without a live log (``feed`` None) the pump writes to ``shipper``."""
-        if a.stdio in ("tty", "pipe"):
-            return await run_attached(
-                self.client.base_url,
-                self.config.token,
-                a,
-                self._spec(a),
-                stop,
-                stderr_sink=_to_upload(shipper, feed, "stderr") if a.stdio == "pipe" else None,
-                output_sink=_BusSink(joblog, "stdout") if joblog is not None else None,
-            )
-        return await proc.run(self._spec(a), _to_upload(shipper, feed, "stdout"), stop)
-
-    async def _conclude(
-        self, a: Assignment, result: proc.Result, *, joblog: JobLog | None = None
-    ) -> None:
-        """Steps 8–10: verify (fault first), terminal report, release. The live log ends
-        with the report's state, exit code and reason just before the report goes out."""
-        client = self.client
-        failure = await self.hooks.verify(a.device_id, a)
-        if failure is not None:
-            log.error(
-                "job %s: %s; quarantining device %s",
-                a.job_id,
-                failure,
-                a.device_id,
-                extra=self._context(a),
-            )
-            await client.report_fault(a.device_id, failure)
-        report = terminal_report(self.worker_id, result)
-        job = self.jobs.get(a.job_id)
-        self.metrics.job_finished(
-            a.device_id, report.state, job.ran_for() if job else None, result.sweep
-        )
-        sweep = result.sweep
-        if sweep.remaining:  # worker-process.md §3.6
-            log.error(
-                "job %s: processes %s survived SIGKILL after the sweep; device %s may be occupied",
-                a.job_id,
-                list(sweep.remaining),
-                a.device_id,
-                extra=self._context(a),
-            )
-        elif sweep.found:
-            log.warning(
-                "job %s: processes %s outlived the group and were reaped by job id",
-                a.job_id,
-                list(sweep.found),
-                extra=self._context(a),
-            )
-        log.info(
-            "job %s: %s (exit %s) %s",
-            a.job_id,
-            report.state,
-            report.exit_code,
-            report.reason,
-            extra=self._context(a),
-        )
-        _end_log(joblog, report.state, report.exit_code, report.reason)
-        await client.report_terminal(a.job_id, report)
-        await self.hooks.release(a.device_id, a)
+        """§7.3, steps 2–11: :func:`fleet_trio.worker.job.run_job`."""
+        await job_lifecycle.run_job(self, a)
 
     # -- shutdown ----------------------------------------------------------------------------
-    def _stop_accepting(self) -> None:
+    def stop_accepting(self) -> None:
         """Shutdown step 1 (the poll loop's scope is cancelled by the tree): stop every job."""
         for job in self.jobs.values():
             job.stop.set()
 
-    async def _interrupt(self) -> None:
+    async def interrupt(self) -> None:
         """After the drain: hurry the final reports, wait (bounded) for the processes."""
         self._hurry = True
         log.warning("drain over: %d job(s) still finishing: %s", len(self.jobs), self.supervised())
@@ -778,7 +485,7 @@ class Worker:
         for job in list(self.jobs.values()):
             await job.process_done.wait()
 
-    async def _jobs_closed(self) -> None:
+    async def jobs_closed(self) -> None:
         """The tree's ``on_jobs_closed`` step: every job has ended; the live tails get
         :data:`TAILS_END_BUDGET` to send their ``end``, then pending releases fire at once
         (§4.7), in the tree, with the controller client and the signals still served.
@@ -791,7 +498,7 @@ class Worker:
         if drain is not None:
             await drain()
 
-    async def _serve_client(
+    async def serve_client(
         self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
     ) -> None:
         """The controller client, a service of the tree: it outlives the jobs (their final
@@ -893,19 +600,17 @@ async def serve_worker(
     async with open_task_tree(
         drain=t.shutdown_drain,
         kill_grace=t.kill_grace,
-        on_stop_accepting=worker._stop_accepting,
-        on_interrupt=worker._interrupt,
+        on_stop_accepting=worker.stop_accepting,
+        on_interrupt=worker.interrupt,
         interrupt_budget=t.kill_grace + 5.0,
-        on_jobs_closed=worker._jobs_closed,
+        on_jobs_closed=worker.jobs_closed,
         jobs_closed_budget=JOBS_CLOSED_BUDGET,
         signals=signals,
     ) as tree:
-        worker._tree = tree
-        if worker._early_shutdown is not None:
-            tree.request_shutdown(worker._early_shutdown)
+        worker.bind_tree(tree)
         with trio.CancelScope() as body:
             tree.cancel_on_shutdown(body)
-            await tree.services.start(worker._serve_client, name="controller-client")
+            await tree.services.start(worker.serve_client, name="controller-client")
             await worker.register_at_startup()
             await tree.role.start(worker.heartbeat_loop, name="heartbeat")
             if math.isfinite(worker.probe_interval) and worker.probe_interval > 0:
@@ -929,18 +634,22 @@ async def serve_worker(
             await tree.role.start(poll, name="poll")
             task_status.started(worker)
         await tree.wait_shutdown()
-    worker._tree = None
+    worker.bind_tree(None)
 
 
 __all__ = [
     "HOLD_COMMAND",
+    "MAX_SHEET",
+    "SHEET_MARKER",
     "NoHooks",
     "Worker",
     "WorkerHooks",
     "WorkerTimings",
     "effective_max_runtime",
     "job_environment",
+    "read_sheets",
     "serve_worker",
     "shutdown_bound",
     "terminal_report",
+    "truncate_sheet",
 ]

@@ -105,7 +105,7 @@ async def test_process_130_hold_runs_the_sleeper_not_its_command(
         max_runtime_seconds=1,
         kind="hold",
     )
-    spec = Worker(config("http://127.0.0.1:1"))._spec(hold)
+    spec = Worker(config("http://127.0.0.1:1")).job_spec(hold)
     assert spec.command == HOLD_COMMAND and spec.max_runtime == 1.0
     ctrl = fleet_worker.controller
     with trio.fail_after(20):

@@ -457,3 +457,36 @@ def test_marker_scan_reports_start_times() -> None:
     assert res.idents() == ()
     scan = MarkerScan(scanned=True, pids=(4, 5), starts=(40,))
     assert scan.idents() == (Ident(4, 40), Ident(5, 0))
+
+
+def test_scan_passes_over_kernel_threads_without_a_recheck_or_a_second_listing(
+    fake_proc: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A kernel thread reads an empty environment for good; its ``stat`` flags say what it
+    is, so it is neither re-read after a pause nor a reason to list ``/proc`` again."""
+    own_namespace(fake_proc)
+    add_proc(fake_proc, 60, environ=env("job"))
+    add_proc(fake_proc, 2, environ=b"", state=None)
+    kthread_flags = procfs.PF_KTHREAD | 0x8040
+    (fake_proc / "2" / "stat").write_bytes(
+        b"2 (kthreadd) S 0 0 0 0 -1 %d 0 0 0 0 0 0 0 0 20 0 1 0 5 0 0\n" % kthread_flags
+    )
+    calls = counting_listings(monkeypatch)
+    start = time.monotonic()
+    assert scan_job_marker("job", proc=str(fake_proc), recheck=5.0) == MarkerScan(
+        scanned=True, pids=(60,)
+    )
+    assert len(calls) == 1
+    assert time.monotonic() - start < 5.0  # no recheck pause for it
+
+
+def test_an_empty_user_process_is_still_doubtful(
+    fake_proc: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same empty read from a user process (one inside ``execve``) is re-read and makes
+    the scan list ``/proc`` again."""
+    own_namespace(fake_proc)
+    add_proc(fake_proc, 61, environ=b"")
+    calls = counting_listings(monkeypatch)
+    assert scan_job_marker("job", proc=str(fake_proc), recheck=0) == MarkerScan(scanned=True)
+    assert len(calls) == 2

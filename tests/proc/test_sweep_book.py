@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 from collections.abc import Collection, Iterator, Sequence
 
 import pytest
@@ -638,3 +639,57 @@ def test_a_phase_that_ends_without_sigkill_is_confirmed_at_once() -> None:
     book.feed(ok(5), 0.0, frozenset(ids(5)))
     assert book.feed(ok(), 0.02, frozenset()) == Step()  # no poll: nothing was SIGKILLed
     assert book.mode is Mode.DISCOVER
+# --------------------------------------------------------------------------------------------
+# The shortcut: nothing forked on the host since the leader's spawn ⇒ no /proc walk
+# --------------------------------------------------------------------------------------------
+
+
+async def test_the_sweep_skips_the_walk_only_when_the_spawn_was_the_only_fork(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    walks: list[str] = []
+
+    def scan(job_id: str, protected: Collection[int], **kw: object) -> MarkerScan:
+        walks.append(job_id)
+        return MarkerScan(scanned=True)
+
+    monkeypatch.setattr(sweep_mod, "scan_job_marker", scan)
+    monkeypatch.setattr(sweep_mod, "forks_since_boot", lambda: 1001)
+    with trio.fail_after(10):
+        report = await sweep_job_survivors("job-a", os.getpid(), forks_before=1000)
+        assert report == SweepReport(scanned=True) and walks == []
+        for before in (999, None):  # something else forked meanwhile, or no counter
+            report = await sweep_job_survivors("job-a", os.getpid(), forks_before=before)
+            assert report == SweepReport(scanned=True)
+        assert walks == ["job-a", "job-a"]
+    monkeypatch.setattr(sweep_mod, "forks_since_boot", lambda: None)  # unreadable now
+    with trio.fail_after(10):
+        await sweep_job_survivors("job-a", os.getpid(), forks_before=1000)
+    assert len(walks) == 3
+
+
+def test_the_fork_counter_counts_a_spawn() -> None:
+    from fleet_trio.proc.procfs import forks_since_boot
+
+    before = forks_since_boot()
+    assert before is not None
+    subprocess.run(["sh", "-c", "exit 0"], check=True, timeout=10)
+    after = forks_since_boot()
+    assert after is not None and after >= before + 1
+
+
+async def test_a_job_that_forks_an_escapee_is_still_swept() -> None:
+    """The shortcut never hides a late fork: the job's own fork moves the counter."""
+    from fleet_trio.proc.run import run
+    from fleet_trio.proc.sinks import NullSink
+    from fleet_trio.proc.spec import JobSpec
+
+    job_id = f"sweep-short-{os.getpid()}"
+    spec = JobSpec(
+        command=["sh", "-c", "setsid sleep 60 </dev/null >/dev/null 2>&1 &"],
+        env={"RC_JOB_ID": job_id},
+        sweep_job_id=job_id,
+    )
+    with trio.fail_after(20):
+        result = await run(spec, NullSink())
+    assert result.sweep.scanned and result.sweep.found and not result.sweep.remaining

@@ -13,7 +13,7 @@ import attrs
 import pytest
 import trio
 
-from fleet_trio.sim import serve_controller
+from fleet_trio.sim import SimController, serve_controller
 from fleet_trio.sim.relay import operator
 from fleet_trio.worker.client import Assignment, StatusReport
 from fleet_trio.worker.config import DeviceConfig
@@ -331,6 +331,63 @@ async def test_failed_verify_faults_before_terminal_report() -> None:
             final = [r for r in ctrl.requests("status") if r.outcome == "handled"][-1]
             assert fault.seq < final.seq
             assert ctrl.faults(dev("gpu0")) == ["verify failed: gpu-check: ecc errors"]
+
+
+class StampingHooks(FakeHooks):
+    """FakeHooks that also note when verify ran and what the controller had seen by then."""
+
+    def __init__(self, **kw: str | None) -> None:
+        super().__init__(**kw)
+        self.ctrl: SimController | None = None
+        self.verify_at: float | None = None
+        self.statuses_at_verify: list[str] | None = None
+
+    async def verify(self, device_id: str, job: Assignment) -> str | None:
+        assert self.ctrl is not None
+        self.verify_at = trio.current_time()
+        self.statuses_at_verify = self.ctrl.statuses(job.job_id)
+        return await super().verify(device_id, job)
+
+
+def _arrivals(ctrl: SimController, endpoint: str, job_id: str = "") -> list[float]:
+    return [r.at for r in ctrl.requests(endpoint) if job_id in r.path and r.outcome == "handled"]
+
+
+async def test_running_report_overlaps_the_run_yet_leads_every_chunk_and_the_terminal() -> None:
+    """Logs mode: the process runs (and verify starts) while the ``running`` report is still
+    unanswered, yet the controller sees running → log chunks → terminal (§7.3 steps 3, 7, 9)."""
+    latency = 0.5
+    with trio.fail_after(20):
+        hooks = StampingHooks()
+        async with running_with_hooks(hooks) as (ctrl, _):
+            hooks.ctrl = ctrl
+            ctrl.latency("status", latency)
+            job = ctrl.submit(dev("gpu0"), ["sh", "-c", "echo out"])
+            assert await until_terminal(ctrl, job) == ["running", "succeeded"]
+            assert hooks.statuses_at_verify == []  # ran and ended before `running` was answered
+            (running_in, terminal_in) = _arrivals(ctrl, "status", job)
+            logs_in = _arrivals(ctrl, "logs", job)
+            assert logs_in and ctrl.logs(job) == b"out\n"
+            # nothing was sent before the running report was answered (latency after arrival)
+            assert min(logs_in) >= running_in + latency * 0.9
+            assert terminal_in >= max(logs_in)
+
+
+async def test_verify_runs_beside_the_final_flush_and_its_fault_follows_the_flush() -> None:
+    latency = 0.5
+    with trio.fail_after(20):
+        hooks = StampingHooks(verify_fails="verify failed: gpu-check: dirty")
+        async with running_with_hooks(hooks) as (ctrl, _):
+            hooks.ctrl = ctrl
+            ctrl.latency("logs", latency)
+            job = ctrl.submit(dev("gpu0"), ["sh", "-c", "echo out"])
+            assert await until_terminal(ctrl, job) == ["running", "succeeded"]
+            (log_in,) = _arrivals(ctrl, "logs", job)
+            (fault_in,) = _arrivals(ctrl, "fault")
+            terminal_in = _arrivals(ctrl, "status", job)[-1]
+            assert hooks.verify_at is not None
+            assert hooks.verify_at < log_in + latency  # verify ran while the chunk was in flight
+            assert log_in + latency * 0.9 <= fault_in <= terminal_in  # flush → fault → terminal
 
 
 async def test_tty_job_through_the_worker_and_the_relay() -> None:

@@ -1,0 +1,97 @@
+"""The interactive relay, worker side: ``stdio: tty`` and ``stdio: pipe`` jobs.
+
+worker-protocol.md §3.8 (E8/E9), §8.2 (relay modes), §7.2 (row "relay dial failure");
+worker-process.md §8.1 and §8.5.
+
+Three layers, one module each (:mod:`.frames`, :mod:`.streams`, :mod:`.attached`):
+
+* **Frame codec** (§8.2 "Input frame format"). :func:`encode_data` / :func:`encode_resize`
+  write one NDJSON line (``{"t":"d","b":"bHM="}``, ``{"t":"r","rows":48,"cols":180}``; ``b``
+  omitted when empty, ``rows``/``cols`` omitted when 0). :class:`FrameReader` is incremental:
+  it reassembles lines split across reads, skips blank lines and frames of an unknown ``t``,
+  and raises :class:`FrameError` on malformed JSON, a wrongly typed field, bad base64, a
+  size outside 0–65535 or a line over 1 MiB.
+
+* **The two streams**, each an HTTP/1.1 exchange driven by h11 over a Trio stream (one
+  connection each, never reused). :func:`open_out_stream` (E8, ``POST /v1/jobs/{id}/tty/out``)
+  sends the request head with ``Transfer-Encoding: chunked`` and reads the response head
+  while the body is still open: the controller answers ``200`` before it reads the body (full
+  duplex; a client that finishes the body first would deadlock). Each
+  :meth:`OutStream.send` is one chunk, flushed at once; :meth:`OutStream.aclose` ends the body
+  (the terminating chunk tells the controller the session is over), waits (bounded) for the
+  end of the response, then closes the socket. :func:`open_in_stream` (E9,
+  ``GET /v1/jobs/{id}/tty/in``) returns an :class:`InStream`, a ``trio.abc.ReceiveStream``
+  over the response body; its end is an ordinary stdin EOF. Any answer but ``200`` (404
+  unknown job, 409 half already connected, 401/403/500) or a transport failure raises
+  :class:`RelayError`.
+
+* :func:`run_attached`: open E8, then E9 (the reference's order), then run the job:
+
+  - ``tty``: :func:`~fleet_trio.proc.pty.start_pty`; PTY output → E8 body, raw; E9 frames →
+    PTY input, resizes applied (a size with a 0 dimension is ignored, logged); malformed input
+    ends input handling (logged), not the job; input EOF does nothing. After the process ends
+    the output copy gets up to :data:`DRAIN_TIMEOUT` (2 s) to reach EOF, then the PTY is torn
+    down and both streams closed. Nothing is written to the log endpoint.
+  - ``pipe``: :func:`~fleet_trio.proc.run.run` with ``stdin_source`` = the E9 body (**raw
+    bytes**, as §8.2 and worker-process §8.1 say: only tty input is framed), stdout → E8,
+    byte-exact; E9 EOF closes the child's stdin; stderr → ``stderr_sink`` (the spec sends
+    pipe-mode stderr to the log endpoint, E6: pass the job's log shipper; ``None`` discards
+    it). ``run`` never waits for the stdin copy (worker-process §2.3.3).
+
+  Failures to open a half return ``Result(exit_code=-1, err="attach <mode> stdio: open
+  output stream: <detail>")`` (or ``open input stream``) and start nothing (§7.2). A stop
+  (``rc kill``) while a half is being opened returns ``Result(exit_code=-1, killed=True,
+  reason="cancelled")``, nothing started (cancellation is never an ``err``, worker-process
+  §2.2). Opening is bounded by ``open_timeout``; the streams themselves have no timeout, and
+  back-pressure (nobody reading the operator's side) is not an error.
+
+Trio only, no threads. Program shutdown (Trio cancellation): the process is torn down by
+``run``/``PtySession.wait`` (shielded), the helpers are cancelled, both streams are closed
+in shielded, bounded ``finally`` blocks, and ``Cancelled`` propagates.
+"""
+
+from fleet_trio.worker.relay.attached import DRAIN_TIMEOUT, MODES, run_attached
+from fleet_trio.worker.relay.frames import (
+    MAX_FRAME_LINE,
+    DataFrame,
+    Frame,
+    FrameError,
+    FrameReader,
+    ResizeFrame,
+    decode_frame,
+    encode_data,
+    encode_frame,
+    encode_resize,
+)
+from fleet_trio.worker.relay.streams import (
+    CLOSE_TIMEOUT,
+    OPEN_TIMEOUT,
+    InStream,
+    OutStream,
+    RelayError,
+    open_in_stream,
+    open_out_stream,
+)
+
+__all__ = [
+    "CLOSE_TIMEOUT",
+    "DRAIN_TIMEOUT",
+    "MAX_FRAME_LINE",
+    "MODES",
+    "OPEN_TIMEOUT",
+    "DataFrame",
+    "Frame",
+    "FrameError",
+    "FrameReader",
+    "InStream",
+    "OutStream",
+    "RelayError",
+    "ResizeFrame",
+    "decode_frame",
+    "encode_data",
+    "encode_frame",
+    "encode_resize",
+    "open_in_stream",
+    "open_out_stream",
+    "run_attached",
+]

@@ -1,0 +1,58 @@
+"""Usage sheets (worker-protocol.md §9.2): ``host.md`` and ``host.d/<device>.md``, capped at
+64 KiB of valid UTF-8 as sent."""
+
+from __future__ import annotations
+
+import logging
+
+import trio
+
+from fleet_trio.worker.config import WorkerConfig
+
+log = logging.getLogger("fleet_trio.worker.worker")
+
+MAX_SHEET = 65536
+SHEET_MARKER = "\n...(truncated: sheet exceeds 64KB)\n"
+
+
+def truncate_sheet(data: bytes) -> str:
+    """A sheet as sent (§9.2): at most 64 KiB of valid UTF-8, cut on a character boundary.
+
+    Invalid bytes become U+FFFD first, so the cap holds for what is actually sent (the
+    reference once produced invalid UTF-8 that grew past 64 KiB when encoded).
+    """
+    text = data.decode("utf-8", errors="replace")
+    encoded = text.encode("utf-8")
+    if len(encoded) <= MAX_SHEET:
+        return text
+    cut = MAX_SHEET - len(SHEET_MARKER.encode("utf-8"))
+    while cut > 0 and (encoded[cut] & 0xC0) == 0x80:  # never end inside a character
+        cut -= 1
+    return encoded[:cut].decode("utf-8") + SHEET_MARKER
+
+
+async def read_sheets(cfg: WorkerConfig) -> tuple[str | None, dict[str, str]]:
+    """``host.md`` (missing ⇒ ``""``, unreadable ⇒ ``None``) and ``host.d/<dev>.md``.
+
+    Cancellation: safe at any point (file reads in worker threads)."""
+
+    async def one(path: trio.Path) -> str | None:
+        try:
+            return truncate_sheet(await path.read_bytes())
+        except FileNotFoundError:
+            return ""
+        except OSError as exc:
+            log.warning("usage sheet %s unreadable: %s", path, exc)
+            return None
+
+    base = trio.Path(cfg.sheet_dir)
+    sheet = await one(base / "host.md")
+    devices: dict[str, str] = {}
+    for d in cfg.devices:
+        text = await one(base / "host.d" / f"{d.name}.md")
+        if text is not None:
+            devices[d.name] = text
+    return sheet, devices
+
+
+__all__ = ["MAX_SHEET", "SHEET_MARKER", "read_sheets", "truncate_sheet"]
