@@ -1,4 +1,5 @@
-"""Shared test helpers. Every real child process is guarded by ``trio.fail_after``."""
+"""Fixtures for the whole suite (``is_root``). Shared helpers live in ``tests/helpers.py``
+(docs/testing.md); every real child process is guarded by ``trio.fail_after``."""
 
 from __future__ import annotations
 

@@ -324,7 +324,9 @@ async def running(
                 done.set()
 
         nursery.start_soon(run_worker)
-        await ctrl.wait_for(lambda: worker.registrations >= 1 and ctrl.polls(), timeout=5)
+        await ctrl.wait_for(
+            lambda: worker.registrations >= 1 and ctrl.polls(), timeout=WAIT_TIMEOUT
+        )
         yield ctrl, worker
         worker.request_shutdown("test over")
         with trio.fail_after(15):
