@@ -18,6 +18,7 @@ import functools
 import logging
 import os
 import time
+from collections.abc import Callable
 
 import attrs
 import trio
@@ -28,6 +29,7 @@ from fleet_trio.proc.procfs import (
     ProcStat,
     ScanFn,
     env_marker_value,
+    list_pids,
     pause_since,
     read_proc_file,
     read_proc_stat,
@@ -83,6 +85,9 @@ EXEC_SETTLE = 1.0
 ``execve`` is doubtful: one whose environ reads empty, or one still running its parent's
 program (between ``fork`` and ``execve`` a child's environ is its parent's, without the marker
 the exec brings). A doubtful process is read again until it has settled or is this old."""
+RECOVERY_MAX_LISTINGS = 8
+"""How many more times the survivor check lists ``/proc`` while processes keep going away
+under it before it claims nothing."""
 EXEC_RECHECK = 0.005
 """Seconds between re-reads of doubtful processes."""
 PF_KTHREAD = 0x00200000
@@ -109,12 +114,46 @@ def survivors_from_previous_run(self_pid: int, scan: ScanFn = scan_live_procs) -
     blind = False
     doubtful: dict[int, ProcStat] = {}
     last_doubt = [0.0]
+    judged: set[tuple[int, int]] = set()  # (pid, start): a pid may be reused meanwhile
+    gone: list[int] = []
+
+    def later_listings(judge: Callable[[ProcStat], bool]) -> tuple[list[int], bool]:
+        """``(survivor pids, settled)``: list ``/proc`` again and judge the pids not judged
+        yet, once, then again while the last round read a process as gone (or listed one gone
+        by its ``stat``): a process that forked and exited may have left a child no listing
+        saw. (The first walk cannot tell: a process gone before its ``stat`` was read is passed
+        over silently.) Not settled after :data:`RECOVERY_MAX_LISTINGS` listings."""
+        doubt = True
+        for _ in range(RECOVERY_MAX_LISTINGS):
+            if not doubt:
+                return [], True
+            listed = list_pids()
+            if listed is None:
+                return [], False
+            doubt = False
+            gone.clear()
+            for pid in listed:
+                if pid == self_pid:
+                    continue
+                st = read_proc_stat(pid)
+                if st is None or st.state == "Z":
+                    doubt = True
+                    continue
+                if (pid, st.start) in judged:
+                    continue
+                if judge(st):
+                    return [pid], True
+            doubt = doubt or bool(gone)
+        return [], not doubt
 
     def carries_marker(st: ProcStat) -> bool:
         nonlocal blind
         if st.pid == self_pid:
             return False
+        judged.add((st.pid, st.start))
         verdict = _judge(st, first_look=True)
+        if verdict is _Verdict.GONE:
+            gone.append(st.pid)
         if verdict is _Verdict.BLIND:
             blind = True
         elif verdict is _Verdict.DOUBT:
@@ -126,6 +165,18 @@ def survivors_from_previous_run(self_pid: int, scan: ScanFn = scan_live_procs) -
     if not scanned:
         log.info("survivor check: /proc could not be listed; could not determine leftovers")
         return False, False
+    if not pids and scan is scan_live_procs:
+        # one listing can miss a process that forks and exits between listings (its child
+        # was not listed, the parent is gone when read): list again until nothing doubtful
+        later, settled = later_listings(carries_marker)
+        pids.extend(later)
+        if not settled:
+            log.info(
+                "survivor check: /proc kept changing under %d listings; "
+                "could not determine leftovers",
+                RECOVERY_MAX_LISTINGS,
+            )
+            blind = True
     if not pids and doubtful:
         found, unsure = _settle_doubtful(doubtful, last_doubt[0])
         if found is not None:
@@ -149,6 +200,7 @@ def survivors_from_previous_run(self_pid: int, scan: ScanFn = scan_live_procs) -
 class _Verdict(enum.Enum):
     MARKED = "marked"
     CLEAN = "clean"
+    GONE = "gone"
     DOUBT = "doubt"
     BLIND = "blind"
 
@@ -161,8 +213,8 @@ def _judge(st: ProcStat, *, first_look: bool) -> _Verdict:
     environ, err = _read_environ(st.pid)
     if err is not None:
         return _Verdict.BLIND
-    if environ is None:  # gone
-        return _Verdict.CLEAN
+    if environ is None:  # gone: clean, but it may have forked before it went
+        return _Verdict.GONE
     if env_marker_value(environ):
         return _Verdict.MARKED
     if unexeced:

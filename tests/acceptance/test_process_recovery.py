@@ -8,6 +8,7 @@ always read from the real ``/proc``.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import shutil
@@ -446,3 +447,55 @@ def test_process_109_parse_proc_stat() -> None:
     assert fields(b"999 (sleep) Z 100 200 300" + rest) == (999, "Z", 100, 200, 300)
     assert fields(b"999 (sh) S 100") is None
     assert fields(b"(sh) S 100 200 300 34816 300") is None
+
+
+HOPPER = """
+import os, sys, time
+end = time.time() + float(sys.argv[1])
+if os.fork(): os._exit(0)
+os.setsid()
+while time.time() < end:
+    if os.fork(): os._exit(0)  # the parent leaves, the child carries on: a new pid each time
+    time.sleep(0.002)
+os._exit(0)
+"""
+
+CHECKS = """
+import json, os, subprocess, sys, time
+from fleet_trio.proc.recovery import survivors_from_previous_run
+subprocess.run([sys.executable, "-c", sys.argv[1], "20"],
+               env={**os.environ, "RC_JOB_ID": "old-job"}, check=True)
+time.sleep(0.1)  # the hopper is under way (this is the child interpreter, not the test)
+print(json.dumps([survivors_from_previous_run(os.getpid()) for _ in range(30)]))
+"""
+
+
+def _fresh_pid_namespace() -> list[str] | None:
+    unshare = shutil.which("unshare")
+    if unshare is None:
+        return None
+    probe = subprocess.run(
+        [unshare, "-pf", "--mount-proc", "true"], capture_output=True, timeout=30, check=False
+    )
+    return [unshare, "-pf", "--mount-proc"] if probe.returncode == 0 else None
+
+
+def test_survivor_check_catches_a_process_that_keeps_changing_its_pid() -> None:
+    """A survivor that forks and exits in a loop is never at the pid a single listing saw: the
+    check lists /proc again while processes go away under it, and claims nothing rather than
+    "nothing survived" when /proc never settles. (One listing missed it in about 1 check in
+    13.) In a fresh pid namespace, where the hopper is the only other process."""
+    prefix = _fresh_pid_namespace()
+    if prefix is None:
+        pytest.skip("needs `unshare -pf --mount-proc` (root, a kernel that allows it)")
+    done = subprocess.run(
+        [*prefix, sys.executable, "-c", CHECKS, HOPPER],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    results = [tuple(r) for r in json.loads(done.stdout.splitlines()[-1])]
+    assert (True, False) not in results, results  # never a false "nothing survived"
+    assert (True, True) in results, results  # and not only "could not determine" either
