@@ -26,6 +26,8 @@ import contextlib
 import hashlib
 import logging
 import os
+import re
+import secrets
 import sqlite3
 import stat
 from collections.abc import Callable, Iterable, Sequence
@@ -41,6 +43,10 @@ DEFAULT_INLINE_MAX = 64 * 1024
 JOURNAL_FILE = "journal-{node_id}.sqlite"
 """The default file name, in the node's state directory (the footprint store's folder)."""
 SYNC_MODES = ("normal", "full")
+WORK_TAG = re.compile(r"[0-9a-f]{12}")
+"""A node's work-dir tag (``meta.work_tag``): 12 hex digits, made when the journal is created.
+Its jobs' work dirs are ``fleet-job-<tag>-…``, so a restarted node finds every dir its
+predecessor made — also those of acks that never committed — and no other node's."""
 
 _SCHEMA = (
     "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
@@ -138,6 +144,10 @@ class Journal:
         self.max_pages = max_pages
         """Test hook: ``PRAGMA max_page_count`` (makes "database or disk is full" reachable)."""
         self.results_dir = "" if path == ":memory:" else path + ".results"
+        self.work_tag = ""
+        """This node's work-dir tag (:data:`WORK_TAG`), read at :meth:`open`."""
+        self.previous_work_root: str | None = None
+        """The folder the previous run made its work dirs in (``meta.work_root``)."""
         self._db: sqlite3.Connection | None = None
 
     # -- opening -------------------------------------------------------------------------------
@@ -173,7 +183,17 @@ class Journal:
                 raise JournalError(
                     f"journal {self.path}: schema {version!r}, this node reads {SCHEMA_VERSION!r}"
                 )
+            db.execute(
+                "INSERT OR IGNORE INTO meta (key, value) VALUES ('work_tag', ?)",
+                (secrets.token_hex(6),),
+            )
+            (tag,) = db.execute("SELECT value FROM meta WHERE key = 'work_tag'").fetchone()
+            if not isinstance(tag, str) or not WORK_TAG.fullmatch(tag):
+                raise JournalError(f"journal {self.path}: bad work tag {tag!r} (not 12 hex)")
+            root = db.execute("SELECT value FROM meta WHERE key = 'work_root'").fetchone()
             db.execute("COMMIT")
+            self.work_tag = tag
+            self.previous_work_root = root[0] if root and isinstance(root[0], str) else None
             check = db.execute("PRAGMA quick_check").fetchone()
             if check is None or check[0] != "ok":
                 raise JournalError(f"journal {self.path}: corrupt ({check[0] if check else '?'})")
@@ -238,6 +258,13 @@ class Journal:
         if self._db is None:
             raise JournalError(f"journal {self.path}: not open")
         return self._db
+
+    def set_meta(self, key: str, value: str) -> None:
+        """Write one ``meta`` entry (blocking). Raises :class:`JournalError`."""
+        try:
+            self.db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (key, value))
+        except sqlite3.Error as exc:
+            raise JournalError(f"journal {self.path}: write failed: {_describe(exc)}") from None
 
     # -- files for large results -----------------------------------------------------------
     def result_file(self, job_id: str) -> str | None:
@@ -501,6 +528,7 @@ __all__ = [
     "DEFAULT_INLINE_MAX",
     "JOURNAL_FILE",
     "SYNC_MODES",
+    "WORK_TAG",
     "Accept",
     "Evict",
     "Finish",

@@ -60,6 +60,13 @@ RESULT_CAP = 16 << 20
 """Most stdout kept for the result (16 MiB); a longer result is an error."""
 WORK_DIR_PREFIX = "fleet-job-"
 
+
+def work_dir_prefix(tag: str) -> str:
+    """The name prefix of every work dir of the node with this tag: ``fleet-job-<tag>-``
+    (the tag is the journal's, so a restarted node knows its predecessor's dirs)."""
+    return f"{WORK_DIR_PREFIX}{tag}-"
+
+
 _PLACEHOLDER = re.compile(r"\{(job_id|task_type|work_dir|family|quant|file\.[A-Za-z0-9_.-]+)\}")
 _TYPE_CHECKS: dict[str, Callable[[object], bool]] = {
     "string": lambda v: isinstance(v, str),
@@ -223,9 +230,13 @@ class TaskRegistry:
         work_root: str | None = None,
         check_executables: bool = True,
         sweep_scope: str = "",
+        work_tag: str = "",
     ) -> None:
         self.base_dir = base_dir
         self.work_root = work_root
+        self.work_tag = work_tag or secrets.token_hex(6)
+        """Work dirs are ``fleet-job-<work_tag>-…`` (:func:`work_dir_prefix`). With a journal,
+        its tag (set before the node serves); without one, a tag of this registry's own."""
         self.sweep_scope = sweep_scope or f"run-{secrets.token_hex(6)}"
         """The node's part of each job's sweep marker (:func:`sweep_value`): its node id, so a
         restarted node finds its predecessor's jobs; without one, a value of this registry's
@@ -272,6 +283,11 @@ class TaskRegistry:
                 out[i] = self._resolve(arg)
         return tuple(out)
 
+    @property
+    def work_dir_root(self) -> str:
+        """The folder work dirs are made in (``work_root``, else the temporary folder)."""
+        return os.path.abspath(self.work_root or tempfile.gettempdir())
+
     def get(self, task_type: str) -> TaskDef | None:
         return self._tasks.get(task_type)
 
@@ -289,7 +305,7 @@ class TaskRegistry:
             raise WireError(msg_unsupported(task_type, self.supported), status=400)
         members = validate_payload(task.name, task.payload, payload_raw)
         family, quant = _family_for(task, members)
-        work_dir = tempfile.mkdtemp(prefix=WORK_DIR_PREFIX, dir=self.work_root)
+        work_dir = tempfile.mkdtemp(prefix=work_dir_prefix(self.work_tag), dir=self.work_root)
         files: dict[str, str] = {}
         try:
             for name, filename in task.materialize.items():
@@ -773,4 +789,5 @@ __all__ = [
     "payload_error",
     "sweep_value",
     "validate_payload",
+    "work_dir_prefix",
 ]
