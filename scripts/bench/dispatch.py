@@ -73,7 +73,8 @@ STEADY = (0.75, HOLD_SECONDS)
 
 # The trivial task (part 1) and the sampled one (part 2): plain Python, no project imports, so
 # a child costs one interpreter start. ``hold`` writes its fake-GPU holding atomically.
-TRIVIAL = "import sys,json; json.load(sys.stdin); print('{}')"
+TRIVIAL = "import sys,json,time; t=time.time(); json.load(sys.stdin); print(json.dumps({'t': t}))"
+"""Prints when it began (wall clock): ``--clients 1`` reports each job's start lag from it."""
 HOLD = (
     "import json,os,sys,time; json.load(sys.stdin); d=os.environ['FLEET_TRIO_FAKE_GPU_DIR']; "
     "p=os.path.join(d,str(os.getpid())); t=p+'.tmp'; open(t,'w').write('512M'); "
@@ -210,16 +211,24 @@ async def one_job(
 
 
 async def paced_acks(
-    client: httpx.AsyncClient, count: int, gap: float, acks: list[float] | None
+    client: httpx.AsyncClient,
+    count: int,
+    gap: float,
+    acks: list[float] | None,
+    starts: list[float] | None = None,
 ) -> None:
     """``--clients 1``: ``count`` dispatches one at a time, ``gap`` s apart (each job has its
-    node to itself: only its own spawn competes with its ack), then poll each until done."""
+    node to itself: only its own spawn competes with its ack), then poll each until done.
+    ``starts``: each job's start lag (ms from sending its dispatch to its child running, the
+    child's own wall-clock stamp; the Python child only)."""
     headers = {"Content-Type": "application/json"}
     ids: list[str] = []
+    sent: dict[str, float] = {}
     with trio.fail_after(ROUND_TIMEOUT + count * gap):
         for _ in range(count):
             job_id = f"bench-{uuid.uuid4().hex}"
             body = json.dumps({"job_id": job_id, "task_type": "trivial", "payload": {}})
+            sent[job_id] = time.time()
             t0 = time.perf_counter()
             r = await client.post("/fleet/dispatch", content=body.encode(), headers=headers)
             elapsed = (time.perf_counter() - t0) * 1000.0
@@ -231,19 +240,25 @@ async def paced_acks(
             await trio.sleep(gap)
         for job_id in ids:
             while True:
-                state = (await client.get(f"/fleet/jobs/{job_id}")).json().get("state")
-                if state == "error":
-                    raise BrokenRun(f"job {job_id} failed")
-                if state == "done":
+                view = (await client.get(f"/fleet/jobs/{job_id}")).json()
+                if view.get("state") == "error":
+                    raise BrokenRun(f"job {job_id} failed: {view}")
+                if view.get("state") == "done":
+                    stamp = (view.get("data") or {}).get("t")
+                    if starts is not None and isinstance(stamp, float):
+                        starts.append((stamp - sent[job_id]) * 1000.0)
                     break
                 await trio.sleep(POLL_INTERVAL)
 
 
 async def bench_paced(
-    urls: dict[str, str], count: int, gap: float, rounds: int
+    urls: dict[str, str], count: int, gap: float, rounds: int, starts: dict[str, list[float]]
 ) -> dict[str, list[float]]:
-    """``--clients 1``: ``rounds`` x ``count`` paced dispatches per side, sides alternating."""
+    """``--clients 1``: ``rounds`` x ``count`` paced dispatches per side, sides alternating;
+    each job's start lag goes to ``starts``."""
     acks: dict[str, list[float]] = {k: [] for k in urls}
+    for k in urls:
+        starts[k] = []
     clients = {k: new_client(u) for k, u in urls.items()}
     try:
         for k in urls:
@@ -252,7 +267,7 @@ async def bench_paced(
         sides = list(urls)
         for rnd in range(rounds):
             for k in sides[rnd % len(sides) :] + sides[: rnd % len(sides)]:
-                await paced_acks(clients[k], count, gap, acks[k])
+                await paced_acks(clients[k], count, gap, acks[k], starts[k])
     finally:
         for c in clients.values():
             await c.aclose()
@@ -431,7 +446,8 @@ def main(argv: list[str] | None = None) -> int:
                 proc, urls[kind] = start_server(kind, state)
                 procs.append(proc)
             if args.clients == 1:
-                acks = trio.run(bench_paced, urls, args.count, args.gap, args.rounds)
+                starts: dict[str, list[float]] = {}
+                acks = trio.run(bench_paced, urls, args.count, args.gap, args.rounds, starts)
                 print(
                     f"ack latency: 1 client, {args.count} dispatches {args.gap * 1000:g} ms "
                     f"apart x {args.rounds} rounds per side (+5 warm-up), trivial {args.child} "
@@ -451,6 +467,13 @@ def main(argv: list[str] | None = None) -> int:
                     f"(mean {statistics.fmean(v):.2f}, n {len(v)})"
                 )
             if args.clients == 1:
+                for k in ("node", "nojournal"):
+                    v = starts[k]
+                    if v:
+                        print(
+                            f"  {SIDES[k]:<20} job start (dispatch sent -> child running) "
+                            f"p50 {pct(v, 0.5):.2f} ms  p90 {pct(v, 0.9):.2f} ms"
+                        )
                 for k, label in (("node", "journal on"), ("nojournal", "journal off")):
                     r50 = pct(acks[k], 0.5) / pct(acks["floor"], 0.5)
                     ok = "ok" if r50 <= ONE_CLIENT_TARGET else "ABOVE TARGET"
