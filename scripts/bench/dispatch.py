@@ -19,6 +19,14 @@ One warm-up burst per side (opens the keep-alive connections), then ``--rounds``
 side, alternating which side goes first. Prints p50/p99 of each, the p99 ratio, and the p99
 difference (the client's own scheduling time is in both numbers; the difference is free of it).
 
+``--clients 1`` (issue 19: one client at a time): one client per side dispatches ``--count``
+jobs one at a time, ``--gap`` seconds apart (so only a job's own start competes with its ack),
+``--rounds`` times (+1 warm-up round of 5), the sides taking turns dispatch by dispatch; then
+polls each job to ``done``. Prints the median ack
+of each side, the node/floor median ratios (target ≤ 1.5) and each job's start lag (from
+sending the dispatch to the Python child's own first timestamp): a change that made the ack
+faster by starting the job later would show there.
+
 Part 2 (health): one client GETs ``/fleet/health`` every 10 ms on the node, first with the
 node idle, then while ``--jobs`` jobs run (each holds 512 MiB of the fake GPU for 2 s, with a
 footprint, so every job is sampled every 500 ms; gpu: false, so they run side by side; their
@@ -33,6 +41,7 @@ another host would). Only 127.0.0.1 is used.
 
     .venv/bin/python scripts/bench/dispatch.py [--clients 256] [--jobs 32] [--rounds 2]
                                                [--child python|sh] [--ack-only]
+                                               [--count 40] [--gap 0.1]
 
 Exit status: 0 whether or not the targets are met; 1 when the run is broken (a server does
 not start, a request fails, an ack is not 202, a job ends in ``error``, no footprint).
@@ -210,64 +219,65 @@ async def one_job(
             return
 
 
-async def paced_acks(
-    client: httpx.AsyncClient,
-    count: int,
-    gap: float,
-    acks: list[float] | None,
-    starts: list[float] | None = None,
-) -> None:
-    """``--clients 1``: ``count`` dispatches one at a time, ``gap`` s apart (each job has its
-    node to itself: only its own spawn competes with its ack), then poll each until done.
-    ``starts``: each job's start lag (ms from sending its dispatch to its child running, the
-    child's own wall-clock stamp; the Python child only)."""
-    headers = {"Content-Type": "application/json"}
-    ids: list[str] = []
-    sent: dict[str, float] = {}
-    with trio.fail_after(ROUND_TIMEOUT + count * gap):
-        for _ in range(count):
-            job_id = f"bench-{uuid.uuid4().hex}"
-            body = json.dumps({"job_id": job_id, "task_type": "trivial", "payload": {}})
-            sent[job_id] = time.time()
-            t0 = time.perf_counter()
-            r = await client.post("/fleet/dispatch", content=body.encode(), headers=headers)
-            elapsed = (time.perf_counter() - t0) * 1000.0
-            if r.status_code != 202 or r.json() != {"job_id": job_id, "status": "accepted"}:
-                raise BrokenRun(f"dispatch {job_id}: {r.status_code} {r.text[:200]}")
-            if acks is not None:
-                acks.append(elapsed)
-            ids.append(job_id)
-            await trio.sleep(gap)
-        for job_id in ids:
-            while True:
-                view = (await client.get(f"/fleet/jobs/{job_id}")).json()
-                if view.get("state") == "error":
-                    raise BrokenRun(f"job {job_id} failed: {view}")
-                if view.get("state") == "done":
-                    stamp = (view.get("data") or {}).get("t")
-                    if starts is not None and isinstance(stamp, float):
-                        starts.append((stamp - sent[job_id]) * 1000.0)
-                    break
-                await trio.sleep(POLL_INTERVAL)
+async def one_ack(client: httpx.AsyncClient) -> tuple[str, float, float]:
+    """One dispatch: ``(job id, wall-clock time sent, ack latency ms)``."""
+    job_id = f"bench-{uuid.uuid4().hex}"
+    body = json.dumps({"job_id": job_id, "task_type": "trivial", "payload": {}}).encode()
+    sent = time.time()
+    t0 = time.perf_counter()
+    r = await client.post(
+        "/fleet/dispatch", content=body, headers={"Content-Type": "application/json"}
+    )
+    elapsed = (time.perf_counter() - t0) * 1000.0
+    if r.status_code != 202 or r.json() != {"job_id": job_id, "status": "accepted"}:
+        raise BrokenRun(f"dispatch {job_id}: {r.status_code} {r.text[:200]}")
+    return job_id, sent, elapsed
+
+
+async def wait_done(client: httpx.AsyncClient, job_id: str) -> float | None:
+    """Poll until ``done``; the child's start stamp (``None``: none, e.g. the sh child)."""
+    while True:  # bounded by the caller's fail_after
+        view = (await client.get(f"/fleet/jobs/{job_id}")).json()
+        if view.get("state") == "error":
+            raise BrokenRun(f"job {job_id} failed: {view}")
+        if view.get("state") == "done":
+            stamp = (view.get("data") or {}).get("t")
+            return stamp if isinstance(stamp, float) else None
+        await trio.sleep(POLL_INTERVAL)
 
 
 async def bench_paced(
     urls: dict[str, str], count: int, gap: float, rounds: int, starts: dict[str, list[float]]
 ) -> dict[str, list[float]]:
-    """``--clients 1``: ``rounds`` x ``count`` paced dispatches per side, sides alternating;
-    each job's start lag goes to ``starts``."""
+    """``--clients 1``: ``rounds`` x ``count`` dispatches per side, one at a time, ``gap`` s
+    apart, the sides taking turns dispatch by dispatch (on a machine whose load changes, each
+    side then sees the same load); a side's jobs are polled to ``done`` after each round and
+    their start lags (ms from sending the dispatch to the child's own stamp) go to
+    ``starts``."""
     acks: dict[str, list[float]] = {k: [] for k in urls}
     for k in urls:
         starts[k] = []
     clients = {k: new_client(u) for k, u in urls.items()}
+    sides = list(urls)
     try:
-        for k in urls:
+        for k in sides:
             await connect([clients[k]])
-            await paced_acks(clients[k], 5, gap, None)  # warm-up
-        sides = list(urls)
-        for rnd in range(rounds):
-            for k in sides[rnd % len(sides) :] + sides[: rnd % len(sides)]:
-                await paced_acks(clients[k], count, gap, acks[k], starts[k])
+        for rnd in range(rounds + 1):  # the first round is the warm-up
+            sent: dict[str, list[tuple[str, float]]] = {k: [] for k in sides}
+            with trio.fail_after(ROUND_TIMEOUT + count * len(sides) * gap):
+                for i in range(count if rnd else 5):
+                    shift = (rnd + i) % len(sides)
+                    for k in sides[shift:] + sides[:shift]:
+                        job_id, at, ms = await one_ack(clients[k])
+                        sent[k].append((job_id, at))
+                        if rnd:
+                            acks[k].append(ms)
+                        await trio.sleep(gap)
+                for k in sides:
+                    for job_id, at in sent[k]:
+                        stamp = await wait_done(clients[k], job_id)
+                        if rnd and stamp is not None:
+                            starts[k].append((stamp - at) * 1000.0)
     finally:
         for c in clients.values():
             await c.aclose()
