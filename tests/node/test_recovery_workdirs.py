@@ -10,16 +10,17 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import sys
 from pathlib import Path
 
 import httpx
 import trio
 
 from fleet_trio.node.config import config_from_mapping
-from fleet_trio.node.jobs import JobTable
+from fleet_trio.node.jobs import Done, Failed, JobTable
 from fleet_trio.node.journal import Journal
 from fleet_trio.node.recovery import recover
-from fleet_trio.node.tasks import WORK_DIR_PREFIX, TaskRegistry, work_dir_prefix
+from fleet_trio.node.tasks import WORK_DIR_PREFIX, TaskRegistry, TaskRunner, work_dir_prefix
 from tests.node.test_restart import Node
 
 
@@ -30,7 +31,11 @@ def opened(path: Path) -> Journal:
 
 
 def registry(work: Path, tag: str = "") -> TaskRegistry:
-    cfg = config_from_mapping({"tasks": {"t": {"command": ["true"]}}})
+    """Task ``t`` materializes a payload member, so its dispatch makes its work dir at once
+    (a task without files only names it then; the job makes it when it starts)."""
+    cfg = config_from_mapping(
+        {"tasks": {"t": {"command": ["true"], "materialize": {"graph": "graph.json"}}}}
+    )
     return TaskRegistry(cfg.tasks, work_root=str(work), work_tag=tag)
 
 
@@ -70,14 +75,14 @@ async def test_uncommitted_work_dirs_go_at_restart_and_only_ours(tmp_path: Path)
     journal = opened(tmp_path / "j.sqlite")
     tag = journal.work_tag
     # prepared (its dir exists) but never committed: then the process dies (nothing else runs)
-    prepared = registry(work, tag).prepare("t", None, "never-acked")
+    prepared = registry(work, tag).prepare("t", '{"graph": {}}', "never-acked")
     assert os.path.isdir(prepared.work_dir)
     assert os.path.basename(prepared.work_dir).startswith(work_dir_prefix(tag))
     planted = work / (work_dir_prefix(tag) + "link")  # a symlink under our prefix
     planted.symlink_to(outside, target_is_directory=True)
     stray = work / (work_dir_prefix(tag) + "file")
     stray.write_text("x")
-    theirs = registry(work).prepare("t", None, "their-job")  # another node, running
+    theirs = registry(work).prepare("t", '{"graph": {}}', "their-job")  # another node, running
     legacy = work / (WORK_DIR_PREFIX + "abcd1234")  # no tag: whose it is is unknown
     legacy.mkdir()
     journal.close()  # the crash: the SIGKILL-equivalent (no cleanup ran)
@@ -101,7 +106,7 @@ async def test_the_previous_work_root_is_swept_too(tmp_path: Path) -> None:
     new.mkdir()
     journal = opened(tmp_path / "j.sqlite")
     await recover(journal, JobTable(), kill_grace=0.1, work_root=str(old))  # first start
-    left = registry(old, journal.work_tag).prepare("t", None, "j1")
+    left = registry(old, journal.work_tag).prepare("t", '{"graph": {}}', "j1")
     journal.close()
     journal = opened(tmp_path / "j.sqlite")
     report = await recover(journal, JobTable(), kill_grace=0.1, work_root=str(new))
@@ -133,3 +138,40 @@ async def test_kill_9_between_prepare_and_commit_leaves_no_dir(tmp_path: Path) -
             assert theirs.is_dir()
     finally:
         await node.close()
+
+
+# -- a task without payload files: its dispatch names the dir, the job makes it ---------------
+
+
+def _runner() -> TaskRunner:
+    return TaskRunner(kill_grace=1.0)
+
+
+async def test_a_task_without_files_makes_its_work_dir_when_it_starts(tmp_path: Path) -> None:
+    probe = (
+        "import json, os; st = os.stat(os.environ['FLEET_WORK_DIR']); "
+        "print(json.dumps({'mode': oct(st.st_mode)}))"
+    )
+    cfg = config_from_mapping({"tasks": {"p": {"command": [sys.executable, "-c", probe]}}})
+    reg = TaskRegistry(cfg.tasks, work_root=str(tmp_path))
+    job = reg.prepare("p", None, "j1")
+    assert job.deferred_dir and not os.path.lexists(job.work_dir)  # nothing made at the ack
+    assert os.path.basename(job.work_dir).startswith(work_dir_prefix(reg.work_tag))
+    with trio.fail_after(30):
+        outcome = await _runner().execute(job)
+    assert isinstance(outcome, Done) and outcome.data.strip() == b'{"mode": "0o40700"}', outcome
+    assert not os.path.lexists(job.work_dir)  # removed when the job ended
+
+
+async def test_a_deferred_work_dir_somebody_made_first_fails_the_job(tmp_path: Path) -> None:
+    cfg = config_from_mapping({"tasks": {"p": {"command": ["true"]}}})
+    reg = TaskRegistry(cfg.tasks, work_root=str(tmp_path))
+    job = reg.prepare("p", None, "j1")
+    target = tmp_path / "elsewhere"
+    target.mkdir()
+    os.symlink(target, job.work_dir)  # a planted link under the job's name
+    with trio.fail_after(30):
+        outcome = await _runner().execute(job)
+    assert isinstance(outcome, Failed)
+    assert outcome.message == "p failed: cannot create its work dir: File exists"
+    assert target.is_dir()  # never followed
