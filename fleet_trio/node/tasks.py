@@ -5,8 +5,10 @@ stdin and prints one JSON object on stdout, which becomes the job's ``data``.
 
 - :class:`TaskRegistry` is built once from the config: what is advertised (supported tasks,
   families, in declaration order), payload validation with §6.6's messages, and
-  :meth:`TaskRegistry.prepare`, which at ack time validates, creates the per-job work dir and
-  materializes raw members into files. Nothing here awaits: ack stays on the hot path.
+  :meth:`TaskRegistry.prepare`, which at ack time validates and names the per-job work dir
+  (``fleet-job-<tag>-…``); a task that materializes raw members into files gets the dir and
+  its files then, any other task when its job starts (:meth:`PreparedJob.make_work_dir`).
+  Nothing here awaits: ack stays on the hot path.
 - :class:`TaskRunner` executes a :class:`PreparedJob` through :func:`fleet_trio.proc.run.run`
   (own process group, SIGTERM → grace → SIGKILL on cancel, ``timeout`` as ``max_runtime``),
   on its own GPU device(s) for ``gpu: true`` / ``gpus: N`` tasks (taken from the node's
