@@ -100,6 +100,8 @@ class Evict:
 
 
 Record = Accept | Start | Finish | Evict
+Statement = tuple[str, list[object]]
+"""One SQL statement and its parameters."""
 
 
 @attrs.frozen
@@ -282,21 +284,29 @@ class Journal:
     def apply(self, records: Sequence[Record]) -> None:
         """Write ``records`` in one transaction (large results go to their files first).
 
-        Raises :class:`JournalError`; nothing of the batch is committed then."""
+        A batch that is one SQL statement (the usual ack or burst of acks) runs as that
+        statement alone — SQLite makes every statement atomic — rather than between ``BEGIN``
+        and ``COMMIT``: each statement releases and retakes the GIL, and on a busy event loop
+        every retake can wait a switch interval. Raises :class:`JournalError`; nothing of the
+        batch is committed then."""
         db = self.db
         try:
             for rec in records:
                 if isinstance(rec, Finish) and rec.data_file and rec.file_data is not None:
                     self._write_file(rec.data_file, rec.file_data)
-            db.execute("BEGIN IMMEDIATE")
-            try:
-                for run in _runs(records):
-                    self._apply_run(db, run)
-                db.execute("COMMIT")
-            except BaseException:
-                if db.in_transaction:  # SQLite may have rolled back already (SQLITE_FULL)
-                    db.execute("ROLLBACK")
-                raise
+            statements = [st for run in _runs(records) for st in self._statements(run)]
+            if len(statements) == 1:
+                db.execute(*statements[0])
+            elif statements:
+                db.execute("BEGIN IMMEDIATE")
+                try:
+                    for statement in statements:
+                        db.execute(*statement)
+                    db.execute("COMMIT")
+                except BaseException:
+                    if db.in_transaction:  # SQLite may have rolled back already (SQLITE_FULL)
+                        db.execute("ROLLBACK")
+                    raise
         except (sqlite3.Error, OSError) as exc:
             raise JournalError(f"journal {self.path}: write failed: {_describe(exc)}") from None
         for rec in records:
@@ -312,17 +322,14 @@ class Journal:
         os.replace(tmp, path)
 
     @classmethod
-    def _apply_run(cls, db: sqlite3.Connection, run: Sequence[Record]) -> None:
-        """A run of records of one kind, in as few statements as it takes.
-
-        Each statement's step releases and retakes the GIL; on a busy event loop every retake
-        can wait a switch interval, so a group commit of 30 acks as 30 statements cost tens
-        of milliseconds. Acks, starts and evictions go as one statement per chunk."""
+    def _statements(cls, run: Sequence[Record]) -> list[Statement]:
+        """A run of records of one kind as few statements as it takes: acks, starts and
+        evictions as one statement per chunk of :data:`_CHUNK` (each statement retakes the
+        GIL, and a busy event loop makes every retake wait), results one each."""
         first = run[0]
         if len(run) == 1 or isinstance(first, Finish):
-            for rec in run:
-                cls._apply_one(db, rec)
-            return
+            return [cls._statement(rec) for rec in run]
+        out: list[Statement] = []
         for at in range(0, len(run), _CHUNK):
             chunk = run[at : at + _CHUNK]
             if isinstance(first, Accept):
@@ -331,49 +338,49 @@ class Journal:
                 for rec in chunk:
                     assert isinstance(rec, Accept)
                     params += [rec.job_id, rec.work_dir, rec.wall]
-                db.execute(
-                    "INSERT OR REPLACE INTO jobs (job_id, state, work_dir, accepted_wall) "
-                    f"VALUES {rows}",
-                    params,
+                out.append(
+                    (
+                        "INSERT OR REPLACE INTO jobs (job_id, state, work_dir, accepted_wall) "
+                        f"VALUES {rows}",
+                        params,
+                    )
                 )
                 continue
             marks = ", ".join(["?"] * len(chunk))
-            ids = [rec.job_id for rec in chunk]
+            ids: list[object] = [rec.job_id for rec in chunk]
             if isinstance(first, Start):
-                db.execute(
+                sql = (
                     f"UPDATE jobs SET state = 'running' WHERE state = 'accepted' "
-                    f"AND job_id IN ({marks})",
-                    ids,
+                    f"AND job_id IN ({marks})"
                 )
             else:
-                db.execute(
-                    f"DELETE FROM jobs WHERE state IN ('done', 'error') AND job_id IN ({marks})",
-                    ids,
-                )
+                sql = f"DELETE FROM jobs WHERE state IN ('done', 'error') AND job_id IN ({marks})"
+            out.append((sql, ids))
+        return out
 
     @staticmethod
-    def _apply_one(db: sqlite3.Connection, rec: Record) -> None:
+    def _statement(rec: Record) -> Statement:
         if isinstance(rec, Accept):
-            db.execute(
+            return (
                 "INSERT OR REPLACE INTO jobs (job_id, state, work_dir, accepted_wall) "
                 "VALUES (?, 'accepted', ?, ?)",
-                (rec.job_id, rec.work_dir, rec.wall),
+                [rec.job_id, rec.work_dir, rec.wall],
             )
-        elif isinstance(rec, Start):
-            db.execute(
+        if isinstance(rec, Start):
+            return (
                 "UPDATE jobs SET state = 'running' WHERE job_id = ? AND state = 'accepted'",
-                (rec.job_id,),
+                [rec.job_id],
             )
-        elif isinstance(rec, Finish):
-            db.execute(
+        if isinstance(rec, Finish):
+            return (
                 "UPDATE jobs SET state = ?, data = ?, data_file = ?, error = ?, terminal_wall = ? "
                 "WHERE job_id = ? AND state IN ('accepted', 'running')",
-                (rec.state, rec.data, rec.data_file, rec.error, rec.wall, rec.job_id),
+                [rec.state, rec.data, rec.data_file, rec.error, rec.wall, rec.job_id],
             )
-        else:
-            db.execute(
-                "DELETE FROM jobs WHERE job_id = ? AND state IN ('done', 'error')", (rec.job_id,)
-            )
+        return (
+            "DELETE FROM jobs WHERE job_id = ? AND state IN ('done', 'error')",
+            [rec.job_id],
+        )
 
     # -- reading ---------------------------------------------------------------------------
     def load(self) -> list[Row]:

@@ -204,6 +204,9 @@ class PreparedJob:
     """GPU placement: the UUIDs of the devices the job was given (empty: none / unknown)."""
     sweep_id: str = ""
     """The value of the job's :data:`SWEEP_MARKER` (its escapees are found by it)."""
+    deferred_dir: bool = False
+    """The work dir is only named yet: :meth:`make_work_dir` creates it when the job starts
+    (a task with no materialized files; its dispatch makes no directory on the event loop)."""
     _cleaned: bool = False
 
     def pin(self, devices: tuple[str, ...]) -> None:
@@ -211,6 +214,13 @@ class PreparedJob:
         ``NVIDIA_VISIBLE_DEVICES`` set to their UUIDs)."""
         self.devices = devices
         self.env.update(pin_env(devices))
+
+    def make_work_dir(self) -> None:
+        """Create a deferred work dir (blocking; ``0700``; never an existing path — a name
+        somebody made first fails with ``FileExistsError``). A no-op when it exists already."""
+        if self.deferred_dir:
+            os.mkdir(self.work_dir, 0o700)
+            self.deferred_dir = False
 
     def cleanup(self) -> None:
         """Remove the work dir. Idempotent; safe even when there is nothing to remove."""
@@ -307,8 +317,13 @@ class TaskRegistry:
             raise WireError(msg_unsupported(task_type, self.supported), status=400)
         members = validate_payload(task.name, task.payload, payload_raw)
         family, quant = _family_for(task, members)
-        work_dir = tempfile.mkdtemp(prefix=work_dir_prefix(self.work_tag), dir=self.work_root)
         files: dict[str, str] = {}
+        deferred = not task.materialize
+        if deferred:  # named now, made when the job starts (off the event loop)
+            name = work_dir_prefix(self.work_tag) + secrets.token_hex(8)
+            work_dir = os.path.join(self.work_dir_root, name)
+        else:  # its payload files are written now: a failure is the dispatch's 400
+            work_dir = tempfile.mkdtemp(prefix=work_dir_prefix(self.work_tag), dir=self.work_root)
         try:
             for name, filename in task.materialize.items():
                 value, raw = members.get(name, (None, ""))
@@ -363,6 +378,7 @@ class TaskRegistry:
             family=family,
             quant=quant,
             sweep_id=sweep_id,
+            deferred_dir=deferred,
         )
 
 
@@ -652,6 +668,13 @@ class TaskRunner:
         outcome: Outcome | None = None
         failure: BaseException | None = None
         try:
+            if job.deferred_dir:  # the work dir its dispatch only named
+                try:
+                    await trio.to_thread.run_sync(job.make_work_dir, limiter=self.cleanup_limiter)
+                except OSError as exc:
+                    why = exc.strerror or str(exc)
+                    outcome = Failed(f"{job.task.name} failed: cannot create its work dir: {why}")
+                    return outcome
             wanted = task_gpus(job.task)
             if wanted:
                 outcome = await self._run_placed(job, wanted, tee)
