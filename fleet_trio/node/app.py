@@ -30,6 +30,7 @@ from fleet_trio.errors import WireError
 from fleet_trio.inputs import id_problem
 from fleet_trio.logbus.bus import LogBus
 from fleet_trio.logbus.ui import stream_tail
+from fleet_trio.node.after_send import AfterSend, after_response
 from fleet_trio.node.jobs import MSG_JOURNAL_UNAVAILABLE, JobState, JobStore, Registration
 from fleet_trio.node.linger import PollLinger
 from fleet_trio.node.metrics import NodeMetrics
@@ -253,13 +254,18 @@ async def dispatch(ctx: NodeContext) -> Response:
     except WireError as exc:
         return _error(str(exc), exc.status)
     # 6: no await between the lookup and the insert (exactly-once).
+    release = trio.Event()
     outcome = store.register(
         req.job_id,
         functools.partial(ctx.runner.execute, prepared),
         work_dir=prepared.work_dir,
         discard=prepared.cleanup,
+        release=release,
     )
     if outcome is Registration.CREATED:
+        # the job starts once its 202 is written (or this request ends any other way): its
+        # spawn never competes with its own ack (fleet_trio.node.after_send)
+        after_response(release.set)
         # with the journal: the ack is committed before the 202 (and before the job runs)
         if not await store.wait_recorded(req.job_id):
             return _error(MSG_JOURNAL_UNAVAILABLE, 503)
@@ -365,6 +371,7 @@ async def metrics_endpoint(ctx: NodeContext) -> Response:
 def create_app(ctx: NodeContext) -> QuartTrio:
     """The quart-trio app serving ``ctx``."""
     app = QuartTrio(__name__)
+    app.asgi_app = AfterSend(app.asgi_app)  # type: ignore[method-assign]
     app.config["MAX_CONTENT_LENGTH"] = MAX_DISPATCH_BODY
     app.config["BODY_TIMEOUT"] = BODY_TIMEOUT
     app.config["RESPONSE_TIMEOUT"] = RESPONSE_TIMEOUT

@@ -55,6 +55,13 @@ DEFAULT_JANITOR_INTERVAL = 300.0
 DEFAULT_DRAIN_TIMEOUT = 30.0
 DEFAULT_KILL_GRACE = 5.0
 
+RELEASE_BOUND = 1.0
+"""Seconds a job waits for its dispatch's 202 to be written before it starts anyway (a client
+that does not read its answer never holds the job)."""
+
+ACK_PRIORITY_BOUND = 0.25
+"""Seconds a job's start yields to other dispatches' acks still being committed (a burst)."""
+
 INTERRUPTED = "interrupted"
 DEFERRED = "deferred"
 
@@ -389,6 +396,8 @@ class JobStore:
         self.journal = journal
         self._spawn = spawn
         self._acks: dict[str, _Ack] = {}
+        self._acks_settled = trio.lowlevel.ParkingLot()
+        """Unparked whenever no ack is waiting for its commit (jobs yield to acks)."""
         self._read_limiter = trio.CapacityLimiter(2)
         self.executions_started = 0
         self.on_evict: list[Callable[[list[JobView]], None]] = []
@@ -434,6 +443,7 @@ class JobStore:
         *,
         work_dir: str = "",
         discard: Callable[[], None] | None = None,
+        release: trio.Event | None = None,
     ) -> Registration:
         """Atomically register ``job_id`` and, when created, launch its execution.
 
@@ -441,6 +451,9 @@ class JobStore:
         journal the entry is invisible until :meth:`wait_recorded` says its ack is committed;
         the execution does not begin before that, and ``discard`` (the prepared job's
         cleanup) is called instead when the ack is refused.
+
+        ``release``: the execution also waits for this event (the dispatch sets it once its
+        202 is written), at most :data:`RELEASE_BOUND` seconds.
         """
         journal = self.journal
         outcome = self.table.register(job_id, recorded=journal is None)
@@ -453,6 +466,8 @@ class JobStore:
 
             def committed(error: JournalError | None) -> None:
                 self._acks.pop(job_id, None)
+                if not self._acks:
+                    self._acks_settled.unpark_all()
                 if error is None:
                     self.table.confirm(job_id)
                     ack.ok = True
@@ -463,7 +478,7 @@ class JobStore:
             journal.submit([Accept(job_id, time.time(), work_dir)], committed)
         self.executions_started += 1
         try:
-            self._spawn(self._execute, job_id, execution, discard, name=f"job {job_id}")
+            self._spawn(self._execute, job_id, execution, discard, release, name=f"job {job_id}")
         except BaseException as exc:
             self.table.finish(job_id, Failed(f"could not start: {exc}"), trio.current_time())
             raise
@@ -479,12 +494,17 @@ class JobStore:
         return self.table.get(job_id) is not None
 
     async def _execute(
-        self, job_id: str, execution: Execution, discard: Callable[[], None] | None = None
+        self,
+        job_id: str,
+        execution: Execution,
+        discard: Callable[[], None] | None = None,
+        release: trio.Event | None = None,
     ) -> None:
         ran = False
         try:
             if not await self.wait_recorded(job_id):
                 return  # the ack was never recorded: the dispatch answered 503
+            await self._yield_to_acks(release)
             self._start(job_id)
             ran = True
             try:
@@ -501,6 +521,20 @@ class JobStore:
             if self.table.claim(job_id):
                 with trio.CancelScope(shield=True):
                     await self._publish([job_id], Failed(INTERRUPTED))
+
+    async def _yield_to_acks(self, release: trio.Event | None) -> None:
+        """Before a job starts: its own 202 is written first (``release``), then the acks of
+        other dispatches still waiting for their commit go first — a dispatcher waits on its
+        ack, nobody waits on a job's first milliseconds, and a job's spawn and interpreter
+        start-up on the same cores would delay those acks. At most :data:`RELEASE_BOUND`
+        seconds in all; without a journal no ack ever waits, so nothing is waited for."""
+        with trio.move_on_after(RELEASE_BOUND):
+            if release is not None:
+                await release.wait()
+            if self._acks:
+                with trio.move_on_after(ACK_PRIORITY_BOUND):
+                    while self._acks:
+                        await self._acks_settled.park()
 
     def _start(self, job_id: str) -> None:
         if self.journal is None:
@@ -599,6 +633,7 @@ class JobStore:
 
 
 __all__ = [
+    "ACK_PRIORITY_BOUND",
     "DEFAULT_DRAIN_TIMEOUT",
     "DEFAULT_JANITOR_INTERVAL",
     "DEFAULT_KILL_GRACE",
@@ -606,6 +641,7 @@ __all__ = [
     "DEFERRED",
     "INTERRUPTED",
     "MSG_JOURNAL_UNAVAILABLE",
+    "RELEASE_BOUND",
     "Done",
     "Execution",
     "Failed",

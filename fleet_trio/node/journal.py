@@ -26,6 +26,8 @@ import contextlib
 import hashlib
 import logging
 import os
+import re
+import secrets
 import sqlite3
 import stat
 from collections.abc import Callable, Iterable, Sequence
@@ -41,6 +43,10 @@ DEFAULT_INLINE_MAX = 64 * 1024
 JOURNAL_FILE = "journal-{node_id}.sqlite"
 """The default file name, in the node's state directory (the footprint store's folder)."""
 SYNC_MODES = ("normal", "full")
+WORK_TAG = re.compile(r"[0-9a-f]{12}")
+"""A node's work-dir tag (``meta.work_tag``): 12 hex digits, made when the journal is created.
+Its jobs' work dirs are ``fleet-job-<tag>-…``, so a restarted node finds every dir its
+predecessor made — also those of acks that never committed — and no other node's."""
 
 _SCHEMA = (
     "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
@@ -94,6 +100,8 @@ class Evict:
 
 
 Record = Accept | Start | Finish | Evict
+Statement = tuple[str, list[object]]
+"""One SQL statement and its parameters."""
 
 
 @attrs.frozen
@@ -138,6 +146,10 @@ class Journal:
         self.max_pages = max_pages
         """Test hook: ``PRAGMA max_page_count`` (makes "database or disk is full" reachable)."""
         self.results_dir = "" if path == ":memory:" else path + ".results"
+        self.work_tag = ""
+        """This node's work-dir tag (:data:`WORK_TAG`), read at :meth:`open`."""
+        self.previous_work_root: str | None = None
+        """The folder the previous run made its work dirs in (``meta.work_root``)."""
         self._db: sqlite3.Connection | None = None
 
     # -- opening -------------------------------------------------------------------------------
@@ -173,7 +185,17 @@ class Journal:
                 raise JournalError(
                     f"journal {self.path}: schema {version!r}, this node reads {SCHEMA_VERSION!r}"
                 )
+            db.execute(
+                "INSERT OR IGNORE INTO meta (key, value) VALUES ('work_tag', ?)",
+                (secrets.token_hex(6),),
+            )
+            (tag,) = db.execute("SELECT value FROM meta WHERE key = 'work_tag'").fetchone()
+            if not isinstance(tag, str) or not WORK_TAG.fullmatch(tag):
+                raise JournalError(f"journal {self.path}: bad work tag {tag!r} (not 12 hex)")
+            root = db.execute("SELECT value FROM meta WHERE key = 'work_root'").fetchone()
             db.execute("COMMIT")
+            self.work_tag = tag
+            self.previous_work_root = root[0] if root and isinstance(root[0], str) else None
             check = db.execute("PRAGMA quick_check").fetchone()
             if check is None or check[0] != "ok":
                 raise JournalError(f"journal {self.path}: corrupt ({check[0] if check else '?'})")
@@ -239,6 +261,13 @@ class Journal:
             raise JournalError(f"journal {self.path}: not open")
         return self._db
 
+    def set_meta(self, key: str, value: str) -> None:
+        """Write one ``meta`` entry (blocking). Raises :class:`JournalError`."""
+        try:
+            self.db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (key, value))
+        except sqlite3.Error as exc:
+            raise JournalError(f"journal {self.path}: write failed: {_describe(exc)}") from None
+
     # -- files for large results -----------------------------------------------------------
     def result_file(self, job_id: str) -> str | None:
         """Where a large result of ``job_id`` goes (``None``: no folder, keep it inline)."""
@@ -255,21 +284,29 @@ class Journal:
     def apply(self, records: Sequence[Record]) -> None:
         """Write ``records`` in one transaction (large results go to their files first).
 
-        Raises :class:`JournalError`; nothing of the batch is committed then."""
+        A batch that is one SQL statement (the usual ack or burst of acks) runs as that
+        statement alone — SQLite makes every statement atomic — rather than between ``BEGIN``
+        and ``COMMIT``: each statement releases and retakes the GIL, and on a busy event loop
+        every retake can wait a switch interval. Raises :class:`JournalError`; nothing of the
+        batch is committed then."""
         db = self.db
         try:
             for rec in records:
                 if isinstance(rec, Finish) and rec.data_file and rec.file_data is not None:
                     self._write_file(rec.data_file, rec.file_data)
-            db.execute("BEGIN IMMEDIATE")
-            try:
-                for run in _runs(records):
-                    self._apply_run(db, run)
-                db.execute("COMMIT")
-            except BaseException:
-                if db.in_transaction:  # SQLite may have rolled back already (SQLITE_FULL)
-                    db.execute("ROLLBACK")
-                raise
+            statements = [st for run in _runs(records) for st in self._statements(run)]
+            if len(statements) == 1:
+                db.execute(*statements[0])
+            elif statements:
+                db.execute("BEGIN IMMEDIATE")
+                try:
+                    for statement in statements:
+                        db.execute(*statement)
+                    db.execute("COMMIT")
+                except BaseException:
+                    if db.in_transaction:  # SQLite may have rolled back already (SQLITE_FULL)
+                        db.execute("ROLLBACK")
+                    raise
         except (sqlite3.Error, OSError) as exc:
             raise JournalError(f"journal {self.path}: write failed: {_describe(exc)}") from None
         for rec in records:
@@ -285,17 +322,14 @@ class Journal:
         os.replace(tmp, path)
 
     @classmethod
-    def _apply_run(cls, db: sqlite3.Connection, run: Sequence[Record]) -> None:
-        """A run of records of one kind, in as few statements as it takes.
-
-        Each statement's step releases and retakes the GIL; on a busy event loop every retake
-        can wait a switch interval, so a group commit of 30 acks as 30 statements cost tens
-        of milliseconds. Acks, starts and evictions go as one statement per chunk."""
+    def _statements(cls, run: Sequence[Record]) -> list[Statement]:
+        """A run of records of one kind as few statements as it takes: acks, starts and
+        evictions as one statement per chunk of :data:`_CHUNK` (each statement retakes the
+        GIL, and a busy event loop makes every retake wait), results one each."""
         first = run[0]
         if len(run) == 1 or isinstance(first, Finish):
-            for rec in run:
-                cls._apply_one(db, rec)
-            return
+            return [cls._statement(rec) for rec in run]
+        out: list[Statement] = []
         for at in range(0, len(run), _CHUNK):
             chunk = run[at : at + _CHUNK]
             if isinstance(first, Accept):
@@ -304,49 +338,49 @@ class Journal:
                 for rec in chunk:
                     assert isinstance(rec, Accept)
                     params += [rec.job_id, rec.work_dir, rec.wall]
-                db.execute(
-                    "INSERT OR REPLACE INTO jobs (job_id, state, work_dir, accepted_wall) "
-                    f"VALUES {rows}",
-                    params,
+                out.append(
+                    (
+                        "INSERT OR REPLACE INTO jobs (job_id, state, work_dir, accepted_wall) "
+                        f"VALUES {rows}",
+                        params,
+                    )
                 )
                 continue
             marks = ", ".join(["?"] * len(chunk))
-            ids = [rec.job_id for rec in chunk]
+            ids: list[object] = [rec.job_id for rec in chunk]
             if isinstance(first, Start):
-                db.execute(
+                sql = (
                     f"UPDATE jobs SET state = 'running' WHERE state = 'accepted' "
-                    f"AND job_id IN ({marks})",
-                    ids,
+                    f"AND job_id IN ({marks})"
                 )
             else:
-                db.execute(
-                    f"DELETE FROM jobs WHERE state IN ('done', 'error') AND job_id IN ({marks})",
-                    ids,
-                )
+                sql = f"DELETE FROM jobs WHERE state IN ('done', 'error') AND job_id IN ({marks})"
+            out.append((sql, ids))
+        return out
 
     @staticmethod
-    def _apply_one(db: sqlite3.Connection, rec: Record) -> None:
+    def _statement(rec: Record) -> Statement:
         if isinstance(rec, Accept):
-            db.execute(
+            return (
                 "INSERT OR REPLACE INTO jobs (job_id, state, work_dir, accepted_wall) "
                 "VALUES (?, 'accepted', ?, ?)",
-                (rec.job_id, rec.work_dir, rec.wall),
+                [rec.job_id, rec.work_dir, rec.wall],
             )
-        elif isinstance(rec, Start):
-            db.execute(
+        if isinstance(rec, Start):
+            return (
                 "UPDATE jobs SET state = 'running' WHERE job_id = ? AND state = 'accepted'",
-                (rec.job_id,),
+                [rec.job_id],
             )
-        elif isinstance(rec, Finish):
-            db.execute(
+        if isinstance(rec, Finish):
+            return (
                 "UPDATE jobs SET state = ?, data = ?, data_file = ?, error = ?, terminal_wall = ? "
                 "WHERE job_id = ? AND state IN ('accepted', 'running')",
-                (rec.state, rec.data, rec.data_file, rec.error, rec.wall, rec.job_id),
+                [rec.state, rec.data, rec.data_file, rec.error, rec.wall, rec.job_id],
             )
-        else:
-            db.execute(
-                "DELETE FROM jobs WHERE job_id = ? AND state IN ('done', 'error')", (rec.job_id,)
-            )
+        return (
+            "DELETE FROM jobs WHERE job_id = ? AND state IN ('done', 'error')",
+            [rec.job_id],
+        )
 
     # -- reading ---------------------------------------------------------------------------
     def load(self) -> list[Row]:
@@ -501,6 +535,7 @@ __all__ = [
     "DEFAULT_INLINE_MAX",
     "JOURNAL_FILE",
     "SYNC_MODES",
+    "WORK_TAG",
     "Accept",
     "Evict",
     "Finish",

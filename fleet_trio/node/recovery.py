@@ -9,8 +9,11 @@ On start, :func:`recover` reads the journal (:mod:`fleet_trio.node.journal`) and
 3. stops those jobs' processes: each is found by its ``FLEET_JOB_ID`` marker, the sweep the
    job's own supervisor uses (``fleet_trio.proc.sweep``), SIGTERM → the node's ``kill_grace``
    → SIGKILL;
-4. removes their ``fleet-job-*`` work directories (recorded with the ack) and result files no
-   job refers to.
+4. removes their ``fleet-job-*`` work directories (recorded with the ack), result files no
+   job refers to, and every entry named ``fleet-job-<tag>-…`` (the journal's work tag, see
+   :func:`remove_tagged`) in the work root: the dirs of acks that never committed are named by
+   no row. Another node's dirs (another tag) are never touched; a symlink is removed, never
+   followed.
 
 The node serves HTTP only after this returns, so no poll sees a job of the previous run in a
 state it will not keep, and no dispatch races the sweep.
@@ -21,14 +24,16 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import stat
 import time
+from collections.abc import Iterable
 
 import attrs
 import trio
 
 from fleet_trio.node.jobs import INTERRUPTED, Failed, JobTable, finish_record
 from fleet_trio.node.journal import Evict, Journal, Record, Row
-from fleet_trio.node.tasks import SWEEP_MARKER, WORK_DIR_PREFIX, sweep_value
+from fleet_trio.node.tasks import SWEEP_MARKER, WORK_DIR_PREFIX, sweep_value, work_dir_prefix
 from fleet_trio.proc.spec import SweepReport
 from fleet_trio.proc.sweep import sweep_job_survivors
 
@@ -83,6 +88,43 @@ def _remove_dirs(paths: list[str]) -> int:
     return removed
 
 
+def remove_tagged(roots: Iterable[str], tag: str) -> int:
+    """Remove every entry named ``fleet-job-<tag>-…`` directly under each of ``roots``
+    (blocking: run it in a thread). Returns how many went.
+
+    Only entries this user owns; a directory is removed with ``shutil.rmtree`` (which never
+    follows a symlink inside it and refuses one swapped in for it), anything else — a
+    symlink, a file, a FIFO — is unlinked, never followed. Names under another tag (another
+    node on the host, running or not) are never touched."""
+    prefix = work_dir_prefix(tag)
+    me = os.geteuid()
+    removed = 0
+    for root in dict.fromkeys(roots):
+        try:
+            entries = list(os.scandir(root))
+        except OSError:
+            continue
+        for entry in entries:
+            if not entry.name.startswith(prefix):
+                continue
+            try:
+                st = entry.stat(follow_symlinks=False)
+                if st.st_uid != me:
+                    log.warning("journal: %s is not this user's; left in place", entry.path)
+                    continue
+                if stat.S_ISDIR(st.st_mode):
+                    shutil.rmtree(entry.path)
+                else:
+                    os.unlink(entry.path)
+            except FileNotFoundError:
+                continue
+            except OSError as exc:
+                log.warning("journal: cannot remove %s: %s", entry.path, exc)
+                continue
+            removed += 1
+    return removed
+
+
 def replay(
     table: JobTable, journal: Journal, now: float, now_wall: float
 ) -> tuple[int, list[Row], int]:
@@ -121,8 +163,13 @@ async def recover(
     marker: str = SWEEP_MARKER,
     scope: str = "",
     limiter: trio.CapacityLimiter | None = None,
+    work_root: str | None = None,
 ) -> RecoveryReport:
     """Replay the journal into ``table`` and stop what the previous run left running.
+
+    ``work_root``: the folder this run makes its work dirs in; every entry under the journal's
+    work tag there and in the previous run's folder is removed (after the sweeps), and this
+    folder is recorded for the next start.
 
     Raises :class:`~fleet_trio.node.journal.JournalError` when the journal cannot be read or
     written. Cancellation: a cancel during the sweeps leaves the journal consistent (the
@@ -153,6 +200,15 @@ async def recover(
                 nursery.start_soon(sweep, job_id)
     dirs = [row.work_dir for row in in_flight if _is_work_dir(row.work_dir)]
     removed = await trio.to_thread.run_sync(_remove_dirs, dirs, limiter=limiter) if dirs else 0
+    if work_root is not None and journal.work_tag:
+        roots = [work_root]
+        if journal.previous_work_root:
+            roots.append(journal.previous_work_root)
+        removed += await trio.to_thread.run_sync(
+            remove_tagged, roots, journal.work_tag, limiter=limiter
+        )
+        if journal.previous_work_root != work_root:
+            await trio.to_thread.run_sync(journal.set_meta, "work_root", work_root, limiter=limiter)
     report = RecoveryReport(
         restored=restored,
         interrupted=ids,
@@ -165,4 +221,4 @@ async def recover(
     return report
 
 
-__all__ = ["RecoveryReport", "recover", "replay"]
+__all__ = ["RecoveryReport", "recover", "remove_tagged", "replay"]

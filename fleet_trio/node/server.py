@@ -250,13 +250,28 @@ async def open_journal(config: NodeConfig, options: NodeOptions, node_id: str) -
 
 
 async def start_journal(
-    tree: TaskTree, store: JobStore, journal: Journal, kill_grace: float, *, scope: str = ""
+    tree: TaskTree,
+    store: JobStore,
+    journal: Journal,
+    kill_grace: float,
+    *,
+    scope: str = "",
+    registry: TaskRegistry | None = None,
 ) -> str | None:
     """Recover the previous run from ``journal`` into ``store`` (before the listener opens:
     no poll sees a state it will not keep, no dispatch races the sweep of the previous run's
-    processes), then serve its writer in the services scope. Returns the line to announce."""
+    processes), then serve its writer in the services scope. Returns the line to announce.
+
+    ``registry``: its work dirs take the journal's work tag, and the previous run's dirs under
+    that tag are removed (also those of acks that never committed)."""
+    work_root = None
+    if registry is not None:
+        registry.work_tag = journal.work_tag
+        work_root = registry.work_dir_root
     try:
-        report = await recover(journal, store.table, kill_grace=kill_grace, scope=scope)
+        report = await recover(
+            journal, store.table, kill_grace=kill_grace, scope=scope, work_root=work_root
+        )
     except JournalError as exc:
         journal.close()
         raise NodeStartError(str(exc)) from None
@@ -275,7 +290,7 @@ async def start_journal(
 
     await tree.services.start(serve_writer, name="journal-writer")
     store.journal = writer
-    if report.restored or report.interrupted or report.expired:
+    if report.restored or report.interrupted or report.expired or report.work_dirs_removed:
         return report.describe()
     return None
 
@@ -473,7 +488,9 @@ async def serve_node(
                 )
             journal = await open_journal(config, options, node_id)  # job journal (docs/node.md)
             if journal is not None:
-                line = await start_journal(tree, store, journal, t.kill_grace, scope=node_id)
+                line = await start_journal(
+                    tree, store, journal, t.kill_grace, scope=node_id, registry=registry
+                )
                 if line:
                     say(line)
             await tree.services.start(store.serve_janitor, name="janitor")

@@ -5,8 +5,10 @@ stdin and prints one JSON object on stdout, which becomes the job's ``data``.
 
 - :class:`TaskRegistry` is built once from the config: what is advertised (supported tasks,
   families, in declaration order), payload validation with §6.6's messages, and
-  :meth:`TaskRegistry.prepare`, which at ack time validates, creates the per-job work dir and
-  materializes raw members into files. Nothing here awaits: ack stays on the hot path.
+  :meth:`TaskRegistry.prepare`, which at ack time validates and names the per-job work dir
+  (``fleet-job-<tag>-…``); a task that materializes raw members into files gets the dir and
+  its files then, any other task when its job starts (:meth:`PreparedJob.make_work_dir`).
+  Nothing here awaits: ack stays on the hot path.
 - :class:`TaskRunner` executes a :class:`PreparedJob` through :func:`fleet_trio.proc.run.run`
   (own process group, SIGTERM → grace → SIGKILL on cancel, ``timeout`` as ``max_runtime``),
   on its own GPU device(s) for ``gpu: true`` / ``gpus: N`` tasks (taken from the node's
@@ -59,6 +61,13 @@ TAIL_BYTES = 400
 RESULT_CAP = 16 << 20
 """Most stdout kept for the result (16 MiB); a longer result is an error."""
 WORK_DIR_PREFIX = "fleet-job-"
+
+
+def work_dir_prefix(tag: str) -> str:
+    """The name prefix of every work dir of the node with this tag: ``fleet-job-<tag>-``
+    (the tag is the journal's, so a restarted node knows its predecessor's dirs)."""
+    return f"{WORK_DIR_PREFIX}{tag}-"
+
 
 _PLACEHOLDER = re.compile(r"\{(job_id|task_type|work_dir|family|quant|file\.[A-Za-z0-9_.-]+)\}")
 _TYPE_CHECKS: dict[str, Callable[[object], bool]] = {
@@ -195,6 +204,9 @@ class PreparedJob:
     """GPU placement: the UUIDs of the devices the job was given (empty: none / unknown)."""
     sweep_id: str = ""
     """The value of the job's :data:`SWEEP_MARKER` (its escapees are found by it)."""
+    deferred_dir: bool = False
+    """The work dir is only named yet: :meth:`make_work_dir` creates it when the job starts
+    (a task with no materialized files; its dispatch makes no directory on the event loop)."""
     _cleaned: bool = False
 
     def pin(self, devices: tuple[str, ...]) -> None:
@@ -202,6 +214,13 @@ class PreparedJob:
         ``NVIDIA_VISIBLE_DEVICES`` set to their UUIDs)."""
         self.devices = devices
         self.env.update(pin_env(devices))
+
+    def make_work_dir(self) -> None:
+        """Create a deferred work dir (blocking; ``0700``; never an existing path — a name
+        somebody made first fails with ``FileExistsError``). A no-op when it exists already."""
+        if self.deferred_dir:
+            os.mkdir(self.work_dir, 0o700)
+            self.deferred_dir = False
 
     def cleanup(self) -> None:
         """Remove the work dir. Idempotent; safe even when there is nothing to remove."""
@@ -223,9 +242,13 @@ class TaskRegistry:
         work_root: str | None = None,
         check_executables: bool = True,
         sweep_scope: str = "",
+        work_tag: str = "",
     ) -> None:
         self.base_dir = base_dir
         self.work_root = work_root
+        self.work_tag = work_tag or secrets.token_hex(6)
+        """Work dirs are ``fleet-job-<work_tag>-…`` (:func:`work_dir_prefix`). With a journal,
+        its tag (set before the node serves); without one, a tag of this registry's own."""
         self.sweep_scope = sweep_scope or f"run-{secrets.token_hex(6)}"
         """The node's part of each job's sweep marker (:func:`sweep_value`): its node id, so a
         restarted node finds its predecessor's jobs; without one, a value of this registry's
@@ -272,6 +295,11 @@ class TaskRegistry:
                 out[i] = self._resolve(arg)
         return tuple(out)
 
+    @property
+    def work_dir_root(self) -> str:
+        """The folder work dirs are made in (``work_root``, else the temporary folder)."""
+        return os.path.abspath(self.work_root or tempfile.gettempdir())
+
     def get(self, task_type: str) -> TaskDef | None:
         return self._tasks.get(task_type)
 
@@ -289,8 +317,13 @@ class TaskRegistry:
             raise WireError(msg_unsupported(task_type, self.supported), status=400)
         members = validate_payload(task.name, task.payload, payload_raw)
         family, quant = _family_for(task, members)
-        work_dir = tempfile.mkdtemp(prefix=WORK_DIR_PREFIX, dir=self.work_root)
         files: dict[str, str] = {}
+        deferred = not task.materialize
+        if deferred:  # named now, made when the job starts (off the event loop)
+            name = work_dir_prefix(self.work_tag) + secrets.token_hex(8)
+            work_dir = os.path.join(self.work_dir_root, name)
+        else:  # its payload files are written now: a failure is the dispatch's 400
+            work_dir = tempfile.mkdtemp(prefix=work_dir_prefix(self.work_tag), dir=self.work_root)
         try:
             for name, filename in task.materialize.items():
                 value, raw = members.get(name, (None, ""))
@@ -345,6 +378,7 @@ class TaskRegistry:
             family=family,
             quant=quant,
             sweep_id=sweep_id,
+            deferred_dir=deferred,
         )
 
 
@@ -634,6 +668,13 @@ class TaskRunner:
         outcome: Outcome | None = None
         failure: BaseException | None = None
         try:
+            if job.deferred_dir:  # the work dir its dispatch only named
+                try:
+                    await trio.to_thread.run_sync(job.make_work_dir, limiter=self.cleanup_limiter)
+                except OSError as exc:
+                    why = exc.strerror or str(exc)
+                    outcome = Failed(f"{job.task.name} failed: cannot create its work dir: {why}")
+                    return outcome
             wanted = task_gpus(job.task)
             if wanted:
                 outcome = await self._run_placed(job, wanted, tee)
@@ -773,4 +814,5 @@ __all__ = [
     "payload_error",
     "sweep_value",
     "validate_payload",
+    "work_dir_prefix",
 ]

@@ -132,6 +132,8 @@ class RestartRecords:
     observations: list[Observation]
     runs: dict[str, int]
     leftovers: list[Leftover] = attrs.Factory(list)
+    leftover_dirs: list[str] = attrs.Factory(list)
+    """Work dirs of a killed node still there when its successor was ready."""
     acked: set[str] = attrs.Factory(set)
     """Ids some node answered 202."""
 
@@ -184,6 +186,8 @@ def check_restart(rec: RestartRecords) -> list[RestartViolation]:
             left.job_id,
             f"pid {left.pid} alive when the restarted node was ready ({left.ready_at:.2f}s)",
         )
+    for name in rec.leftover_dirs:
+        bad("workdir-left", name, "a killed node's work dir outlived the restart")
     return out
 
 
@@ -196,6 +200,14 @@ def scan_markers(job_ids: Iterable[str]) -> list[tuple[int, str]]:
     if not wanted:
         return []
     return [(p.pid, p.job_id) for p in runner.scan_markers(wanted) if p.marker == NODE_MARKER]
+
+
+def work_dirs(folder: str) -> set[str]:
+    """The job work dirs (``fleet-job-*``) directly in ``folder`` (blocking)."""
+    try:
+        return {name for name in os.listdir(folder) if name.startswith("fleet-job-")}
+    except OSError:
+        return set()
 
 
 @attrs.frozen
@@ -270,12 +282,15 @@ class RestartLineage:
             with trio.move_on_after(step.kill_in_start):
                 await self.node.start()
             await self.node.kill()
+        dead_dirs = await trio.to_thread.run_sync(work_dirs, self.node_dir)
         await self.node.start()
         ready = trio.current_time()
         found = await trio.to_thread.run_sync(scan_markers, before_kill)
+        left = dead_dirs & await trio.to_thread.run_sync(work_dirs, self.node_dir)
         url = self.node.url
         await self.dispatcher.wait_for(lambda: self.dispatcher.healthy(url), timeout=SETTLE_TIMEOUT)
         rec.leftovers += [Leftover(pid, job, ready) for pid, job in found]
+        rec.leftover_dirs += sorted(left)
 
     async def play(
         self, seed: int, steps: Sequence[RestartStep], say: Callable[[str], None] = print

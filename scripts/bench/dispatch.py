@@ -19,6 +19,14 @@ One warm-up burst per side (opens the keep-alive connections), then ``--rounds``
 side, alternating which side goes first. Prints p50/p99 of each, the p99 ratio, and the p99
 difference (the client's own scheduling time is in both numbers; the difference is free of it).
 
+``--clients 1`` (issue 19: one client at a time): one client per side dispatches ``--count``
+jobs one at a time, ``--gap`` seconds apart (so only a job's own start competes with its ack),
+``--rounds`` times (+1 warm-up round of 5), the sides taking turns dispatch by dispatch; then
+polls each job to ``done``. Prints the median ack
+of each side, the node/floor median ratios (target ≤ 1.5) and each job's start lag (from
+sending the dispatch to the Python child's own first timestamp): a change that made the ack
+faster by starting the job later would show there.
+
 Part 2 (health): one client GETs ``/fleet/health`` every 10 ms on the node, first with the
 node idle, then while ``--jobs`` jobs run (each holds 512 MiB of the fake GPU for 2 s, with a
 footprint, so every job is sampled every 500 ms; gpu: false, so they run side by side; their
@@ -33,6 +41,7 @@ another host would). Only 127.0.0.1 is used.
 
     .venv/bin/python scripts/bench/dispatch.py [--clients 256] [--jobs 32] [--rounds 2]
                                                [--child python|sh] [--ack-only]
+                                               [--count 40] [--gap 0.1]
 
 Exit status: 0 whether or not the targets are met; 1 when the run is broken (a server does
 not start, a request fails, an ack is not 202, a job ends in ``error``, no footprint).
@@ -59,6 +68,8 @@ from benchlib import BrokenRun, pct, serve_node_child, start_served, stop_served
 
 ACK_TARGET = 1.5
 JOURNAL_TARGET = 1.2
+ONE_CLIENT_TARGET = 1.5
+"""``--clients 1``: the node's median ack against the bare app's (issue 19)."""
 SIDES = {"node": "node, journal on", "nojournal": "node, journal off", "floor": "bare quart-trio"}
 POLL_INTERVAL = 0.5
 HEALTH_INTERVAL = 0.01
@@ -71,7 +82,8 @@ STEADY = (0.75, HOLD_SECONDS)
 
 # The trivial task (part 1) and the sampled one (part 2): plain Python, no project imports, so
 # a child costs one interpreter start. ``hold`` writes its fake-GPU holding atomically.
-TRIVIAL = "import sys,json; json.load(sys.stdin); print('{}')"
+TRIVIAL = "import sys,json,time; t=time.time(); json.load(sys.stdin); print(json.dumps({'t': t}))"
+"""Prints when it began (wall clock): ``--clients 1`` reports each job's start lag from it."""
 HOLD = (
     "import json,os,sys,time; json.load(sys.stdin); d=os.environ['FLEET_TRIO_FAKE_GPU_DIR']; "
     "p=os.path.join(d,str(os.getpid())); t=p+'.tmp'; open(t,'w').write('512M'); "
@@ -207,6 +219,71 @@ async def one_job(
             return
 
 
+async def one_ack(client: httpx.AsyncClient) -> tuple[str, float, float]:
+    """One dispatch: ``(job id, wall-clock time sent, ack latency ms)``."""
+    job_id = f"bench-{uuid.uuid4().hex}"
+    body = json.dumps({"job_id": job_id, "task_type": "trivial", "payload": {}}).encode()
+    sent = time.time()
+    t0 = time.perf_counter()
+    r = await client.post(
+        "/fleet/dispatch", content=body, headers={"Content-Type": "application/json"}
+    )
+    elapsed = (time.perf_counter() - t0) * 1000.0
+    if r.status_code != 202 or r.json() != {"job_id": job_id, "status": "accepted"}:
+        raise BrokenRun(f"dispatch {job_id}: {r.status_code} {r.text[:200]}")
+    return job_id, sent, elapsed
+
+
+async def wait_done(client: httpx.AsyncClient, job_id: str) -> float | None:
+    """Poll until ``done``; the child's start stamp (``None``: none, e.g. the sh child)."""
+    while True:  # bounded by the caller's fail_after
+        view = (await client.get(f"/fleet/jobs/{job_id}")).json()
+        if view.get("state") == "error":
+            raise BrokenRun(f"job {job_id} failed: {view}")
+        if view.get("state") == "done":
+            stamp = (view.get("data") or {}).get("t")
+            return stamp if isinstance(stamp, float) else None
+        await trio.sleep(POLL_INTERVAL)
+
+
+async def bench_paced(
+    urls: dict[str, str], count: int, gap: float, rounds: int, starts: dict[str, list[float]]
+) -> dict[str, list[float]]:
+    """``--clients 1``: ``rounds`` x ``count`` dispatches per side, one at a time, ``gap`` s
+    apart, the sides taking turns dispatch by dispatch (on a machine whose load changes, each
+    side then sees the same load); a side's jobs are polled to ``done`` after each round and
+    their start lags (ms from sending the dispatch to the child's own stamp) go to
+    ``starts``."""
+    acks: dict[str, list[float]] = {k: [] for k in urls}
+    for k in urls:
+        starts[k] = []
+    clients = {k: new_client(u) for k, u in urls.items()}
+    sides = list(urls)
+    try:
+        for k in sides:
+            await connect([clients[k]])
+        for rnd in range(rounds + 1):  # the first round is the warm-up
+            sent: dict[str, list[tuple[str, float]]] = {k: [] for k in sides}
+            with trio.fail_after(ROUND_TIMEOUT + count * len(sides) * gap):
+                for i in range(count if rnd else 5):
+                    shift = (rnd + i) % len(sides)
+                    for k in sides[shift:] + sides[:shift]:
+                        job_id, at, ms = await one_ack(clients[k])
+                        sent[k].append((job_id, at))
+                        if rnd:
+                            acks[k].append(ms)
+                        await trio.sleep(gap)
+                for k in sides:
+                    for job_id, at in sent[k]:
+                        stamp = await wait_done(clients[k], job_id)
+                        if rnd and stamp is not None:
+                            starts[k].append((stamp - at) * 1000.0)
+    finally:
+        for c in clients.values():
+            await c.aclose()
+    return acks
+
+
 async def ack_burst(clients: list[httpx.AsyncClient], acks: list[float] | None) -> None:
     with trio.fail_after(ROUND_TIMEOUT):
         async with trio.open_nursery() as nursery:
@@ -339,6 +416,18 @@ def main(argv: list[str] | None = None) -> int:
         help="part 1's trivial task: a Python child (default) or a cheaper /bin/sh one",
     )
     parser.add_argument("--ack-only", action="store_true", help="part 1 only (the ack latencies)")
+    parser.add_argument(
+        "--count",
+        type=int,
+        default=40,
+        help="--clients 1: dispatches per round, one at a time (40)",
+    )
+    parser.add_argument(
+        "--gap",
+        type=float,
+        default=0.1,
+        help="--clients 1: seconds between one ack and the next dispatch (0.1)",
+    )
     parser.add_argument("--serve", nargs=2, metavar=("KIND", "STATE"), help=argparse.SUPPRESS)
     parser.add_argument("--jobs-client", nargs=2, metavar=("URL", "N"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -351,8 +440,10 @@ def main(argv: list[str] | None = None) -> int:
             print(exc, file=sys.stderr)
             return 1
         return 0
-    if args.clients < 1 or args.jobs < 1 or args.rounds < 1:
-        parser.error("--clients, --jobs and --rounds must be >= 1")
+    if args.clients < 1 or args.jobs < 1 or args.rounds < 1 or args.count < 1:
+        parser.error("--clients, --jobs, --rounds and --count must be >= 1")
+    if not 0 <= args.gap <= 10:
+        parser.error("--gap must be within 0..10 seconds")
 
     os.environ[ENV_CHILD] = args.child  # read by the node child's config
     started = time.monotonic()
@@ -364,18 +455,42 @@ def main(argv: list[str] | None = None) -> int:
             for kind in SIDES:
                 proc, urls[kind] = start_server(kind, state)
                 procs.append(proc)
-            acks = trio.run(bench_acks, urls, args.clients, args.rounds)
-            print(
-                f"ack latency: {args.clients} concurrent clients x {args.rounds} rounds per side "
-                f"(+1 warm-up), trivial {args.child} task, servers in their own processes, "
-                f"{os.cpu_count()} CPUs"
-            )
+            if args.clients == 1:
+                starts: dict[str, list[float]] = {}
+                acks = trio.run(bench_paced, urls, args.count, args.gap, args.rounds, starts)
+                print(
+                    f"ack latency: 1 client, {args.count} dispatches {args.gap * 1000:g} ms "
+                    f"apart x {args.rounds} rounds per side (+5 warm-up), trivial {args.child} "
+                    f"task, servers in their own processes, {os.cpu_count()} CPUs"
+                )
+            else:
+                acks = trio.run(bench_acks, urls, args.clients, args.rounds)
+                print(
+                    f"ack latency: {args.clients} concurrent clients x {args.rounds} rounds per "
+                    f"side (+1 warm-up), trivial {args.child} task, servers in their own "
+                    f"processes, {os.cpu_count()} CPUs"
+                )
             for k, label in SIDES.items():
                 v = acks[k]
                 print(
                     f"  {label:<20} p50 {pct(v, 0.5):8.2f} ms   p99 {pct(v, 0.99):8.2f} ms   "
                     f"(mean {statistics.fmean(v):.2f}, n {len(v)})"
                 )
+            if args.clients == 1:
+                for k in ("node", "nojournal"):
+                    v = starts[k]
+                    if v:
+                        print(
+                            f"  {SIDES[k]:<20} job start (dispatch sent -> child running) "
+                            f"p50 {pct(v, 0.5):.2f} ms  p90 {pct(v, 0.9):.2f} ms"
+                        )
+                for k, label in (("node", "journal on"), ("nojournal", "journal off")):
+                    r50 = pct(acks[k], 0.5) / pct(acks["floor"], 0.5)
+                    ok = "ok" if r50 <= ONE_CLIENT_TARGET else "ABOVE TARGET"
+                    print(
+                        f"  ratio p50 node/floor {r50:.2f} ({label})   "
+                        f"(target <= {ONE_CLIENT_TARGET}: {ok})"
+                    )
             p99n, p99f = pct(acks["node"], 0.99), pct(acks["floor"], 0.99)
             ratio = p99n / p99f
             verdict = "ok" if ratio <= ACK_TARGET else "ABOVE TARGET"

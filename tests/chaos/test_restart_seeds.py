@@ -98,6 +98,7 @@ def test_checker_names_each_broken_promise() -> None:
         ],
         runs={"a": 2, "b": 1, "c": 1},
         leftovers=[Leftover(123, "b", 1.0)],
+        leftover_dirs=["fleet-job-0123456789ab-x1"],
         acked={"a", "b", "c", "d"},
     )
     found = {(v.rule, v.job_id) for v in check_restart(bad)}
@@ -107,4 +108,5 @@ def test_checker_names_each_broken_promise() -> None:
         ("ran-twice", "a"),
         ("outlived-node", "b"),
         ("no-terminal", "d"),
+        ("workdir-left", "fleet-job-0123456789ab-x1"),
     }
