@@ -342,7 +342,12 @@ class Supervisor:
             result = await self._finish_cancelled()
         self.helpers.stop()  # stdin relay, pumps stuck behind an escaped holder
         for stream in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
-            if stream is not None:
+            if stream is None:
+                continue
+            close = getattr(stream, "close", None)
+            if close is not None:
+                close()  # a pipe's close does not block: no scheduler turn per stream
+            else:
                 await stream.aclose()
         if self.spec.sweep_job_id:
             report = await sweep_job_survivors(
