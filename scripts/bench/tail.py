@@ -142,7 +142,8 @@ async def dispatch(client: httpx.AsyncClient, task: str, payload: dict[str, Any]
 
 class Tally:
     def __init__(self) -> None:
-        self.received = 0
+        self.received = 0  # stderr bytes
+        self.received_other = 0  # bytes of the other stream (the writer's final "{}")
         self.skipped = 0
         self.end: dict[str, Any] | None = None
         self.latencies: list[float] = []
@@ -165,7 +166,9 @@ async def subscribe(url: str, job_id: str, tally: Tally, *, ticks: bool = False)
                             if line.startswith("t="):
                                 sent = float(line[2:].split(" ", 1)[0])
                                 tally.latencies.append((now - sent) * 1000.0)
-                    if msg["stream"] == "stderr":
+                    if msg["stream"] != "stderr":
+                        tally.received_other += len(output_bytes(msg))
+                    else:
                         tally.received += len(output_bytes(msg))
                         tally.last = time.perf_counter()
                         if tally.first is None:
@@ -196,9 +199,12 @@ async def through_node(node_url: str, nbytes: int, node_pid: int) -> tuple[float
             await subscribe(ws_base(node_url), job_id, tally)
             elapsed = time.perf_counter() - t0
             cpu = time.process_time() - c0 + process_cpu(node_pid) - n0
-    if tally.received + tally.skipped != nbytes:
+    # The job writes nbytes on stderr, then "{}" on stdout; a ``skipped`` may cover either.
+    got = tally.received + tally.received_other + tally.skipped
+    if got != nbytes + 2:
         raise BrokenRun(
-            f"flood: {tally.received} bytes received + {tally.skipped} skipped != {nbytes}"
+            f"flood: {tally.received} + {tally.received_other} bytes received + "
+            f"{tally.skipped} skipped != {nbytes} + 2"
         )
     return elapsed, cpu, tally
 
