@@ -1,4 +1,4 @@
-"""Spawn overhead of ``run()`` against a bare ``trio.run_process`` (target ratio ≤ 1.3).
+"""Spawn overhead of ``run()`` against a bare ``trio.run_process`` (target ratio ≤ 1.15).
 
 Runs N trivial jobs (``true``) both ways in the same process, interleaved pair by pair (the
 order inside each pair alternates) so that machine noise hits both sides alike, and prints
