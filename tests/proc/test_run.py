@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import time
 from typing import Any
 
@@ -11,7 +12,7 @@ import trio
 
 from fleet_trio.proc import BufferSink, JobSpec, Result, StopToken
 from fleet_trio.proc.procfs import pid_alive
-from fleet_trio.proc.run import run
+from fleet_trio.proc.run import resolve_argv, run
 from tests.helpers import PidWatcher, gone_within, scenario_pause, stop_when_output
 
 
@@ -194,6 +195,28 @@ async def test_run_bare_name_is_looked_up_on_the_workers_path() -> None:
         missing = await run(JobSpec(command=["no-such-cmd-ft"], env={"PATH": "/usr/bin"}), sink)
     assert res.exit_code == 0
     assert sink.text().startswith("/nowhere")
+    assert missing.err == 'start: exec: "no-such-cmd-ft": executable file not found in $PATH'
+
+
+def test_bare_name_is_resolved_in_the_parent_without_a_job_path() -> None:
+    """A bare name is looked up here on the worker's PATH even when the job's env does not set
+    PATH (Popen's own walk would try an execve per PATH entry in the child); a path is kept."""
+    found = shutil.which("sh", path=os.environ.get("PATH", os.defpath))
+    assert found is not None
+    assert resolve_argv(("sh", "-c", "true"), None) == ([found, "-c", "true"], None)
+    assert resolve_argv(("sh",), {"LANG": "C"}) == ([found], None)
+    assert resolve_argv(("/bin/sh",), None) == (["/bin/sh"], None)
+    _argv, err = resolve_argv(("no-such-cmd-ft",), None)
+    assert err == 'exec: "no-such-cmd-ft": executable file not found in $PATH'
+
+
+async def test_run_bare_name_without_a_job_path_runs_and_a_missing_one_is_a_start_error() -> None:
+    sink = BufferSink()
+    with trio.fail_after(10):
+        res = await run(JobSpec(command=["sh", "-c", "echo ok"]), sink)
+        missing = await run(JobSpec(command=["no-such-cmd-ft"]), sink)
+    assert res.exit_code == 0 and sink.text() == "ok\n"
+    assert missing.exit_code == -1
     assert missing.err == 'start: exec: "no-such-cmd-ft": executable file not found in $PATH'
 
 
