@@ -382,14 +382,21 @@ def logging_device(tmp_path: Path, log: Path, **kw: object) -> DeviceConfig:
     return DeviceConfig(name="gpu0", on_acquire=script, on_release=script, **kw)  # type: ignore[arg-type]
 
 
-async def scenario_back_to_back_jobs_through_the_worker(tmp_path: Path) -> None:
+@asynccontextmanager
+async def logging_worker(tmp_path: Path, linger: int) -> AsyncIterator[tuple[WorkerRun, Path]]:
+    """A registered worker on the sim whose ``gpu0`` logs every hook to the yielded file, with
+    this ``release_linger``."""
     log = tmp_path / "hooks.log"
     device = logging_device(tmp_path, log)
+    hooks = HooksConfig(release_linger=linger)
+    async with worker_on_sim(tmp_path, [device], hooks=hooks) as run:
+        await run.ready()
+        yield run, log
+
+
+async def scenario_back_to_back_jobs_through_the_worker(tmp_path: Path) -> None:
     with trio.fail_after(30):
-        async with worker_on_sim(
-            tmp_path, [device], hooks=HooksConfig(release_linger=500 * MILLISECOND)
-        ) as run:
-            await run.ready()
+        async with logging_worker(tmp_path, 500 * MILLISECOND) as (run, log):
             ctrl = run.ctrl
             job1 = ctrl.submit(GPU0, ["true"])
             job2 = ctrl.submit(GPU0, ["true"])
@@ -405,13 +412,8 @@ async def test_process_045_back_to_back_jobs_through_the_worker(tmp_path: Path) 
 
 
 async def scenario_job_after_the_linger_through_the_worker(tmp_path: Path) -> None:
-    log = tmp_path / "hooks.log"
-    device = logging_device(tmp_path, log)
     with trio.fail_after(30):
-        async with worker_on_sim(
-            tmp_path, [device], hooks=HooksConfig(release_linger=100 * MILLISECOND)
-        ) as run:
-            await run.ready()
+        async with logging_worker(tmp_path, 100 * MILLISECOND) as (run, log):
             ctrl = run.ctrl
             job1 = ctrl.submit(GPU0, ["true"])
             assert await until_terminal(ctrl, job1) == ["running", "succeeded"]
@@ -490,13 +492,8 @@ async def test_process_048_shutdown_during_acquire_cancels_without_a_fault(tmp_p
 
 
 async def scenario_pending_release_fires_on_shutdown(tmp_path: Path) -> None:
-    log = tmp_path / "hooks.log"
-    device = logging_device(tmp_path, log)
     with trio.fail_after(30):
-        async with worker_on_sim(
-            tmp_path, [device], hooks=HooksConfig(release_linger=60 * SECOND)
-        ) as run:
-            await run.ready()
+        async with logging_worker(tmp_path, 60 * SECOND) as (run, log):
             ctrl = run.ctrl
             job1 = ctrl.submit(GPU0, ["true"])
             assert await until_terminal(ctrl, job1) == ["running", "succeeded"]
