@@ -44,7 +44,7 @@ from fleet_trio.sim.chaos.runner import kill_pids, scan_markers
 from fleet_trio.sim.chaos.schedule import NODE_MARKER, RC_MARKER
 from fleet_trio.sim.controller import SimController, serve_controller
 from fleet_trio.sim.faults import FaultyLink, serve_link
-from fleet_trio.sim.fleet import ROLE_LAUNCHER, free_port, worker_yaml
+from fleet_trio.sim.fleet import ROLE_LAUNCHER, free_port, wait_exit, worker_yaml
 from fleet_trio.sim.roles import worker_timings
 from fleet_trio.sim.stall import StalledTailClient, open_stalled_tail, wait_server_blocked
 from fleet_trio.sim.zygote import open_zygote
@@ -245,19 +245,6 @@ def _exited(proc: RoleProcess) -> bool:
     return proc.returncode is not None
 
 
-async def _wait_exit(proc: RoleProcess, limit: float) -> tuple[int | None, float]:
-    began = trio.current_time()
-    code: int | None = None
-    with trio.move_on_after(limit):
-        code = await proc.wait()
-    took = trio.current_time() - began
-    if code is None:
-        proc.kill()
-        with trio.move_on_after(10, shield=True):
-            await proc.wait()
-    return code, took
-
-
 async def _second_term(proc: RoleProcess, after: float | None) -> None:
     if after is None:
         return
@@ -422,7 +409,7 @@ async def play_node(plan: StopPlan, root: str, spawn: Spawner = spawn_fresh) -> 
                     notes.append(f"the node had exited ({proc.returncode}) before the SIGTERM")
                 proc.send_signal(signal.SIGTERM)
                 nursery.start_soon(_second_term, proc, plan.second_term)
-                code, took = await _wait_exit(proc, NODE_BOUND)
+                code, took = await wait_exit(proc, NODE_BOUND)
                 nursery.cancel_scope.cancel()
     finally:
         await _stop_all(proc, stalled)
@@ -520,7 +507,7 @@ async def play_worker(plan: StopPlan, root: str, spawn: Spawner = spawn_fresh) -
                         link.heal()
 
                     during.start_soon(heal_later)
-                code, took = await _wait_exit(proc, bound)
+                code, took = await wait_exit(proc, bound)
                 during.cancel_scope.cancel()
         finally:
             await _stop_all(proc, stalled)
