@@ -294,6 +294,20 @@ def config(
     )
 
 
+def start_worker(nursery: trio.Nursery, worker: Worker) -> trio.Event:
+    """Run ``serve_worker(worker)`` in ``nursery``; the event is set when it returns or raises."""
+    done = trio.Event()
+
+    async def run_worker() -> None:
+        try:
+            await serve_worker(worker)
+        finally:
+            done.set()
+
+    nursery.start_soon(run_worker)
+    return done
+
+
 @asynccontextmanager
 async def running(
     ctrl: SimController | None = None,
@@ -315,15 +329,7 @@ async def running(
             timings=timings,
             client_timings=client_timings,
         )
-        done = trio.Event()
-
-        async def run_worker() -> None:
-            try:
-                await serve_worker(worker)
-            finally:
-                done.set()
-
-        nursery.start_soon(run_worker)
+        done = start_worker(nursery, worker)
         await ctrl.wait_for(lambda: worker.registrations >= 1 and ctrl.polls(), timeout=5)
         yield ctrl, worker
         worker.request_shutdown("test over")

@@ -26,7 +26,7 @@ from fleet_trio.sim import SimController, serve_controller
 from fleet_trio.worker.client import Assignment
 from fleet_trio.worker.config import DeviceConfig, HooksConfig, WorkerConfig
 from fleet_trio.worker.hooks import HostHooks, hook_env, run_hook
-from fleet_trio.worker.worker import Worker, serve_worker
+from fleet_trio.worker.worker import Worker
 from tests.helpers import (
     FAST,
     FAST_CLIENT,
@@ -35,6 +35,7 @@ from tests.helpers import (
     quiet_for,
     scenario_pause,
     sim,
+    start_worker,
     until_terminal,
     wait_until,
 )
@@ -131,15 +132,7 @@ async def worker_on_sim(
             verify_dir=str(verify_dir if verify_dir is not None else tmp_path / "no-verify.d"),
         )
         worker = Worker(cfg, timings=FAST, client_timings=FAST_CLIENT)
-        done = trio.Event()
-
-        async def run_worker() -> None:
-            try:
-                await serve_worker(worker)
-            finally:
-                done.set()
-
-        nursery.start_soon(run_worker)
+        done = start_worker(nursery, worker)
         run = WorkerRun(ctrl, worker, done)
         try:
             yield run

@@ -27,8 +27,8 @@ from fleet_trio.sim import SimController, serve_controller
 from fleet_trio.worker import probes
 from fleet_trio.worker.config import DeviceConfig, WorkerConfig
 from fleet_trio.worker.probes import Prober
-from fleet_trio.worker.worker import Worker, serve_worker
-from tests.helpers import FAST, FAST_CLIENT, HOST, dev, scenario_pause, sim
+from fleet_trio.worker.worker import Worker
+from tests.helpers import FAST, FAST_CLIENT, HOST, dev, scenario_pause, sim, start_worker
 
 PROBE_LOGGER = "fleet_trio.worker.probes"
 PRESERVING = "preserving the last known detected labels of device"
@@ -105,15 +105,7 @@ async def labelled_worker(
             client_timings=FAST_CLIENT,
             prober=Prober(cfg, path=str(s.bindir)),
         )
-        done = trio.Event()
-
-        async def run_worker() -> None:
-            try:
-                await serve_worker(worker)
-            finally:
-                done.set()
-
-        nursery.start_soon(run_worker)
+        done = start_worker(nursery, worker)
         await ctrl.wait_for(lambda: worker.registrations >= 1, timeout=10)
         yield ctrl, worker
         worker.request_shutdown("test over")

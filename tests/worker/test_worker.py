@@ -36,6 +36,7 @@ from tests.helpers import (
     running_with_hooks,
     scenario_pause,
     sim,
+    start_worker,
     until_terminal,
     wait_until,
 )
@@ -175,13 +176,7 @@ async def test_shutdown_with_running_job_reports_killed_and_returns() -> None:
         async with trio.open_nursery() as nursery:
             url = await nursery.start(serve_controller, ctrl)
             worker = Worker(config(url), timings=FAST, client_timings=FAST_CLIENT)
-            done = trio.Event()
-
-            async def run_worker() -> None:
-                await serve_worker(worker)
-                done.set()
-
-            nursery.start_soon(run_worker)
+            done = start_worker(nursery, worker)
             job = ""
             await ctrl.wait_for(lambda: worker.registrations >= 1)
             job = ctrl.submit(dev("gpu0"), ["sleep", "30"])
