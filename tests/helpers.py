@@ -27,6 +27,7 @@ from typing import TypeVar
 import httpx
 import trio
 import trio.testing
+from hypothesis import strategies
 
 from fleet_trio.proc import BufferSink, StopToken
 from fleet_trio.proc.procfs import Predicate, ProcStat, job_env_id, pid_alive
@@ -291,6 +292,29 @@ def config(
         devices=devs,
         sheet_dir="/nonexistent",
         require_manual_clear=manual_clear,
+    )
+
+
+def json_values(
+    *, digits: int, text: int, items: int, keys: int, leaves: int
+) -> strategies.SearchStrategy[object]:
+    """Any JSON document, for fuzzing a parser: null, booleans, integers up to ``10**digits``,
+    finite floats, strings up to ``text`` characters, nested in lists (up to ``items``) and
+    objects (keys up to ``keys`` characters), at most ``leaves`` scalars in all."""
+    scalars = strategies.one_of(
+        strategies.none(),
+        strategies.booleans(),
+        strategies.integers(min_value=-(10**digits), max_value=10**digits),
+        strategies.floats(allow_nan=False, allow_infinity=False),
+        strategies.text(max_size=text),
+    )
+    return strategies.recursive(
+        scalars,
+        lambda inner: (
+            strategies.lists(inner, max_size=items)
+            | strategies.dictionaries(strategies.text(max_size=keys), inner)
+        ),
+        max_leaves=leaves,
     )
 
 
