@@ -241,6 +241,15 @@ def check_stop(record: StopRecord) -> list[Violation]:
 # -- playing one seed --------------------------------------------------------------------------
 
 
+async def _leftovers(job_ids: Sequence[str], marker: str) -> tuple[MarkedProcess, ...]:
+    """Processes of the seed's jobs still alive after it (all SIGKILLed now); those carrying
+    ``marker`` (the role's own job marker)."""
+    marked = await trio.to_thread.run_sync(scan_markers, set(job_ids))
+    if marked:
+        kill_pids(p.pid for p in marked)
+    return tuple(p for p in marked if p.marker == marker)
+
+
 def _exited(proc: RoleProcess) -> bool:
     return proc.returncode is not None
 
@@ -415,16 +424,14 @@ async def play_node(plan: StopPlan, root: str, spawn: Spawner = spawn_fresh) -> 
         await _stop_all(proc, stalled)
         with contextlib.suppress(OSError):
             os.unlink(os.path.join(gpu, HANG_FILE))
-    marked = await trio.to_thread.run_sync(scan_markers, set(job_ids))
-    if marked:
-        kill_pids(p.pid for p in marked)
+    marked = await _leftovers(job_ids, NODE_MARKER)
     return StopRecord(
         plan=plan,
         exit_code=code,
         seconds=took,
         bound=NODE_BOUND,
         jobs={j: tuple(seen[j]) for j in job_ids},
-        marked=tuple(p for p in marked if p.marker == NODE_MARKER),
+        marked=marked,
         notes=tuple(notes),
         output_tail=_read_tail(log_path),
     )
@@ -526,9 +533,7 @@ async def play_worker(plan: StopPlan, root: str, spawn: Spawner = spawn_fresh) -
         final[j] = ctrl.job(j).state
         if final[j] not in jobs[j]:
             notes.append(f"{j}: {final[j]} at the controller (reports: {list(jobs[j])})")
-    marked = await trio.to_thread.run_sync(scan_markers, set(job_ids))
-    if marked:
-        kill_pids(p.pid for p in marked)
+    marked = await _leftovers(job_ids, RC_MARKER)
     return StopRecord(
         plan=plan,
         exit_code=code,
@@ -536,7 +541,7 @@ async def play_worker(plan: StopPlan, root: str, spawn: Spawner = spawn_fresh) -
         bound=bound,
         jobs=jobs,
         final=final,
-        marked=tuple(p for p in marked if p.marker == RC_MARKER),
+        marked=marked,
         notes=tuple(notes),
         output_tail=_read_tail(log_path),
     )
