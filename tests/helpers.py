@@ -22,6 +22,7 @@ import signal
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import TypeVar
 
 import httpx
@@ -316,6 +317,19 @@ def json_values(
         ),
         max_leaves=leaves,
     )
+
+
+def write_worker_yaml(
+    folder: Path, url: str, *, token: str = "wtok", host: str = HOST, extra: str = ""
+) -> Path:
+    """``folder/worker.yaml`` for a real ``fleet-trio worker`` against ``url``: heartbeat
+    200 ms, poll wait 1 s, one device ``gpu0``; ``extra``: more top-level lines."""
+    path = folder / "worker.yaml"
+    path.write_text(
+        f"controller_url: {url}\ntoken: {token}\nhost: {host}\nheartbeat_interval: 200ms\n"
+        f"poll_wait: 1s\nsheet_dir: {folder}\n{extra}devices:\n  - gpu0\n"
+    )
+    return path
 
 
 def start_worker(nursery: trio.Nursery, worker: Worker) -> trio.Event:

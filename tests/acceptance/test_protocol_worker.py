@@ -34,6 +34,7 @@ from tests.helpers import (
     scenario_pause,
     sim,
     until_terminal,
+    write_worker_yaml,
 )
 
 # --------------------------------------------------------------------------------------------
@@ -483,11 +484,7 @@ async def _scenario_104_105(
     with trio.fail_after(30):
         async with trio.open_nursery() as nursery:
             url = await nursery.start(serve_controller, ctrl)
-            cfg = tmp_path / "worker.yaml"
-            cfg.write_text(
-                f"controller_url: {url}\ntoken: wtok\nhost: {HOST}\nheartbeat_interval: 200ms\n"
-                f"poll_wait: 1s\nsheet_dir: {tmp_path}\ndevices:\n  - gpu0\n"
-            )
+            cfg = write_worker_yaml(tmp_path, url)
             proc = await trio.lowlevel.open_process(
                 [sys.executable, "-m", "fleet_trio", "worker", "-c", str(cfg)],
                 stdin=subprocess.DEVNULL,
