@@ -332,6 +332,12 @@ def write_worker_yaml(
     return path
 
 
+async def sim_worker(nursery: trio.Nursery, ctrl: SimController) -> Worker:
+    """Serve ``ctrl`` in ``nursery``; a worker (not started) on it, with ``FAST`` timings."""
+    url = await nursery.start(serve_controller, ctrl)
+    return Worker(config(url), timings=FAST, client_timings=FAST_CLIENT)
+
+
 def start_worker(nursery: trio.Nursery, worker: Worker) -> trio.Event:
     """Run ``serve_worker(worker)`` in ``nursery``; the event is set when it returns or raises."""
     done = trio.Event()

@@ -33,6 +33,7 @@ from tests.helpers import (
     running,
     scenario_pause,
     sim,
+    sim_worker,
     until_terminal,
     write_worker_yaml,
 )
@@ -401,15 +402,12 @@ async def test_protocol_091_self_sigkill_reports_137() -> None:
 
 
 async def test_protocol_104_cancelled_worker_waits_for_job_reports() -> None:
-    from fleet_trio.sim import serve_controller
     from fleet_trio.worker.worker import serve_worker
-    from tests.helpers import FAST_CLIENT, config
 
     with trio.fail_after(20):
         ctrl = sim()
         async with trio.open_nursery() as nursery:
-            url = await nursery.start(serve_controller, ctrl)
-            worker = Worker(config(url), timings=FAST, client_timings=FAST_CLIENT)
+            worker = await sim_worker(nursery, ctrl)
             returned = trio.Event()
             scope = trio.CancelScope()
 

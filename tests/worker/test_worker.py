@@ -13,29 +13,27 @@ import attrs
 import pytest
 import trio
 
-from fleet_trio.sim import SimController, serve_controller
+from fleet_trio.sim import SimController
 from fleet_trio.sim.relay import operator
 from fleet_trio.worker.client import Assignment, StatusReport
 from fleet_trio.worker.config import DeviceConfig
 from fleet_trio.worker.worker import (
-    Worker,
     effective_max_runtime,
     job_environment,
     serve_worker,
 )
 from tests.helpers import (
-    FAST,
     FAST_CLIENT,
     HOST,
     PY,
     FakeHooks,
-    config,
     dev,
     quiet_for,
     running,
     running_with_hooks,
     scenario_pause,
     sim,
+    sim_worker,
     start_worker,
     until_terminal,
     wait_until,
@@ -174,8 +172,7 @@ async def test_shutdown_with_running_job_reports_killed_and_returns() -> None:
     with trio.fail_after(20):
         ctrl = sim()
         async with trio.open_nursery() as nursery:
-            url = await nursery.start(serve_controller, ctrl)
-            worker = Worker(config(url), timings=FAST, client_timings=FAST_CLIENT)
+            worker = await sim_worker(nursery, ctrl)
             done = start_worker(nursery, worker)
             job = ""
             await ctrl.wait_for(lambda: worker.registrations >= 1)
@@ -194,8 +191,7 @@ async def test_cancelled_worker_still_reports_killed() -> None:
     with trio.fail_after(20):
         ctrl = sim()
         async with trio.open_nursery() as nursery:
-            url = await nursery.start(serve_controller, ctrl)
-            worker = Worker(config(url), timings=FAST, client_timings=FAST_CLIENT)
+            worker = await sim_worker(nursery, ctrl)
             with trio.CancelScope() as scope:
                 nursery.start_soon(ctrl.wait_for, lambda: False, 30.0)
                 inner = trio.CancelScope()
