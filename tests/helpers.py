@@ -33,6 +33,7 @@ from hypothesis import strategies
 from fleet_trio.proc import BufferSink, StopToken
 from fleet_trio.proc.procfs import Predicate, ProcStat, job_env_id, pid_alive
 from fleet_trio.sim import SimController, serve_controller
+from fleet_trio.sim.relay import RelaySession, operator
 from fleet_trio.worker.client import (
     Assignment,
     ControllerClient,
@@ -336,6 +337,19 @@ async def sim_worker(nursery: trio.Nursery, ctrl: SimController) -> Worker:
     """Serve ``ctrl`` in ``nursery``; a worker (not started) on it, with ``FAST`` timings."""
     url = await nursery.start(serve_controller, ctrl)
     return Worker(config(url), timings=FAST, client_timings=FAST_CLIENT)
+
+
+async def tty_shell_job(ctrl: SimController) -> tuple[str, RelaySession]:
+    """A ``stdio: tty`` shell job on ``gpu0`` that the operator has print ``tty-42`` and end
+    with ``exit``; asserts it succeeded. The job id and its operator (the output it saw)."""
+    job = ctrl.submit(dev("gpu0"), ["/bin/sh"], stdio="tty")
+    term = operator(ctrl, job)
+    await term.wait_connected(timeout=10)
+    await term.send(b"echo tty-$((6 * 7))\n")
+    await term.wait_output(b"tty-42", timeout=10)
+    await term.send(b"exit\n")
+    assert await until_terminal(ctrl, job) == ["running", "succeeded"]
+    return job, term
 
 
 def start_worker(nursery: trio.Nursery, worker: Worker) -> trio.Event:

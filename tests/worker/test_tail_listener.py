@@ -41,6 +41,7 @@ from tests.helpers import (
     running,
     running_with_hooks,
     sim,
+    tty_shell_job,
     until_terminal,
     wait_until,
 )
@@ -197,16 +198,10 @@ async def test_pipe_job_stdout_and_stderr_are_teed_into_the_tail() -> None:
 async def test_tty_job_output_is_teed_into_the_tail() -> None:
     with trio.fail_after(30):
         async with running(configure=tail_on()) as (ctrl, worker):
-            job = ctrl.submit(dev("gpu0"), ["/bin/sh"], stdio="tty")
-            term = operator(ctrl, job)
-            await term.wait_connected(timeout=10)
-            await term.send(b"echo tail-$((6 * 7))\n")
-            await term.wait_output(b"tail-42", timeout=10)
-            await term.send(b"exit\n")
-            assert await until_terminal(ctrl, job) == ["running", "succeeded"]
+            job, term = await tty_shell_job(ctrl)
             events, code = await collect(ws(worker, job))
             assert code == CLOSE_NORMAL
-            assert b"tail-42" in output(events, "stdout")
+            assert b"tty-42" in output(events, "stdout")
             assert output(events, "stdout") == term.output()
             assert ctrl.logs(job) == b""  # a tty's output never reaches the log endpoint
 

@@ -35,6 +35,7 @@ from tests.helpers import (
     sim,
     sim_worker,
     start_worker,
+    tty_shell_job,
     until_terminal,
     wait_until,
 )
@@ -387,13 +388,7 @@ async def test_tty_job_through_the_worker_and_the_relay() -> None:
     endpoint, and ``exit`` ends it ``succeeded``."""
     with trio.fail_after(20):
         async with running() as (ctrl, _):
-            job = ctrl.submit(dev("gpu0"), ["/bin/sh"], stdio="tty")
-            term = operator(ctrl, job)
-            await term.wait_connected(timeout=10)
-            await term.send(b"echo relay-$((40 + 2))\n")
-            await term.wait_output(b"relay-42", timeout=10)
-            await term.send(b"exit\n")
-            assert await until_terminal(ctrl, job) == ["running", "succeeded"]
+            job, _ = await tty_shell_job(ctrl)
             assert ctrl.logs(job) == b""
 
 
