@@ -123,20 +123,6 @@ async def test_kill_running_job() -> None:
             assert ctrl.status_reports(job)[-1].reason == "cancelled"
 
 
-async def test_heartbeats_name_running_jobs_only() -> None:
-    with trio.fail_after(20):
-        async with running() as (ctrl, _):
-            job = ctrl.submit(dev("gpu1"), ["sleep", "1"])
-            await ctrl.wait_for(
-                lambda: any(h.get("running_job_ids") == [job] for h in ctrl.heartbeats())
-            )
-            await until_terminal(ctrl, job)
-            n = len(ctrl.heartbeats())
-            await ctrl.wait_for(lambda: len(ctrl.heartbeats()) > n + 1)
-            assert ctrl.heartbeats()[-1] == {}
-            assert all(len(h.get("running_job_ids", [])) <= 1 for h in ctrl.heartbeats())
-
-
 async def test_cuda_visible_devices_and_env() -> None:
     with trio.fail_after(20):
         async with running(devices=("gpu1", "mydevice")) as (ctrl, _):
