@@ -339,15 +339,21 @@ async def sim_worker(nursery: trio.Nursery, ctrl: SimController) -> Worker:
     return Worker(config(url), timings=FAST, client_timings=FAST_CLIENT)
 
 
-async def tty_shell_job(ctrl: SimController) -> tuple[str, RelaySession]:
-    """A ``stdio: tty`` shell job on ``gpu0`` that the operator has print ``tty-42`` and end
-    with ``exit``; asserts it succeeded. The job id and its operator (the output it saw)."""
-    job = ctrl.submit(dev("gpu0"), ["/bin/sh"], stdio="tty")
+async def operated_job(
+    ctrl: SimController, command: list[str], stdio: str, typed: bytes, expect: bytes
+) -> tuple[str, RelaySession]:
+    """A relay job (``stdio`` ``tty`` or ``pipe``) on ``gpu0``: its operator types ``typed``,
+    waits for ``expect``, then ends the input (tty: ``exit``; pipe: EOF); asserts the job
+    succeeded. The job id and its operator (with the output it saw)."""
+    job = ctrl.submit(dev("gpu0"), command, stdio=stdio)
     term = operator(ctrl, job)
     await term.wait_connected(timeout=10)
-    await term.send(b"echo tty-$((6 * 7))\n")
-    await term.wait_output(b"tty-42", timeout=10)
-    await term.send(b"exit\n")
+    await term.send(typed)
+    await term.wait_output(expect, timeout=10)
+    if stdio == "tty":
+        await term.send(b"exit\n")
+    else:
+        await term.close_input()
     assert await until_terminal(ctrl, job) == ["running", "succeeded"]
     return job, term
 

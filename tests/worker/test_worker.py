@@ -14,7 +14,6 @@ import pytest
 import trio
 
 from fleet_trio.sim import SimController
-from fleet_trio.sim.relay import operator
 from fleet_trio.worker.client import Assignment, StatusReport
 from fleet_trio.worker.config import DeviceConfig
 from fleet_trio.worker.worker import (
@@ -28,6 +27,7 @@ from tests.helpers import (
     PY,
     FakeHooks,
     dev,
+    operated_job,
     quiet_for,
     running,
     running_with_hooks,
@@ -35,7 +35,6 @@ from tests.helpers import (
     sim,
     sim_worker,
     start_worker,
-    tty_shell_job,
     until_terminal,
     wait_until,
 )
@@ -374,7 +373,9 @@ async def test_tty_job_through_the_worker_and_the_relay() -> None:
     endpoint, and ``exit`` ends it ``succeeded``."""
     with trio.fail_after(20):
         async with running() as (ctrl, _):
-            job, _ = await tty_shell_job(ctrl)
+            job, _ = await operated_job(
+                ctrl, ["/bin/sh"], "tty", b"echo tty-$((6 * 7))\n", b"tty-42"
+            )
             assert ctrl.logs(job) == b""
 
 
@@ -382,14 +383,9 @@ async def test_pipe_job_through_the_worker_sends_stderr_to_the_log() -> None:
     script = "cat; echo to-stderr >&2"
     with trio.fail_after(20):
         async with running() as (ctrl, _):
-            job = ctrl.submit(dev("gpu0"), ["sh", "-c", script], stdio="pipe")
-            term = operator(ctrl, job)
-            await term.wait_connected(timeout=10)
-            await term.send(b"line-one\nline\rtwo\xffend\n")
-            await term.wait_output(b"end\n", timeout=10)
-            await term.close_input()
-            assert await until_terminal(ctrl, job) == ["running", "succeeded"]
-            assert term.output() == b"line-one\nline\rtwo\xffend\n"
+            typed = b"line-one\nline\rtwo\xffend\n"
+            job, term = await operated_job(ctrl, ["sh", "-c", script], "pipe", typed, b"end\n")
+            assert term.output() == typed
             await ctrl.wait_for(lambda: ctrl.logs(job) == b"to-stderr\n")
 
 
