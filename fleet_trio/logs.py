@@ -341,34 +341,38 @@ def _add_log_arguments(parser: argparse.ArgumentParser, *, top: bool) -> None:
     )
 
 
-def resolve_level(flag: str | None, environ: Mapping[str, str]) -> str:
-    """The log level: the flag, else ``$FLEET_TRIO_LOG_LEVEL``, else WARNING."""
+def _resolve(
+    flag: str | None,
+    environ: Mapping[str, str],
+    key: str,
+    what: str,
+    choices: Iterable[str],
+    default: str,
+    *,
+    upper: bool,
+) -> str:
+    """The flag, else ``$key`` (case-folded), else the default; a bad ``$key`` is an error."""
+    fold = str.upper if upper else str.lower
     if flag:
-        return flag.upper()
-    value = environ.get(ENV_LEVEL, "").strip().upper()
+        return fold(flag)
+    value = fold(environ.get(key, "").strip())
     if not value:
-        return DEFAULT_LEVEL
-    if value not in LEVELS:
+        return default
+    if value not in choices:
         raise LogSetupError(
-            f"${ENV_LEVEL}: invalid log level {environ[ENV_LEVEL]!r} (choose from "
-            f"{', '.join(LEVELS)})"
+            f"${key}: invalid {what} {environ[key]!r} (choose from {', '.join(choices)})"
         )
     return value
+
+
+def resolve_level(flag: str | None, environ: Mapping[str, str]) -> str:
+    """The log level: the flag, else ``$FLEET_TRIO_LOG_LEVEL``, else WARNING."""
+    return _resolve(flag, environ, ENV_LEVEL, "log level", LEVELS, DEFAULT_LEVEL, upper=True)
 
 
 def resolve_format(flag: str | None, environ: Mapping[str, str]) -> str:
     """The log format: the flag, else ``$FLEET_TRIO_LOG_FORMAT``, else text."""
-    if flag:
-        return flag.lower()
-    value = environ.get(ENV_FORMAT, "").strip().lower()
-    if not value:
-        return DEFAULT_FORMAT
-    if value not in FORMATS:
-        raise LogSetupError(
-            f"${ENV_FORMAT}: invalid log format {environ[ENV_FORMAT]!r} (choose from "
-            f"{', '.join(FORMATS)})"
-        )
-    return value
+    return _resolve(flag, environ, ENV_FORMAT, "log format", FORMATS, DEFAULT_FORMAT, upper=False)
 
 
 def setup_logging(

@@ -7,6 +7,9 @@ the log bus) are read by one :class:`ScrapeCollector` at scrape time: no second 
 bookkeeping, no cost on a hot path; each section fails alone (logged, left out of that scrape).
 Latencies and outcomes are counters and histograms the roles update where they happen. This
 module knows neither role: the objects it reads (the log bus, the memory budget) are duck-typed.
+
+The families yielded at scrape time are declarations (name, help, value), alike only in shape;
+each stays written out where its value is read, as docs/metrics.md lists it.
 """
 
 from __future__ import annotations

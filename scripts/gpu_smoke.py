@@ -227,6 +227,37 @@ def node_config(python: str) -> str:
     )
 
 
+async def healthy(client: httpx.AsyncClient) -> dict[str, Any]:
+    """Poll ``/fleet/health`` until the node answers 200; its body."""
+    while True:
+        try:
+            health = await client.get("/fleet/health")
+            if health.status_code == 200:
+                body: dict[str, Any] = health.json()
+                return body
+        except httpx.TransportError:
+            pass
+        await trio.sleep(0.2)
+
+
+async def finished(client: httpx.AsyncClient, job_id: str, every: float) -> dict[str, Any]:
+    """Poll the job's status until it is ``done`` or ``error``; that status."""
+    while True:
+        status: dict[str, Any] = (await client.get(f"/fleet/jobs/{job_id}")).json()
+        if status["state"] in ("done", "error"):
+            return status
+        await trio.sleep(every)
+
+
+async def stop_node(node: trio.Process) -> None:
+    """SIGTERM, up to 40 s for the drain, then SIGKILL."""
+    node.terminate()
+    with trio.move_on_after(40, shield=True):
+        await node.wait()
+    if node.returncode is None:
+        node.kill()
+
+
 async def node_section(python: str) -> bool:
     header("end to end: fleet-trio node --gpu auto, a dispatched torch job, health's footprints")
     base = f"http://127.0.0.1:{NODE_PORT}"
@@ -251,21 +282,14 @@ async def node_section(python: str) -> bool:
         try:
             with trio.fail_after(NODE_TIMEOUT):
                 async with httpx.AsyncClient(base_url=base, timeout=10) as client:
-                    while True:
-                        try:
-                            health = await client.get("/fleet/health")
-                            if health.status_code == 200:
-                                break
-                        except httpx.TransportError:
-                            pass
-                        await trio.sleep(0.2)
-                    body = health.json()
+                    body = await healthy(client)
                     print(
                         f"health before: vram_total_gb={body['vram_total_gb']} "
                         f"vram_free_gb={body['vram_free_gb']} gpu_arch={body['gpu_arch']}"
                     )
+                    job_id = f"smoke-{uuid.uuid4().hex[:8]}"
                     job = {
-                        "job_id": f"smoke-{uuid.uuid4().hex[:8]}",
+                        "job_id": job_id,
                         "task_type": NODE_TASK,
                         "payload": {"gib": ALLOC_BYTES / GIB, "seconds": HOLD_SECONDS},
                     }
@@ -273,11 +297,7 @@ async def node_section(python: str) -> bool:
                     ack = await client.post("/fleet/dispatch", json=job)
                     ack_ms = (trio.current_time() - t0) * 1000
                     print(f"dispatch: {ack.status_code} {ack.text.strip()} ({ack_ms:.1f} ms)")
-                    while True:
-                        status = (await client.get(f"/fleet/jobs/{job['job_id']}")).json()
-                        if status["state"] in ("done", "error"):
-                            break
-                        await trio.sleep(0.5)
+                    status = await finished(client, job_id, 0.5)
                     print(f"job: {json.dumps(status)}")
                     body = (await client.get("/fleet/health")).json()
                     print(f"health after: model_footprints={body['model_footprints']}")
@@ -285,11 +305,7 @@ async def node_section(python: str) -> bool:
             fail(f"the node check did not finish within {NODE_TIMEOUT:g}s")
             return False
         finally:
-            node.terminate()
-            with trio.move_on_after(40, shield=True):
-                await node.wait()
-            if node.returncode is None:
-                node.kill()
+            await stop_node(node)
     if status["state"] != "done":
         fail("the dispatched torch job did not end done")
         return False
@@ -463,15 +479,7 @@ async def multi_gpu_section(
         try:
             with trio.fail_after(NODE_TIMEOUT):
                 async with httpx.AsyncClient(base_url=base, timeout=10) as client:
-                    while True:
-                        try:
-                            health = await client.get("/fleet/health")
-                            if health.status_code == 200:
-                                break
-                        except httpx.TransportError:
-                            pass
-                        await trio.sleep(0.2)
-                    listed = health.json().get("gpu_devices")
+                    listed = (await healthy(client)).get("gpu_devices")
                     print(f"gpu_devices: {json.dumps(listed)}")
                     for problem in compare_devices(listed, expected):
                         fail(problem)
@@ -481,11 +489,7 @@ async def multi_gpu_section(
                         body = {"job_id": job_id, "task_type": PINNED_TASK}
                         await client.post("/fleet/dispatch", json=body)
                     for job_id in jobs:
-                        while True:
-                            status = (await client.get(f"/fleet/jobs/{job_id}")).json()
-                            if status["state"] in ("done", "error"):
-                                break
-                            await trio.sleep(0.3)
+                        status = await finished(client, job_id, 0.3)
                         if status["state"] != "done":
                             fail(f"pinned job {job_id}: {status.get('error')}")
                             ok = False
@@ -495,11 +499,7 @@ async def multi_gpu_section(
             fail(f"the multi-GPU check did not finish within {NODE_TIMEOUT:g}s")
             return False
         finally:
-            node.terminate()
-            with trio.move_on_after(40, shield=True):
-                await node.wait()
-            if node.returncode is None:
-                node.kill()
+            await stop_node(node)
     uuids = {d["uuid"] for d in expected}
     pins = [r["cuda_visible_devices"] for r in results]
     print(f"pinned to: {pins}")

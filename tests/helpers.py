@@ -22,15 +22,18 @@ import signal
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import TypeVar
 
 import httpx
 import trio
 import trio.testing
+from hypothesis import strategies
 
 from fleet_trio.proc import BufferSink, StopToken
 from fleet_trio.proc.procfs import Predicate, ProcStat, job_env_id, pid_alive
 from fleet_trio.sim import SimController, serve_controller
+from fleet_trio.sim.relay import RelaySession, operator
 from fleet_trio.worker.client import (
     Assignment,
     ControllerClient,
@@ -294,6 +297,81 @@ def config(
     )
 
 
+def json_values(
+    *, digits: int, text: int, items: int, keys: int, leaves: int
+) -> strategies.SearchStrategy[object]:
+    """Any JSON document, for fuzzing a parser: null, booleans, integers up to ``10**digits``,
+    finite floats, strings up to ``text`` characters, nested in lists (up to ``items``) and
+    objects (keys up to ``keys`` characters), at most ``leaves`` scalars in all."""
+    scalars = strategies.one_of(
+        strategies.none(),
+        strategies.booleans(),
+        strategies.integers(min_value=-(10**digits), max_value=10**digits),
+        strategies.floats(allow_nan=False, allow_infinity=False),
+        strategies.text(max_size=text),
+    )
+    return strategies.recursive(
+        scalars,
+        lambda inner: (
+            strategies.lists(inner, max_size=items)
+            | strategies.dictionaries(strategies.text(max_size=keys), inner)
+        ),
+        max_leaves=leaves,
+    )
+
+
+def write_worker_yaml(
+    folder: Path, url: str, *, token: str = "wtok", host: str = HOST, extra: str = ""
+) -> Path:
+    """``folder/worker.yaml`` for a real ``fleet-trio worker`` against ``url``: heartbeat
+    200 ms, poll wait 1 s, one device ``gpu0``; ``extra``: more top-level lines."""
+    path = folder / "worker.yaml"
+    path.write_text(
+        f"controller_url: {url}\ntoken: {token}\nhost: {host}\nheartbeat_interval: 200ms\n"
+        f"poll_wait: 1s\nsheet_dir: {folder}\n{extra}devices:\n  - gpu0\n"
+    )
+    return path
+
+
+async def sim_worker(nursery: trio.Nursery, ctrl: SimController) -> Worker:
+    """Serve ``ctrl`` in ``nursery``; a worker (not started) on it, with ``FAST`` timings."""
+    url = await nursery.start(serve_controller, ctrl)
+    return Worker(config(url), timings=FAST, client_timings=FAST_CLIENT)
+
+
+async def operated_job(
+    ctrl: SimController, command: list[str], stdio: str, typed: bytes, expect: bytes
+) -> tuple[str, RelaySession]:
+    """A relay job (``stdio`` ``tty`` or ``pipe``) on ``gpu0``: its operator types ``typed``,
+    waits for ``expect``, then ends the input (tty: ``exit``; pipe: EOF); asserts the job
+    succeeded. The job id and its operator (with the output it saw)."""
+    job = ctrl.submit(dev("gpu0"), command, stdio=stdio)
+    term = operator(ctrl, job)
+    await term.wait_connected(timeout=10)
+    await term.send(typed)
+    await term.wait_output(expect, timeout=10)
+    if stdio == "tty":
+        await term.send(b"exit\n")
+    else:
+        await term.close_input()
+    assert await until_terminal(ctrl, job) == ["running", "succeeded"]
+    return job, term
+
+
+def start_worker(nursery: trio.Nursery, worker: Worker) -> trio.Event:
+    """Run ``serve_worker(worker)`` in ``nursery``; the event is set when it returns or raises."""
+    done = trio.Event()
+
+    async def run_worker() -> None:
+        try:
+            await serve_worker(worker)
+        finally:
+            done.set()
+
+    nursery.start_soon(run_worker)
+    return done
+
+
 @asynccontextmanager
 async def running(
     ctrl: SimController | None = None,
@@ -315,15 +393,7 @@ async def running(
             timings=timings,
             client_timings=client_timings,
         )
-        done = trio.Event()
-
-        async def run_worker() -> None:
-            try:
-                await serve_worker(worker)
-            finally:
-                done.set()
-
-        nursery.start_soon(run_worker)
+        done = start_worker(nursery, worker)
         await ctrl.wait_for(
             lambda: worker.registrations >= 1 and ctrl.polls(), timeout=WAIT_TIMEOUT
         )

@@ -35,7 +35,7 @@ from fleet_trio.logs import (
     teardown_logging,
 )
 from fleet_trio.sim import SimController, serve_controller
-from tests.helpers import answer, wait_until
+from tests.helpers import answer, wait_until, write_worker_yaml
 
 PY = sys.executable
 CLI = [PY, "-m", "fleet_trio"]
@@ -342,13 +342,8 @@ async def test_no_token_in_any_log_line_of_a_worker(tmp_path: Path) -> None:
     with trio.fail_after(40):
         async with trio.open_nursery() as nursery:
             url = await nursery.start(serve_controller, ctrl)
-            cfg = tmp_path / "worker.yaml"
-            cfg.write_text(
-                f"controller_url: {url}\ntoken: {token}\nhost: logbox\n"
-                f"heartbeat_interval: 200ms\npoll_wait: 1s\nsheet_dir: {tmp_path}\n"
-                f"tail_listen: 127.0.0.1:{tail_port}\ntail_token: {tail_token}\n"
-                "devices:\n  - gpu0\n"
-            )
+            tail = f"tail_listen: 127.0.0.1:{tail_port}\ntail_token: {tail_token}\n"
+            cfg = write_worker_yaml(tmp_path, url, token=token, host="logbox", extra=tail)
             env = {k: v for k, v in os.environ.items() if k != "RC_REQUIRE_MANUAL_CLEAR"}
             argv = [*CLI, "--log-level", "DEBUG", "--log-format", "json", "worker", "-c", str(cfg)]
             with err.open("wb") as err_file:

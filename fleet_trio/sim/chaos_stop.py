@@ -44,7 +44,7 @@ from fleet_trio.sim.chaos.runner import kill_pids, scan_markers
 from fleet_trio.sim.chaos.schedule import NODE_MARKER, RC_MARKER
 from fleet_trio.sim.controller import SimController, serve_controller
 from fleet_trio.sim.faults import FaultyLink, serve_link
-from fleet_trio.sim.fleet import ROLE_LAUNCHER, free_port, worker_yaml
+from fleet_trio.sim.fleet import ROLE_LAUNCHER, free_port, wait_exit, worker_yaml
 from fleet_trio.sim.roles import worker_timings
 from fleet_trio.sim.stall import StalledTailClient, open_stalled_tail, wait_server_blocked
 from fleet_trio.sim.zygote import open_zygote
@@ -241,21 +241,17 @@ def check_stop(record: StopRecord) -> list[Violation]:
 # -- playing one seed --------------------------------------------------------------------------
 
 
+async def _leftovers(job_ids: Sequence[str], marker: str) -> tuple[MarkedProcess, ...]:
+    """Processes of the seed's jobs still alive after it (all SIGKILLed now); those carrying
+    ``marker`` (the role's own job marker)."""
+    marked = await trio.to_thread.run_sync(scan_markers, set(job_ids))
+    if marked:
+        kill_pids(p.pid for p in marked)
+    return tuple(p for p in marked if p.marker == marker)
+
+
 def _exited(proc: RoleProcess) -> bool:
     return proc.returncode is not None
-
-
-async def _wait_exit(proc: RoleProcess, limit: float) -> tuple[int | None, float]:
-    began = trio.current_time()
-    code: int | None = None
-    with trio.move_on_after(limit):
-        code = await proc.wait()
-    took = trio.current_time() - began
-    if code is None:
-        proc.kill()
-        with trio.move_on_after(10, shield=True):
-            await proc.wait()
-    return code, took
 
 
 async def _second_term(proc: RoleProcess, after: float | None) -> None:
@@ -422,22 +418,20 @@ async def play_node(plan: StopPlan, root: str, spawn: Spawner = spawn_fresh) -> 
                     notes.append(f"the node had exited ({proc.returncode}) before the SIGTERM")
                 proc.send_signal(signal.SIGTERM)
                 nursery.start_soon(_second_term, proc, plan.second_term)
-                code, took = await _wait_exit(proc, NODE_BOUND)
+                code, took = await wait_exit(proc, NODE_BOUND)
                 nursery.cancel_scope.cancel()
     finally:
         await _stop_all(proc, stalled)
         with contextlib.suppress(OSError):
             os.unlink(os.path.join(gpu, HANG_FILE))
-    marked = await trio.to_thread.run_sync(scan_markers, set(job_ids))
-    if marked:
-        kill_pids(p.pid for p in marked)
+    marked = await _leftovers(job_ids, NODE_MARKER)
     return StopRecord(
         plan=plan,
         exit_code=code,
         seconds=took,
         bound=NODE_BOUND,
         jobs={j: tuple(seen[j]) for j in job_ids},
-        marked=tuple(p for p in marked if p.marker == NODE_MARKER),
+        marked=marked,
         notes=tuple(notes),
         output_tail=_read_tail(log_path),
     )
@@ -520,7 +514,7 @@ async def play_worker(plan: StopPlan, root: str, spawn: Spawner = spawn_fresh) -
                         link.heal()
 
                     during.start_soon(heal_later)
-                code, took = await _wait_exit(proc, bound)
+                code, took = await wait_exit(proc, bound)
                 during.cancel_scope.cancel()
         finally:
             await _stop_all(proc, stalled)
@@ -539,9 +533,7 @@ async def play_worker(plan: StopPlan, root: str, spawn: Spawner = spawn_fresh) -
         final[j] = ctrl.job(j).state
         if final[j] not in jobs[j]:
             notes.append(f"{j}: {final[j]} at the controller (reports: {list(jobs[j])})")
-    marked = await trio.to_thread.run_sync(scan_markers, set(job_ids))
-    if marked:
-        kill_pids(p.pid for p in marked)
+    marked = await _leftovers(job_ids, RC_MARKER)
     return StopRecord(
         plan=plan,
         exit_code=code,
@@ -549,7 +541,7 @@ async def play_worker(plan: StopPlan, root: str, spawn: Spawner = spawn_fresh) -
         bound=bound,
         jobs=jobs,
         final=final,
-        marked=tuple(p for p in marked if p.marker == RC_MARKER),
+        marked=marked,
         notes=tuple(notes),
         output_tail=_read_tail(log_path),
     )

@@ -184,20 +184,18 @@ def mount_client(app: QuartTrio, ctrl: SimController) -> None:
         return _json(201, job_json(ctrl.job(job_id)))
 
     def find(job_id: str) -> Job | Response:
+        """The job, or the refusal (401, 403, 404)."""
+        denied = check()
+        if denied is not None:
+            return denied
         job = ctrl._jobs.get(job_id)
         return job if job is not None else _error(404, "not_found", "job not found")
 
     async def get_job(job_id: str) -> Response:
-        denied = check()
-        if denied is not None:
-            return denied
         job = find(job_id)
         return job if isinstance(job, Response) else _json(200, {"job": job_json(job)})
 
     async def get_logs(job_id: str) -> Response:
-        denied = check()
-        if denied is not None:
-            return denied
         job = find(job_id)
         if isinstance(job, Response):
             return job
@@ -225,9 +223,6 @@ def mount_client(app: QuartTrio, ctrl: SimController) -> None:
         return resp
 
     async def kill(job_id: str) -> Response:
-        denied = check()
-        if denied is not None:
-            return denied
         job = find(job_id)
         if isinstance(job, Response):
             return job

@@ -418,11 +418,18 @@ async def _submit_waiting(url: str, token: str, body: dict[str, Any]) -> Any:
     )
 
 
-async def _jobs(args: argparse.Namespace) -> int:
-    url, token = args.url, args.token
-    jobs = (await _request("GET", f"{url}/v1/state", token))["jobs"]
+async def _listing(args: argparse.Namespace, path: str, key: str) -> list[Any] | None:
+    """The ``key`` list of ``GET path``; under ``--json`` it is printed and ``None`` returned."""
+    items: list[Any] = (await _request("GET", f"{args.url}{path}", args.token))[key]
     if args.json:
-        print(json.dumps(jobs, indent=2))
+        print(json.dumps(items, indent=2))
+        return None
+    return items
+
+
+async def _jobs(args: argparse.Namespace) -> int:
+    jobs = await _listing(args, "/v1/state", "jobs")
+    if jobs is None:
         return 0
     print(f"{'JOB':36}  {'DEVICE':16}  {'STATE':9}  EXIT  COMMAND")
     for j in jobs:
@@ -433,10 +440,8 @@ async def _jobs(args: argparse.Namespace) -> int:
 
 
 async def _devices(args: argparse.Namespace) -> int:
-    url, token = args.url, args.token
-    devices = (await _request("GET", f"{url}/v1/devices", token))["devices"]
-    if args.json:
-        print(json.dumps(devices, indent=2))
+    devices = await _listing(args, "/v1/devices", "devices")
+    if devices is None:
         return 0
     if not devices:
         print(f"{PROG}: no devices yet: start a worker (fleet-trio worker -c …)", file=sys.stderr)

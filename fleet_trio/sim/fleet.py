@@ -23,6 +23,7 @@ import subprocess
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
+from typing import Protocol
 
 import attrs
 import trio
@@ -110,6 +111,26 @@ def _write_files(files: Sequence[FileSpec]) -> None:
         with open(path, "w") as f:
             f.write(text)
         os.chmod(path, mode)
+
+
+class Exiting(Protocol):
+    async def wait(self) -> int: ...
+    def kill(self) -> None: ...
+
+
+async def wait_exit(proc: Exiting, limit: float) -> tuple[int | None, float]:
+    """Wait up to ``limit`` seconds for ``proc`` to exit: its exit code (``None``: it was still
+    running, and is SIGKILLed and reaped) and the seconds it took."""
+    began = trio.current_time()
+    code: int | None = None
+    with trio.move_on_after(limit):
+        code = await proc.wait()
+    took = trio.current_time() - began
+    if code is None:
+        proc.kill()
+        with trio.move_on_after(KILL_WAIT, shield=True):
+            await proc.wait()
+    return code, took
 
 
 class ManagedProcess:
@@ -234,16 +255,8 @@ class ManagedProcess:
             return None
         limit = self.stop_bound if bound is None else bound
         self._event("term")
-        began = trio.current_time()
         proc.send_signal(signal.SIGTERM)
-        code: int | None = None
-        with trio.move_on_after(limit):
-            code = await proc.wait()
-        seconds = trio.current_time() - began
-        if code is None:
-            proc.kill()
-            with trio.move_on_after(KILL_WAIT, shield=True):
-                await proc.wait()
+        code, seconds = await wait_exit(proc, limit)
         record = ShutdownRecord(self.name, seconds, limit, code)
         self.shutdowns.append(record)
         return record

@@ -5,6 +5,11 @@ rc-wire-capture.md. cattrs is used only here, at the wire edge, with a converter
 :func:`register_hooks`. JSON responses are encoded the way Go's ``encoding/json`` encoder does
 (compact, ``<``/``>``/``&`` and U+2028/U+2029 escaped, one trailing newline): the capture's
 ``Content-Length`` values (53, 307, 68, …) are reproduced byte for byte.
+
+This module is the sim's independent oracle of the wire: it deliberately imports nothing from
+the production parser (``fleet_trio.worker.client``) nor the node's wire edge
+(``fleet_trio.node.wire``), so a mistake there cannot hide here too. Where its types and
+converter set-up mirror theirs in shape, that is the same wire declared a second time on purpose.
 """
 
 from __future__ import annotations

@@ -213,28 +213,31 @@ def mount_relay(app: QuartTrio, ctrl: SimController) -> None:
     """Add E8/E9 to the sim's app (``create_app`` calls this)."""
     hub = relay_hub(ctrl)
 
-    def check(endpoint: str, job_id: str) -> Response | None:
+    def claim(side: str, job_id: str) -> RelaySession | Response:
+        """Record and authorize a ``tty_<side>`` request; the session, with the worker's
+        ``side`` connection marked open, or the refusal (401, 404, 409)."""
         from fleet_trio.sim.controller.app import authorize, record
 
-        record(ctrl, endpoint, b"")
+        record(ctrl, f"tty_{side}", b"")
         denied = authorize(ctrl)
         if denied is not None:
             return denied
         if job_id not in ctrl._jobs:
             return _error(404, "not_found", "job not found")
-        return None
-
-    async def tty_out(job_id: str) -> Response:
-        refused = check("tty_out", job_id)
-        if refused is not None:
-            return refused
         session = hub.session(job_id)
-        if session.worker_out:
+        if getattr(session, f"worker_{side}"):
             return _error(409, "conflict", CONFLICT_MESSAGE)
-        session.worker_out = True
-        session.out_connections += 1
+        setattr(session, f"worker_{side}", True)
+        count = f"{side}_connections"
+        setattr(session, count, getattr(session, count) + 1)
         session._notify()
         ctrl._notify()
+        return session
+
+    async def tty_out(job_id: str) -> Response:
+        session = claim("out", job_id)
+        if isinstance(session, Response):
+            return session
         body = request.body  # read by the generator, after the 200 head went out
         resp = Response(session._receive_output(body), status=200)
         del resp.headers["Content-Type"]
@@ -242,16 +245,9 @@ def mount_relay(app: QuartTrio, ctrl: SimController) -> None:
         return resp
 
     async def tty_in(job_id: str) -> Response:
-        refused = check("tty_in", job_id)
-        if refused is not None:
-            return refused
-        session = hub.session(job_id)
-        if session.worker_in:
-            return _error(409, "conflict", CONFLICT_MESSAGE)
-        session.worker_in = True
-        session.in_connections += 1
-        session._notify()
-        ctrl._notify()
+        session = claim("in", job_id)
+        if isinstance(session, Response):
+            return session
         resp = Response(session._send_input(), status=200, content_type=NDJSON)
         resp.timeout = None
         return resp

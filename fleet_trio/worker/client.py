@@ -538,14 +538,8 @@ class ControllerClient:
         body.pop("boot_id", None)
         body.pop("recovery", None)
         body["devices"] = [d.name for d in registration.devices]
-        try:
-            response = await self.request(
-                "POST",
-                f"/v1/workers/{worker_id}/labels",
-                content=json.dumps(body, separators=(",", ":")).encode(),
-            )
-        except ControllerError as exc:
-            log.warning("labels push failed: %s", exc)
+        response = await self._post_or_warn(f"/v1/workers/{worker_id}/labels", body, "labels push")
+        if response is None:
             return False
         if not _ok(response.status_code):
             log.warning("labels push: HTTP %d %s", response.status_code, response.text.strip())
@@ -557,16 +551,17 @@ class ControllerClient:
         body: dict[str, Any] = {}
         if running_job_ids:
             body["running_job_ids"] = list(running_job_ids)
+        response = await self._post_or_warn(f"/v1/workers/{worker_id}/heartbeat", body, "heartbeat")
+        return response is not None and _ok(response.status_code)
+
+    async def _post_or_warn(self, path: str, body: object, what: str) -> httpx.Response | None:
+        """POST ``body`` as compact JSON; ``None`` when no answer came (logged as ``what``)."""
         try:
-            response = await self.request(
-                "POST",
-                f"/v1/workers/{worker_id}/heartbeat",
-                content=json.dumps(body, separators=(",", ":")).encode(),
-            )
+            content = json.dumps(body, separators=(",", ":")).encode()
+            return await self.request("POST", path, content=content)
         except ControllerError as exc:
-            log.warning("heartbeat failed: %s", exc)
-            return False
-        return _ok(response.status_code)
+            log.warning("%s failed: %s", what, exc)
+            return None
 
     async def poll(self, worker_id: str, wait: float) -> PollAnswer:
         """E4 long poll. 204 ⇒ empty answer; anything else unusable ⇒ :class:`ControllerError`."""

@@ -26,7 +26,7 @@ from fleet_trio.sim import SimController, serve_controller
 from fleet_trio.worker.client import Assignment
 from fleet_trio.worker.config import DeviceConfig, HooksConfig, WorkerConfig
 from fleet_trio.worker.hooks import HostHooks, hook_env, run_hook
-from fleet_trio.worker.worker import Worker, serve_worker
+from fleet_trio.worker.worker import Worker
 from tests.helpers import (
     FAST,
     FAST_CLIENT,
@@ -35,6 +35,7 @@ from tests.helpers import (
     quiet_for,
     scenario_pause,
     sim,
+    start_worker,
     until_terminal,
     wait_until,
 )
@@ -131,15 +132,7 @@ async def worker_on_sim(
             verify_dir=str(verify_dir if verify_dir is not None else tmp_path / "no-verify.d"),
         )
         worker = Worker(cfg, timings=FAST, client_timings=FAST_CLIENT)
-        done = trio.Event()
-
-        async def run_worker() -> None:
-            try:
-                await serve_worker(worker)
-            finally:
-                done.set()
-
-        nursery.start_soon(run_worker)
+        done = start_worker(nursery, worker)
         run = WorkerRun(ctrl, worker, done)
         try:
             yield run
@@ -382,14 +375,21 @@ def logging_device(tmp_path: Path, log: Path, **kw: object) -> DeviceConfig:
     return DeviceConfig(name="gpu0", on_acquire=script, on_release=script, **kw)  # type: ignore[arg-type]
 
 
-async def scenario_back_to_back_jobs_through_the_worker(tmp_path: Path) -> None:
+@asynccontextmanager
+async def logging_worker(tmp_path: Path, linger: int) -> AsyncIterator[tuple[WorkerRun, Path]]:
+    """A registered worker on the sim whose ``gpu0`` logs every hook to the yielded file, with
+    this ``release_linger``."""
     log = tmp_path / "hooks.log"
     device = logging_device(tmp_path, log)
+    hooks = HooksConfig(release_linger=linger)
+    async with worker_on_sim(tmp_path, [device], hooks=hooks) as run:
+        await run.ready()
+        yield run, log
+
+
+async def scenario_back_to_back_jobs_through_the_worker(tmp_path: Path) -> None:
     with trio.fail_after(30):
-        async with worker_on_sim(
-            tmp_path, [device], hooks=HooksConfig(release_linger=500 * MILLISECOND)
-        ) as run:
-            await run.ready()
+        async with logging_worker(tmp_path, 500 * MILLISECOND) as (run, log):
             ctrl = run.ctrl
             job1 = ctrl.submit(GPU0, ["true"])
             job2 = ctrl.submit(GPU0, ["true"])
@@ -405,13 +405,8 @@ async def test_process_045_back_to_back_jobs_through_the_worker(tmp_path: Path) 
 
 
 async def scenario_job_after_the_linger_through_the_worker(tmp_path: Path) -> None:
-    log = tmp_path / "hooks.log"
-    device = logging_device(tmp_path, log)
     with trio.fail_after(30):
-        async with worker_on_sim(
-            tmp_path, [device], hooks=HooksConfig(release_linger=100 * MILLISECOND)
-        ) as run:
-            await run.ready()
+        async with logging_worker(tmp_path, 100 * MILLISECOND) as (run, log):
             ctrl = run.ctrl
             job1 = ctrl.submit(GPU0, ["true"])
             assert await until_terminal(ctrl, job1) == ["running", "succeeded"]
@@ -490,13 +485,8 @@ async def test_process_048_shutdown_during_acquire_cancels_without_a_fault(tmp_p
 
 
 async def scenario_pending_release_fires_on_shutdown(tmp_path: Path) -> None:
-    log = tmp_path / "hooks.log"
-    device = logging_device(tmp_path, log)
     with trio.fail_after(30):
-        async with worker_on_sim(
-            tmp_path, [device], hooks=HooksConfig(release_linger=60 * SECOND)
-        ) as run:
-            await run.ready()
+        async with logging_worker(tmp_path, 60 * SECOND) as (run, log):
             ctrl = run.ctrl
             job1 = ctrl.submit(GPU0, ["true"])
             assert await until_terminal(ctrl, job1) == ["running", "succeeded"]

@@ -85,6 +85,12 @@ async def one_pass(prober: Prober) -> ProbeResult:
         return await prober.run_pass()
 
 
+async def pass_with(prober: Prober, name: str, body: str) -> ProbeResult:
+    """(Re)write the probe ``name`` in the prober's directory, then run one pass."""
+    script(Path(prober.probe_dir), name, body)
+    return await one_pass(prober)
+
+
 def fake_smi(bindir: Path, body: str) -> Path:
     return script(bindir, "nvidia-smi", body)
 
@@ -202,11 +208,9 @@ async def test_process_078_broken_probe_marks_only_the_devices_it_speaks_for(
     probe_dir: Path, bindir: Path
 ) -> None:
     prober = make_prober(probe_dir, bindir)
-    script(probe_dir, "10-gpu", emit('{"gpu0.vram":"80G"}'))
-    first = await one_pass(prober)
+    first = await pass_with(prober, "10-gpu", emit('{"gpu0.vram":"80G"}'))
     assert first.unconfirmed == frozenset()
-    script(probe_dir, "10-gpu", "exit 1")
-    second = await one_pass(prober)
+    second = await pass_with(prober, "10-gpu", "exit 1")
     assert "gpu0" in second.unconfirmed
     assert "gpu1" not in second.unconfirmed
 
@@ -224,8 +228,7 @@ async def test_process_080_preservation_lasts_as_long_as_the_outage(
     probe_dir: Path, bindir: Path
 ) -> None:
     prober = make_prober(probe_dir, bindir)
-    script(probe_dir, "10-gpu", emit('{"gpu0.vram":"80G"}'))
-    await one_pass(prober)
+    await pass_with(prober, "10-gpu", emit('{"gpu0.vram":"80G"}'))
     script(probe_dir, "10-gpu", "exit 1")
     for _ in range(2, 6):
         res = await one_pass(prober)
@@ -237,12 +240,10 @@ async def test_process_081_host_only_probe_speaks_for_no_device_even_after_succe
     probe_dir: Path, bindir: Path
 ) -> None:
     prober = make_prober(probe_dir, bindir)
-    script(probe_dir, "10-rack", emit('{"rack":"r3","disk_free_bytes":"1"}'))
-    first = await one_pass(prober)
+    first = await pass_with(prober, "10-rack", emit('{"rack":"r3","disk_free_bytes":"1"}'))
     assert first.host["rack"] == "r3"
     assert first.unconfirmed == frozenset()
-    script(probe_dir, "10-rack", "exit 1")
-    second = await one_pass(prober)
+    second = await pass_with(prober, "10-rack", "exit 1")
     assert second.unconfirmed == frozenset()
     assert "rack" not in second.host
 
@@ -252,8 +253,7 @@ async def test_process_082_clearing_probe_warns_once_per_episode(
 ) -> None:
     caplog.set_level(logging.WARNING, logger=LOGGER)
     prober = make_prober(probe_dir, bindir)
-    script(probe_dir, "10-flaky", "exit 1")
-    await one_pass(prober)
+    await pass_with(prober, "10-flaky", "exit 1")
     assert phrase_count(caplog) == 1
     record = next(r for r in caplog.records if PHRASE in r.getMessage())
     message = record.getMessage()
@@ -261,11 +261,9 @@ async def test_process_082_clearing_probe_warns_once_per_episode(
     for _ in range(3):
         await one_pass(prober)
     assert phrase_count(caplog) == 1
-    script(probe_dir, "10-flaky", emit('{"vendor":"x"}'))
-    await one_pass(prober)
+    await pass_with(prober, "10-flaky", emit('{"vendor":"x"}'))
     assert phrase_count(caplog) == 1
-    script(probe_dir, "10-flaky", "exit 1")
-    await one_pass(prober)
+    await pass_with(prober, "10-flaky", "exit 1")
     assert phrase_count(caplog) == 2
 
 
@@ -280,8 +278,7 @@ async def test_process_083_returning_probe_warns_again_after_it_disappeared(
     path.unlink()
     await one_pass(prober)
     assert phrase_count(caplog) == 1
-    script(probe_dir, "10-flaky", "exit 1")
-    await one_pass(prober)
+    await pass_with(prober, "10-flaky", "exit 1")
     assert phrase_count(caplog) == 2
 
 
@@ -317,13 +314,10 @@ async def test_process_086_probe_that_stops_naming_a_device_stops_speaking_for_i
     probe_dir: Path, bindir: Path
 ) -> None:
     prober = make_prober(probe_dir, bindir)
-    script(probe_dir, "10-gpu", emit('{"gpu0.vram":"80G"}'))
-    await one_pass(prober)
-    script(probe_dir, "10-gpu", emit("{}"))
-    second = await one_pass(prober)
+    await pass_with(prober, "10-gpu", emit('{"gpu0.vram":"80G"}'))
+    second = await pass_with(prober, "10-gpu", emit("{}"))
     assert second.unconfirmed == frozenset()
-    script(probe_dir, "10-gpu", "exit 1")
-    third = await one_pass(prober)
+    third = await pass_with(prober, "10-gpu", "exit 1")
     assert third.unconfirmed == frozenset()
 
 
@@ -333,8 +327,7 @@ async def test_process_087_unreadable_probe_dir_preserves_the_devices_its_probes
     probe_dir: Path, bindir: Path
 ) -> None:
     prober = make_prober(probe_dir, bindir)
-    script(probe_dir, "10-gpu", emit('{"gpu0.vram":"80G"}'))
-    await one_pass(prober)
+    await pass_with(prober, "10-gpu", emit('{"gpu0.vram":"80G"}'))
     probe_dir.chmod(0)
     res = await one_pass(prober)
     assert "cpus" in res.host
@@ -347,8 +340,7 @@ async def test_unlistable_probe_dir_preserves_the_devices_its_probes_speak_for(
 ) -> None:
     """Root-runnable variant of item 87: the dir becomes a regular file (ENOTDIR)."""
     prober = make_prober(probe_dir, bindir)
-    script(probe_dir, "10-gpu", emit('{"gpu0.vram":"80G"}'))
-    await one_pass(prober)
+    await pass_with(prober, "10-gpu", emit('{"gpu0.vram":"80G"}'))
     shutil.rmtree(probe_dir)
     probe_dir.write_text("not a directory\n")
     res = await one_pass(prober)
@@ -363,8 +355,7 @@ ONE_ROW = "echo 'NVIDIA A100-SXM4-80GB, 81920, 80000, 550.54.15'"
 async def _recloud_scenario(probe_dir: Path, bindir: Path, break_dir: object) -> None:
     fake_smi(bindir, ONE_ROW)
     prober = make_prober(probe_dir, bindir)
-    script(probe_dir, "10-gpu1", emit('{"gpu1.rack":"r3"}'))
-    first = await one_pass(prober)
+    first = await pass_with(prober, "10-gpu1", emit('{"gpu1.rack":"r3"}'))
     assert first.device["gpu1"]["rack"] == "r3"
     assert callable(break_dir)
     break_dir()
@@ -396,8 +387,7 @@ async def test_unlistable_probe_dir_does_not_recloud_a_source_that_ran_fine(
 
 async def test_process_089_absent_probe_dir_clears_normally(probe_dir: Path, bindir: Path) -> None:
     prober = make_prober(probe_dir, bindir)
-    script(probe_dir, "10-gpu", emit('{"gpu0.vram":"80G"}'))
-    await one_pass(prober)
+    await pass_with(prober, "10-gpu", emit('{"gpu0.vram":"80G"}'))
     shutil.rmtree(probe_dir)
     res = await one_pass(prober)
     assert "cpus" in res.host

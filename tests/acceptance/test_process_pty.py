@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import trio
@@ -55,6 +57,24 @@ def shell(**kw: object) -> JobSpec:
     return JobSpec(command=["/bin/sh"], grace_ceiling=GRACE, **kw)  # type: ignore[arg-type]
 
 
+@asynccontextmanager
+async def prompted(spec: JobSpec | None = None) -> AsyncIterator[Transcript]:
+    """A shell (``spec``, default :func:`shell`) on a PTY, past its first prompt."""
+    async with await start_pty(spec if spec is not None else shell()) as session:
+        t = Transcript(session)
+        await t.prompt()
+        yield t
+
+
+async def background_sleeper(t: Transcript) -> int:
+    """Have the shell start ``sleep 300 &``; its pid (alive)."""
+    await t.session.write(b"sleep 300 & echo child:$!\n")
+    # The echoed input reads "child:$!"; only the shell's output has digits.
+    child = int((await t.read_until(r"child:(\d+)")).group(1))
+    assert pid_alive(child)
+    return child
+
+
 async def test_process_100_pty_looks_like_a_terminal() -> None:
     spec = JobSpec(command=["/bin/sh", "-c", "test -t 1 && echo IS_TTY || echo NOT_TTY"])
     with trio.fail_after(10):
@@ -69,9 +89,8 @@ async def test_process_100_pty_looks_like_a_terminal() -> None:
 
 async def test_process_101_pty_carries_input_back_to_the_process() -> None:
     with trio.fail_after(10):
-        async with await start_pty(shell()) as session:
-            t = Transcript(session)
-            await t.prompt()
+        async with prompted() as t:
+            session = t.session
             await session.write(b"echo hello-from-stdin\n")
             # The shell's own output line, not the terminal's echo of what was typed.
             await t.read_until(r"(?:^|\n)hello-from-stdin\r?\n", seconds=5)
@@ -80,9 +99,8 @@ async def test_process_101_pty_carries_input_back_to_the_process() -> None:
 
 async def test_process_102_pty_resize_is_visible_to_the_process() -> None:
     with trio.fail_after(10):
-        async with await start_pty(shell()) as session:
-            t = Transcript(session)
-            await t.prompt()
+        async with prompted() as t:
+            session = t.session
             session.resize(48, 180)
             await session.write(b"stty size\n")
             await t.read_until(r"48 180", seconds=5)
@@ -90,13 +108,9 @@ async def test_process_102_pty_resize_is_visible_to_the_process() -> None:
 
 async def test_process_103_pty_stop_kills_the_whole_session() -> None:
     with trio.fail_after(15):
-        async with await start_pty(shell()) as session:
-            t = Transcript(session)
-            await t.prompt()
-            await session.write(b"sleep 300 & echo child:$!\n")
-            # The echoed input reads "child:$!"; only the shell's output has digits.
-            child = int((await t.read_until(r"child:(\d+)")).group(1))
-            assert pid_alive(child)
+        async with prompted() as t:
+            session = t.session
+            child = await background_sleeper(t)
             stop = StopToken()
             stop.set()
             with trio.fail_after(5):
@@ -110,12 +124,9 @@ async def test_process_103_pty_stop_kills_the_whole_session() -> None:
 
 async def test_process_104_pty_clean_shell_exit_reaps_backgrounded_stragglers() -> None:
     with trio.fail_after(15):
-        async with await start_pty(shell()) as session:
-            t = Transcript(session)
-            await t.prompt()
-            await session.write(b"sleep 300 & echo child:$!\n")
-            child = int((await t.read_until(r"child:(\d+)")).group(1))
-            assert pid_alive(child)
+        async with prompted() as t:
+            session = t.session
+            child = await background_sleeper(t)
             await session.write(b"exit\n")
             with trio.fail_after(5):
                 res = await session.wait()  # no stop
@@ -164,9 +175,8 @@ async def test_process_108_pty_runs_in_requested_directory_with_requested_env(
 ) -> None:
     spec = shell(cwd=str(tmp_path), env={"RC_PTY_TEST": "pty-env-value"})
     with trio.fail_after(10):
-        async with await start_pty(spec) as session:
-            t = Transcript(session)
-            await t.prompt()
+        async with prompted(spec) as t:
+            session = t.session
             await session.write(b"pwd; echo $RC_PTY_TEST\n")
             await t.read_until(r"(?:^|\n)pty-env-value\r?\n")
     assert "pty-env-value" in t.text()

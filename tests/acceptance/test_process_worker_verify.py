@@ -10,13 +10,14 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import trio
 
 from fleet_trio.proc.procfs import job_env_id, list_pids, pid_alive
 from fleet_trio.sim import SimController
-from tests.acceptance.test_process_hooks import GPU0, hook, worker_on_sim
+from tests.acceptance.test_process_hooks import GPU0, WorkerRun, hook, worker_on_sim
 from tests.helpers import gone_within, quiet_for, scenario_pause, until_terminal
 
 ESCAPEE = (
@@ -24,6 +25,7 @@ ESCAPEE = (
     "while [ ! -s {pidfile} ]; do sleep 0.01; done; exit 0"
 )
 VRAM_COMPLAINT = "72G still allocated"
+VRAM_FAULT = f"verify failed: 10-vram-free.sh: exited 1: {VRAM_COMPLAINT}"
 TERMINAL = frozenset({"succeeded", "failed", "killed", "lost"})
 
 
@@ -32,6 +34,14 @@ def failing_verify(tmp_path: Path) -> Path:
     verify_dir.mkdir()
     hook(verify_dir / "10-vram-free.sh", f'echo "{VRAM_COMPLAINT}" >&2; exit 1')
     return verify_dir
+
+
+@contextlib.asynccontextmanager
+async def failing_verify_worker(tmp_path: Path) -> AsyncIterator[WorkerRun]:
+    """A registered worker on the sim whose one verify script always fails."""
+    async with worker_on_sim(tmp_path, verify_dir=failing_verify(tmp_path)) as run:
+        await run.ready()
+        yield run
 
 
 def report_order(ctrl: SimController, job_id: str) -> list[str]:
@@ -87,15 +97,12 @@ async def scenario_verify_failure_faults_the_device_before_the_terminal_report(
     tmp_path: Path,
 ) -> None:
     with trio.fail_after(30):
-        async with worker_on_sim(tmp_path, verify_dir=failing_verify(tmp_path)) as run:
-            await run.ready()
+        async with failing_verify_worker(tmp_path) as run:
             ctrl = run.ctrl
             job_id = ctrl.submit(GPU0, ["true"])
             assert await until_terminal(ctrl, job_id) == ["running", "succeeded"]
             assert report_order(ctrl, job_id) == ["fault", "terminal"]
-            assert ctrl.faults(GPU0) == [
-                f"verify failed: 10-vram-free.sh: exited 1: {VRAM_COMPLAINT}"
-            ]
+            assert ctrl.faults(GPU0) == [VRAM_FAULT]
 
 
 async def test_process_063_verify_failure_faults_the_device_before_the_terminal_report(
@@ -106,8 +113,7 @@ async def test_process_063_verify_failure_faults_the_device_before_the_terminal_
 
 async def scenario_verify_failure_ordering_holds_on_shutdown(tmp_path: Path) -> None:
     with trio.fail_after(30):
-        async with worker_on_sim(tmp_path, verify_dir=failing_verify(tmp_path)) as run:
-            await run.ready()
+        async with failing_verify_worker(tmp_path) as run:
             ctrl = run.ctrl
             job_id = ctrl.submit(GPU0, ["sleep", "5"])
             await ctrl.wait_for(
@@ -174,9 +180,7 @@ async def scenario_verify_failure_quarantines_then_a_passing_script_returns_it(
             assert await until_terminal(ctrl, next_job) == ["running", "succeeded"]
             assert ctrl.logs(next_job) == b"next-ran\n"
             await ctrl.wait_for(lambda: ctrl.device(GPU0).state == "ready", timeout=5)
-            assert ctrl.faults(GPU0) == [
-                f"verify failed: 10-vram-free.sh: exited 1: {VRAM_COMPLAINT}"
-            ]
+            assert ctrl.faults(GPU0) == [VRAM_FAULT]
 
 
 async def test_process_066_verify_failure_quarantines_then_a_passing_script_returns_it(
@@ -187,8 +191,7 @@ async def test_process_066_verify_failure_quarantines_then_a_passing_script_retu
 
 async def scenario_verify_failed_event_names_the_job(tmp_path: Path) -> None:
     with trio.fail_after(30):
-        async with worker_on_sim(tmp_path, verify_dir=failing_verify(tmp_path)) as run:
-            await run.ready()
+        async with failing_verify_worker(tmp_path) as run:
             ctrl = run.ctrl
             job_id = ctrl.submit(GPU0, ["true"])
             assert await until_terminal(ctrl, job_id) == ["running", "succeeded"]

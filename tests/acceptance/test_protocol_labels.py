@@ -27,8 +27,8 @@ from fleet_trio.sim import SimController, serve_controller
 from fleet_trio.worker import probes
 from fleet_trio.worker.config import DeviceConfig, WorkerConfig
 from fleet_trio.worker.probes import Prober
-from fleet_trio.worker.worker import Worker, serve_worker
-from tests.helpers import FAST, FAST_CLIENT, HOST, dev, scenario_pause, sim
+from fleet_trio.worker.worker import Worker
+from tests.helpers import FAST, FAST_CLIENT, HOST, dev, scenario_pause, sim, start_worker
 
 PROBE_LOGGER = "fleet_trio.worker.probes"
 PRESERVING = "preserving the last known detected labels of device"
@@ -62,16 +62,20 @@ def script(directory: pathlib.Path, name: str, body: str) -> pathlib.Path:
     return path
 
 
-def counting(directory: pathlib.Path, name: str, state: pathlib.Path, cases: str) -> pathlib.Path:
-    """A script whose run number ``$n`` (1-based, kept in ``state/<name>``) selects a branch of
+IB_ONCE = """1) echo '{"gpu0.ib":"mlx5_0"}' ;;\n"""
+"""A :func:`counting` case: the first pass labels ``gpu0`` with ``ib``."""
+
+
+def counting(s: Setup, name: str, cases: str) -> pathlib.Path:
+    """A probe whose run number ``$n`` (1-based, kept in ``s.state/<name>``) selects a branch of
     ``case "$n" in <cases> esac``."""
-    counter = state / name
+    counter = s.state / name
     body = (
         f'n=$(( $(cat "{counter}" 2>/dev/null || echo 0) + 1 ))\n'
         f'echo "$n" > "{counter}"\n'
         f'case "$n" in\n{cases}\nesac'
     )
-    return script(directory, name, body)
+    return script(s.probe_dir, name, body)
 
 
 @asynccontextmanager
@@ -105,15 +109,7 @@ async def labelled_worker(
             client_timings=FAST_CLIENT,
             prober=Prober(cfg, path=str(s.bindir)),
         )
-        done = trio.Event()
-
-        async def run_worker() -> None:
-            try:
-                await serve_worker(worker)
-            finally:
-                done.set()
-
-        nursery.start_soon(run_worker)
+        done = start_worker(nursery, worker)
         await ctrl.wait_for(lambda: worker.registrations >= 1, timeout=10)
         yield ctrl, worker
         worker.request_shutdown("test over")
@@ -186,12 +182,7 @@ async def test_protocol_061_slow_probe_pass_never_stalls_heartbeats(setup: Setup
 async def test_protocol_130_device_whose_probe_starts_failing_is_omitted_host_key_kept(
     setup: Setup,
 ) -> None:
-    counting(
-        setup.probe_dir,
-        "10-ib",
-        setup.state,
-        """1) echo '{"gpu0.ib":"mlx5_0"}' ;;\n*) echo 'ib probe broke' >&2; exit 1 ;;""",
-    )
+    counting(setup, "10-ib", IB_ONCE + """*) echo 'ib probe broke' >&2; exit 1 ;;""")
     with trio.fail_after(GUARD):
         async with labelled_worker(setup) as (ctrl, _):
             reg = ctrl.registrations()[0]
@@ -244,12 +235,7 @@ async def test_protocol_131_vanished_nvidia_smi_preserves_gpu_and_says_why(
 async def test_protocol_132_no_nvidia_smi_dropin_empty_object_clears_device(
     setup: Setup,
 ) -> None:
-    counting(
-        setup.probe_dir,
-        "10-gpu0",
-        setup.state,
-        """1) echo '{"gpu0.ib":"mlx5_0"}' ;;\n*) echo '{}' ;;""",
-    )
+    counting(setup, "10-gpu0", IB_ONCE + """*) echo '{}' ;;""")
     with trio.fail_after(GUARD):
         async with labelled_worker(setup) as (ctrl, _):
             assert ctrl.registrations()[0]["labels"]["gpu0"] == {"ib": "mlx5_0"}
@@ -264,14 +250,9 @@ async def test_protocol_132_no_nvidia_smi_dropin_empty_object_clears_device(
 
 
 async def test_protocol_133_broken_dropin_does_not_freeze_other_devices(setup: Setup) -> None:
-    counting(
-        setup.probe_dir,
-        "10-gpu0",
-        setup.state,
-        """1) echo '{"gpu0.ib":"mlx5_0"}' ;;\n*) echo 'not json' ;;""",
-    )
+    counting(setup, "10-gpu0", IB_ONCE + """*) echo 'not json' ;;""")
     # An unrelated host-wide fact that changes every pass.
-    counting(setup.probe_dir, "20-host", setup.state, """*) echo "{\\"probe_pass\\":$n}" ;;""")
+    counting(setup, "20-host", """*) echo "{\\"probe_pass\\":$n}" ;;""")
     with trio.fail_after(GUARD):
         async with labelled_worker(setup) as (ctrl, _):
             reg = ctrl.registrations()[0]
@@ -293,12 +274,7 @@ async def test_protocol_133_broken_dropin_does_not_freeze_other_devices(setup: S
 async def test_protocol_134_no_facts_anywhere_sends_null_facts_send_everything(
     setup: Setup,
 ) -> None:
-    counting(
-        setup.probe_dir,
-        "10-gpu0",
-        setup.state,
-        """1) echo '{"gpu0.ib":"mlx5_0"}' ;;\n*) echo '{}' ;;""",
-    )
+    counting(setup, "10-gpu0", IB_ONCE + """*) echo '{}' ;;""")
     with trio.fail_after(GUARD):
         async with labelled_worker(setup) as (ctrl, _):
             # A pass with facts sends every device, the confirmed-empty one as {}.
@@ -314,12 +290,7 @@ async def test_protocol_134_no_facts_anywhere_sends_null_facts_send_everything(
 async def test_protocol_135_only_unconfirmed_empty_devices_omitted_no_host_key(
     setup: Setup,
 ) -> None:
-    counting(
-        setup.probe_dir,
-        "10-a",
-        setup.state,
-        """1) echo '{"gpu0.a":"1","gpu1.a":"1"}' ;;\n*) exit 3 ;;""",
-    )
+    counting(setup, "10-a", """1) echo '{"gpu0.a":"1","gpu1.a":"1"}' ;;\n*) exit 3 ;;""")
     script(setup.probe_dir, "20-b", """echo '{"gpu1.b":"2"}'""")
     with trio.fail_after(GUARD):
         async with labelled_worker(setup, devices=("gpu0", "gpu1", "gpu2")) as (ctrl, _):
@@ -341,12 +312,7 @@ async def test_protocol_136_preserving_warning_once_per_episode(
 ) -> None:
     caplog.set_level(logging.WARNING, logger=PROBE_LOGGER)
     # Pass 1 good, 2–4 broken (episode one), 5 good (recovered), 6+ broken (episode two).
-    counting(
-        setup.probe_dir,
-        "10-gpu0",
-        setup.state,
-        """1|5) echo '{"gpu0.ib":"mlx5_0"}' ;;\n*) exit 1 ;;""",
-    )
+    counting(setup, "10-gpu0", """1|5) echo '{"gpu0.ib":"mlx5_0"}' ;;\n*) exit 1 ;;""")
     with trio.fail_after(GUARD):
         async with labelled_worker(setup) as (ctrl, _):
             assert not preserving_warnings(caplog, "gpu0")

@@ -94,6 +94,16 @@ class RelayJob:
         await self.client.report_terminal(self.job_id, terminal_report(self.worker_id, result))
         return result
 
+    def attach_soon(self, nursery: trio.Nursery, stop: StopToken | None = None) -> list[Result]:
+        """Start :meth:`attach` in ``nursery``; its result lands in the returned list."""
+        results: list[Result] = []
+
+        async def worker_side() -> None:
+            results.append(await self.attach(stop=stop))
+
+        nursery.start_soon(worker_side)
+        return results
+
 
 @asynccontextmanager
 async def relay_job(
@@ -122,12 +132,7 @@ async def type_line(op: RelaySession, line: str, expect: bytes | re.Pattern[byte
 async def test_protocol_119_tty_job_input_output_resize_and_exit() -> None:
     with trio.fail_after(15):
         async with relay_job(["/bin/sh"]) as job, trio.open_nursery() as nursery:
-            results: list[Result] = []
-
-            async def worker_side() -> None:
-                results.append(await job.attach())
-
-            nursery.start_soon(worker_side)
+            results = job.attach_soon(nursery)
             op = job.op
             await op.wait_connected()
             # data frames reach the shell, PTY output reaches the out-stream
@@ -295,12 +300,7 @@ async def test_protocol_125_cancel_kills_every_group_in_the_session() -> None:
     with trio.fail_after(15):
         async with relay_job(["/bin/sh"]) as job, trio.open_nursery() as nursery:
             stop = StopToken()
-            results: list[Result] = []
-
-            async def worker_side() -> None:
-                results.append(await job.attach(stop=stop))
-
-            nursery.start_soon(worker_side)
+            results = job.attach_soon(nursery, stop)
             out = await type_line(job.op, "sleep 300 & echo bg:$!", re.compile(rb"bg:(\d+)"))
             match = re.search(rb"bg:(\d+)", out)
             assert match is not None
@@ -315,12 +315,7 @@ async def test_protocol_125_cancel_kills_every_group_in_the_session() -> None:
 async def test_protocol_125_clean_exit_reaps_background_stragglers() -> None:
     with trio.fail_after(15):
         async with relay_job(["/bin/sh"]) as job, trio.open_nursery() as nursery:
-            results: list[Result] = []
-
-            async def worker_side() -> None:
-                results.append(await job.attach())
-
-            nursery.start_soon(worker_side)
+            results = job.attach_soon(nursery)
             out = await type_line(job.op, "sleep 300 & echo bg:$!", re.compile(rb"bg:(\d+)"))
             match = re.search(rb"bg:(\d+)", out)
             assert match is not None
@@ -511,12 +506,7 @@ async def test_malformed_input_ends_input_handling_not_the_job() -> None:
     with trio.fail_after(15):
         async with relay_job(["/bin/sh"]) as job, trio.open_nursery() as nursery:
             stop = StopToken()
-            results: list[Result] = []
-
-            async def worker_side() -> None:
-                results.append(await job.attach(stop=stop))
-
-            nursery.start_soon(worker_side)
+            results = job.attach_soon(nursery, stop)
             await type_line(job.op, "echo before", re.compile(rb"(?m)^before"))
             await job.op.send_raw(b"{not json\n" + encode_data(b"echo after\n"))
             with trio.move_on_after(0.5):

@@ -33,7 +33,9 @@ from tests.helpers import (
     running,
     scenario_pause,
     sim,
+    sim_worker,
     until_terminal,
+    write_worker_yaml,
 )
 
 # --------------------------------------------------------------------------------------------
@@ -400,15 +402,12 @@ async def test_protocol_091_self_sigkill_reports_137() -> None:
 
 
 async def test_protocol_104_cancelled_worker_waits_for_job_reports() -> None:
-    from fleet_trio.sim import serve_controller
     from fleet_trio.worker.worker import serve_worker
-    from tests.helpers import FAST_CLIENT, config
 
     with trio.fail_after(20):
         ctrl = sim()
         async with trio.open_nursery() as nursery:
-            url = await nursery.start(serve_controller, ctrl)
-            worker = Worker(config(url), timings=FAST, client_timings=FAST_CLIENT)
+            worker = await sim_worker(nursery, ctrl)
             returned = trio.Event()
             scope = trio.CancelScope()
 
@@ -483,11 +482,7 @@ async def _scenario_104_105(
     with trio.fail_after(30):
         async with trio.open_nursery() as nursery:
             url = await nursery.start(serve_controller, ctrl)
-            cfg = tmp_path / "worker.yaml"
-            cfg.write_text(
-                f"controller_url: {url}\ntoken: wtok\nhost: {HOST}\nheartbeat_interval: 200ms\n"
-                f"poll_wait: 1s\nsheet_dir: {tmp_path}\ndevices:\n  - gpu0\n"
-            )
+            cfg = write_worker_yaml(tmp_path, url)
             proc = await trio.lowlevel.open_process(
                 [sys.executable, "-m", "fleet_trio", "worker", "-c", str(cfg)],
                 stdin=subprocess.DEVNULL,

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from fleet_trio.gpu import FootprintKey, FootprintStore
 from fleet_trio.gpu.fake import init_device
 from fleet_trio.gpu.footprints import MAX_FILE_BYTES, FootprintFileError, parse_records
-from tests.helpers import answer, wait_until
+from tests.helpers import answer, json_values, wait_until
 
 GOOD = '[{"model_family": "sdxl", "vram_peak_gb": 2.4, "observed_peak_gb": 2, "samples": 1}]'
 
@@ -146,18 +146,7 @@ async def test_corruption_while_running_keeps_the_last_good_table(
 
 # --- fuzz -------------------------------------------------------------------------------------
 
-_scalars = st.one_of(
-    st.none(),
-    st.booleans(),
-    st.integers(min_value=-(10**30), max_value=10**30),
-    st.floats(allow_nan=False, allow_infinity=False),
-    st.text(max_size=20),
-)
-_values = st.recursive(
-    _scalars,
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner),
-    max_leaves=20,
-)
+_values = json_values(digits=30, text=20, items=4, keys=8, leaves=20)
 _members = st.fixed_dictionaries(
     {},
     optional={

@@ -21,7 +21,7 @@ from fleet_trio.gpu.fake import init_device
 from fleet_trio.nursery.tree import DEFAULT_INTERRUPT_BUDGET, JOBS_CLOSED_BUDGET, SHUTDOWN_SLACK
 from fleet_trio.sim import serve_controller
 from fleet_trio.sim.controller import SimController
-from fleet_trio.sim.fleet import free_port, worker_yaml
+from fleet_trio.sim.fleet import free_port, wait_exit, worker_yaml
 from fleet_trio.sim.stall import open_stalled_tail, wait_server_blocked
 from tests.helpers import healthy, wait_until
 
@@ -32,19 +32,6 @@ NODE_BOUND = DRAIN + DEFAULT_INTERRUPT_BUDGET + GRACE + SHUTDOWN_SLACK + JOBS_CL
 
 FLOOD = "while :; do head -c 1000000 /dev/urandom; done >&2"
 """Binary noise on stderr, forever (base64 in the tail frames: they are big)."""
-
-
-async def _exit_within(proc: trio.Process, limit: float) -> tuple[int | None, float]:
-    began = trio.current_time()
-    code: int | None = None
-    with trio.move_on_after(limit):
-        code = await proc.wait()
-    took = trio.current_time() - began
-    if code is None:
-        proc.kill()
-        with trio.move_on_after(10, shield=True):
-            await proc.wait()
-    return code, took
 
 
 async def test_node_exits_within_its_bound_with_a_tail_client_that_stopped_reading(
@@ -83,7 +70,7 @@ async def test_node_exits_within_its_bound_with_a_tail_client_that_stopped_readi
             try:
                 await wait_server_blocked(stalled, port)
                 proc.send_signal(signal.SIGTERM)
-                code, took = await _exit_within(proc, NODE_BOUND)
+                code, took = await wait_exit(proc, NODE_BOUND)
             finally:
                 stalled.close()
                 half_open.close()
@@ -145,7 +132,7 @@ async def test_worker_exits_promptly_with_a_tail_client_that_stopped_reading(
                 try:
                     await wait_server_blocked(stalled, tail_port)
                     proc.send_signal(signal.SIGTERM)
-                    code, took = await _exit_within(proc, WORKER_LIMIT)
+                    code, took = await wait_exit(proc, WORKER_LIMIT)
                 finally:
                     stalled.close()
             finally:

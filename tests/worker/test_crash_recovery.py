@@ -14,7 +14,7 @@ import trio
 
 from fleet_trio.proc.procfs import job_env_id, pid_alive
 from fleet_trio.sim import serve_controller
-from tests.helpers import HOST, dev, sim
+from tests.helpers import dev, sim, write_worker_yaml
 
 
 async def _start_worker(cfg: pathlib.Path) -> trio.Process:
@@ -40,11 +40,7 @@ async def test_worker_sigkilled_mid_job_reports_the_survivor_when_restarted(
     with trio.fail_after(60):
         async with trio.open_nursery() as nursery:
             url = await nursery.start(serve_controller, ctrl)
-            cfg = tmp_path / "worker.yaml"
-            cfg.write_text(
-                f"controller_url: {url}\ntoken: wtok\nhost: {HOST}\nheartbeat_interval: 200ms\n"
-                f"poll_wait: 1s\nsheet_dir: {tmp_path}\ndevices:\n  - gpu0\n"
-            )
+            cfg = write_worker_yaml(tmp_path, url)
             first = await _start_worker(cfg)
             try:
                 await ctrl.wait_for(lambda: ctrl.polls(), timeout=15)

@@ -24,7 +24,7 @@ from fleet_trio.worker.client import (
     make_converter,
 )
 from fleet_trio.worker.relay import FrameError, decode_frame
-from tests.helpers import PY, dev, running, until_terminal
+from tests.helpers import PY, dev, json_values, running, until_terminal
 
 CONV = make_converter()
 
@@ -146,18 +146,7 @@ async def test_the_worker_skips_hostile_answers_and_keeps_working(
 
 # --- fuzz -------------------------------------------------------------------------------------
 
-_scalars = st.one_of(
-    st.none(),
-    st.booleans(),
-    st.integers(min_value=-(10**40), max_value=10**40),
-    st.floats(allow_nan=False, allow_infinity=False),
-    st.text(max_size=12),
-)
-_values = st.recursive(
-    _scalars,
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner),
-    max_leaves=12,
-)
+_values = json_values(digits=40, text=12, items=3, keys=6, leaves=12)
 _assignment = st.fixed_dictionaries(
     {},
     optional={

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import trio
 
-from fleet_trio.sim import serve_controller
-from fleet_trio.worker.worker import Worker, serve_worker, shutdown_bound
-from tests.helpers import FAST, FAST_CLIENT, config, dev, sim
+from fleet_trio.worker.worker import shutdown_bound
+from tests.helpers import FAST, dev, sim, sim_worker, start_worker
 
 
 async def test_a_pre_killed_report_to_a_controller_that_never_answers_is_bounded() -> None:
@@ -15,17 +14,8 @@ async def test_a_pre_killed_report_to_a_controller_that_never_answers_is_bounded
     even in a shutdown. Now it ends by the hurry deadline: drain + hurry budget."""
     ctrl = sim()
     async with trio.open_nursery() as nursery:
-        url = await nursery.start(serve_controller, ctrl)
-        worker = Worker(config(url), timings=FAST, client_timings=FAST_CLIENT)
-        done = trio.Event()
-
-        async def run_worker() -> None:
-            try:
-                await serve_worker(worker)
-            finally:
-                done.set()
-
-        nursery.start_soon(run_worker)
+        worker = await sim_worker(nursery, ctrl)
+        done = start_worker(nursery, worker)
         with trio.fail_after(shutdown_bound(FAST) + 30):
             await ctrl.wait_for(lambda: worker.registrations >= 1 and ctrl.polls(), timeout=5)
             ctrl.latency("assignments", 0.4)  # the kill arrives with the assignment

@@ -28,7 +28,6 @@ from fleet_trio.logbus.tail import (
     TailEvent,
 )
 from fleet_trio.sim import serve_controller
-from fleet_trio.sim.relay import operator
 from fleet_trio.worker.config import WorkerConfig, check_tail_listen, load_worker_config
 from fleet_trio.worker.listener import TailListenError, serve_tail_listener
 from fleet_trio.worker.worker import Worker, serve_worker
@@ -38,6 +37,7 @@ from tests.helpers import (
     FakeHooks,
     config,
     dev,
+    operated_job,
     running,
     running_with_hooks,
     sim,
@@ -177,13 +177,8 @@ async def test_token_required_when_set() -> None:
 async def test_pipe_job_stdout_and_stderr_are_teed_into_the_tail() -> None:
     with trio.fail_after(30):
         async with running(configure=tail_on()) as (ctrl, worker):
-            job = ctrl.submit(dev("gpu0"), ["sh", "-c", "cat; echo to-stderr >&2"], stdio="pipe")
-            term = operator(ctrl, job)
-            await term.wait_connected(timeout=10)
-            await term.send(b"typed\n")
-            await term.wait_output(b"typed\n", timeout=10)
-            await term.close_input()
-            assert await until_terminal(ctrl, job) == ["running", "succeeded"]
+            command = ["sh", "-c", "cat; echo to-stderr >&2"]
+            job, _ = await operated_job(ctrl, command, "pipe", b"typed\n", b"typed\n")
             events, code = await collect(ws(worker, job))
             assert code == CLOSE_NORMAL
             # stdout goes to the operator and the tail; stderr to the log endpoint and the tail
@@ -197,16 +192,12 @@ async def test_pipe_job_stdout_and_stderr_are_teed_into_the_tail() -> None:
 async def test_tty_job_output_is_teed_into_the_tail() -> None:
     with trio.fail_after(30):
         async with running(configure=tail_on()) as (ctrl, worker):
-            job = ctrl.submit(dev("gpu0"), ["/bin/sh"], stdio="tty")
-            term = operator(ctrl, job)
-            await term.wait_connected(timeout=10)
-            await term.send(b"echo tail-$((6 * 7))\n")
-            await term.wait_output(b"tail-42", timeout=10)
-            await term.send(b"exit\n")
-            assert await until_terminal(ctrl, job) == ["running", "succeeded"]
+            job, term = await operated_job(
+                ctrl, ["/bin/sh"], "tty", b"echo tty-$((6 * 7))\n", b"tty-42"
+            )
             events, code = await collect(ws(worker, job))
             assert code == CLOSE_NORMAL
-            assert b"tail-42" in output(events, "stdout")
+            assert b"tty-42" in output(events, "stdout")
             assert output(events, "stdout") == term.output()
             assert ctrl.logs(job) == b""  # a tty's output never reaches the log endpoint
 

@@ -13,29 +13,28 @@ import attrs
 import pytest
 import trio
 
-from fleet_trio.sim import SimController, serve_controller
-from fleet_trio.sim.relay import operator
+from fleet_trio.sim import SimController
 from fleet_trio.worker.client import Assignment, StatusReport
 from fleet_trio.worker.config import DeviceConfig
 from fleet_trio.worker.worker import (
-    Worker,
     effective_max_runtime,
     job_environment,
     serve_worker,
 )
 from tests.helpers import (
-    FAST,
     FAST_CLIENT,
     HOST,
     PY,
     FakeHooks,
-    config,
     dev,
+    operated_job,
     quiet_for,
     running,
     running_with_hooks,
     scenario_pause,
     sim,
+    sim_worker,
+    start_worker,
     until_terminal,
     wait_until,
 )
@@ -123,20 +122,6 @@ async def test_kill_running_job() -> None:
             assert ctrl.status_reports(job)[-1].reason == "cancelled"
 
 
-async def test_heartbeats_name_running_jobs_only() -> None:
-    with trio.fail_after(20):
-        async with running() as (ctrl, _):
-            job = ctrl.submit(dev("gpu1"), ["sleep", "1"])
-            await ctrl.wait_for(
-                lambda: any(h.get("running_job_ids") == [job] for h in ctrl.heartbeats())
-            )
-            await until_terminal(ctrl, job)
-            n = len(ctrl.heartbeats())
-            await ctrl.wait_for(lambda: len(ctrl.heartbeats()) > n + 1)
-            assert ctrl.heartbeats()[-1] == {}
-            assert all(len(h.get("running_job_ids", [])) <= 1 for h in ctrl.heartbeats())
-
-
 async def test_cuda_visible_devices_and_env() -> None:
     with trio.fail_after(20):
         async with running(devices=("gpu1", "mydevice")) as (ctrl, _):
@@ -173,15 +158,8 @@ async def test_shutdown_with_running_job_reports_killed_and_returns() -> None:
     with trio.fail_after(20):
         ctrl = sim()
         async with trio.open_nursery() as nursery:
-            url = await nursery.start(serve_controller, ctrl)
-            worker = Worker(config(url), timings=FAST, client_timings=FAST_CLIENT)
-            done = trio.Event()
-
-            async def run_worker() -> None:
-                await serve_worker(worker)
-                done.set()
-
-            nursery.start_soon(run_worker)
+            worker = await sim_worker(nursery, ctrl)
+            done = start_worker(nursery, worker)
             job = ""
             await ctrl.wait_for(lambda: worker.registrations >= 1)
             job = ctrl.submit(dev("gpu0"), ["sleep", "30"])
@@ -199,8 +177,7 @@ async def test_cancelled_worker_still_reports_killed() -> None:
     with trio.fail_after(20):
         ctrl = sim()
         async with trio.open_nursery() as nursery:
-            url = await nursery.start(serve_controller, ctrl)
-            worker = Worker(config(url), timings=FAST, client_timings=FAST_CLIENT)
+            worker = await sim_worker(nursery, ctrl)
             with trio.CancelScope() as scope:
                 nursery.start_soon(ctrl.wait_for, lambda: False, 30.0)
                 inner = trio.CancelScope()
@@ -396,13 +373,9 @@ async def test_tty_job_through_the_worker_and_the_relay() -> None:
     endpoint, and ``exit`` ends it ``succeeded``."""
     with trio.fail_after(20):
         async with running() as (ctrl, _):
-            job = ctrl.submit(dev("gpu0"), ["/bin/sh"], stdio="tty")
-            term = operator(ctrl, job)
-            await term.wait_connected(timeout=10)
-            await term.send(b"echo relay-$((40 + 2))\n")
-            await term.wait_output(b"relay-42", timeout=10)
-            await term.send(b"exit\n")
-            assert await until_terminal(ctrl, job) == ["running", "succeeded"]
+            job, _ = await operated_job(
+                ctrl, ["/bin/sh"], "tty", b"echo tty-$((6 * 7))\n", b"tty-42"
+            )
             assert ctrl.logs(job) == b""
 
 
@@ -410,14 +383,9 @@ async def test_pipe_job_through_the_worker_sends_stderr_to_the_log() -> None:
     script = "cat; echo to-stderr >&2"
     with trio.fail_after(20):
         async with running() as (ctrl, _):
-            job = ctrl.submit(dev("gpu0"), ["sh", "-c", script], stdio="pipe")
-            term = operator(ctrl, job)
-            await term.wait_connected(timeout=10)
-            await term.send(b"line-one\nline\rtwo\xffend\n")
-            await term.wait_output(b"end\n", timeout=10)
-            await term.close_input()
-            assert await until_terminal(ctrl, job) == ["running", "succeeded"]
-            assert term.output() == b"line-one\nline\rtwo\xffend\n"
+            typed = b"line-one\nline\rtwo\xffend\n"
+            job, term = await operated_job(ctrl, ["sh", "-c", script], "pipe", typed, b"end\n")
+            assert term.output() == typed
             await ctrl.wait_for(lambda: ctrl.logs(job) == b"to-stderr\n")
 
 

@@ -60,6 +60,9 @@ class Device:
 
 @attrs.define
 class Job:
+    """A job as the controller keeps it: the :class:`~fleet_trio.sim.rcwire.Assignment` fields
+    (a declaration of the same wire facts, not shared code) plus its state and lease."""
+
     job_id: str
     device_id: str
     command: tuple[str, ...]

@@ -19,6 +19,16 @@ JOB_SCRIPTS = ("count.py", "escape.py", "leak.py", "verify.py", "render.py", "tr
 """The files of ``fleet_trio/sim/demo/jobs/``, copied into the run's ``jobs/``."""
 
 
+class _Under:
+    """A fixed name under the owner's ``root``, read as an attribute."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __get__(self, files: DemoFiles, owner: type | None = None) -> str:
+        return os.path.join(files.root, self.name)
+
+
 @attrs.frozen
 class DemoFiles:
     """Where the generated files are (all under ``root``)."""
@@ -28,9 +38,7 @@ class DemoFiles:
     token: str
     python: str
 
-    @property
-    def fake_gpus(self) -> str:
-        return os.path.join(self.root, "fake-gpu")
+    fake_gpus = _Under("fake-gpu")
 
     def fake_gpu(self, name: str) -> str:
         return os.path.join(self.fake_gpus, name)
@@ -38,26 +46,12 @@ class DemoFiles:
     def script(self, name: str) -> str:
         return os.path.join(self.root, "jobs", name)
 
-    @property
-    def node_yaml(self) -> str:
-        return os.path.join(self.root, "node.yaml")
-
-    @property
-    def worker_yaml(self) -> str:
-        return os.path.join(self.root, "worker.yaml")
-
-    @property
-    def verify_dir(self) -> str:
-        return os.path.join(self.root, "verify.d")
-
-    @property
-    def work_root(self) -> str:
-        return os.path.join(self.root, "work")
-
-    @property
-    def empty_dir(self) -> str:
-        """An empty directory: the worker's probe_dir, sheet_dir and nvidia-smi search path."""
-        return os.path.join(self.root, "empty")
+    node_yaml = _Under("node.yaml")
+    worker_yaml = _Under("worker.yaml")
+    verify_dir = _Under("verify.d")
+    work_root = _Under("work")
+    empty_dir = _Under("empty")
+    """An empty directory: the worker's probe_dir, sheet_dir and nvidia-smi search path."""
 
 
 def _write(path: str, text: str, mode: int = 0o644) -> None:

@@ -4,6 +4,7 @@ dial failure"; worker-process.md §8.1 and §8.5). The package docstring tells e
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
@@ -39,18 +40,18 @@ T = TypeVar("T")
 
 async def _open_half(
     mode: str,
-    what: str,
     stop: StopToken,
     open_timeout: float,
+    what: str,
     opener: Callable[[], Awaitable[T]],
-) -> tuple[T | None, Result | None]:
-    """``(stream, None)``, or ``(None, Result)`` for a failure (§7.2) or a stop meanwhile."""
+) -> T | Result:
+    """The stream, or the job's ``Result`` for a failure (§7.2) or a stop meanwhile."""
     err = ""
     with trio.CancelScope(deadline=stop.deadline) as scope:
         link = StopToken(parent=stop, on_set=scope.cancel)  # a set stop cancels the opening
         try:
             with trio.fail_after(open_timeout):
-                return await opener(), None
+                return await opener()
         except trio.TooSlowError:
             err = f"no answer within {open_timeout:g}s"
         except RelayError as exc:
@@ -58,8 +59,8 @@ async def _open_half(
         finally:
             del link
     if scope.cancelled_caught or stop.is_set():
-        return None, Result(exit_code=-1, killed=True, reason="cancelled")
-    return None, Result(exit_code=-1, err=f"attach {mode} stdio: {what}: {err}")
+        return Result(exit_code=-1, killed=True, reason="cancelled")
+    return Result(exit_code=-1, err=f"attach {mode} stdio: {what}: {err}")
 
 
 async def run_attached(
@@ -91,27 +92,14 @@ async def run_attached(
     stop = stop if stop is not None else StopToken()
     job_id = assignment.job_id
 
-    out, failure = await _open_half(
-        mode,
-        "open output stream",
-        stop,
-        open_timeout,
-        lambda: open_out_stream(base_url, token, job_id),
-    )
-    if out is None:
-        assert failure is not None
-        return failure
+    opening = functools.partial(_open_half, mode, stop, open_timeout)
+    out = await opening("open output stream", lambda: open_out_stream(base_url, token, job_id))
+    if isinstance(out, Result):
+        return out
     try:
-        inp, failure = await _open_half(
-            mode,
-            "open input stream",
-            stop,
-            open_timeout,
-            lambda: open_in_stream(base_url, token, job_id),
-        )
-        if inp is None:
-            assert failure is not None
-            return failure
+        inp = await opening("open input stream", lambda: open_in_stream(base_url, token, job_id))
+        if isinstance(inp, Result):
+            return inp
         try:
             if mode == "tty":
                 return await _run_tty(
