@@ -354,7 +354,9 @@ class Supervisor:
                 self.spec.sweep_job_id,
                 os.getpid(),
                 marker=self.spec.sweep_marker,
-                forks_before=self.forks_before,
+                # the fork-counter shortcut holds only once the leader itself is gone: one that
+                # left the job's group (or sits in D state) outlives the group's SIGKILL
+                forks_before=self.forks_before if self.proc.returncode is not None else None,
             )
             result = attrs.evolve(result, sweep=report)
         return result

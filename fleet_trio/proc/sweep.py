@@ -311,9 +311,10 @@ async def sweep_job_survivors(
 
     ``forks_before``: :func:`~fleet_trio.proc.procfs.forks_since_boot` read just before the
     job's leader was spawned. When the counter has since grown by exactly one (the leader's own
-    creation), nothing else was forked or cloned anywhere on the host: the leader (reaped by
-    now) was the only process that ever carried the marker, and the sweep is a settled scan
-    that found nothing, without walking ``/proc`` (and without a thread hop). Any other count,
+    creation), nothing else was forked or cloned anywhere on the host: the leader (the caller
+    passes the counter only once the leader is reaped) was the only process that ever carried
+    the marker, and the sweep is a settled scan that found nothing, without walking ``/proc``
+    (and without a thread hop). Any other count,
     or a counter that cannot be read, takes the full walk.
 
     Cancellation: the sweep is cancellable at every scan and sleep; a cancelled sweep raises

@@ -693,3 +693,52 @@ async def test_a_job_that_forks_an_escapee_is_still_swept() -> None:
     with trio.fail_after(20):
         result = await run(spec, NullSink())
     assert result.sweep.scanned and result.sweep.found and not result.sweep.remaining
+
+
+async def test_the_shortcut_is_not_taken_while_the_leader_is_unreaped(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A leader that left the job's process group (into the test's own) survives the group's
+    SIGTERM and SIGKILL and is not reaped within the straggler wait: even on a host where
+    nothing else forked (the counter moved by one), the sweep must walk /proc and find it,
+    not report a clean job while the leader still runs."""
+    import importlib
+    import sys
+
+    run_mod = importlib.import_module("fleet_trio.proc.run")  # the package names a function so
+    sup_mod = importlib.import_module("fleet_trio.proc.supervisor")
+    from fleet_trio.proc.procfs import forks_since_boot
+    from fleet_trio.proc.run import run
+    from fleet_trio.proc.sinks import NullSink
+    from fleet_trio.proc.spec import JobSpec
+
+    seen: list[int] = []
+
+    def before() -> int | None:
+        value = forks_since_boot()
+        if value is not None:
+            seen.append(value)
+        return value
+
+    monkeypatch.setattr(run_mod, "forks_since_boot", before)
+    monkeypatch.setattr(sweep_mod, "forks_since_boot", lambda: seen[-1] + 1 if seen else None)
+    monkeypatch.setattr(sup_mod, "STRAGGLER_WAIT", 0.3)
+    job_id = f"sweep-unreaped-{os.getpid()}"
+    leader = (
+        "import os, sys, time\n"
+        "os.setpgid(0, os.getpgid(os.getppid()))\n"  # out of the job's group, into ours
+        "os.close(1); os.close(2)\n"
+        "time.sleep(120)\n"
+    )
+    spec = JobSpec(
+        command=(sys.executable, "-c", leader),
+        env={**os.environ, "RC_JOB_ID": job_id},
+        sweep_job_id=job_id,
+        max_runtime=1.0,
+        grace_ceiling=0.3,
+    )
+    with trio.fail_after(60):
+        result = await run(spec, NullSink())
+    assert result.sweep is not None
+    assert result.sweep.found, result.sweep.to_json()  # the walk ran and saw the leader
+    assert result.sweep.clean(), result.sweep.to_json()  # and the sweep ended it
