@@ -27,6 +27,7 @@ escapees (rc would wait for them to exit on their own, and never sweep).
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import logging
 import os
@@ -103,6 +104,19 @@ def resolve_argv(
     return argv, None
 
 
+def nul_error(spec: JobSpec) -> str | None:
+    """Go's start error for a NUL byte in the command, the environment or the working
+    directory (``fork/exec NAME: invalid argument``; the kernel cannot take such a string);
+    ``None`` when there is none. Checked before any lookup or spawn: Python raises
+    ``ValueError`` there instead of an ``OSError``."""
+    texts = [*spec.command, *(spec.env or {}).keys(), *(spec.env or {}).values(), spec.cwd or ""]
+    if any("\0" in text for text in texts):
+        name = spec.command[0]
+        shown = repr(name) if "\0" in name else name  # never a raw NUL in a log or a report
+        return f"fork/exec {shown}: {errno_text(errno.EINVAL)}"
+    return None
+
+
 def spawn_error_text(exc: OSError, argv0: str, cwd: str) -> str:
     text = errno_text(exc.errno) if exc.errno is not None else str(exc)
     if cwd and exc.filename == cwd:
@@ -147,6 +161,8 @@ async def run(
     """
     if not spec.command:
         return _recorded(Result(exit_code=-1, err="empty command"), record)
+    if (bad := nul_error(spec)) is not None:
+        return _recorded(Result(exit_code=-1, err=f"start: {bad}"), record)
     argv, lookup_error = resolve_argv(spec.command, spec.env)
     if lookup_error is not None:
         return _recorded(Result(exit_code=-1, err=f"start: {lookup_error}"), record)

@@ -282,3 +282,22 @@ async def test_run_cancelled_while_waiting_for_a_spawn_slot_never_spawns(
             release.set()
     assert scope.cancelled_caught
     assert spawned == []
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        JobSpec(command=("echo", "a\0b")),
+        JobSpec(command=("echo", "x"), env={"X": "a\0b"}),
+        JobSpec(command=("echo", "x"), env={"A\0B": "1"}),
+        JobSpec(command=("echo", "x"), cwd="/tmp/\0x"),
+    ],
+    ids=["argv", "env-value", "env-key", "cwd"],
+)
+async def test_a_nul_byte_is_a_start_error_not_a_traceback(spec: JobSpec) -> None:
+    """A job from a hostile submitter: Python raises ValueError for a NUL in an exec string,
+    which reached the task tree as a traceback; Go answers a start error."""
+    with trio.fail_after(10):
+        result = await run(spec, BufferSink())
+    assert result.exit_code == -1
+    assert result.err == "start: fork/exec echo: invalid argument"
