@@ -209,6 +209,8 @@ def _add_memory_budget(p: argparse.ArgumentParser, key: str) -> None:
         help=f"most bytes of kept job output in memory, all jobs together (e.g. 512MiB, 2GiB; "
         f"default: {key} in the config, else 1GiB); the oldest ended jobs' output goes first",
     )
+
+
 def _fake_gpu_count(text: str) -> int:  # multi-GPU: --fake-gpus
     try:
         value = int(text)
@@ -487,6 +489,7 @@ async def _exec(args: argparse.Namespace) -> int:
         kill_grace=spec.grace,
         on_stop_accepting=stop.set,
         signals=DEFAULT_SIGNALS,
+        absorb_late_signals=True,
     ) as tree:
         tree.start_job(_exec_job, spec, out, stop, box, name="exec")
         with trio.CancelScope() as waiting:
@@ -565,7 +568,10 @@ def _cmd_node(args: argparse.Namespace, **serve_kw: Any) -> int:
             no_journal=args.no_journal,
         )
         redact_secrets(options.token)
-        trio.run(functools.partial(serve_node, config, options, announce=say, **serve_kw))
+        serve = functools.partial(
+            serve_node, config, options, announce=say, absorb_late_signals=True, **serve_kw
+        )
+        trio.run(serve)
     except (ConfigError, NodeStartError) as exc:
         console(f"error: {exc}", event=str(exc), logger="fleet_trio.node", level=logging.ERROR)
         return 1
@@ -665,7 +671,9 @@ def _cmd_worker(args: argparse.Namespace, make_worker: Callable[..., Any] | None
         )
     worker = (make_worker or Worker)(config, tail_trusted_network=args.listen_trusted_network)
     # the signals are served by the worker's task tree, from the moment it opens to its close
-    trio.run(functools.partial(serve_worker, worker, signals=DEFAULT_SIGNALS))
+    trio.run(
+        functools.partial(serve_worker, worker, signals=DEFAULT_SIGNALS, absorb_late_signals=True)
+    )
     return 0
 
 

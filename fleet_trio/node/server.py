@@ -366,6 +366,7 @@ async def serve_node(
     *,
     gpu: GpuServices | None = None,
     signals: Sequence[signal.Signals] = DEFAULT_SIGNALS,
+    absorb_late_signals: bool = False,
     hostname: Callable[[], str] = os_hostname,
     announce: Callable[[str], None] | None = None,
     work_root: str | None = None,
@@ -439,6 +440,7 @@ async def serve_node(
         linger=t.poll_linger,
         on_linger=linger.wait,
         signals=signals,
+        absorb_late_signals=absorb_late_signals,
     ) as tree:
         with trio.CancelScope() as startup:
             tree.cancel_on_shutdown(startup)  # a signal during the start ends the start

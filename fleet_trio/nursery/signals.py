@@ -37,11 +37,17 @@ async def serve_shutdown_signals(
     tree: ShutdownTarget,
     *,
     signals: Sequence[signal.Signals] = DEFAULT_SIGNALS,
+    absorb_after_close: bool = False,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Forward each of ``signals`` to ``tree.request_shutdown()``; ready once installed.
 
     Must run in the main thread (a trio restriction on signal handlers).
+
+    ``absorb_after_close``: for a process whose life is the tree (the CLI's ``node``,
+    ``worker``, ``exec``): when the service closes, the signals are ignored instead of getting
+    the previous handler back, so a second SIGTERM landing in the last milliseconds
+    of the exit does not end a clean shutdown by its default action (exit -15).
 
     Cancellation: the handlers are uninstalled at once (a later SIGTERM gets the handler that
     was there before, the default action in a process of its own); a signal that came just
@@ -71,8 +77,14 @@ async def serve_shutdown_signals(
         await trio.sleep_forever()
     finally:
         for signum, was in previous.items():
-            # None: a handler not installed from Python; the default is the honest fallback
-            signal.signal(signum, signal.SIG_DFL if was is None else was)
+            if absorb_after_close:
+                # ignored, not a Python handler: the interpreter's finalization puts a Python
+                # handler back to the default action, and the exit is where the signal lands;
+                # nothing is spawned after the tree has closed, so no child inherits it
+                signal.signal(signum, signal.SIG_IGN)
+            else:
+                # None: a handler not installed from Python; the default is the honest fallback
+                signal.signal(signum, signal.SIG_DFL if was is None else was)
 
 
 def _signal_name(signum: int) -> str:

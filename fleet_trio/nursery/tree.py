@@ -691,6 +691,7 @@ async def open_task_tree(
     on_linger: Callable[[], Awaitable[None]] | None = None,
     jobs_closed_budget: float = JOBS_CLOSED_BUDGET,
     signals: Sequence[signal.Signals] = (),
+    absorb_late_signals: bool = False,
 ) -> AsyncIterator[TaskTree]:
     """Open the services, role and jobs scopes; run the shutdown sequence when the body exits.
 
@@ -733,7 +734,12 @@ async def open_task_tree(
         try:
             await tree._open(root)
             if signals:
-                serve = functools.partial(serve_shutdown_signals, tree, signals=tuple(signals))
+                serve = functools.partial(
+                    serve_shutdown_signals,
+                    tree,
+                    signals=tuple(signals),
+                    absorb_after_close=absorb_late_signals,
+                )
                 await tree.services.start(serve, name="shutdown-signals")
             try:
                 yield tree

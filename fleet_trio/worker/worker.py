@@ -577,6 +577,7 @@ async def serve_worker(
     worker: Worker,
     *,
     signals: Sequence[signal.Signals] = (),
+    absorb_late_signals: bool = False,
     task_status: trio.TaskStatus[Worker] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run ``worker`` until :meth:`Worker.request_shutdown`, one of ``signals``, or a cancel,
@@ -606,6 +607,7 @@ async def serve_worker(
         on_jobs_closed=worker.jobs_closed,
         jobs_closed_budget=JOBS_CLOSED_BUDGET,
         signals=signals,
+        absorb_late_signals=absorb_late_signals,
     ) as tree:
         worker.bind_tree(tree)
         with trio.CancelScope() as body:

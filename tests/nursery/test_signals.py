@@ -9,6 +9,7 @@ SIGTERM landed as its tree closed.)
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 
@@ -46,3 +47,39 @@ def test_a_signal_still_unread_when_the_service_closes_does_not_kill_the_process
     )
     assert done.returncode == 0, (done.returncode, done.stderr)
     assert done.stdout.strip() == "alive SIGTERM"
+
+
+LATE = """
+import os, signal, sys, trio
+from fleet_trio.nursery.signals import serve_shutdown_signals
+
+class Tree:
+    def request_shutdown(self, reason='x'): pass
+
+async def main(absorb):
+    async with trio.open_nursery() as nursery:
+        await nursery.start(
+            lambda task_status: serve_shutdown_signals(
+                Tree(), absorb_after_close=absorb, task_status=task_status
+            )
+        )
+        nursery.cancel_scope.cancel()
+    os.kill(os.getpid(), signal.SIGTERM)  # after the tree: the process is on its way out
+    os.kill(os.getpid(), signal.SIGINT)
+    await trio.sleep(0)
+    print("alive", flush=True)
+
+trio.run(main, sys.argv[1] == "absorb")
+"""
+
+
+def test_a_signal_after_the_tree_closed_is_absorbed_in_a_process_whose_life_is_the_tree() -> None:
+    absorbed = subprocess.run(
+        [sys.executable, "-c", LATE, "absorb"], capture_output=True, text=True, timeout=30
+    )
+    assert (absorbed.returncode, absorbed.stdout.strip()) == (0, "alive"), absorbed.stderr
+    # without it (an in-process harness), the handlers that were there before come back
+    restored = subprocess.run(
+        [sys.executable, "-c", LATE, "restore"], capture_output=True, text=True, timeout=30
+    )
+    assert restored.returncode == -signal.SIGTERM
