@@ -214,7 +214,7 @@ async def bench(args: argparse.Namespace) -> list[Side]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
     parser.add_argument("-n", type=int, default=60, help="seq mode: timed jobs (default 60)")
     parser.add_argument("--warmup", type=int, default=5, help="untimed jobs first (default 5)")
     parser.add_argument("--mode", choices=("seq", "burst"), default="seq")
