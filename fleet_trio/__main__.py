@@ -1,3 +1,3 @@
-from fleet_trio.cli import main
+from fleet_trio.cli import entry
 
-raise SystemExit(main())
+raise SystemExit(entry())

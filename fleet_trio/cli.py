@@ -489,7 +489,7 @@ async def _exec(args: argparse.Namespace) -> int:
         kill_grace=spec.grace,
         on_stop_accepting=stop.set,
         signals=DEFAULT_SIGNALS,
-        absorb_late_signals=True,
+        absorb_late_signals=getattr(args, "own_process", False),
     ) as tree:
         tree.start_job(_exec_job, spec, out, stop, box, name="exec")
         with trio.CancelScope() as waiting:
@@ -569,7 +569,12 @@ def _cmd_node(args: argparse.Namespace, **serve_kw: Any) -> int:
         )
         redact_secrets(options.token)
         serve = functools.partial(
-            serve_node, config, options, announce=say, absorb_late_signals=True, **serve_kw
+            serve_node,
+            config,
+            options,
+            announce=say,
+            absorb_late_signals=getattr(args, "own_process", False),
+            **serve_kw,
         )
         trio.run(serve)
     except (ConfigError, NodeStartError) as exc:
@@ -672,7 +677,12 @@ def _cmd_worker(args: argparse.Namespace, make_worker: Callable[..., Any] | None
     worker = (make_worker or Worker)(config, tail_trusted_network=args.listen_trusted_network)
     # the signals are served by the worker's task tree, from the moment it opens to its close
     trio.run(
-        functools.partial(serve_worker, worker, signals=DEFAULT_SIGNALS, absorb_late_signals=True)
+        functools.partial(
+            serve_worker,
+            worker,
+            signals=DEFAULT_SIGNALS,
+            absorb_late_signals=getattr(args, "own_process", False),
+        )
     )
     return 0
 
@@ -912,8 +922,13 @@ def parse_command_line(argv: list[str]) -> tuple[argparse.ArgumentParser, argpar
     return parser, parser.parse_args(argv)
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, *, own_process: bool = False) -> int:
+    """Run one command. ``own_process``: this process is the command's alone (the console
+    script, ``python -m fleet_trio``): a long-running command then ignores SIGTERM/SIGINT
+    once its task tree has closed, rather than dying of a late second signal on its way out.
+    An in-process caller (a test) keeps its own signal handlers."""
     parser, args = parse_command_line(list(argv) if argv is not None else sys.argv[1:])
+    args.own_process = own_process
     try:
         setup_logging(args.log_level, args.log_format)  # docs/logging.md
     except LogSetupError as exc:
@@ -925,6 +940,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{PROG}: error: no command given (see the commands above)", file=sys.stderr)
         return EXIT_USAGE
     return run_handler(handler, args)
+
+
+def entry() -> int:
+    """The ``fleet-trio`` console script and ``python -m fleet_trio``."""
+    return main(own_process=True)
 
 
 def _save_traceback(exc: BaseException) -> str:

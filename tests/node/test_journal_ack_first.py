@@ -15,6 +15,7 @@ import trio.testing
 from fleet_trio.node.app import create_app
 from fleet_trio.node.jobs import ACK_PRIORITY_BOUND, RELEASE_BOUND, Done
 from fleet_trio.node.journal import Accept, Journal, JournalWriter
+from tests.helpers import wait_until
 from tests.node.store_tree import store_in_tree
 from tests.node.test_journal import make_ctx
 
@@ -54,9 +55,7 @@ async def test_the_job_starts_after_its_202_is_written(tmp_path: Path) -> None:
             for job_id in ("a", "b", "c"):
                 r = await client.post("/fleet/dispatch", json={"job_id": job_id, "task_type": "t"})
                 assert r.status_code == 202
-            with trio.fail_after(5):
-                while len(events) < 6:
-                    await trio.sleep(0.01)
+            await wait_until(lambda: len(events) >= 6, timeout=5, what="three acks and runs")
     for job_id in ("a", "b", "c"):
         assert events.index("sent /fleet/dispatch") < events.index(f"run {job_id}")
     assert events.count("sent /fleet/dispatch") == 3
@@ -75,9 +74,7 @@ async def test_a_job_whose_202_is_never_written_still_starts(
 
         t0 = trio.current_time()
         store.register("j", work, release=trio.Event())  # never set
-        with trio.fail_after(RELEASE_BOUND + 5):
-            while not started:
-                await trio.sleep(0.01)
+        await wait_until(lambda: started, timeout=RELEASE_BOUND + 5, what="the job's start")
     assert RELEASE_BOUND <= started[0] - t0 < RELEASE_BOUND + 0.1
 
 
@@ -116,15 +113,11 @@ async def test_a_job_yields_to_an_ack_still_being_committed(tmp_path: Path) -> N
         assert await trio.to_thread.run_sync(held["b"].wait, 10)  # "b" is being committed
         await trio.testing.wait_all_tasks_blocked()
         assert order == []  # "a" is recorded, yet waits for the ack of "b"
-        with trio.fail_after(ACK_PRIORITY_BOUND + 5):
-            while order != ["a"]:
-                await trio.sleep(0.01)
+        await wait_until(lambda: order == ["a"], timeout=ACK_PRIORITY_BOUND + 5)
         assert store.table.pending("b")  # "a" went at the bound; "b" is still uncommitted
         gates["b"].set()
         assert await store.wait_recorded("b")
-        with trio.fail_after(5):
-            while order != ["a", "b"]:
-                await trio.sleep(0.01)
+        await wait_until(lambda: order == ["a", "b"], timeout=5)
 
 
 def test_the_bounds_are_short() -> None:
