@@ -337,3 +337,14 @@ async def test_no_subcommand_prints_help_and_fails() -> None:
     done = await fleet()
     assert done.returncode == 2
     assert b"exec" in done.stderr
+
+
+def test_an_in_process_command_leaves_the_callers_signal_handlers_alone() -> None:
+    """Only a command that owns its process ignores late signals after its tree has closed; a
+    test (or any caller) running ``main`` in-process keeps its handlers, or every child it
+    spawns afterwards would inherit an ignored SIGTERM."""
+    from fleet_trio.cli import main
+
+    before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    assert main(["exec", "--", "true"]) == 0
+    assert {s: signal.getsignal(s) for s in before} == before
