@@ -8,7 +8,7 @@ A loader raises :class:`KeyedError` (message + dotted key) and turns it into a
 from __future__ import annotations
 
 import difflib
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import attrs
@@ -64,7 +64,13 @@ def cattrs_error(exc: BaseException, prefix: str = "") -> tuple[str, str]:
 
 
 def structure(converter: cattrs.Converter, value: object, cls: Any, key: str) -> Any:
-    """``converter.structure``; a failure is a :class:`KeyedError` under ``key``."""
+    """``converter.structure``; a failure is a :class:`KeyedError` under ``key``. A section
+    (an attrs class) given anything but a mapping is refused here: cattrs would fail on it
+    with an ``AttributeError``, not a validation error."""
+    if attrs.has(cls) and not isinstance(value, Mapping):
+        kind = {list: "a list", str: "a string", int: "a number", float: "a number",
+                bool: "a boolean"}.get(type(value), type(value).__name__)  # fmt: skip
+        raise KeyedError(f"expected a mapping (key: value lines), got {kind}", key)
     try:
         return converter.structure(value, cls)
     except (cattrs.BaseValidationError, ValueError, TypeError) as exc:

@@ -171,3 +171,18 @@ def test_fuzz_depth(depth: int, opener: str) -> None:
     text = block if opener == "-" else opener * depth
     problem = yaml_shape_problem(text)
     assert problem is not None and problem.startswith(f"nested deeper than {YAML_MAX_DEPTH} ")
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["node:\n- \n", "node: 5\n", "node: text\n", "tasks:\n  t: [1]\n"],
+)
+def test_a_section_that_is_not_a_mapping_is_one_config_error(tmp_path: Path, text: str) -> None:
+    """Found by the fuzz: ``node:`` holding a list reached cattrs as an AttributeError, which
+    the CLI printed as an internal error with a crash file."""
+    path = tmp_path / "node.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        load_config(str(path))
+    assert str(path) in str(info.value)
+    assert "expected a mapping" in str(info.value)
