@@ -1,5 +1,8 @@
 """``fleet-trio``: the one console entry point.
 
+(Over 500 lines: every subcommand's parser and its small runner side by side, so that ``--help``
+and the code it describes are read together; the work itself lives in the packages.)
+
 Subcommands call into the packages; nothing else lives here. Today: ``exec`` (run one command
 exactly as the worker runs a job, see ``docs/exec.md``), ``node`` (serve CONTRACT v2, see
 ``docs/node.md``), ``measure`` (seed the footprint store from the tasks' probes) and ``tail``

@@ -1,5 +1,8 @@
 """The one logging setup of every ``fleet-trio`` command (see ``docs/logging.md``).
 
+(Over 500 lines: every command's logging: the flags, the formatters and the redaction must agree,
+and nothing else imports logging setup.)
+
 - :func:`add_log_arguments` puts ``--log-level`` and ``--log-format`` on the top-level parser
   and on every subcommand (also nested ones), so they work before and after the subcommand.
 - :func:`setup_logging` resolves flag → environment (``FLEET_TRIO_LOG_LEVEL``,

@@ -189,3 +189,18 @@ def test_sim_controller_state_never_sees_http() -> None:
         } | {node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
         assert {m.split(".")[0] for m in imported} & web == set(), name
         assert "fleet_trio.sim.controller.app" not in imported, name
+
+
+MODULE_LINES = 500
+
+
+def test_a_module_over_500_lines_says_why_at_its_top() -> None:
+    """Issue 18: no module over ~500 lines without a reason written at its top: a
+    ``(Over 500 lines: …)`` paragraph within the first lines of its docstring."""
+    package = Path(fleet_trio.__file__).parent
+    silent = []
+    for path in sorted(package.rglob("*.py")):
+        lines = path.read_text(encoding="utf-8").splitlines()
+        if len(lines) > MODULE_LINES and not any("(Over 500 lines:" in line for line in lines[:12]):
+            silent.append(f"{path.relative_to(package)} ({len(lines)} lines)")
+    assert silent == []

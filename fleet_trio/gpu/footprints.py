@@ -1,5 +1,8 @@
 """The footprint store (node.md §4): measured VRAM peaks per (family, quant, task).
 
+(Over 500 lines: the record rule, the Go-compatible file format and the locked atomic store are one
+file contract (node.md §4).)
+
 Two layers:
 
 * :class:`FootprintTable`, a plain synchronous value holder with no I/O and no clock: the

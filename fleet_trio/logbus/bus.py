@@ -1,5 +1,8 @@
 """The per-job output bus: one producer (the job's pump), many consumers (node, worker, tail).
 
+(Over 500 lines: the history, the cursors, the job log and the bus are one bounded-memory design,
+whose eviction and skip rules must be read together.)
+
 Layers:
 
 * :class:`History` – a plain, synchronous, bounded list of chunks keyed by their offset in the

@@ -1,5 +1,8 @@
 """Node configuration (node.md §6.6, §7): the YAML file, identity and the listen guard.
 
+(Over 500 lines: the typed config, its cattrs hooks and its checks are one edge; every error names
+the key and the file the same way.)
+
 The YAML has two top-level keys, ``node:`` and ``tasks:``. Every timing is a Go duration
 (``500ms``, ``30s``, ``1h``). Errors are :class:`~fleet_trio.errors.ConfigError` naming the
 key and the file. One cattrs converter for this edge, configured by :func:`register_hooks`.

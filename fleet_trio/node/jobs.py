@@ -1,5 +1,8 @@
 """The node's job store (node.md §3): a sans-IO :class:`JobTable` and its trio shell.
 
+(Over 500 lines: the sans-IO job table and its thin trio shell are one state machine; the shell
+only adds waking and the journal hand-off.)
+
 :class:`JobTable` is a plain synchronous state machine with no clock of its own (times are
 passed in) and no I/O. It carries the invariants of §3:
 

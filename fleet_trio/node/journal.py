@@ -1,5 +1,8 @@
 """The node's job journal: every ack, state change and result, in SQLite, for restarts.
 
+(Over 500 lines: the journal's schema, its reader and its batching writer must agree on every row;
+they are read together.)
+
 Polls read the in-memory :class:`~fleet_trio.node.jobs.JobTable`; the journal is only read at
 startup (:mod:`fleet_trio.node.recovery`). What the HTTP surface shows is written here first:
 the store submits a record and makes the change visible in the commit's callback.

@@ -1,5 +1,8 @@
 """``serve_node``: the node process wired into the task tree (node.md §7.5, §7.6; design §3).
 
+(Over 500 lines: the node's wiring: the GPU, the journal and the services are started in one order
+and torn down in the reverse, read in one place.)
+
 ::
 
     root          (opened first; serves SIGTERM/SIGINT from its opening to its close)

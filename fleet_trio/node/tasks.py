@@ -1,5 +1,8 @@
 """The YAML task registry and executor (node.md §6.6).
 
+(Over 500 lines: the registry, the payload rules and the runner are one contract (what is
+advertised is what can run); the output tee and the sweep value are the runner's own.)
+
 A task is a command. It reads the dispatched ``payload`` (its exact raw bytes, or ``{}``) on
 stdin and prints one JSON object on stdout, which becomes the job's ``data``.
 

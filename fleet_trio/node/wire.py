@@ -1,5 +1,8 @@
 """CONTRACT v2 wire types and parsing (node.md §2).
 
+(Over 500 lines: the strict JSON scanner and the CONTRACT v2 types it feeds are one edge; the
+messages are the spec's exact strings.)
+
 Everything here is synchronous and pure: the HTTP layer (``app.py``) feeds it headers and body
 bytes and writes what it returns. Messages are the exact strings of §2.5.
 

@@ -1,5 +1,8 @@
 """The task tree every fleet-trio process runs in, and its shutdown coordinator (design.md §3).
 
+(Over 500 lines: the shutdown state machine and the tree that drives it are one unit; the state
+machine is a plain class so that Hypothesis can check it.)
+
 ::
 
     root

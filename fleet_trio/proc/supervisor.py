@@ -1,5 +1,8 @@
 """The one process supervisor (worker-process.md §2.5, §2.8, §7, §8.4).
 
+(Over 500 lines: one supervisor for pipe and PTY jobs: the waiter, the deadlines, the teardown and
+the straggler check share one cancel-scope layout.)
+
 Pipe jobs (:func:`fleet_trio.proc.run.run`, and through it hooks, probes and verify scripts)
 and PTY sessions (:class:`fleet_trio.proc.pty.PtySession`) are supervised by the same
 :class:`Supervisor`: the same waiter, the same deadlines, the same teardown, the same straggler

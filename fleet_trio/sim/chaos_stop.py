@@ -1,5 +1,8 @@
 """The shutdown-bound chaos scenario: every peer misbehaves, the process still exits in time.
 
+(Over 500 lines: one scenario: its plan, its two role players and its checker share the stop record
+they produce and judge.)
+
 One seed is one real process (a node on even seeds, a worker on odd ones) started through the
 sim's role launcher (``fleet_trio.sim.roles``), given jobs, then stopped with SIGTERM while:
 

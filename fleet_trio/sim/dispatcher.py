@@ -1,5 +1,8 @@
 """A simulated Fleet Dispatcher: the client side of CONTRACT v2 (node.md §1), on Trio.
 
+(Over 500 lines: the simulated dispatcher is one client of CONTRACT v2, its admission, placement
+and polling reading one health table.)
+
 It places jobs on ``fleet-trio node`` instances the way the real dispatcher does:
 
 * **health-aware admission**: a node is a candidate for a job when its last good

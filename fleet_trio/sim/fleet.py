@@ -1,5 +1,8 @@
 """A small fleet on one box, as real processes: the launcher of the chaos scenarios.
 
+(Over 500 lines: the process launcher and the fleet built on it share the readiness and exit
+bookkeeping of real child processes.)
+
 * :class:`NodeProcess` runs ``python -m fleet_trio node -c node.yaml --gpu fake`` on a fixed
   loopback port (kept across restarts), ready when it prints ``serving on``;
 * :class:`WorkerProcess` runs ``python -m fleet_trio worker -c worker.yaml``, ready when the

@@ -1,5 +1,8 @@
 """The simulation harness: a fleet on loopback, as async context managers (docs/sim.md).
 
+(Over 500 lines: one ``open_*`` context manager per fake peer, all sharing the loopback and fake-
+GPU plumbing; users import them from one place.)
+
 Everything here runs as trio tasks of the caller's ``trio.run`` on ``127.0.0.1`` port 0; jobs
 are real child processes. Each ``open_*`` manager yields a running instance and stops it on
 exit (a graceful shutdown: jobs drained, process groups killed and reaped).

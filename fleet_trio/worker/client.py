@@ -1,5 +1,8 @@
 """The rc controller client of ``fleet-trio worker`` (worker-protocol.md §1–§3, §5.4, §8.1).
 
+(Over 500 lines: the controller's seven endpoints share one retry rule, one instance tracker and
+one converter; splitting them would spread one wire contract over several files.)
+
 Every worker-side request/response endpoint (E1–E7) with the reference's exact paths, bodies
 and headers (``Authorization: Bearer``, ``Content-Type: application/json`` everywhere, path
 segments unescaped), the ``Rc-Controller-Instance`` tracking of every exchange

@@ -1,5 +1,8 @@
 """Sans-IO lease-hook bookkeeping: worker-process.md §4.4 (with the state parts of §4.6, §4.7).
 
+(Over 500 lines: one sans-IO state machine with its decisions as small frozen values, checked as a
+whole by Hypothesis.)
+
 This module is the *decision* half of the per-device ``on_acquire`` / ``on_release`` machinery.
 It performs no I/O, starts no tasks, and never reads a clock: every method that depends on time
 takes ``now`` (seconds, any monotonic origin the caller likes, e.g. ``trio.current_time()``).

@@ -1,5 +1,8 @@
 """Detected labels: probe passes and the Unconfirmed rule (worker-process.md §6).
 
+(Over 500 lines: the pass structure, its three sources and the Unconfirmed rule are one section of
+the spec (worker-process.md §6) and share its constants.)
+
 Spec: worker-process.md §6.1 (pass structure, precedence builtin → nvidia-smi → drop-ins, one
 lock), §6.2 (built-in host facts), §6.3 (nvidia-smi facts, found/broken), §6.4 (drop-in probes:
 one flat JSON object on stdout), §6.5 (key classification), §6.6 (the per-device Unconfirmed
