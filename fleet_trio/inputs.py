@@ -157,3 +157,12 @@ __all__ = [
     "loads_json",
     "printable",
 ]
+
+
+def first_control(text: str) -> str | None:
+    """The first control character of ``text`` (C0 or DEL) as ``U+XXXX``, or None: names and
+    tokens from a config or a flag that reach a header, an id or an environment must have none."""
+    for ch in text:
+        if ch < " " or ch == "\x7f":
+            return f"U+{ord(ch):04X}"
+    return None

@@ -42,6 +42,28 @@ def test_bad_config_names_key_and_file(capsys: pytest.CaptureFixture[str], tmp_p
     assert str(cfg) in err and "node.timings.drain_timeout" in err
 
 
+@pytest.mark.parametrize(
+    ("flags", "config", "named"),
+    [
+        (["--node-id", "gpu\nbox"], "", "--node-id"),
+        (["--token", "se\x00cret"], "", "--token"),
+        ([], 'node:\n  node_id: "a\\tb"\n', "node_id"),
+    ],
+)
+def test_a_control_character_in_the_node_id_or_the_token_is_refused(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, flags: list[str], config: str, named: str
+) -> None:
+    """The node id reaches the health answer and the journal, the token every request's
+    header check (a token no header can carry would refuse every request)."""
+    cfg = tmp_path / "n.yaml"
+    cfg.write_text(config or "node: {}\n")
+    argv = ["node", "-c", str(cfg), "--gpu", "fake", "--fake-gpu-dir", str(tmp_path / "gpu")]
+    assert main([*argv, "--no-journal", "--listen", "127.0.0.1:0", *flags]) == 1
+    err = capsys.readouterr().err
+    assert f"error: {named}: must not contain a control character (found U+00" in err
+    assert "Traceback" not in err
+
+
 def test_port_in_use_is_a_one_line_error(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:

@@ -676,3 +676,44 @@ def test_summary_redacts_the_token_and_renders_durations(tmp_path: Path) -> None
 )
 def test_cuda_device_index(device_id: str, expected: str | None) -> None:
     assert cuda_device_index(device_id) == expected
+
+
+# --- text that would reach a header, an id or an environment -------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "key"),
+    [
+        ('controller_url: http://ctl:8080\ndevices: ["gpu\\0"]\n', "devices[0].name"),
+        ('controller_url: http://ctl:8080\ndevices: [{name: "a\\nb"}]\n', "devices[0].name"),
+        (BASE + 'token: "ab\\0cd"\n', "token"),
+        (BASE + 'token: "ab\\r\\nX-Injected: 1"\n', "token"),
+        (BASE + 'tail_token: "t\\x7fu"\n', "tail_token"),
+        (BASE + 'host: "h\\0x"\n', "host"),
+        ('controller_url: "http://ctl:8080/\\n"\ndevices: [gpu0]\n', "controller_url"),
+    ],
+)
+def test_a_control_character_in_a_name_or_a_token_is_refused(
+    tmp_path: Path, text: str, key: str
+) -> None:
+    """A NUL or a newline in a token would reach an HTTP header (header injection, or a
+    request that fails forever); in a host or device name, the device id, the controller's
+    records and the hooks' environment. The file is refused, naming the key."""
+    err = _error(tmp_path, text)
+    assert err.key == key
+    assert "control character" in str(err)
+
+
+def test_a_control_character_in_the_environment_token_is_refused(tmp_path: Path) -> None:
+    err = _error(tmp_path, BASE, env={"RC_TOKEN": "ab\ncd"})
+    assert "RC_TOKEN" in str(err)
+    assert "control character" in str(err)
+
+
+@pytest.mark.parametrize("key", ["[a, b]", "{x: 1}"])
+def test_a_key_that_is_not_a_scalar_is_refused(tmp_path: Path, key: str) -> None:
+    """yaml.v3 cannot decode a list or a mapping as a field name and refuses the file; the
+    loader says so, with the line, instead of printing a parser node as an unknown key."""
+    err = _error(tmp_path, BASE + f"? {key}\n: 1\n")
+    assert "line 3" in str(err)
+    assert "key must be" in str(err)

@@ -42,6 +42,7 @@ from fleet_trio.confighints import KeyedError as _KeyedError
 from fleet_trio.confighints import structure as _structure
 from fleet_trio.durations import SECOND, go_duration, parse_duration
 from fleet_trio.errors import ConfigError, DurationError
+from fleet_trio.inputs import first_control
 from fleet_trio.memory import DEFAULT_BUDGET, check_budget, parse_size
 from fleet_trio.worker.config.model import (
     CONTROLLER_MAX_POLL_WAIT,
@@ -133,8 +134,11 @@ def _from_node(node: yaml.Node, where: str, seen: tuple[int, ...] = ()) -> objec
                     for k, v in data.items():
                         merged.setdefault(k, v)
                 continue
-            key = key_node.value if isinstance(key_node, yaml.ScalarNode) else str(key_node)
             line = key_node.start_mark.line + 1
+            if not isinstance(key_node, yaml.ScalarNode):
+                kind = "a list" if isinstance(key_node, yaml.SequenceNode) else "a mapping"
+                raise _KeyedError(f"line {line}: a key must be a plain name, got {kind}", where)
+            key = key_node.value
             if key in explicit:
                 raise _KeyedError(
                     f"key defined twice (lines {lines[key]} and {line})", _join(where, key)
@@ -377,6 +381,24 @@ def _check_device(device: DeviceConfig, key: str) -> None:
             raise _KeyedError(f"device {q}: {hook} must not be blank", f"{key}.{hook}")
 
 
+def _refuse_controls(values: Mapping[str, Any], token: str, host: str) -> None:
+    """Names and tokens reach HTTP headers, device ids, the controller's records and the
+    hooks' environment: a NUL, a newline or another control character in one is refused
+    (Go's HTTP client would refuse the header on every request instead)."""
+    token_key = "token" if values.get("token", "").strip() else f"token (from ${ENV_TOKEN})"
+    texts = [
+        ("controller_url", values.get("controller_url", "")),
+        (token_key, token),
+        ("tail_token", values.get("tail_token", "")),
+        ("host", host),
+    ]
+    texts += [(f"devices[{i}].name", d.name) for i, d in enumerate(values["devices"])]
+    for key, text in texts:
+        found = first_control(text)
+        if found:
+            raise _KeyedError(f"must not contain a control character (found {found})", key)
+
+
 def _build(
     data: object,
     *,
@@ -459,6 +481,7 @@ def _build(
                 "not set, and the machine's host name could not be determined", "host"
             )
 
+    _refuse_controls(values, token, host)
     for key in ignored:  # a typo must not pass silently (rc worker ignores them too)
         log.warning("%s: unknown key %s ignored%s", path or "config", key, _key_hint(key))
     names = [d.name for d in values["devices"]]
