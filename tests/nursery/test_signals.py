@@ -83,3 +83,45 @@ def test_a_signal_after_the_tree_closed_is_absorbed_in_a_process_whose_life_is_t
         [sys.executable, "-c", LATE, "restore"], capture_output=True, text=True, timeout=30
     )
     assert restored.returncode == -signal.SIGTERM
+
+
+INHERITED = """
+import os, signal, sys, trio
+from fleet_trio.nursery.signals import serve_shutdown_signals
+
+class Tree:
+    def __init__(self): self.reasons = []
+    def request_shutdown(self, reason='x'): self.reasons.append(reason)
+
+async def main():
+    tree = Tree()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(serve_shutdown_signals, tree)
+        ignored_while_served = signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+        os.kill(os.getpid(), signal.SIGINT)  # ignored: must not request a shutdown
+        os.kill(os.getpid(), signal.SIGTERM)  # served
+        with trio.fail_after(5):
+            while not tree.reasons:
+                await trio.lowlevel.checkpoint()
+        nursery.cancel_scope.cancel()
+    still_ignored = signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+    print(ignored_while_served, still_ignored, tree.reasons, flush=True)
+
+trio.run(main)
+"""
+
+
+def test_a_signal_ignored_when_the_process_started_stays_ignored() -> None:
+    """A command started with ``cmd &`` from a script inherits SIGINT ignored (POSIX, for
+    background jobs of a non-interactive shell), and ``nohup`` does the same for SIGHUP: the
+    parent asked for this process not to be interrupted so. Python itself honours it (no
+    KeyboardInterrupt then); the shutdown service does too, for the whole run."""
+    done = subprocess.run(
+        ["sh", "-c", 'trap "" INT; exec "$0" -c "$1"', sys.executable, INHERITED],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "True True ['SIGTERM']"
