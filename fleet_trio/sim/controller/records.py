@@ -125,3 +125,15 @@ class Reply:
     body: bytes = b""
     json: bool = False
     """``application/json``; else Go's bare ``WriteHeader`` (no Content-Type)."""
+
+
+__all__ = [
+    "ENDPOINTS",
+    "INSTANCE_HEADER",
+    "Device",
+    "Event",
+    "Job",
+    "RequestRecord",
+    "SimError",
+    "Worker",
+]
