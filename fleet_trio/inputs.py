@@ -58,7 +58,8 @@ def _reject_constant(name: str) -> Any:
     raise InputError(f"non-finite number {name} is not allowed")
 
 
-def _finite_float(text: str) -> float:
+def finite_float(text: str) -> float:
+    """A JSON number that must be finite (``parse_float``): ``1e400`` is an :class:`InputError`."""
     value = float(text)
     if not math.isfinite(value):
         raise InputError(f"number out of range: {text[:32]}")
@@ -104,7 +105,7 @@ def loads_json(data: str | bytes, *, max_depth: int = JSON_MAX_DEPTH) -> Any:
     if text.count("[") + text.count("{") > max_depth and _max_depth(text, max_depth) > max_depth:
         raise InputError(f"nested deeper than {max_depth} levels")
     try:
-        return json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float)
+        return json.loads(text, parse_constant=_reject_constant, parse_float=finite_float)
     except InputError:
         raise
     except RecursionError:
@@ -153,6 +154,7 @@ __all__ = [
     "JSON_MAX_DEPTH",
     "InputError",
     "check_id",
+    "finite_float",
     "id_problem",
     "loads_json",
     "printable",

@@ -42,6 +42,8 @@ DEFAULT_LEVEL: Final = "WARNING"
 DEFAULT_FORMAT: Final = "text"
 ENV_LEVEL: Final = "FLEET_TRIO_LOG_LEVEL"
 ENV_FORMAT: Final = "FLEET_TRIO_LOG_FORMAT"
+_LEVEL_HELP = "DEBUG, INFO, WARNING, ERROR or CRITICAL"
+_FORMAT_HELP = "text: readable lines, or json: one JSON object per line"
 ENV_SECRETS: Final = ("FLEET_TRIO_TOKEN", "RC_TOKEN")
 """Environment variables whose values are redacted from the start (before any config loads)."""
 
@@ -324,24 +326,18 @@ def add_log_arguments(parser: argparse.ArgumentParser) -> None:
 def _add_log_arguments(parser: argparse.ArgumentParser, *, top: bool) -> None:
     default: Any = None if top else argparse.SUPPRESS
     group = parser.add_argument_group("logging (before or after the command)")
-    group.add_argument(
-        "--log-level",
-        metavar="LEVEL",
-        default=default,
-        type=str.upper,
-        choices=LEVELS,
-        help=f"DEBUG, INFO, WARNING, ERROR or CRITICAL (default ${ENV_LEVEL}, else "
-        f"{DEFAULT_LEVEL})",
-    )
-    group.add_argument(
-        "--log-format",
-        metavar="FORMAT",
-        default=default,
-        type=str.lower,
-        choices=FORMATS,
-        help=f"text: readable lines, or json: one JSON object per line (default "
-        f"${ENV_FORMAT}, else {DEFAULT_FORMAT})",
-    )
+    for flag, convert, choices, what, env, fallback in (
+        ("--log-level", str.upper, LEVELS, _LEVEL_HELP, ENV_LEVEL, DEFAULT_LEVEL),
+        ("--log-format", str.lower, FORMATS, _FORMAT_HELP, ENV_FORMAT, DEFAULT_FORMAT),
+    ):
+        group.add_argument(
+            flag,
+            metavar=flag.removeprefix("--log-").upper(),
+            default=default,
+            type=convert,
+            choices=choices,
+            help=f"{what} (default ${env}, else {fallback})",
+        )
 
 
 def _resolve(

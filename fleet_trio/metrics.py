@@ -106,6 +106,17 @@ class BaseMetrics:
         return encoder(self.registry), content_type
 
 
+_BUS_STATS = {
+    "bytes_written": ("fleet_trio_log_bytes_total", "Bytes of job output written to the log bus."),
+    "bytes_skipped": (
+        "fleet_trio_log_skipped_bytes_total",
+        "Bytes of job output that slow live-tail subscribers did not get (skipped).",
+    ),
+    "subscribers": ("fleet_trio_log_subscribers", "Live-tail subscriptions open now."),
+}
+"""The bus's ``stats()`` members and their families (a ``_total`` name is a counter)."""
+
+
 def bus_section(bus: Any, now: float) -> Iterator[Metric]:
     """The log bus: its counters (``bus.stats()``, when the bus has it) and what it keeps.
 
@@ -117,34 +128,15 @@ def bus_section(bus: Any, now: float) -> Iterator[Metric]:
     if stats is not None:
         written = getattr(stats, "bytes_written", None)
         if isinstance(written, Mapping):
-            family = CounterMetricFamily(
-                "fleet_trio_log_bytes_total",
-                "Bytes of job output written to the log bus.",
-                labels=["stream"],
-            )
+            family = CounterMetricFamily(*_BUS_STATS["bytes_written"], labels=["stream"])
             for stream, value in sorted(written.items()):
                 family.add_metric([str(stream)], float(value))
             yield family
-        elif isinstance(written, int | float):
-            yield CounterMetricFamily(
-                "fleet_trio_log_bytes_total",
-                "Bytes of job output written to the log bus.",
-                value=float(written),
-            )
-        skipped = getattr(stats, "bytes_skipped", None)
-        if isinstance(skipped, int | float):
-            yield CounterMetricFamily(
-                "fleet_trio_log_skipped_bytes_total",
-                "Bytes of job output that slow live-tail subscribers did not get (skipped).",
-                value=float(skipped),
-            )
-        subscribers = getattr(stats, "subscribers", None)
-        if isinstance(subscribers, int | float):
-            yield GaugeMetricFamily(
-                "fleet_trio_log_subscribers",
-                "Live-tail subscriptions open now.",
-                value=float(subscribers),
-            )
+        for attr, (name, help_text) in _BUS_STATS.items():
+            value = getattr(stats, attr, None)
+            if isinstance(value, int | float):
+                kind = CounterMetricFamily if name.endswith("_total") else GaugeMetricFamily
+                yield kind(name, help_text, value=float(value))
     jobs = bus.jobs()
     retained = GaugeMetricFamily(
         "fleet_trio_log_retained_bytes",

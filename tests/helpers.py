@@ -25,6 +25,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import TypeVar
 
+import attrs
 import httpx
 import trio
 import trio.testing
@@ -33,6 +34,7 @@ from hypothesis import strategies
 from fleet_trio.proc import BufferSink, StopToken
 from fleet_trio.proc.procfs import Predicate, ProcStat, job_env_id, pid_alive
 from fleet_trio.sim import SimController, serve_controller
+from fleet_trio.sim.harness import TEST_WORKER_TIMINGS
 from fleet_trio.sim.relay import RelaySession, operator
 from fleet_trio.worker.client import (
     Assignment,
@@ -245,16 +247,10 @@ async def stop(proc: trio.Process) -> None:
 # The real worker as a trio task against the simulated controller, with real job processes.
 # Timers are shrunk (heartbeat 0.1 s, poll wait 0.5 s); every test runs under ``trio.fail_after``.
 
-FAST = WorkerTimings(
-    idle_poll_floor=0.05,
-    poll_error_delay=0.1,
-    shutdown_drain=5.0,
-    kill_grace=2.0,
-    hurry_budget=2.0,
+FAST = attrs.evolve(
+    TEST_WORKER_TIMINGS,
     register_backoff=(0.05, 0.1),
     reregister_silence=300.0,
-    reregister_jitter=0.0,
-    reregister_pacing=0.5,
     heartbeat_interval=0.1,
     poll_wait=0.5,
     probe_interval=float("inf"),

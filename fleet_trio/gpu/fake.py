@@ -56,14 +56,7 @@ from typing import Any, NoReturn
 import attrs
 import trio
 
-from fleet_trio.gpu.source import (
-    GIB,
-    DeviceSet,
-    GpuDevice,
-    GpuError,
-    VramSnapshot,
-    check_memory,
-)
+from fleet_trio.gpu.source import GIB, DeviceSet, GpuDevice, GpuError, VramSnapshot, check_memory
 from fleet_trio.proc.procfs import read_proc_stat
 
 ENV_DIR = "FLEET_TRIO_FAKE_GPU_DIR"

@@ -17,14 +17,7 @@ from typing import Any, TypeVar
 
 import trio
 
-from fleet_trio.gpu.source import (
-    GIB,
-    DeviceSet,
-    GpuDevice,
-    GpuError,
-    VramSnapshot,
-    check_memory,
-)
+from fleet_trio.gpu.source import GIB, DeviceSet, GpuDevice, GpuError, VramSnapshot, check_memory
 
 log = logging.getLogger(__name__)
 

@@ -256,6 +256,21 @@ def _strict_float(value: object, _: type) -> float:
     return float(value)
 
 
+def _name_or_rule(
+    converter: cattrs.Converter, rule: type[FamilyRule | QuantRule], what: str
+) -> None:
+    """Register the hook for ``str | rule``: a plain name, or a mapping structured as the rule."""
+
+    def hook(value: object, _: type) -> object:
+        if isinstance(value, str):
+            return value
+        if isinstance(value, Mapping):
+            return converter.structure(value, rule)
+        raise ValueError(f"expected {what}, got {value!r}")
+
+    converter.register_structure_hook_func(lambda t: t == (str | rule), hook)
+
+
 def register_hooks(converter: cattrs.Converter) -> None:
     """The YAML config edge: Go durations, strict scalars, ``footprint: false``, families."""
     converter.register_structure_hook(Duration, _structure_duration)
@@ -265,23 +280,8 @@ def register_hooks(converter: cattrs.Converter) -> None:
     converter.register_structure_hook(int, _strict_int)
     converter.register_structure_hook(float, _strict_float)
 
-    def family(value: object, _: type) -> str | FamilyRule:
-        if isinstance(value, str):
-            return value
-        if isinstance(value, Mapping):
-            return converter.structure(value, FamilyRule)
-        raise ValueError(f"expected a family name or a from_payload rule, got {value!r}")
-
-    converter.register_structure_hook_func(lambda t: t == (str | FamilyRule), family)
-
-    def quant(value: object, _: type) -> str | QuantRule:
-        if isinstance(value, str):
-            return value
-        if isinstance(value, Mapping):
-            return converter.structure(value, QuantRule)
-        raise ValueError(f"expected a quant or a source rule, got {value!r}")
-
-    converter.register_structure_hook_func(lambda t: t == (str | QuantRule), quant)
+    _name_or_rule(converter, FamilyRule, "a family name or a from_payload rule")
+    _name_or_rule(converter, QuantRule, "a quant or a source rule")
 
     def footprint(value: object, _: type) -> FootprintSpec | None:
         if value is None or value is False:

@@ -1,6 +1,9 @@
 """The node's Prometheus metrics (docs/metrics.md): :class:`NodeMetrics`, its scrape-time
 sections (jobs, VRAM, devices, footprints) and its events (dispatch answers, job ends). The
-shared core is :mod:`fleet_trio.metrics`."""
+shared core is :mod:`fleet_trio.metrics`.
+
+Declared separately on purpose: the metric families are declarations (one family's name, help,
+labels and buckets each), alike only in shape here and in ``fleet_trio.worker.metrics``."""
 
 from __future__ import annotations
 

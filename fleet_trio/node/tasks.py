@@ -547,21 +547,18 @@ def _log_sweep(job: PreparedJob, result: Result) -> None:
     """What the sweep of the job's escapees did; the job's outcome ignores it (as the
     worker's, worker-process.md §3.6)."""
     sweep = result.sweep
-    context = job_context(job_id=job.job_id, task=job.task.name)
     if sweep.remaining:
-        log.error(
-            "job %s: processes %s survived SIGKILL after the sweep",
-            job.job_id,
-            list(sweep.remaining),
-            extra=context,
-        )
+        level, pids, what = logging.ERROR, sweep.remaining, "survived SIGKILL after the sweep"
     elif sweep.found:
-        log.warning(
-            "job %s: processes %s outlived the group and were reaped by job id",
-            job.job_id,
-            list(sweep.found),
-            extra=context,
+        level, pids, what = (
+            logging.WARNING,
+            sweep.found,
+            "outlived the group and were reaped by job id",
         )
+    else:
+        return
+    context = job_context(job_id=job.job_id, task=job.task.name)
+    log.log(level, f"job %s: processes %s {what}", job.job_id, list(pids), extra=context)
 
 
 def job_log_meta(job: PreparedJob) -> dict[str, str]:
@@ -591,6 +588,8 @@ sweep signal a process that is not one of its own jobs'."""
 def sweep_value(scope: str, job_id: str) -> str:
     """``<scope>/<job_id>`` (``scope``: the node id), or the job id alone without a scope."""
     return f"{scope}/{job_id}" if scope else job_id
+
+
 """The environment variable that marks a job's processes (the per-job sampler reads it)."""
 
 SPAWN_CONCURRENCY = 2

@@ -26,7 +26,8 @@ import cattrs
 
 from fleet_trio.edge import MSG_UNAUTHORIZED, error_body
 from fleet_trio.errors import WireError
-from fleet_trio.inputs import JSON_MAX_DEPTH
+from fleet_trio.gpu.footprints import FootprintEntry
+from fleet_trio.inputs import JSON_MAX_DEPTH, finite_float
 
 MAX_DISPATCH_BODY = 1 << 20
 """1 MiB (§0)."""
@@ -117,14 +118,7 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"invalid character {name[0]!r} looking for beginning of value")
 
 
-def _finite_float(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value):
-        raise ValueError(f"number out of range: {text[:32]}")
-    return value
-
-
-_DECODER = json.JSONDecoder(parse_constant=_reject_constant, parse_float=_finite_float)
+_DECODER = json.JSONDecoder(parse_constant=_reject_constant, parse_float=finite_float)
 
 
 _ESCAPE = re.compile(r"\\.", re.S)
@@ -433,13 +427,7 @@ GPU_DEVICE_FIELDS = ("index", "uuid", "name", "vram_total_gb", "vram_free_gb")
 
 
 def _unstructure_footprint(fp: FootprintWire) -> dict[str, Any]:
-    out: dict[str, Any] = {"model_family": fp.model_family}
-    if fp.quant:
-        out["quant"] = fp.quant
-    if fp.task_type:
-        out["task_type"] = fp.task_type
-    out["vram_peak_gb"] = fp.vram_peak_gb
-    return out
+    return FootprintEntry(fp.model_family, fp.quant, fp.task_type, fp.vram_peak_gb).to_wire()
 
 
 def _structure_footprint(obj: Mapping[str, Any], _: type) -> FootprintWire:

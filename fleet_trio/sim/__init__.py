@@ -2,7 +2,8 @@
 Dispatcher, faulty links, the pytest plugin's building blocks, chaos scenarios and the demo.
 
 Names are imported on first use (PEP 562), so importing ``fleet_trio.sim`` (the pytest plugin,
-the CLI) does not load the web stack until a simulated service is actually used.
+the CLI) does not load the web stack until a simulated service is actually used. ``_EXPORTS``
+names each export's module, once; type checkers read the same modules' ``__all__``.
 """
 
 from __future__ import annotations
@@ -22,35 +23,20 @@ _EXPORTS = {
     "Worker": "controller",
     "create_app": "controller",
     "serve_controller": "controller",
+    "LOST_404": "dispatcher",
     "DispatchRecord": "dispatcher",
     "Observation": "dispatcher",
     "SimDispatcher": "dispatcher",
     "serve_dispatcher": "dispatcher",
+    "terminal_states": "dispatcher",
     "FaultyLink": "faults",
     "serve_link": "faults",
 }
 
 if TYPE_CHECKING:
-    from fleet_trio.sim.controller import (
-        ENDPOINTS,
-        INSTANCE_HEADER,
-        Device,
-        Event,
-        Job,
-        RequestRecord,
-        SimController,
-        SimError,
-        Worker,
-        create_app,
-        serve_controller,
-    )
-    from fleet_trio.sim.dispatcher import (
-        DispatchRecord,
-        Observation,
-        SimDispatcher,
-        serve_dispatcher,
-    )
-    from fleet_trio.sim.faults import FaultyLink, serve_link
+    from fleet_trio.sim.controller import *  # noqa: F403
+    from fleet_trio.sim.dispatcher import *  # noqa: F403
+    from fleet_trio.sim.faults import *  # noqa: F403
 
 
 def __getattr__(name: str) -> Any:
@@ -62,22 +48,4 @@ def __getattr__(name: str) -> Any:
     return value
 
 
-__all__ = [
-    "ENDPOINTS",
-    "INSTANCE_HEADER",
-    "Device",
-    "DispatchRecord",
-    "Event",
-    "FaultyLink",
-    "Job",
-    "Observation",
-    "RequestRecord",
-    "SimController",
-    "SimDispatcher",
-    "SimError",
-    "Worker",
-    "create_app",
-    "serve_controller",
-    "serve_dispatcher",
-    "serve_link",
-]
+__all__ = sorted(_EXPORTS)

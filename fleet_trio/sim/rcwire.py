@@ -6,10 +6,10 @@ rc-wire-capture.md. cattrs is used only here, at the wire edge, with a converter
 (compact, ``<``/``>``/``&`` and U+2028/U+2029 escaped, one trailing newline): the capture's
 ``Content-Length`` values (53, 307, 68, …) are reproduced byte for byte.
 
-This module is the sim's independent oracle of the wire: it deliberately imports nothing from
-the production parser (``fleet_trio.worker.client``) nor the node's wire edge
-(``fleet_trio.node.wire``), so a mistake there cannot hide here too. Where its types and
-converter set-up mirror theirs in shape, that is the same wire declared a second time on purpose.
+Declared separately on purpose: this module is the sim's independent oracle of the wire. It
+imports nothing from the production parser (``fleet_trio.worker.client``) nor the node's wire
+edge (``fleet_trio.node.wire``), so a mistake there cannot hide here too; where its types and
+converter set-up mirror theirs in shape, that is the same wire declared a second time.
 """
 
 from __future__ import annotations

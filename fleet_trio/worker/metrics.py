@@ -3,9 +3,9 @@ section (supervised jobs, registrations, the lease) and its events (controller r
 heartbeats, job ends, hooks, verify and probe passes, sweeps). The shared core is
 :mod:`fleet_trio.metrics`.
 
-The metric family definitions are declarations, not repeated logic: each states one family's
-name, help, labels and buckets, and they look alike (here and in ``fleet_trio.node.metrics``)
-only in shape. They stay spelled out one by one so that each reads as docs/metrics.md lists it."""
+Declared separately on purpose: the metric families are declarations (one family's name, help,
+labels and buckets each), alike only in shape here and in ``fleet_trio.node.metrics``; each
+stays spelled out so that it reads as docs/metrics.md lists it."""
 
 from __future__ import annotations
 

@@ -19,68 +19,9 @@ Every public name is re-exported here (``from fleet_trio.sim.chaos import run_sc
 
 from __future__ import annotations
 
-from fleet_trio.sim.chaos.checker import (
-    CHECKS,
-    Holding,
-    MarkedProcess,
-    NodeJobRecord,
-    RcJobRecord,
-    Records,
-    Violation,
-    check,
-    check_node_jobs,
-    check_rc_jobs,
-    check_shutdowns,
-    check_sweep,
-    check_vram,
-    normalized_log,
-)
-from fleet_trio.sim.chaos.runner import (
-    SeedResult,
-    run_schedule,
-    run_seed,
-    verdict,
-)
-from fleet_trio.sim.chaos.schedule import (
-    VERIFY_SCRIPT,
-    FleetShape,
-    Step,
-    format_schedule,
-    make_schedule,
-    node_yaml,
-    rc_command,
-    rc_expected_output,
-    shell_tasks_yaml,
-    yaml_str,
-)
+from fleet_trio.sim.chaos import checker, runner, schedule
+from fleet_trio.sim.chaos.checker import *  # noqa: F403
+from fleet_trio.sim.chaos.runner import *  # noqa: F403
+from fleet_trio.sim.chaos.schedule import *  # noqa: F403
 
-__all__ = [
-    "CHECKS",
-    "VERIFY_SCRIPT",
-    "FleetShape",
-    "Holding",
-    "MarkedProcess",
-    "NodeJobRecord",
-    "RcJobRecord",
-    "Records",
-    "SeedResult",
-    "Step",
-    "Violation",
-    "check",
-    "check_node_jobs",
-    "check_rc_jobs",
-    "check_shutdowns",
-    "check_sweep",
-    "check_vram",
-    "format_schedule",
-    "make_schedule",
-    "node_yaml",
-    "normalized_log",
-    "rc_command",
-    "rc_expected_output",
-    "run_schedule",
-    "run_seed",
-    "shell_tasks_yaml",
-    "verdict",
-    "yaml_str",
-]
+__all__ = [*checker.__all__, *runner.__all__, *schedule.__all__]

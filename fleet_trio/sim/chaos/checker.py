@@ -362,3 +362,21 @@ def check(records: Records) -> list[Violation]:
     for fn in CHECKS:
         out.extend(fn(records))
     return out
+
+
+__all__ = [
+    "CHECKS",
+    "Holding",
+    "MarkedProcess",
+    "NodeJobRecord",
+    "RcJobRecord",
+    "Records",
+    "Violation",
+    "check",
+    "check_node_jobs",
+    "check_rc_jobs",
+    "check_shutdowns",
+    "check_sweep",
+    "check_vram",
+    "normalized_log",
+]

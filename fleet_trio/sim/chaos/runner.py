@@ -398,3 +398,11 @@ def verdict(result: SeedResult, duration: float) -> str:
         f"reproduce: fleet-trio sim chaos --seed {result.seed} --duration {duration:g}",
     ]
     return "\n".join(lines)
+
+
+__all__ = [
+    "SeedResult",
+    "run_schedule",
+    "run_seed",
+    "verdict",
+]

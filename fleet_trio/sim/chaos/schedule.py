@@ -218,3 +218,17 @@ def link_fault_window(step: Step) -> float:
 
 def format_schedule(seed: int, steps: Sequence[Step]) -> str:
     return "\n".join([f"schedule of seed {seed}:", *("  " + s.describe() for s in steps)])
+
+
+__all__ = [
+    "VERIFY_SCRIPT",
+    "FleetShape",
+    "Step",
+    "format_schedule",
+    "make_schedule",
+    "node_yaml",
+    "rc_command",
+    "rc_expected_output",
+    "shell_tasks_yaml",
+    "yaml_str",
+]

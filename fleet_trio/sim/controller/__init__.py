@@ -15,29 +15,9 @@ re-exported here: ``from fleet_trio.sim.controller import SimController`` keeps 
 
 from __future__ import annotations
 
-from fleet_trio.sim.controller.app import create_app, serve_controller
-from fleet_trio.sim.controller.records import (
-    ENDPOINTS,
-    INSTANCE_HEADER,
-    Device,
-    Event,
-    Job,
-    RequestRecord,
-    SimError,
-    Worker,
-)
-from fleet_trio.sim.controller.state import SimController
+from fleet_trio.sim.controller import app, records, state
+from fleet_trio.sim.controller.app import *  # noqa: F403
+from fleet_trio.sim.controller.records import *  # noqa: F403
+from fleet_trio.sim.controller.state import *  # noqa: F403
 
-__all__ = [
-    "ENDPOINTS",
-    "INSTANCE_HEADER",
-    "Device",
-    "Event",
-    "Job",
-    "RequestRecord",
-    "SimController",
-    "SimError",
-    "Worker",
-    "create_app",
-    "serve_controller",
-]
+__all__ = [*app.__all__, *records.__all__, *state.__all__]

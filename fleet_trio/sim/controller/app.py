@@ -215,3 +215,9 @@ async def serve_controller(
         shown = f"[{host}]" if ":" in host else host
         ctrl.base_url = f"http://{shown}:{bound}"
         task_status.started(ctrl.base_url)
+
+
+__all__ = [
+    "create_app",
+    "serve_controller",
+]

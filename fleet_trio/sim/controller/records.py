@@ -61,7 +61,8 @@ class Device:
 @attrs.define
 class Job:
     """A job as the controller keeps it: the :class:`~fleet_trio.sim.rcwire.Assignment` fields
-    (a declaration of the same wire facts, not shared code) plus its state and lease."""
+    plus its state and lease. Declared separately on purpose: the controller's record of the
+    same wire facts (a mutable record, where the wire type is a frozen value)."""
 
     job_id: str
     device_id: str
@@ -125,3 +126,15 @@ class Reply:
     body: bytes = b""
     json: bool = False
     """``application/json``; else Go's bare ``WriteHeader`` (no Content-Type)."""
+
+
+__all__ = [
+    "ENDPOINTS",
+    "INSTANCE_HEADER",
+    "Device",
+    "Event",
+    "Job",
+    "RequestRecord",
+    "SimError",
+    "Worker",
+]

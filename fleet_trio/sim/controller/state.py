@@ -450,3 +450,8 @@ class SimController:
         if role not in ("worker", "admin"):
             return 403, "forbidden", f"token role {role} may not call a worker route"
         return None
+
+
+__all__ = [
+    "SimController",
+]

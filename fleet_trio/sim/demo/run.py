@@ -14,6 +14,7 @@ import tempfile
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+import attrs
 import trio
 
 from fleet_trio.sim.demo.console import Console, open_console, want_colour
@@ -77,22 +78,22 @@ async def _run_worker(
 
 
 def _make_worker(files: DemoFiles) -> Worker:
+    from fleet_trio.sim.harness import TEST_WORKER_TIMINGS
     from fleet_trio.worker.client import Timings
     from fleet_trio.worker.config import load_worker_config
     from fleet_trio.worker.hooks import HostHooks
     from fleet_trio.worker.probes import Prober
-    from fleet_trio.worker.worker import Worker, WorkerTimings
+    from fleet_trio.worker.worker import Worker
 
     config = load_worker_config(files.worker_yaml)
     return Worker(
         config,
-        timings=WorkerTimings(
-            idle_poll_floor=0.05,
+        timings=attrs.evolve(  # the harness's quick lifecycle, the reference's re-registration
+            TEST_WORKER_TIMINGS,
             poll_error_delay=0.5,
-            shutdown_drain=5.0,
-            kill_grace=2.0,
-            hurry_budget=2.0,
             register_backoff=(0.2, 0.5, 1.0),
+            reregister_jitter=30.0,
+            reregister_pacing=60.0,
         ),
         client_timings=Timings(report_backoff=(0.1, 0.2, 0.4), log_flush_delay=0.2),
         hooks=HostHooks(config, grace=1.0),

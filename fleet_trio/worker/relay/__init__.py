@@ -50,48 +50,9 @@ Trio only, no threads. Program shutdown (Trio cancellation): the process is torn
 in shielded, bounded ``finally`` blocks, and ``Cancelled`` propagates.
 """
 
-from fleet_trio.worker.relay.attached import DRAIN_TIMEOUT, MODES, run_attached
-from fleet_trio.worker.relay.frames import (
-    MAX_FRAME_LINE,
-    DataFrame,
-    Frame,
-    FrameError,
-    FrameReader,
-    ResizeFrame,
-    decode_frame,
-    encode_data,
-    encode_frame,
-    encode_resize,
-)
-from fleet_trio.worker.relay.streams import (
-    CLOSE_TIMEOUT,
-    OPEN_TIMEOUT,
-    InStream,
-    OutStream,
-    RelayError,
-    open_in_stream,
-    open_out_stream,
-)
+from fleet_trio.worker.relay import attached, frames, streams
+from fleet_trio.worker.relay.attached import *  # noqa: F403
+from fleet_trio.worker.relay.frames import *  # noqa: F403
+from fleet_trio.worker.relay.streams import *  # noqa: F403
 
-__all__ = [
-    "CLOSE_TIMEOUT",
-    "DRAIN_TIMEOUT",
-    "MAX_FRAME_LINE",
-    "MODES",
-    "OPEN_TIMEOUT",
-    "DataFrame",
-    "Frame",
-    "FrameError",
-    "FrameReader",
-    "InStream",
-    "OutStream",
-    "RelayError",
-    "ResizeFrame",
-    "decode_frame",
-    "encode_data",
-    "encode_frame",
-    "encode_resize",
-    "open_in_stream",
-    "open_out_stream",
-    "run_attached",
-]
+__all__ = [*attached.__all__, *frames.__all__, *streams.__all__]
