@@ -149,20 +149,20 @@ class Supervisor:
         self.last_output = idle_from
         self.leader_done = trio.Event()
         self.completed = trio.Event()
-        self.wake = trio.Event()
         self.done = trio.Event()
         """Set once :attr:`result` is known (on every path, shutdown included)."""
-        # Set by the caller's token (as its child), a linked token, a limit or shutdown.
-        self.internal = StopToken(parent=stop, on_set=self.wake.set)
         self.trip_reason: str | None = None
         self.result: Result | None = None
         self.helpers = HelperScopes()
         self._grow = grow
         self._open_pipes = 0
         self._pump_scopes: list[trio.CancelScope] = []
-        self._stop_deadline = self.internal.deadline
+        self._inline: _Reader | None = None
         self._wait_scope: trio.CancelScope | None = None
         self._links: list[StopToken] = []
+        # Set by the caller's token (as its child), a linked token, a limit or shutdown.
+        self.internal = StopToken(parent=stop, on_set=self._on_stop)
+        self._stop_deadline = self.internal.deadline
 
     # -- what the owner calls ---------------------------------------------------------------
     def touch(self) -> None:
@@ -187,6 +187,13 @@ class Supervisor:
                 self._wait_scope.deadline = min(self._wait_scope.deadline, link.deadline)
         return link
 
+    def _stopped(self) -> bool:
+        return self.internal.was_set
+
+    def _on_stop(self) -> None:
+        if self._wait_scope is not None:
+            self._wait_scope.cancel()
+
     # -- supervision ------------------------------------------------------------------------
     async def supervise(
         self,
@@ -198,37 +205,36 @@ class Supervisor:
         """Supervise until the end and return the ``Result``; ``record`` (optional) gets it on
         every path, a shutdown included.
 
+        The supervising task itself reaps the leader (no waiter task). Output pipes are read
+        by one helper task each, except in the common case of a single pipe into a sink that
+        never blocks (:func:`never_blocks`), with no stdin relay and no sweep: that pipe is
+        read by the supervising task too, and no helper task (nor nursery) is started.
+
         Cancellation: a trio cancellation runs the teardown shielded (it is bounded: grace +
         the waits after SIGKILL + the sweep), keeps the ``Result`` in :attr:`result` (and hands
         it to ``record``), then re-raises ``Cancelled``.
         """
+        self._open_pipes = len(pumps)
         shutdown: trio.Cancelled | None = None
         try:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._waiter)
-                self._open_pipes = len(pumps)
-                for pump in pumps:
-                    nursery.start_soon(self._pump, pump)
-                if stdin is not None:
-                    nursery.start_soon(self._relay, *stdin)
-                if pumps and self.spec.sweep_job_id:
-                    nursery.start_soon(self._escape_watch)
-                try:
-                    await self._wait_for_end()
-                except trio.Cancelled as exc:
-                    # Shutdown (or a caller's budget scope): the same teardown as a stop,
-                    # shielded below; the Cancelled is re-raised outside the nursery, bare
-                    # rather than in a group. Every helper runs in its own shielded scope that
-                    # _conclude cancels, so no child brings a Cancelled of its own.
-                    shutdown = exc
-                    self.internal.set()
-                with trio.CancelScope(shield=True):
-                    self.result = await self._conclude()
+            if inline_pump(pumps, stdin, self.spec):
+                self._inline = _Reader(pumps[0], self._grow)
+                shutdown = await self._main()
+            else:
+                async with trio.open_nursery() as nursery:
+                    for pump in pumps:
+                        nursery.start_soon(self._pump, pump)
+                    if stdin is not None:
+                        nursery.start_soon(self._relay, *stdin)
+                    if pumps and self.spec.sweep_job_id:
+                        nursery.start_soon(self._escape_watch)
+                    shutdown = await self._main()
         finally:
             self.done.set()
             if record is not None and self.result is not None:
                 record(self.result)  # on every path, however the nursery ends
         if shutdown is not None:
+            # re-raised here, outside the nursery: bare rather than in a group
             try:
                 raise shutdown
             finally:
@@ -236,15 +242,35 @@ class Supervisor:
         assert self.result is not None
         return self.result
 
+    async def _main(self) -> trio.Cancelled | None:
+        """The supervising task: wait for the end and conclude; a shutdown's ``Cancelled``
+        is returned (for :meth:`supervise` to re-raise) once the teardown is done."""
+        shutdown: trio.Cancelled | None = None
+        try:
+            await self._wait_for_end()
+        except trio.Cancelled as exc:
+            # Shutdown (or a caller's budget scope): the same teardown as a stop, shielded
+            # below. Every helper runs in its own shielded scope that _conclude cancels, so no
+            # child brings a Cancelled of its own.
+            shutdown = exc
+            self.internal.set()
+        with trio.CancelScope(shield=True):
+            self.result = await self._conclude()
+        return shutdown
+
     async def _wait_for_end(self) -> None:
-        """Wait for the end, a stop, or a deadline; a limit that is due trips the stop."""
-        while not self.wake.is_set():
+        """Wait for the end, a stop, or a deadline; a limit that is due trips the stop. A stop
+        (the internal token set) cancels the wait scope (:meth:`_on_stop`)."""
+        while not self._stopped():
             deadline = min(self._stop_deadline, self.dog.deadline(self.last_output))
             with trio.CancelScope(deadline=deadline) as scope:
                 self._wait_scope = scope
-                await self.wake.wait()
-            self._wait_scope = None
-            if self.wake.is_set():
+                try:
+                    await self._until_completed()
+                    return
+                finally:
+                    self._wait_scope = None
+            if self._stopped():
                 return
             now = trio.current_time()
             reason = self.dog.check(now, self.last_output)
@@ -255,44 +281,48 @@ class Supervisor:
                 self.internal.set()  # a stop token's deadline (a budget) passed
             # else: output came since the idle deadline was set; the deadline moves on
 
+    async def _until_completed(self) -> None:
+        """Wait for the completion: the inline pipe (if any) at EOF, the leader reaped, then
+        every helper-read pipe at EOF. Resumable: a cancellation loses no output (a read is
+        cancelled only before it reads) and the next call goes on where this one stopped."""
+        reader = self._inline
+        if reader is not None and not reader.eof:
+            await reader.drain(self)
+            self._pipe_closed()
+        if not self.leader_done.is_set():
+            await self.proc.wait()
+            self._leader_reaped()
+        if not self.completed.is_set():
+            await self.completed.wait()
+
+    async def _poll_completed(self) -> bool:
+        """Observe, without blocking, an end that has already happened."""
+        if not self.leader_done.is_set() and self.proc.poll() is not None:
+            self._leader_reaped()
+        reader = self._inline
+        if reader is not None and not reader.eof and await reader.read_ready(self):
+            self._pipe_closed()
+        return self.completed.is_set()
+
     # -- helper tasks -------------------------------------------------------------------------
+    def _leader_reaped(self) -> None:
+        self.leader_done.set()
+        self._maybe_complete()
+
+    def _pipe_closed(self) -> None:
+        self._open_pipes -= 1
+        self._maybe_complete()
+
     def _maybe_complete(self) -> None:
         if self.leader_done.is_set() and self._open_pipes == 0 and not self.completed.is_set():
             self.completed.set()
-            self.wake.set()
-
-    async def _waiter(self) -> None:
-        with self.helpers.scope():
-            await self.proc.wait()
-            self.leader_done.set()
-            self._maybe_complete()
 
     async def _pump(self, pump: Pump) -> None:
-        stream, sink = pump.stream, pump.sink
-        broken_sink = False
-        size, grown = READ_CHUNK, False
+        reader = _Reader(pump, self._grow)
         with self.helpers.scope() as scope:
             self._pump_scopes.append(scope)
-            while True:
-                try:
-                    chunk = await read_some(stream, size)
-                except (trio.BrokenResourceError, trio.ClosedResourceError):
-                    chunk = b""
-                if not chunk:
-                    break
-                if len(chunk) == size and not grown and self._grow is not None:
-                    size, grown = self._grow(stream), True  # the pipe was full: a fast writer
-                self.last_output = trio.current_time()
-                if broken_sink:
-                    continue
-                try:
-                    await sink.write(chunk if isinstance(chunk, bytes) else bytes(chunk))
-                except Exception:
-                    # A broken sink must not strand the child on a full pipe: keep draining.
-                    log.exception("output sink failed; discarding the rest of this stream")
-                    broken_sink = True
-            self._open_pipes -= 1
-            self._maybe_complete()
+            await reader.drain(self)
+            self._pipe_closed()
 
     async def _relay(self, source: trio.abc.ReceiveStream, dest: trio.abc.SendStream) -> None:
         with self.helpers.scope():
@@ -329,7 +359,6 @@ class Supervisor:
                         for scope in self._pump_scopes:
                             scope.cancel()
                         self.completed.set()
-                        self.wake.set()
                         return
                 await trio.sleep(pauses.delay(checks))
                 checks += 1
@@ -362,12 +391,13 @@ class Supervisor:
         return result
 
     async def _completed_after_yields(self) -> bool:
-        """The cancel-race re-check: never block, allow the waiter to observe an exit."""
+        """The cancel-race re-check: never block; observe an exit that has already happened
+        (the leader's, the inline pipe's EOF) and let the pump tasks observe theirs."""
         for _ in range(RACE_YIELDS):
-            if self.completed.is_set():
+            if await self._poll_completed():
                 return True
             await trio.lowlevel.checkpoint()
-        return self.completed.is_set()
+        return await self._poll_completed()
 
     async def _finish_clean(self) -> Result:
         result = finish(self.proc.returncode)
@@ -380,20 +410,23 @@ class Supervisor:
     async def _finish_cancelled(self) -> Result:
         delivered = self.target.signal(signal.SIGTERM)  # unconditionally, no liveness probe
         with trio.move_on_after(self.spec.grace):
-            await self.completed.wait()
+            await self._until_completed()  # the output is still read meanwhile
         if not self.completed.is_set():
             if not self.target.signal(signal.SIGKILL):
                 # /proc unreadable or the target already empty: still make sure of the leader.
                 with contextlib.suppress(OSError):
                     os.killpg(self.proc.pid, signal.SIGKILL)
             with trio.move_on_after(STRAGGLER_WAIT):
-                await self.completed.wait()
+                await self._until_completed()
             if not self.completed.is_set():
                 # §15 Q1 (b): something outside the group holds our pipes; stop reading.
                 for scope in self._pump_scopes:
                     scope.cancel()
-                with trio.move_on_after(STRAGGLER_WAIT):
-                    await self.leader_done.wait()
+                self._inline = None
+                if not self.leader_done.is_set():
+                    with trio.move_on_after(STRAGGLER_WAIT):
+                        await self.proc.wait()
+                        self.leader_done.set()
         result = finish(self.proc.returncode)
         found, emptied = await reap_stragglers(self.target)
         reason = REASON_SURVIVORS if found and not emptied else REASON_CANCELLED
@@ -402,6 +435,83 @@ class Supervisor:
         if self.trip_reason is not None:
             result = attrs.evolve(result, killed=True, reason=self.trip_reason)
         return result
+
+
+def never_blocks(sink: Sink) -> bool:
+    """Does ``sink`` declare that its ``write`` never awaits (a ``never_blocks`` attribute:
+    the in-memory buffers of :mod:`fleet_trio.proc.sinks`)?"""
+    return getattr(sink, "never_blocks", False) is True
+
+
+def inline_pump(pumps: Sequence[Pump], stdin: object | None, spec: JobSpec) -> bool:
+    """The selection of the supervising task reading the output itself (no helper task):
+    exactly one pipe, a pipe stream (it has ``fileno``), a sink that never blocks (so a stop
+    or a deadline never waits behind a write, and no write is ever cut short), no stdin
+    relay, and no sweep (whose escape watch runs beside the pumps)."""
+    return (
+        len(pumps) == 1
+        and stdin is None
+        and not spec.sweep_job_id
+        and never_blocks(pumps[0].sink)
+        and hasattr(pumps[0].stream, "fileno")
+    )
+
+
+class _Reader:
+    """One output pipe being read into its sink (by a pump task, or inline)."""
+
+    def __init__(self, pump: Pump, grow: Callable[[trio.abc.ReceiveStream], int] | None) -> None:
+        self.stream = pump.stream
+        self.sink = pump.sink
+        self.size = READ_CHUNK
+        self.grow = grow
+        self.broken_sink = False
+        self.eof = False
+
+    async def drain(self, sup: Supervisor) -> None:
+        """Read until EOF (or until the stream is closed under us).
+
+        Cancellation: only before a read (:func:`read_some`) or inside the sink's write; a
+        later call resumes."""
+        stream = self.stream
+        while True:
+            try:
+                chunk = await read_some(stream, self.size)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                chunk = b""
+            if not chunk:
+                self.eof = True
+                return
+            await self._take(sup, chunk)
+
+    async def read_ready(self, sup: Supervisor) -> bool:
+        """One read that does not wait (the race re-check); True at EOF.
+
+        Cancellation: not a checkpoint for an inline reader (its sink never blocks)."""
+        try:
+            chunk = os.read(self.stream.fileno(), self.size)  # type: ignore[attr-defined]
+        except BlockingIOError:
+            return False
+        except OSError:
+            chunk = b""
+        if not chunk:
+            self.eof = True
+            return True
+        await self._take(sup, chunk)
+        return False
+
+    async def _take(self, sup: Supervisor, chunk: bytes | bytearray) -> None:
+        if len(chunk) == self.size and self.grow is not None:
+            self.size, self.grow = self.grow(self.stream), None  # a full pipe: a fast writer
+        sup.last_output = trio.current_time()
+        if self.broken_sink:
+            return
+        try:
+            await self.sink.write(chunk if isinstance(chunk, bytes) else bytes(chunk))
+        except Exception:
+            # A broken sink must not strand the child on a full pipe: keep draining.
+            log.exception("output sink failed; discarding the rest of this stream")
+            self.broken_sink = True
 
 
 async def read_some(stream: trio.abc.ReceiveStream, size: int) -> bytes | bytearray:
