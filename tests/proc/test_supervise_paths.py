@@ -1,0 +1,196 @@
+"""The supervisor's two ways of reading a pipe job's output, held to the same behaviours.
+
+A lone output pipe into a sink that never blocks (``never_blocks = True``: the buffers of
+``fleet_trio.proc.sinks``) is read by the supervising task itself, with no pump task and no
+nursery; any other sink gets a pump task. Every test here runs on both paths (``path``) and
+checks which one ran. Real processes, each guarded by ``trio.fail_after``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+
+import pytest
+import trio
+
+from fleet_trio.proc import BufferSink, JobSpec, Result, StopToken
+from fleet_trio.proc.procfs import pid_alive
+from fleet_trio.proc.run import run
+from fleet_trio.proc.sinks import CappedBuffer, NullSink, TailBuffer, TeeSink
+from fleet_trio.proc.supervisor import REASON_CANCELLED, Pump, Supervisor, inline_pump
+from tests.helpers import PidWatcher, gone_within, stop_when_output
+
+
+class TaskWatcher(PidWatcher):
+    """Records output, wakes on ``child:<pid>``; says nothing about blocking (a pump task)."""
+
+
+class InlineWatcher(PidWatcher):
+    """The same sink declaring that its ``write`` never awaits (read inline)."""
+
+    never_blocks = True
+
+
+@pytest.fixture(params=["inline", "task"])
+def path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """The path under test; afterwards, that every run took it (pump tasks counted)."""
+    pumps: list[object] = []
+    orig = Supervisor._pump
+
+    async def counting(self: Supervisor, pump: Pump) -> None:
+        pumps.append(pump)
+        await orig(self, pump)
+
+    monkeypatch.setattr(Supervisor, "_pump", counting)
+    yield request.param
+    if request.param == "inline":
+        assert pumps == []
+    else:
+        assert pumps, "no pump task ran"
+
+
+def watcher(path: str) -> PidWatcher:
+    return InlineWatcher(BufferSink()) if path == "inline" else TaskWatcher(BufferSink())
+
+
+async def test_output_and_exit_status(path: str) -> None:
+    """Every byte (stderr merged, more than a pipe holds) and the exit status."""
+    code = "import sys; sys.stdout.write('x' * 300000); sys.stdout.flush(); sys.stderr.write('e')"
+    sink = watcher(path)
+    with trio.fail_after(20):
+        res = await run(JobSpec(command=[sys.executable, "-c", code]), sink)
+        assert (res.exit_code, res.killed, res.reason, res.err) == (0, False, "", None)
+        assert sink.inner.getvalue() == b"x" * 300000 + b"e"
+        res = await run(JobSpec(command=["sh", "-c", "exit 3"]), watcher(path))
+        assert (res.exit_code, res.killed) == (3, False)
+        res = await run(JobSpec(command=["sh", "-c", "kill -9 $$"]), watcher(path))
+        assert (res.exit_code, res.killed, res.reason) == (137, True, "signal: killed")
+
+
+async def test_a_stop_request_is_a_result_and_output_in_the_grace_is_kept(path: str) -> None:
+    sink = watcher(path)
+    stop = StopToken()
+    script = "trap 'echo bye; exit 0' TERM; echo child:$$; while :; do sleep 0.05; done"
+    with trio.fail_after(20):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(stop_when_output, sink, stop)
+            res = await run(JobSpec(command=["sh", "-c", script], grace_ceiling=5), sink, stop)
+    assert (res.killed, res.reason) == (True, REASON_CANCELLED)
+    assert b"bye" in sink.inner.getvalue()
+
+
+async def test_a_stop_set_before_the_spawn_still_spawns_and_stops(path: str) -> None:
+    stop = StopToken()
+    stop.set()
+    with trio.fail_after(20):
+        res = await run(JobSpec(command=["sleep", "30"], grace_ceiling=1), watcher(path), stop)
+    assert (res.err, res.killed, res.reason, res.exit_code) == (None, True, REASON_CANCELLED, 143)
+
+
+async def test_a_stop_after_the_end_is_no_kill(path: str) -> None:
+    """The race re-check: the child has exited and closed its output before the supervision
+    starts, and the stop is already set; the end that happened first wins."""
+    stop = StopToken()
+
+    def exited_then_stop(pid: int) -> None:
+        os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)  # a zombie: trio still reaps it
+        stop.set()
+
+    with trio.fail_after(20):
+        res = await run(JobSpec(command=["true"]), watcher(path), stop, on_spawn=exited_then_stop)
+    assert (res.exit_code, res.killed, res.reason) == (0, False, "")
+
+
+async def test_max_runtime_escalates_to_sigkill_after_the_grace(path: str) -> None:
+    script = "trap '' TERM; echo child:$$; while :; do sleep 0.05; done"
+    spec = JobSpec(command=["sh", "-c", script], max_runtime=0.3, grace_ceiling=0.3)
+    with trio.fail_after(20):
+        res = await run(spec, watcher(path))
+    assert (res.exit_code, res.killed, res.reason) == (137, True, "max_runtime exceeded (300ms)")
+
+
+async def test_idle_limit_moves_with_output_then_trips(path: str) -> None:
+    sink = watcher(path)
+    code = "for i in 1 2 3 4 5; do echo $i; sleep 0.1; done; sleep 30"
+    spec = JobSpec(command=["sh", "-c", code], idle_timeout=0.4, grace_ceiling=0.5)
+    with trio.fail_after(20):
+        res = await run(spec, sink)
+    assert (res.killed, res.reason) == (True, "idle: no output for 400ms")
+    assert sink.inner.getvalue().split() == [b"1", b"2", b"3", b"4", b"5"]
+
+
+async def test_a_stop_kills_the_whole_group(path: str) -> None:
+    sink = watcher(path)
+    stop = StopToken()
+    script = "sleep 300 & echo child:$!; wait"
+    with trio.fail_after(20):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(stop_when_output, sink, stop)
+            res = await run(JobSpec(command=["sh", "-c", script], grace_ceiling=1), sink, stop)
+        assert res.killed
+        assert await gone_within(sink.pid(), 2)
+
+
+async def test_trio_cancellation_tears_the_group_down_then_reraises_bare(path: str) -> None:
+    sink = watcher(path)
+    kept: list[Result] = []
+    raised: list[type[BaseException]] = []
+    script = "trap '' TERM; sleep 300 & echo child:$!; while :; do sleep 0.05; done"
+    with trio.fail_after(20):
+        with trio.move_on_after(0.5) as scope:
+            try:
+                spec = JobSpec(command=["sh", "-c", script], grace_ceiling=0.2)
+                await run(spec, sink, record=kept.append)
+            except BaseException as exc:
+                raised.append(type(exc))
+                raise
+        assert scope.cancelled_caught
+        assert raised == [trio.Cancelled]
+        assert len(kept) == 1 and kept[0].killed and kept[0].reason == REASON_CANCELLED
+        assert await gone_within(sink.pid(), 2)
+    if pid_alive(sink.pid()):
+        os.kill(sink.pid(), 9)
+
+
+class _Broken:
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def write(self, data: bytes) -> None:
+        self.calls += 1
+        raise OSError("sink is gone")
+
+
+class _BrokenInline(_Broken):
+    never_blocks = True
+
+
+async def test_a_broken_sink_does_not_strand_the_child(path: str) -> None:
+    sink = _BrokenInline() if path == "inline" else _Broken()
+    script = "i=0; while [ $i -lt 2000 ]; do echo line-$i; i=$((i+1)); done"
+    with trio.fail_after(20):
+        res = await run(JobSpec(command=["sh", "-c", script]), sink)
+    assert (res.exit_code, res.killed, sink.calls) == (0, False, 1)
+
+
+async def test_the_selection_condition() -> None:
+    """Inline only for one pipe, no stdin relay, no sweep, a never-blocking sink."""
+    rfd, wfd = os.pipe()
+    os.close(wfd)
+    left = trio.lowlevel.FdStream(rfd)
+    try:
+        spec = JobSpec(command=["true"])
+        for sink in (NullSink(), BufferSink(), CappedBuffer(), TailBuffer(), TeeSink(NullSink())):
+            assert inline_pump([Pump(left, sink)], None, spec), sink
+        mixed = TeeSink(NullSink(), TaskWatcher(BufferSink()))
+        assert not inline_pump([Pump(left, mixed)], None, spec)
+        assert not inline_pump([Pump(left, TaskWatcher(BufferSink()))], None, spec)
+        assert not inline_pump([Pump(left, NullSink()), Pump(left, NullSink())], None, spec)
+        assert not inline_pump([Pump(left, NullSink())], (left, left), spec)
+        swept = JobSpec(command=["true"], sweep_job_id="j")
+        assert not inline_pump([Pump(left, NullSink())], None, swept)
+        assert not inline_pump([], None, spec)
+    finally:
+        await left.aclose()
