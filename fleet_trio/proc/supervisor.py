@@ -2,11 +2,21 @@
 
 Pipe jobs (:func:`fleet_trio.proc.run.run`, and through it hooks, probes and verify scripts)
 and PTY sessions (:class:`fleet_trio.proc.pty.PtySession`) are supervised by the same
-:class:`Supervisor`: the same waiter, the same deadlines, the same teardown, the same straggler
+:class:`Supervisor`: the same reap, the same deadlines, the same teardown, the same straggler
 reap and sweep. They differ only in their target (a process group, or every group of a
 session), in what "completed" means (the leader reaped and every output pipe at EOF, or the
-leader reaped alone) and in who reads the output (the supervisor's pumps, or the PTY's reader,
-which calls :meth:`Supervisor.touch`).
+leader reaped alone) and in who reads the output (the supervisor, or the PTY's reader, which
+calls :meth:`Supervisor.touch`).
+
+**One task where one will do.** The supervising task (the caller's) reaps the leader itself;
+there is no waiter task. A pipe job's output is read by one pump task per pipe, in a nursery,
+*except* in the common case selected by :func:`inline_pump`: a single output pipe (stderr
+merged) into a sink that declares ``never_blocks`` (the in-memory buffers of
+:mod:`fleet_trio.proc.sinks`: hooks, probes, verify scripts), with no stdin relay and no
+sweep. The supervising task then reads that pipe too, between its waits, and no task or
+nursery is started: a stop or a deadline can never wait behind a write that does not block,
+and a read is only ever cancelled before it reads, so both paths lose nothing and keep every
+behaviour below (``tests/proc/test_supervise_paths.py`` runs the same checks on both).
 
 **Deadlines are cancel scopes.** The main path waits for the end in one cancel scope whose
 deadline is the earliest of: the stop tokens' deadlines (a pass budget handed down as a token),
@@ -86,8 +96,7 @@ def finish(returncode: int | None) -> Result:
 
 
 class HelperScopes:
-    """The cancel scopes of a supervisor's helper tasks (waiter, pumps, stdin relay, escape
-    watch).
+    """The cancel scopes of a supervisor's helper tasks (pumps, stdin relay, escape watch).
 
     Each helper runs in its own **shielded** scope, so a trio cancellation of the caller reaches
     only the main path, which tears the process down and then calls :meth:`stop`; a helper that
