@@ -263,6 +263,21 @@ class Supervisor:
             # child brings a Cancelled of its own.
             shutdown = exc
             self.internal.set()
+        if (
+            shutdown is None
+            and self.completed.is_set()
+            and not self.spec.sweep_job_id
+            and not self.target.alive()
+        ):
+            # The common end: completed, nothing left in the target, no sweep. Nothing here
+            # waits (the straggler reap would find the target empty), so no shielded scope.
+            self.result = finish(self.proc.returncode)
+            rest = self._release()
+            if rest:
+                with trio.CancelScope(shield=True):
+                    for stream in rest:
+                        await stream.aclose()
+            return None
         with trio.CancelScope(shield=True):
             self.result = await self._conclude()
         return shutdown
@@ -378,15 +393,8 @@ class Supervisor:
             result = await self._finish_clean()
         else:
             result = await self._finish_cancelled()
-        self.helpers.stop()  # stdin relay, pumps stuck behind an escaped holder
-        for stream in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
-            if stream is None:
-                continue
-            close = getattr(stream, "close", None)
-            if close is not None:
-                close()  # a pipe's close does not block: no scheduler turn per stream
-            else:
-                await stream.aclose()
+        for stream in self._release():
+            await stream.aclose()
         if self.spec.sweep_job_id:
             report = await sweep_job_survivors(
                 self.spec.sweep_job_id,
@@ -398,6 +406,21 @@ class Supervisor:
             )
             result = attrs.evolve(result, sweep=report)
         return result
+
+    def _release(self) -> list[trio.abc.AsyncResource]:
+        """Stop the helpers (stdin relay, pumps stuck behind an escaped holder) and close the
+        pipes; the streams without a synchronous ``close`` are returned, still open."""
+        self.helpers.stop()
+        rest: list[trio.abc.AsyncResource] = []
+        for stream in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
+            if stream is None:
+                continue
+            close = getattr(stream, "close", None)
+            if close is not None:
+                close()  # a pipe's close does not block: no scheduler turn per stream
+            else:
+                rest.append(stream)
+        return rest
 
     async def _completed_after_yields(self) -> bool:
         """The cancel-race re-check: never block; observe an exit that has already happened
