@@ -195,6 +195,7 @@ async def run(
         idle_from=idle_from,
         grow=grow_pipe,
         forks_before=forks_before,
+        stoppable=False,  # nobody else holds this supervisor: only ``stop`` stops it
     )
     assert proc.stdout is not None
     pumps = [Pump(proc.stdout, sink)]

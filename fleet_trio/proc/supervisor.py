@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import signal
 from collections.abc import Callable, Sequence
@@ -148,8 +149,13 @@ class Supervisor:
         idle_from: float,
         grow: Callable[[trio.abc.ReceiveStream], int] | None = None,
         forks_before: int | None = None,
+        stoppable: bool = True,
     ) -> None:
         self.spec = spec
+        self.stoppable = stoppable
+        """False: the owner will never call :meth:`request_stop` nor :meth:`link`; with no
+        ``stop`` token and no limit, only a shutdown can then end the wait early, and the
+        wait needs no cancel scope."""
         self.forks_before = forks_before
         """The host's fork counter just before the spawn (the sweep's shortcut), if read."""
         self.proc = proc
@@ -169,6 +175,7 @@ class Supervisor:
         self._inline: _Reader | None = None
         self._wait_scope: trio.CancelScope | None = None
         self._links: list[StopToken] = []
+        self._unstoppable = not stoppable and stop is None
         # Set by the caller's token (as its child), a linked token, a limit or shutdown.
         self.internal = StopToken(parent=stop, on_set=self._on_stop)
         self._stop_deadline = self.internal.deadline
@@ -180,6 +187,8 @@ class Supervisor:
 
     def request_stop(self) -> None:
         """Take the cancellation path (``reason`` ``cancelled`` unless a limit tripped)."""
+        if not self.stoppable:
+            raise RuntimeError("this supervision was made without stop requests")
         self.internal.set()
 
     def link(self, stop: StopToken | None) -> StopToken | None:
@@ -188,6 +197,8 @@ class Supervisor:
         parent holds its children weakly); returns it (``None`` for ``None``)."""
         if stop is None:
             return None
+        if not self.stoppable:
+            raise RuntimeError("this supervision was made without stop requests")
         link = StopToken(parent=stop, on_set=self.internal.set)
         self._links.append(link)
         if link.deadline < self._stop_deadline:
@@ -287,6 +298,11 @@ class Supervisor:
         (the internal token set) cancels the wait scope (:meth:`_on_stop`)."""
         while not self._stopped():
             deadline = min(self._stop_deadline, self.dog.deadline(self.last_output))
+            if deadline == math.inf and self._unstoppable:
+                # Nothing can stop this run but a shutdown: no token, no limit, no owner's
+                # request. No scope to cancel, then.
+                await self._until_completed()
+                return
             with trio.CancelScope(deadline=deadline) as scope:
                 self._wait_scope = scope
                 try:

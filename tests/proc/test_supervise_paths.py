@@ -20,6 +20,7 @@ from fleet_trio.proc.procfs import pid_alive
 from fleet_trio.proc.run import run
 from fleet_trio.proc.sinks import CappedBuffer, NullSink, TailBuffer, TeeSink
 from fleet_trio.proc.supervisor import REASON_CANCELLED, Pump, Supervisor, inline_pump
+from fleet_trio.proc.target import GroupTarget
 from tests.helpers import PidWatcher, gone_within, stop_when_output
 
 
@@ -194,3 +195,25 @@ async def test_the_selection_condition() -> None:
         assert not inline_pump([], None, spec)
     finally:
         await left.aclose()
+
+
+async def test_a_supervisor_made_without_stop_requests_refuses_them() -> None:
+    """``run`` makes its supervisor ``stoppable=False`` (only its ``stop`` token stops it,
+    and without one and without limits the wait needs no cancel scope); a request to such a
+    supervisor is a programming error, not a silent no-op."""
+    with trio.fail_after(10):
+        proc = await trio.lowlevel.open_process(["true"])
+        try:
+            spec = JobSpec(command=["true"])
+            sup = Supervisor(
+                spec, proc, GroupTarget(proc.pid), started=0, idle_from=0, stoppable=False
+            )
+            with pytest.raises(RuntimeError):
+                sup.request_stop()
+            with pytest.raises(RuntimeError):
+                sup.link(StopToken())
+            assert sup.link(None) is None
+            res = await sup.supervise()
+            assert (res.exit_code, res.killed) == (0, False)
+        finally:
+            await proc.wait()
