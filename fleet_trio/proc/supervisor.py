@@ -228,7 +228,8 @@ class Supervisor:
         The supervising task itself reaps the leader (no waiter task). Output pipes are read
         by one helper task each, except in the common case of a single pipe into a sink that
         never blocks (:func:`never_blocks`), with no stdin relay and no sweep: that pipe is
-        read by the supervising task too, and no helper task (nor nursery) is started.
+        read by the supervising task too. Without helper tasks (that case, and a PTY
+        session, which has no pipes) no nursery is opened.
 
         Cancellation: a trio cancellation runs the teardown shielded (it is bounded: grace +
         the waits after SIGKILL + the sweep), keeps the ``Result`` in :attr:`result` (and hands
@@ -237,8 +238,10 @@ class Supervisor:
         self._open_pipes = len(pumps)
         shutdown: trio.Cancelled | None = None
         try:
-            if inline_pump(pumps, stdin, self.spec):
+            inline = inline_pump(pumps, stdin, self.spec)
+            if inline:
                 self._inline = _Reader(pumps[0], self._grow)
+            if inline or not (pumps or stdin):  # no helper task to run (a PTY session too)
                 shutdown = await self._main()
             else:
                 async with trio.open_nursery() as nursery:
