@@ -10,13 +10,13 @@ calls :meth:`Supervisor.touch`).
 
 **One task where one will do.** The supervising task (the caller's) reaps the leader itself;
 there is no waiter task. A pipe job's output is read by one pump task per pipe, in a nursery,
-*except* in the common case selected by :func:`inline_pump`: a single output pipe (stderr
-merged) into a sink that declares ``never_blocks`` (the in-memory buffers of
-:mod:`fleet_trio.proc.sinks`: hooks, probes, verify scripts), with no stdin relay and no
-sweep. The supervising task then reads that pipe too, between its waits, and no task or
-nursery is started: a stop or a deadline can never wait behind a write that does not block,
-and a read is only ever cancelled before it reads, so both paths lose nothing and keep every
-behaviour below (``tests/proc/test_supervise_paths.py`` runs the same checks on both).
+*except* that the job's stdout (stderr merged or not) is read by the supervising task itself
+when :func:`inline_pump` selects it: its sink declares ``never_blocks`` (the in-memory
+buffers of :mod:`fleet_trio.proc.sinks`: hooks, probes, verify scripts, ``nvidia-smi``) and
+the job is not swept. A run with stdout alone then starts no task and no nursery. A stop or a
+deadline can never wait behind a write that does not block, and a read is only ever
+cancelled before it reads, so both ways lose nothing and keep every behaviour below
+(``tests/proc/test_supervise_paths.py`` runs the same checks on both).
 
 **Deadlines are cancel scopes.** The main path waits for the end in one cancel scope whose
 deadline is the earliest of: the stop tokens' deadlines (a pass budget handed down as a token),
@@ -225,11 +225,11 @@ class Supervisor:
         """Supervise until the end and return the ``Result``; ``record`` (optional) gets it on
         every path, a shutdown included.
 
-        The supervising task itself reaps the leader (no waiter task). Output pipes are read
-        by one helper task each, except in the common case of a single pipe into a sink that
-        never blocks (:func:`never_blocks`), with no stdin relay and no sweep: that pipe is
-        read by the supervising task too. Without helper tasks (that case, and a PTY
-        session, which has no pipes) no nursery is opened.
+        The supervising task itself reaps the leader (no waiter task), and reads the last
+        pipe (stdout) too when :func:`inline_pump` says so (a sink that never blocks, no
+        sweep); every other pipe, and the stdin relay, gets a helper task. Without helper
+        tasks (stdout alone read inline, or a PTY session, which has no pipes) no nursery is
+        opened.
 
         Cancellation: a trio cancellation runs the teardown shielded (it is bounded: grace +
         the waits after SIGKILL + the sweep), keeps the ``Result`` in :attr:`result` (and hands
@@ -238,14 +238,14 @@ class Supervisor:
         self._open_pipes = len(pumps)
         shutdown: trio.Cancelled | None = None
         try:
-            inline = inline_pump(pumps, stdin, self.spec)
-            if inline:
-                self._inline = _Reader(pumps[0], self._grow)
-            if inline or not (pumps or stdin):  # no helper task to run (a PTY session too)
+            tasked = list(pumps)
+            if inline_pump(pumps, self.spec):
+                self._inline = _Reader(tasked.pop(), self._grow)
+            if not tasked and stdin is None:  # no helper task to run (a PTY session too)
                 shutdown = await self._main()
             else:
                 async with trio.open_nursery() as nursery:
-                    for pump in pumps:
+                    for pump in tasked:
                         nursery.start_soon(self._pump, pump)
                     if stdin is not None:
                         nursery.start_soon(self._relay, *stdin)
@@ -494,17 +494,17 @@ def never_blocks(sink: Sink) -> bool:
     return getattr(sink, "never_blocks", False) is True
 
 
-def inline_pump(pumps: Sequence[Pump], stdin: object | None, spec: JobSpec) -> bool:
-    """The selection of the supervising task reading the output itself (no helper task):
-    exactly one pipe, a pipe stream (it has ``fileno``), a sink that never blocks (so a stop
-    or a deadline never waits behind a write, and no write is ever cut short), no stdin
-    relay, and no sweep (whose escape watch runs beside the pumps)."""
+def inline_pump(pumps: Sequence[Pump], spec: JobSpec) -> bool:
+    """Is the last of ``pumps`` (a pipe job's stdout, stderr merged or not) read by the
+    supervising task itself rather than by a pump task? When it is a pipe stream (it has
+    ``fileno``) into a sink that never blocks (so a stop or a deadline never waits behind a
+    write, and no write is ever cut short), and the job is not swept (the sweep's escape
+    watch lets go of the pipes that escapees hold, which only pump tasks can)."""
     return (
-        len(pumps) == 1
-        and stdin is None
+        bool(pumps)
         and not spec.sweep_job_id
-        and never_blocks(pumps[0].sink)
-        and hasattr(pumps[0].stream, "fileno")
+        and never_blocks(pumps[-1].sink)
+        and hasattr(pumps[-1].stream, "fileno")
     )
 
 

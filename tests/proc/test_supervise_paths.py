@@ -1,9 +1,10 @@
 """The supervisor's two ways of reading a pipe job's output, held to the same behaviours.
 
-A lone output pipe into a sink that never blocks (``never_blocks = True``: the buffers of
-``fleet_trio.proc.sinks``) is read by the supervising task itself, with no pump task and no
-nursery; any other sink gets a pump task. Every test here runs on both paths (``path``) and
-checks which one ran. Real processes, each guarded by ``trio.fail_after``.
+A job's stdout into a sink that never blocks (``never_blocks = True``: the buffers of
+``fleet_trio.proc.sinks``) is read by the supervising task itself (with stdout alone, no task
+and no nursery at all); any other sink, and a separate stderr, gets a pump task. Every test
+here runs on both paths (``path``) and checks which one ran. Real processes, each guarded by
+``trio.fail_after``.
 """
 
 from __future__ import annotations
@@ -19,9 +20,31 @@ from fleet_trio.proc import BufferSink, JobSpec, Result, StopToken
 from fleet_trio.proc.procfs import pid_alive
 from fleet_trio.proc.run import run
 from fleet_trio.proc.sinks import CappedBuffer, NullSink, TailBuffer, TeeSink
-from fleet_trio.proc.supervisor import REASON_CANCELLED, Pump, Supervisor, inline_pump
+from fleet_trio.proc.supervisor import (
+    REASON_CANCELLED,
+    Pump,
+    Supervisor,
+    inline_pump,
+    never_blocks,
+)
 from fleet_trio.proc.target import GroupTarget
 from tests.helpers import PidWatcher, gone_within, stop_when_output
+
+
+class BytesReceiveStream(trio.abc.ReceiveStream):
+    """Fixed bytes, then EOF (a stdin source; it has no ``fileno``)."""
+
+    def __init__(self, data: bytes) -> None:
+        self._data = data
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes:
+        await trio.lowlevel.checkpoint()
+        n = max_bytes or 65536
+        chunk, self._data = self._data[:n], self._data[n:]
+        return chunk
+
+    async def aclose(self) -> None:
+        await trio.lowlevel.checkpoint()
 
 
 class TaskWatcher(PidWatcher):
@@ -36,8 +59,8 @@ class InlineWatcher(PidWatcher):
 
 @pytest.fixture(params=["inline", "task"])
 def path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    """The path under test; afterwards, that every run took it (pump tasks counted)."""
-    pumps: list[object] = []
+    """The path under test; afterwards, that every run took it (the pump tasks' sinks)."""
+    pumps: list[Pump] = []
     orig = Supervisor._pump
 
     async def counting(self: Supervisor, pump: Pump) -> None:
@@ -47,7 +70,7 @@ def path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Ite
     monkeypatch.setattr(Supervisor, "_pump", counting)
     yield request.param
     if request.param == "inline":
-        assert pumps == []
+        assert not any(never_blocks(pump.sink) for pump in pumps), "stdout had a pump task"
     else:
         assert pumps, "no pump task ran"
 
@@ -176,25 +199,45 @@ async def test_a_broken_sink_does_not_strand_the_child(path: str) -> None:
     assert (res.exit_code, res.killed, sink.calls) == (0, False, 1)
 
 
+async def test_stderr_apart_and_a_stdin_relay(path: str) -> None:
+    """A separate stderr (always a pump task) beside stdout, and stdin relayed to the child."""
+    out, err = watcher(path), TaskWatcher(BufferSink())
+    code = (
+        "import sys; d = sys.stdin.read(); sys.stdout.write(d.upper()); "
+        "sys.stderr.write('e' * 70000)"
+    )
+    spec = JobSpec(
+        command=[sys.executable, "-c", code],
+        stderr_sink=err,
+        stdin_source=BytesReceiveStream(b"abc" * 30000),
+    )
+    with trio.fail_after(20):
+        res = await run(spec, out)
+    assert (res.exit_code, res.killed) == (0, False)
+    assert out.inner.getvalue() == b"ABC" * 30000
+    assert err.inner.getvalue() == b"e" * 70000
+
+
 async def test_the_selection_condition() -> None:
-    """Inline only for one pipe, no stdin relay, no sweep, a never-blocking sink."""
+    """stdout (the last pump) inline when its sink never blocks and the job is not swept."""
     rfd, wfd = os.pipe()
     os.close(wfd)
-    left = trio.lowlevel.FdStream(rfd)
+    pipe = trio.lowlevel.FdStream(rfd)
     try:
         spec = JobSpec(command=["true"])
         for sink in (NullSink(), BufferSink(), CappedBuffer(), TailBuffer(), TeeSink(NullSink())):
-            assert inline_pump([Pump(left, sink)], None, spec), sink
+            assert inline_pump([Pump(pipe, sink)], spec), sink
+        assert inline_pump([Pump(pipe, TaskWatcher(BufferSink())), Pump(pipe, NullSink())], spec)
         mixed = TeeSink(NullSink(), TaskWatcher(BufferSink()))
-        assert not inline_pump([Pump(left, mixed)], None, spec)
-        assert not inline_pump([Pump(left, TaskWatcher(BufferSink()))], None, spec)
-        assert not inline_pump([Pump(left, NullSink()), Pump(left, NullSink())], None, spec)
-        assert not inline_pump([Pump(left, NullSink())], (left, left), spec)
+        assert not inline_pump([Pump(pipe, mixed)], spec)
+        assert not inline_pump([Pump(pipe, TaskWatcher(BufferSink()))], spec)
+        assert not inline_pump([Pump(pipe, NullSink()), Pump(pipe, mixed)], spec)
         swept = JobSpec(command=["true"], sweep_job_id="j")
-        assert not inline_pump([Pump(left, NullSink())], None, swept)
-        assert not inline_pump([], None, spec)
+        assert not inline_pump([Pump(pipe, NullSink())], swept)
+        assert not inline_pump([], spec)
+        assert not inline_pump([Pump(BytesReceiveStream(b""), NullSink())], spec)  # no fileno
     finally:
-        await left.aclose()
+        await pipe.aclose()
 
 
 async def test_a_supervisor_made_without_stop_requests_refuses_them() -> None:
