@@ -178,6 +178,37 @@ async def test_trio_cancellation_tears_the_group_down_then_reraises_bare(path: s
         os.kill(sink.pid(), 9)
 
 
+class _CountingInline:
+    never_blocks = True
+
+    def __init__(self) -> None:
+        self.total = 0
+
+    async def write(self, data: bytes) -> None:
+        self.total += len(data)
+
+
+class _CountingTask(_CountingInline):
+    never_blocks = False
+
+
+async def test_a_flooding_writer_still_stops(path: str) -> None:
+    """Output that never pauses (``yes``): a limit, a stop and a shutdown all still end the
+    run, the reader being the supervising task or not."""
+    sink = _CountingInline() if path == "inline" else _CountingTask()
+    with trio.fail_after(20):
+        res = await run(JobSpec(command=["yes"], max_runtime=0.3, grace_ceiling=1), sink)
+        assert (res.killed, res.reason) == (True, "max_runtime exceeded (300ms)")
+        res = await run(JobSpec(command=["yes"], grace_ceiling=1), sink, StopToken.after(0.3))
+        assert (res.killed, res.reason) == (True, REASON_CANCELLED)
+        kept: list[Result] = []
+        with trio.move_on_after(0.3) as scope:
+            await run(JobSpec(command=["yes"], grace_ceiling=1), sink, record=kept.append)
+        assert scope.cancelled_caught
+        assert len(kept) == 1 and kept[0].reason == REASON_CANCELLED
+    assert sink.total > 0
+
+
 class _Broken:
     def __init__(self) -> None:
         self.calls = 0
