@@ -26,14 +26,13 @@ escapees (rc would wait for them to exit on their own, and never sweep).
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import fcntl
 import logging
 import os
 import stat
 import subprocess
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 
 import trio
 
@@ -73,7 +72,11 @@ Best effort: a refusal (that limit, ``pipe-max-size``, another OS) keeps the def
 def look_path(name: str, path: str | None = None) -> str | None:
     """Go's ``exec.LookPath``: the first regular-ish, executable ``name`` on ``path``."""
     for directory in (path if path is not None else os.defpath).split(os.pathsep):
-        candidate = os.path.join(directory or ".", name)
+        directory = directory or "."
+        candidate = directory + name if directory.endswith("/") else f"{directory}/{name}"
+        # Most PATH entries miss: access() tells so without an exception object per miss.
+        if not os.access(candidate, os.F_OK):
+            continue
         try:
             st = os.stat(candidate)
         except OSError:
@@ -170,32 +173,17 @@ async def run(
     if spec.env:
         env = dict(os.environ)
         env.update(spec.env)
-    split = spec.stderr_sink is not None
     idle_from = trio.current_time()  # the idle clock starts just before the spawn
     # Waiting for a spawn slot is not shielded: a run cancelled while queued never spawns
     # (a node shutting down does not start the jobs it has already marked interrupted).
-    async with _maybe(spawn_limiter):
-        with trio.CancelScope(shield=True):
-            # Shielded: a pre-cancelled caller still spawns, then takes the cancellation path,
-            # so a stop before the spawn is a "cancelled" Result, never an error (§2.3.4, E8).
-            # The sweep's shortcut: the host's fork counter just before the spawn (a
-            # /proc/stat read, no blocking I/O).
-            forks_before = forks_since_boot() if spec.sweep_job_id else None
-            try:
-                proc = await trio.lowlevel.open_process(
-                    argv,
-                    stdin=subprocess.PIPE if spec.stdin_source is not None else subprocess.DEVNULL,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.PIPE if split else subprocess.STDOUT,
-                    process_group=0,
-                    cwd=spec.cwd or None,
-                    env=env,
-                    close_fds=True,
-                    restore_signals=True,
-                )
-            except OSError as exc:
-                err = spawn_error_text(exc, argv[0], spec.cwd)
-                return _recorded(Result(exit_code=-1, err=f"start: {err}"), record)
+    if spawn_limiter is None:
+        spawned = await _spawn(spec, argv, env)
+    else:
+        async with spawn_limiter:
+            spawned = await _spawn(spec, argv, env)
+    if isinstance(spawned, str):
+        return _recorded(Result(exit_code=-1, err=f"start: {spawned}"), record)
+    proc, forks_before = spawned
     if on_spawn is not None:
         on_spawn(proc.pid)
     sup = Supervisor(
@@ -207,6 +195,7 @@ async def run(
         idle_from=idle_from,
         grow=grow_pipe,
         forks_before=forks_before,
+        stoppable=False,  # nobody else holds this supervisor: only ``stop`` stops it
     )
     assert proc.stdout is not None
     pumps = [Pump(proc.stdout, sink)]
@@ -217,6 +206,34 @@ async def run(
     if spec.stdin_source is not None and proc.stdin is not None:
         stdin = (spec.stdin_source, proc.stdin)
     return await sup.supervise(pumps, stdin, record=record)
+
+
+async def _spawn(
+    spec: JobSpec, argv: list[str], env: dict[str, str] | None
+) -> tuple[trio.Process, int | None] | str:
+    """Spawn the child; ``(process, host fork counter before)`` or the start error's text.
+
+    Cancellation: shielded (a pre-cancelled caller still spawns, then takes the cancellation
+    path, so a stop before the spawn is a "cancelled" Result, never an error: §2.3.4, E8)."""
+    with trio.CancelScope(shield=True):
+        # The sweep's shortcut: the host's fork counter just before the spawn (a /proc/stat
+        # read, no blocking I/O).
+        forks_before = forks_since_boot() if spec.sweep_job_id else None
+        try:
+            proc = await trio.lowlevel.open_process(
+                argv,
+                stdin=subprocess.PIPE if spec.stdin_source is not None else subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE if spec.stderr_sink is not None else subprocess.STDOUT,
+                process_group=0,
+                cwd=spec.cwd or None,
+                env=env,
+                close_fds=True,
+                restore_signals=True,
+            )
+        except OSError as exc:
+            return spawn_error_text(exc, argv[0], spec.cwd)
+    return proc, forks_before
 
 
 def _recorded(result: Result, record: Callable[[Result], None] | None) -> Result:
@@ -236,15 +253,6 @@ def grow_pipe(stream: trio.abc.ReceiveStream) -> int:
         return max(READ_CHUNK, fcntl.fcntl(fileno(), setpipe, PIPE_SIZE))
     except OSError:
         return READ_CHUNK
-
-
-@contextlib.asynccontextmanager
-async def _maybe(limiter: trio.CapacityLimiter | None) -> AsyncIterator[None]:
-    if limiter is None:
-        yield
-    else:
-        async with limiter:
-            yield
 
 
 __all__ = [

@@ -18,12 +18,19 @@ class Sink(Protocol):
 
         Cancellation: the supervisor's pumps run shielded and are only cancelled at teardown;
         a sink that may block must bound itself (the buffers here never block).
+
+        A sink whose ``write`` never awaits may say so with a class attribute
+        ``never_blocks = True`` (the buffers here do): the supervisor then reads a lone
+        output pipe into it from its own task, without a pump task. A sink that says so
+        and awaits breaks stop requests and deadlines.
         """
         ...
 
 
 class NullSink:
     """Discards everything."""
+
+    never_blocks = True
 
     async def write(self, data: bytes) -> None:
         """Cancellation: not a checkpoint; never blocks."""
@@ -32,6 +39,8 @@ class NullSink:
 
 class BufferSink:
     """Keeps everything (tests, short commands)."""
+
+    never_blocks = True
 
     def __init__(self) -> None:
         self._chunks: list[bytes] = []
@@ -52,6 +61,8 @@ class CappedBuffer:
 
     The child is never blocked by a full buffer. Exactly ``cap`` bytes is not truncated.
     """
+
+    never_blocks = True
 
     def __init__(self, cap: int = STREAM_CAP) -> None:
         self.cap = cap
@@ -74,6 +85,8 @@ class CappedBuffer:
 
 class TailBuffer:
     """Keeps the last ``keep`` bytes (hook output sent to the controller)."""
+
+    never_blocks = True
 
     def __init__(self, keep: int = 4096) -> None:
         self.keep = keep
@@ -104,6 +117,7 @@ class TeeSink:
 
     def __init__(self, *sinks: Sink) -> None:
         self.sinks = sinks
+        self.never_blocks = all(getattr(s, "never_blocks", False) is True for s in sinks)
 
     async def write(self, data: bytes) -> None:
         """Cancellation: as each sink's ``write``; a cancelled tee may have reached only

@@ -71,6 +71,10 @@ class SweepReport:
         }
 
 
+NO_SWEEP = SweepReport()
+"""The report of a run that was not swept (an immutable value, shared)."""
+
+
 @attrs.frozen
 class Result:
     """How a supervised run ended (§2.2, §2.7)."""
@@ -79,7 +83,7 @@ class Result:
     killed: bool = False
     reason: str = ""
     err: str | None = None
-    sweep: SweepReport = attrs.field(factory=SweepReport)
+    sweep: SweepReport = NO_SWEEP
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -34,10 +34,12 @@ class StopToken:
         on_set: Callable[[], None] | None = None,
     ) -> None:
         self._event = trio.Event()
-        self._children: weakref.WeakSet[StopToken] = weakref.WeakSet()
+        self._children: weakref.WeakSet[StopToken] | None = None  # made with the first child
         self._on_set = on_set
         self.deadline: float = deadline if parent is None else min(deadline, parent.deadline)
         if parent is not None:
+            if parent._children is None:
+                parent._children = weakref.WeakSet()
             parent._children.add(self)
             if parent._event.is_set():
                 self.set()
@@ -57,7 +59,7 @@ class StopToken:
         self._event.set()
         if self._on_set is not None:
             self._on_set()
-        for child in list(self._children):
+        for child in list(self._children or ()):
             child.set()
 
     @property

@@ -5,11 +5,21 @@ the straggler check share one cancel-scope layout.)
 
 Pipe jobs (:func:`fleet_trio.proc.run.run`, and through it hooks, probes and verify scripts)
 and PTY sessions (:class:`fleet_trio.proc.pty.PtySession`) are supervised by the same
-:class:`Supervisor`: the same waiter, the same deadlines, the same teardown, the same straggler
+:class:`Supervisor`: the same reap, the same deadlines, the same teardown, the same straggler
 reap and sweep. They differ only in their target (a process group, or every group of a
 session), in what "completed" means (the leader reaped and every output pipe at EOF, or the
-leader reaped alone) and in who reads the output (the supervisor's pumps, or the PTY's reader,
-which calls :meth:`Supervisor.touch`).
+leader reaped alone) and in who reads the output (the supervisor, or the PTY's reader, which
+calls :meth:`Supervisor.touch`).
+
+**One task where one will do.** The supervising task (the caller's) reaps the leader itself;
+there is no waiter task. A pipe job's output is read by one pump task per pipe, in a nursery,
+*except* that the job's stdout (stderr merged or not) is read by the supervising task itself
+when :func:`inline_pump` selects it: its sink declares ``never_blocks`` (the in-memory
+buffers of :mod:`fleet_trio.proc.sinks`: hooks, probes, verify scripts, ``nvidia-smi``) and
+the job is not swept. A run with stdout alone then starts no task and no nursery. A stop or a
+deadline can never wait behind a write that does not block, and a read is only ever
+cancelled before it reads, so both ways lose nothing and keep every behaviour below
+(``tests/proc/test_supervise_paths.py`` runs the same checks on both).
 
 **Deadlines are cancel scopes.** The main path waits for the end in one cancel scope whose
 deadline is the earliest of: the stop tokens' deadlines (a pass budget handed down as a token),
@@ -37,6 +47,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import signal
 from collections.abc import Callable, Sequence
@@ -89,8 +100,7 @@ def finish(returncode: int | None) -> Result:
 
 
 class HelperScopes:
-    """The cancel scopes of a supervisor's helper tasks (waiter, pumps, stdin relay, escape
-    watch).
+    """The cancel scopes of a supervisor's helper tasks (pumps, stdin relay, escape watch).
 
     Each helper runs in its own **shielded** scope, so a trio cancellation of the caller reaches
     only the main path, which tears the process down and then calls :meth:`stop`; a helper that
@@ -142,8 +152,13 @@ class Supervisor:
         idle_from: float,
         grow: Callable[[trio.abc.ReceiveStream], int] | None = None,
         forks_before: int | None = None,
+        stoppable: bool = True,
     ) -> None:
         self.spec = spec
+        self.stoppable = stoppable
+        """False: the owner will never call :meth:`request_stop` nor :meth:`link`; with no
+        ``stop`` token and no limit, only a shutdown can then end the wait early, and the
+        wait needs no cancel scope."""
         self.forks_before = forks_before
         """The host's fork counter just before the spawn (the sweep's shortcut), if read."""
         self.proc = proc
@@ -152,20 +167,21 @@ class Supervisor:
         self.last_output = idle_from
         self.leader_done = trio.Event()
         self.completed = trio.Event()
-        self.wake = trio.Event()
         self.done = trio.Event()
         """Set once :attr:`result` is known (on every path, shutdown included)."""
-        # Set by the caller's token (as its child), a linked token, a limit or shutdown.
-        self.internal = StopToken(parent=stop, on_set=self.wake.set)
         self.trip_reason: str | None = None
         self.result: Result | None = None
         self.helpers = HelperScopes()
         self._grow = grow
         self._open_pipes = 0
         self._pump_scopes: list[trio.CancelScope] = []
-        self._stop_deadline = self.internal.deadline
+        self._inline: _Reader | None = None
         self._wait_scope: trio.CancelScope | None = None
         self._links: list[StopToken] = []
+        self._unstoppable = not stoppable and stop is None
+        # Set by the caller's token (as its child), a linked token, a limit or shutdown.
+        self.internal = StopToken(parent=stop, on_set=self._on_stop)
+        self._stop_deadline = self.internal.deadline
 
     # -- what the owner calls ---------------------------------------------------------------
     def touch(self) -> None:
@@ -174,6 +190,8 @@ class Supervisor:
 
     def request_stop(self) -> None:
         """Take the cancellation path (``reason`` ``cancelled`` unless a limit tripped)."""
+        if not self.stoppable:
+            raise RuntimeError("this supervision was made without stop requests")
         self.internal.set()
 
     def link(self, stop: StopToken | None) -> StopToken | None:
@@ -182,6 +200,8 @@ class Supervisor:
         parent holds its children weakly); returns it (``None`` for ``None``)."""
         if stop is None:
             return None
+        if not self.stoppable:
+            raise RuntimeError("this supervision was made without stop requests")
         link = StopToken(parent=stop, on_set=self.internal.set)
         self._links.append(link)
         if link.deadline < self._stop_deadline:
@@ -189,6 +209,13 @@ class Supervisor:
             if self._wait_scope is not None:
                 self._wait_scope.deadline = min(self._wait_scope.deadline, link.deadline)
         return link
+
+    def _stopped(self) -> bool:
+        return self.internal.was_set
+
+    def _on_stop(self) -> None:
+        if self._wait_scope is not None:
+            self._wait_scope.cancel()
 
     # -- supervision ------------------------------------------------------------------------
     async def supervise(
@@ -201,37 +228,39 @@ class Supervisor:
         """Supervise until the end and return the ``Result``; ``record`` (optional) gets it on
         every path, a shutdown included.
 
+        The supervising task itself reaps the leader (no waiter task), and reads the last
+        pipe (stdout) too when :func:`inline_pump` says so (a sink that never blocks, no
+        sweep); every other pipe, and the stdin relay, gets a helper task. Without helper
+        tasks (stdout alone read inline, or a PTY session, which has no pipes) no nursery is
+        opened.
+
         Cancellation: a trio cancellation runs the teardown shielded (it is bounded: grace +
         the waits after SIGKILL + the sweep), keeps the ``Result`` in :attr:`result` (and hands
         it to ``record``), then re-raises ``Cancelled``.
         """
+        self._open_pipes = len(pumps)
         shutdown: trio.Cancelled | None = None
         try:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._waiter)
-                self._open_pipes = len(pumps)
-                for pump in pumps:
-                    nursery.start_soon(self._pump, pump)
-                if stdin is not None:
-                    nursery.start_soon(self._relay, *stdin)
-                if pumps and self.spec.sweep_job_id:
-                    nursery.start_soon(self._escape_watch)
-                try:
-                    await self._wait_for_end()
-                except trio.Cancelled as exc:
-                    # Shutdown (or a caller's budget scope): the same teardown as a stop,
-                    # shielded below; the Cancelled is re-raised outside the nursery, bare
-                    # rather than in a group. Every helper runs in its own shielded scope that
-                    # _conclude cancels, so no child brings a Cancelled of its own.
-                    shutdown = exc
-                    self.internal.set()
-                with trio.CancelScope(shield=True):
-                    self.result = await self._conclude()
+            tasked = list(pumps)
+            if inline_pump(pumps, self.spec):
+                self._inline = _Reader(tasked.pop(), self._grow)
+            if not tasked and stdin is None:  # no helper task to run (a PTY session too)
+                shutdown = await self._main()
+            else:
+                async with trio.open_nursery() as nursery:
+                    for pump in tasked:
+                        nursery.start_soon(self._pump, pump)
+                    if stdin is not None:
+                        nursery.start_soon(self._relay, *stdin)
+                    if pumps and self.spec.sweep_job_id:
+                        nursery.start_soon(self._escape_watch)
+                    shutdown = await self._main()
         finally:
             self.done.set()
             if record is not None and self.result is not None:
                 record(self.result)  # on every path, however the nursery ends
         if shutdown is not None:
+            # re-raised here, outside the nursery: bare rather than in a group
             try:
                 raise shutdown
             finally:
@@ -239,15 +268,55 @@ class Supervisor:
         assert self.result is not None
         return self.result
 
+    async def _main(self) -> trio.Cancelled | None:
+        """The supervising task: wait for the end and conclude; a shutdown's ``Cancelled``
+        is returned (for :meth:`supervise` to re-raise) once the teardown is done."""
+        shutdown: trio.Cancelled | None = None
+        try:
+            await self._wait_for_end()
+        except trio.Cancelled as exc:
+            # Shutdown (or a caller's budget scope): the same teardown as a stop, shielded
+            # below. Every helper runs in its own shielded scope that _conclude cancels, so no
+            # child brings a Cancelled of its own.
+            shutdown = exc
+            self.internal.set()
+        if (
+            shutdown is None
+            and self.completed.is_set()
+            and not self.spec.sweep_job_id
+            and not self.target.alive()
+        ):
+            # The common end: completed, nothing left in the target, no sweep. Nothing here
+            # waits (the straggler reap would find the target empty), so no shielded scope.
+            self.result = finish(self.proc.returncode)
+            rest = self._release()
+            if rest:
+                with trio.CancelScope(shield=True):
+                    for stream in rest:
+                        await stream.aclose()
+            return None
+        with trio.CancelScope(shield=True):
+            self.result = await self._conclude()
+        return shutdown
+
     async def _wait_for_end(self) -> None:
-        """Wait for the end, a stop, or a deadline; a limit that is due trips the stop."""
-        while not self.wake.is_set():
+        """Wait for the end, a stop, or a deadline; a limit that is due trips the stop. A stop
+        (the internal token set) cancels the wait scope (:meth:`_on_stop`)."""
+        while not self._stopped():
             deadline = min(self._stop_deadline, self.dog.deadline(self.last_output))
+            if deadline == math.inf and self._unstoppable:
+                # Nothing can stop this run but a shutdown: no token, no limit, no owner's
+                # request. No scope to cancel, then.
+                await self._until_completed()
+                return
             with trio.CancelScope(deadline=deadline) as scope:
                 self._wait_scope = scope
-                await self.wake.wait()
-            self._wait_scope = None
-            if self.wake.is_set():
+                try:
+                    await self._until_completed()
+                    return
+                finally:
+                    self._wait_scope = None
+            if self._stopped():
                 return
             now = trio.current_time()
             reason = self.dog.check(now, self.last_output)
@@ -258,44 +327,48 @@ class Supervisor:
                 self.internal.set()  # a stop token's deadline (a budget) passed
             # else: output came since the idle deadline was set; the deadline moves on
 
+    async def _until_completed(self) -> None:
+        """Wait for the completion: the inline pipe (if any) at EOF, the leader reaped, then
+        every helper-read pipe at EOF. Resumable: a cancellation loses no output (a read is
+        cancelled only before it reads) and the next call goes on where this one stopped."""
+        reader = self._inline
+        if reader is not None and not reader.eof:
+            await reader.drain(self)
+            self._pipe_closed()
+        if not self.leader_done.is_set():
+            await self.proc.wait()
+            self._leader_reaped()
+        if not self.completed.is_set():
+            await self.completed.wait()
+
+    async def _poll_completed(self) -> bool:
+        """Observe, without blocking, an end that has already happened."""
+        if not self.leader_done.is_set() and self.proc.poll() is not None:
+            self._leader_reaped()
+        reader = self._inline
+        if reader is not None and not reader.eof and await reader.read_ready(self):
+            self._pipe_closed()
+        return self.completed.is_set()
+
     # -- helper tasks -------------------------------------------------------------------------
+    def _leader_reaped(self) -> None:
+        self.leader_done.set()
+        self._maybe_complete()
+
+    def _pipe_closed(self) -> None:
+        self._open_pipes -= 1
+        self._maybe_complete()
+
     def _maybe_complete(self) -> None:
         if self.leader_done.is_set() and self._open_pipes == 0 and not self.completed.is_set():
             self.completed.set()
-            self.wake.set()
-
-    async def _waiter(self) -> None:
-        with self.helpers.scope():
-            await self.proc.wait()
-            self.leader_done.set()
-            self._maybe_complete()
 
     async def _pump(self, pump: Pump) -> None:
-        stream, sink = pump.stream, pump.sink
-        broken_sink = False
-        size, grown = READ_CHUNK, False
+        reader = _Reader(pump, self._grow)
         with self.helpers.scope() as scope:
             self._pump_scopes.append(scope)
-            while True:
-                try:
-                    chunk = await read_some(stream, size)
-                except (trio.BrokenResourceError, trio.ClosedResourceError):
-                    chunk = b""
-                if not chunk:
-                    break
-                if len(chunk) == size and not grown and self._grow is not None:
-                    size, grown = self._grow(stream), True  # the pipe was full: a fast writer
-                self.last_output = trio.current_time()
-                if broken_sink:
-                    continue
-                try:
-                    await sink.write(chunk if isinstance(chunk, bytes) else bytes(chunk))
-                except Exception:
-                    # A broken sink must not strand the child on a full pipe: keep draining.
-                    log.exception("output sink failed; discarding the rest of this stream")
-                    broken_sink = True
-            self._open_pipes -= 1
-            self._maybe_complete()
+            await reader.drain(self)
+            self._pipe_closed()
 
     async def _relay(self, source: trio.abc.ReceiveStream, dest: trio.abc.SendStream) -> None:
         with self.helpers.scope():
@@ -332,7 +405,6 @@ class Supervisor:
                         for scope in self._pump_scopes:
                             scope.cancel()
                         self.completed.set()
-                        self.wake.set()
                         return
                 await trio.sleep(pauses.delay(checks))
                 checks += 1
@@ -343,15 +415,8 @@ class Supervisor:
             result = await self._finish_clean()
         else:
             result = await self._finish_cancelled()
-        self.helpers.stop()  # stdin relay, pumps stuck behind an escaped holder
-        for stream in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
-            if stream is None:
-                continue
-            close = getattr(stream, "close", None)
-            if close is not None:
-                close()  # a pipe's close does not block: no scheduler turn per stream
-            else:
-                await stream.aclose()
+        for stream in self._release():
+            await stream.aclose()
         if self.spec.sweep_job_id:
             report = await sweep_job_survivors(
                 self.spec.sweep_job_id,
@@ -364,13 +429,29 @@ class Supervisor:
             result = attrs.evolve(result, sweep=report)
         return result
 
+    def _release(self) -> list[trio.abc.AsyncResource]:
+        """Stop the helpers (stdin relay, pumps stuck behind an escaped holder) and close the
+        pipes; the streams without a synchronous ``close`` are returned, still open."""
+        self.helpers.stop()
+        rest: list[trio.abc.AsyncResource] = []
+        for stream in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
+            if stream is None:
+                continue
+            close = getattr(stream, "close", None)
+            if close is not None:
+                close()  # a pipe's close does not block: no scheduler turn per stream
+            else:
+                rest.append(stream)
+        return rest
+
     async def _completed_after_yields(self) -> bool:
-        """The cancel-race re-check: never block, allow the waiter to observe an exit."""
+        """The cancel-race re-check: never block; observe an exit that has already happened
+        (the leader's, the inline pipe's EOF) and let the pump tasks observe theirs."""
         for _ in range(RACE_YIELDS):
-            if self.completed.is_set():
+            if await self._poll_completed():
                 return True
             await trio.lowlevel.checkpoint()
-        return self.completed.is_set()
+        return await self._poll_completed()
 
     async def _finish_clean(self) -> Result:
         result = finish(self.proc.returncode)
@@ -383,20 +464,23 @@ class Supervisor:
     async def _finish_cancelled(self) -> Result:
         delivered = self.target.signal(signal.SIGTERM)  # unconditionally, no liveness probe
         with trio.move_on_after(self.spec.grace):
-            await self.completed.wait()
+            await self._until_completed()  # the output is still read meanwhile
         if not self.completed.is_set():
             if not self.target.signal(signal.SIGKILL):
                 # /proc unreadable or the target already empty: still make sure of the leader.
                 with contextlib.suppress(OSError):
                     os.killpg(self.proc.pid, signal.SIGKILL)
             with trio.move_on_after(STRAGGLER_WAIT):
-                await self.completed.wait()
+                await self._until_completed()
             if not self.completed.is_set():
                 # §15 Q1 (b): something outside the group holds our pipes; stop reading.
                 for scope in self._pump_scopes:
                     scope.cancel()
-                with trio.move_on_after(STRAGGLER_WAIT):
-                    await self.leader_done.wait()
+                self._inline = None
+                if not self.leader_done.is_set():
+                    with trio.move_on_after(STRAGGLER_WAIT):
+                        await self.proc.wait()
+                        self.leader_done.set()
         result = finish(self.proc.returncode)
         found, emptied = await reap_stragglers(self.target)
         reason = REASON_SURVIVORS if found and not emptied else REASON_CANCELLED
@@ -405,6 +489,83 @@ class Supervisor:
         if self.trip_reason is not None:
             result = attrs.evolve(result, killed=True, reason=self.trip_reason)
         return result
+
+
+def never_blocks(sink: Sink) -> bool:
+    """Does ``sink`` declare that its ``write`` never awaits (a ``never_blocks`` attribute:
+    the in-memory buffers of :mod:`fleet_trio.proc.sinks`)?"""
+    return getattr(sink, "never_blocks", False) is True
+
+
+def inline_pump(pumps: Sequence[Pump], spec: JobSpec) -> bool:
+    """Is the last of ``pumps`` (a pipe job's stdout, stderr merged or not) read by the
+    supervising task itself rather than by a pump task? When it is a pipe stream (it has
+    ``fileno``) into a sink that never blocks (so a stop or a deadline never waits behind a
+    write, and no write is ever cut short), and the job is not swept (the sweep's escape
+    watch lets go of the pipes that escapees hold, which only pump tasks can)."""
+    return (
+        bool(pumps)
+        and not spec.sweep_job_id
+        and never_blocks(pumps[-1].sink)
+        and hasattr(pumps[-1].stream, "fileno")
+    )
+
+
+class _Reader:
+    """One output pipe being read into its sink (by a pump task, or inline)."""
+
+    def __init__(self, pump: Pump, grow: Callable[[trio.abc.ReceiveStream], int] | None) -> None:
+        self.stream = pump.stream
+        self.sink = pump.sink
+        self.size = READ_CHUNK
+        self.grow = grow
+        self.broken_sink = False
+        self.eof = False
+
+    async def drain(self, sup: Supervisor) -> None:
+        """Read until EOF (or until the stream is closed under us).
+
+        Cancellation: only before a read (:func:`read_some`) or inside the sink's write; a
+        later call resumes."""
+        stream = self.stream
+        while True:
+            try:
+                chunk = await read_some(stream, self.size)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                chunk = b""
+            if not chunk:
+                self.eof = True
+                return
+            await self._take(sup, chunk)
+
+    async def read_ready(self, sup: Supervisor) -> bool:
+        """One read that does not wait (the race re-check); True at EOF.
+
+        Cancellation: not a checkpoint for an inline reader (its sink never blocks)."""
+        try:
+            chunk = os.read(self.stream.fileno(), self.size)  # type: ignore[attr-defined]
+        except BlockingIOError:
+            return False
+        except OSError:
+            chunk = b""
+        if not chunk:
+            self.eof = True
+            return True
+        await self._take(sup, chunk)
+        return False
+
+    async def _take(self, sup: Supervisor, chunk: bytes | bytearray) -> None:
+        if len(chunk) == self.size and self.grow is not None:
+            self.size, self.grow = self.grow(self.stream), None  # a full pipe: a fast writer
+        sup.last_output = trio.current_time()
+        if self.broken_sink:
+            return
+        try:
+            await self.sink.write(chunk if isinstance(chunk, bytes) else bytes(chunk))
+        except Exception:
+            # A broken sink must not strand the child on a full pipe: keep draining.
+            log.exception("output sink failed; discarding the rest of this stream")
+            self.broken_sink = True
 
 
 async def read_some(stream: trio.abc.ReceiveStream, size: int) -> bytes | bytearray:

@@ -7,17 +7,27 @@ this process (the event loop and the spawning thread; the child's own CPU is not
 which a loaded machine disturbs far less than the wall clock.
 
     .venv/bin/python scripts/bench/spawn.py [-n 200] [--warmup 10] [--profile]
+    .venv/bin/python scripts/bench/spawn.py -n 300 --before TREE [--rounds 3]
 
 ``--profile`` runs only the ``run()`` side under cProfile and prints the top entries.
+
+``--before TREE`` compares two versions of ``run()`` in one session: each round runs this
+benchmark once with TREE's ``fleet_trio`` (another checkout, e.g. the commit before a change)
+and once with this tree's, in a fresh interpreter each, the order alternating round by
+round; it prints each run's ratios with the load average it started at, then each tree's
+median wall and CPU ratio.
 """
 
 from __future__ import annotations
 
 import argparse
 import cProfile
+import os
 import pstats
+import re
 import shutil
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Awaitable, Callable
@@ -74,12 +84,60 @@ async def profile_only(n: int) -> None:
         await via_run()
 
 
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def one_run(tree: str, n: int, warmup: int) -> tuple[str, float, float]:
+    """This benchmark in a fresh interpreter with ``tree``'s ``fleet_trio`` first on the path:
+    ``(load average, wall ratio, CPU ratio)``."""
+    with open("/proc/loadavg") as f:
+        load = f.read().split()[0]
+    env = dict(os.environ, PYTHONPATH=tree)
+    argv = [sys.executable, os.path.abspath(__file__), "-n", str(n), "--warmup", str(warmup)]
+    print(f"   load average {load}", flush=True)
+    out = subprocess.run(argv, env=env, cwd=tree, capture_output=True, text=True, check=True)
+    text = out.stdout
+    print(text, end="", flush=True)
+    wall = re.search(r"ratio run/baseline ([0-9.]+)", text)
+    cpu = re.search(r"CPU ms per job .* ratio ([0-9.]+)", text)
+    assert wall is not None and cpu is not None, text
+    return load, float(wall.group(1)), float(cpu.group(1))
+
+
+def compare(before: str, n: int, warmup: int, rounds: int) -> int:
+    trees = {"before": os.path.abspath(before), "after": REPO}
+    seen: dict[str, list[tuple[float, float]]] = {"before": [], "after": []}
+    for i in range(rounds):
+        order = ["before", "after"] if i % 2 == 0 else ["after", "before"]
+        for name in order:
+            print(f"-- {name} (round {i + 1})", flush=True)
+            _load, wall, cpu = one_run(trees[name], n, warmup)
+            seen[name].append((wall, cpu))
+    for name, runs in seen.items():
+        walls = " ".join(f"{w:.3f}" for w, _ in runs)
+        cpus = " ".join(f"{c:.3f}" for _, c in runs)
+        print(
+            f"{name:6s} wall ratios {walls} (median {statistics.median(w for w, _ in runs):.3f}); "
+            f"CPU ratios {cpus} (median {statistics.median(c for _, c in runs):.3f})"
+        )
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("-n", type=int, default=200, help="jobs per side (default 200)")
     parser.add_argument("--warmup", type=int, default=10, help="untimed jobs per side first")
     parser.add_argument("--profile", action="store_true", help="cProfile the run() side only")
+    parser.add_argument(
+        "--before",
+        metavar="TREE",
+        help="also run the benchmark with TREE's fleet_trio (another checkout), alternating",
+    )
+    parser.add_argument("--rounds", type=int, default=3, help="runs per tree with --before")
     args = parser.parse_args(argv)
+
+    if args.before:
+        return compare(args.before, args.n, args.warmup, args.rounds)
 
     if args.profile:
         prof = cProfile.Profile()
