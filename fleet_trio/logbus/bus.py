@@ -117,6 +117,16 @@ class _Chunk:
     t: float
 
 
+def utf8_cut(data: bytes, cut: int, floor: int) -> int:
+    """``cut``, moved back (by at most 3 bytes, never to ``floor`` or below) off UTF-8
+    continuation bytes, so that a piece ending there does not split a character; ``cut``
+    unchanged when no character start is that close (the bytes are not UTF-8 anyway)."""
+    for back in range(min(3, cut - floor - 1) + 1):
+        if data[cut - back] & 0xC0 != 0x80:
+            return cut - back
+    return cut
+
+
 class History:
     """A bounded, offset-addressed list of chunks, stored as written. Synchronous."""
 
@@ -235,8 +245,12 @@ class Cursor:
             raise ValueError("max_lag must be >= 0")
         self.history = history
         self.batch = batch
-        """Join following chunks of the same stream into one ``Output`` up to this many bytes
-        (0: one chunk per ``Output``). Fewer, larger events for a reader that is behind."""
+        """Join following chunks of the same stream into one ``Output`` up to this many bytes,
+        and hand out a larger chunk in pieces of at most this many (cut at a UTF-8 character
+        boundary where :func:`utf8_cut` finds one); 0: one chunk per ``Output``. Fewer, larger
+        events for a reader that is behind, never larger than it asked for (a reader that is
+        behind is checked against ``max_lag`` between pieces, and no slice of a large chunk
+        is copied beyond what is handed out)."""
         self.base = history.total
         if start == "start":
             self.pos = 0
@@ -303,12 +317,16 @@ class Cursor:
                 return None
             i = h.index_at(self.pos)
             offset, chunk = h.item(i)
-            data = chunk.data if offset == self.pos else chunk.data[self.pos - offset :]
             start = self.pos
-            self.pos = offset + len(chunk.data)
             if chunk.stream not in self.streams:
+                self.pos = offset + len(chunk.data)
                 continue
-            if self.batch > len(data) and self.pos < total:
+            lo, hi = start - offset, len(chunk.data)
+            if 0 < self.batch < hi - lo:  # a large chunk: handed out batch bytes at a time
+                hi = utf8_cut(chunk.data, lo + self.batch, lo)
+            data = chunk.data if lo == 0 and hi == len(chunk.data) else chunk.data[lo:hi]
+            self.pos = offset + hi
+            if self.batch > len(data) and self.pos < total and hi == len(chunk.data):
                 parts = [data]
                 size = len(data)
                 for nxt in h.following(i + 1):
@@ -805,4 +823,5 @@ __all__ = [
     "SpillRead",
     "Stream",
     "Subscription",
+    "utf8_cut",
 ]

@@ -153,8 +153,10 @@ class Tally:
 
 async def subscribe(url: str, job_id: str, tally: Tally, *, ticks: bool = False) -> None:
     from fleet_trio.logbus.tail import output_bytes
+    from fleet_trio.logbus.tail_client import RECEIVE_BUFFER
 
-    async with open_websocket_url(f"{url}/fleet/jobs/{job_id}/tail?from=start") as ws:
+    url = f"{url}/fleet/jobs/{job_id}/tail?from=start"
+    async with open_websocket_url(url, receive_buffer_size=RECEIVE_BUFFER) as ws:
         try:
             while True:
                 msg = json.loads(await ws.get_message())
@@ -187,18 +189,21 @@ async def subscribe(url: str, job_id: str, tally: Tally, *, ticks: bool = False)
         raise BrokenRun(f"job {job_id} failed: {tally.end}")
 
 
-async def through_node(node_url: str, nbytes: int, node_pid: int) -> tuple[float, float, Tally]:
-    """Seconds from the dispatch to the ``end``, and the CPU seconds the node (with its job)
+async def through_node(
+    node_url: str, nbytes: int, node_pid: int
+) -> tuple[float, tuple[float, float, float], Tally]:
+    """Seconds from the dispatch to the ``end``, and the CPU seconds the node process, its job
     and this client burnt meanwhile."""
     tally = Tally()
     async with httpx.AsyncClient(base_url=node_url, timeout=30) as client:
         await client.get("/fleet/health")  # open the connection outside the timing
         with trio.fail_after(RUN_TIMEOUT):
-            t0, c0, n0 = time.perf_counter(), time.process_time(), process_cpu(node_pid)
+            t0, c0, (n0, j0) = time.perf_counter(), time.process_time(), process_cpu(node_pid)
             job_id = await dispatch(client, "flood", {"bytes": nbytes})
             await subscribe(ws_base(node_url), job_id, tally)
             elapsed = time.perf_counter() - t0
-            cpu = time.process_time() - c0 + process_cpu(node_pid) - n0
+            n1, j1 = process_cpu(node_pid)
+            cpu = (n1 - n0, j1 - j0, time.process_time() - c0)
     # The job writes nbytes on stderr, then "{}" on stdout; a ``skipped`` may cover either.
     got = tally.received + tally.received_other + tally.skipped
     if got != nbytes + 2:
@@ -215,16 +220,17 @@ def children_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def process_cpu(pid: int) -> float:
-    """CPU seconds of process ``pid`` and its reaped children (the node and its jobs), from
+def process_cpu(pid: int) -> tuple[float, float]:
+    """CPU seconds of process ``pid`` (the node) and of its reaped children (its jobs), from
     ``/proc/PID/stat``; 0.0 where it cannot be read."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             fields = f.read().rsplit(")", 1)[1].split()
     except (OSError, IndexError):
-        return 0.0
-    ticks = sum(int(v) for v in fields[11:15])  # utime stime cutime cstime
-    return ticks / os.sysconf("SC_CLK_TCK")
+        return 0.0, 0.0
+    tick = os.sysconf("SC_CLK_TCK")
+    utime, stime, cutime, cstime = (int(v) for v in fields[11:15])
+    return (utime + stime) / tick, (cutime + cstime) / tick
 
 
 def through_pipe(nbytes: int) -> float:
@@ -288,6 +294,7 @@ def main(argv: list[str] | None = None) -> int:
             node_runs: list[float] = []
             pipe_cpu: list[float] = []
             node_cpu: list[float] = []
+            node_parts: list[tuple[float, float, float]] = []
             tally = Tally()
             for i in range(args.rounds):
                 if i % 2 == 0:
@@ -296,7 +303,8 @@ def main(argv: list[str] | None = None) -> int:
                     pipe_cpu.append(children_cpu() - c0)
                 node_s, cpu, tally = trio.run(through_node, node_url, args.bytes, proc.pid)
                 node_runs.append(node_s)
-                node_cpu.append(cpu)
+                node_cpu.append(sum(cpu))
+                node_parts.append(cpu)
                 if i % 2 == 1:
                     c0 = children_cpu()
                     pipe_runs.append(through_pipe(args.bytes))
@@ -312,10 +320,11 @@ def main(argv: list[str] | None = None) -> int:
             if tally.first is not None and tally.last > tally.first:
                 rate = tally.received / 1e6 / (tally.last - tally.first)
                 print(f"  subscriber received   {rate:9.1f} MB/s   (first → last output frame)")
+            parts = [statistics.median(p[k] for p in node_parts) for k in range(3)]
             print(
                 f"  CPU seconds per run   pipe {statistics.median(pipe_cpu):.2f}   node "
-                f"{statistics.median(node_cpu):.2f}   (medians; node: node process, its job and "
-                "the client)"
+                f"{statistics.median(node_cpu):.2f}   (medians; node: node process "
+                f"{parts[0]:.2f}, its job {parts[1]:.2f}, the client {parts[2]:.2f})"
             )
             ratios = [p / n for p, n in zip(pipe_runs, node_runs, strict=True)]
             ratio = statistics.median(ratios)
