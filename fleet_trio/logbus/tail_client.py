@@ -172,11 +172,11 @@ def _translate(exc: BaseException) -> BaseException:
 
 __all__ = [
     "LOST",
+    "RECEIVE_BUFFER",
     "ConnectTimeout",
     "ConnectionClosed",
     "HandshakeError",
     "OnMessage",
-    "RECEIVE_BUFFER",
     "TailLinkError",
     "connection_problem",
     "follow",

@@ -46,7 +46,15 @@ from typing import Any
 
 import httpx
 import trio
-from benchlib import BrokenRun, pct, serve_node_child, start_served, stop_served
+from benchlib import (
+    BrokenRun,
+    cpu_seconds,
+    describe,
+    pct,
+    serve_node_child,
+    start_served,
+    stop_served,
+)
 from trio_websocket import ConnectionClosed, open_websocket_url
 
 THROUGHPUT_TARGET = 0.7
@@ -198,11 +206,11 @@ async def through_node(
     async with httpx.AsyncClient(base_url=node_url, timeout=30) as client:
         await client.get("/fleet/health")  # open the connection outside the timing
         with trio.fail_after(RUN_TIMEOUT):
-            t0, c0, (n0, j0) = time.perf_counter(), time.process_time(), process_cpu(node_pid)
+            t0, c0, (n0, j0) = time.perf_counter(), time.process_time(), cpu_seconds(node_pid)
             job_id = await dispatch(client, "flood", {"bytes": nbytes})
             await subscribe(ws_base(node_url), job_id, tally)
             elapsed = time.perf_counter() - t0
-            n1, j1 = process_cpu(node_pid)
+            n1, j1 = cpu_seconds(node_pid)
             cpu = (n1 - n0, j1 - j0, time.process_time() - c0)
     # The job writes nbytes on stderr, then "{}" on stdout; a ``skipped`` may cover either.
     got = tally.received + tally.received_other + tally.skipped
@@ -218,19 +226,6 @@ def children_cpu() -> float:
     """CPU seconds of this process's reaped children (the pipe side's writer and ``cat``)."""
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     return usage.ru_utime + usage.ru_stime
-
-
-def process_cpu(pid: int) -> tuple[float, float]:
-    """CPU seconds of process ``pid`` (the node) and of its reaped children (its jobs), from
-    ``/proc/PID/stat``; 0.0 where it cannot be read."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return 0.0, 0.0
-    tick = os.sysconf("SC_CLK_TCK")
-    utime, stime, cutime, cstime = (int(v) for v in fields[11:15])
-    return (utime + stime) / tick, (cutime + cstime) / tick
 
 
 def through_pipe(nbytes: int) -> float:
@@ -260,12 +255,6 @@ async def latency(node_url: str, seconds: float) -> Tally:
     if len(tally.latencies) != expected:
         raise BrokenRun(f"ticks: {len(tally.latencies)} lines received, {expected} written")
     return tally
-
-
-def describe(exc: BaseException) -> str:
-    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
-        exc = exc.exceptions[0]
-    return f"{type(exc).__name__}: {exc}"
 
 
 def main(argv: list[str] | None = None) -> int:
