@@ -23,7 +23,10 @@ clock). Prints p50/p99 (target p99 ≤ 20 ms).
 The node runs in its **own process** (this script re-run with ``--serve``), as in
 ``scripts/bench/dispatch.py``. Only 127.0.0.1 is used.
 
-    .venv/bin/python scripts/bench/tail.py [--bytes 200000000] [--rounds 3] [--seconds 3]
+    .venv/bin/python scripts/bench/tail.py [--bytes 200000000] [--rounds 3] [--seconds 3] [--floor]
+
+``--floor`` adds a third run to each round: the same job with a subscriber of stdout only, to
+which the flood (on stderr) is never sent, i.e. the node's cost without the tail's frames.
 
 Exit status: 0 whether or not the targets are met; 1 when the run is broken (the node does
 not start, a dispatch is refused, a job fails, a message is malformed, bytes are lost).
@@ -159,11 +162,13 @@ class Tally:
         self.last = 0.0  # ... and of the last
 
 
-async def subscribe(url: str, job_id: str, tally: Tally, *, ticks: bool = False) -> None:
+async def subscribe(
+    url: str, job_id: str, tally: Tally, *, ticks: bool = False, streams: str = ""
+) -> None:
     from fleet_trio.logbus.tail import output_bytes
     from fleet_trio.logbus.tail_client import RECEIVE_BUFFER
 
-    url = f"{url}/fleet/jobs/{job_id}/tail?from=start"
+    url = f"{url}/fleet/jobs/{job_id}/tail?from=start" + (f"&streams={streams}" if streams else "")
     async with open_websocket_url(url, receive_buffer_size=RECEIVE_BUFFER) as ws:
         try:
             while True:
@@ -198,20 +203,26 @@ async def subscribe(url: str, job_id: str, tally: Tally, *, ticks: bool = False)
 
 
 async def through_node(
-    node_url: str, nbytes: int, node_pid: int
+    node_url: str, nbytes: int, node_pid: int, floor: bool = False
 ) -> tuple[float, tuple[float, float, float], Tally]:
     """Seconds from the dispatch to the ``end``, and the CPU seconds the node process, its job
-    and this client burnt meanwhile."""
+    and this client burnt meanwhile. ``floor``: the subscriber asks for stdout only, so the
+    flood (on stderr) is never sent: the node's cost without the tail's frames."""
     tally = Tally()
     async with httpx.AsyncClient(base_url=node_url, timeout=30) as client:
         await client.get("/fleet/health")  # open the connection outside the timing
         with trio.fail_after(RUN_TIMEOUT):
             t0, c0, (n0, j0) = time.perf_counter(), time.process_time(), cpu_seconds(node_pid)
             job_id = await dispatch(client, "flood", {"bytes": nbytes})
-            await subscribe(ws_base(node_url), job_id, tally)
+            await subscribe(ws_base(node_url), job_id, tally, streams="stdout" if floor else "")
             elapsed = time.perf_counter() - t0
             n1, j1 = cpu_seconds(node_pid)
             cpu = (n1 - n0, j1 - j0, time.process_time() - c0)
+    if floor:
+        assert tally.end is not None
+        if tally.received or tally.end["offset"] != nbytes + 2:
+            raise BrokenRun(f"flood (stdout only): {tally.received} bytes of stderr, {tally.end}")
+        return elapsed, cpu, tally
     # The job writes nbytes on stderr, then "{}" on stdout; a ``skipped`` may cover either.
     got = tally.received + tally.received_other + tally.skipped
     if got != nbytes + 2:
@@ -262,6 +273,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bytes", type=int, default=200_000_000, help="part 1 (200000000)")
     parser.add_argument("--rounds", type=int, default=3, help="part 1's rounds per side (3)")
     parser.add_argument("--seconds", type=float, default=3.0, help="part 2's duration (3)")
+    parser.add_argument(
+        "--floor",
+        action="store_true",
+        help="part 1 also times the node with a subscriber of stdout only, to which the flood "
+        "(on stderr) is never sent: the node's cost without the tail's frames",
+    )
     parser.add_argument("--serve", metavar="STATE", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.serve:
@@ -284,6 +301,8 @@ def main(argv: list[str] | None = None) -> int:
             pipe_cpu: list[float] = []
             node_cpu: list[float] = []
             node_parts: list[tuple[float, float, float]] = []
+            floor_runs: list[float] = []
+            floor_cpu: list[float] = []
             tally = Tally()
             for i in range(args.rounds):
                 if i % 2 == 0:
@@ -294,6 +313,10 @@ def main(argv: list[str] | None = None) -> int:
                 node_runs.append(node_s)
                 node_cpu.append(sum(cpu))
                 node_parts.append(cpu)
+                if args.floor:
+                    floor_s, cpu, _ = trio.run(through_node, node_url, args.bytes, proc.pid, True)
+                    floor_runs.append(floor_s)
+                    floor_cpu.append(sum(cpu))
                 if i % 2 == 1:
                     c0 = children_cpu()
                     pipe_runs.append(through_pipe(args.bytes))
@@ -323,6 +346,14 @@ def main(argv: list[str] | None = None) -> int:
                 f"  ratio node/pipe {ratio:.2f}   (median of {args.rounds} interleaved rounds: "
                 f"{shown}; target >= {THROUGHPUT_TARGET}: {verdict})"
             )
+            if floor_runs:
+                ratios = [p / n for p, n in zip(pipe_runs, floor_runs, strict=True)]
+                shown = " ".join(f"{r:.2f}" for r in ratios)
+                print(
+                    f"  floor: node, subscriber of stdout only (no frames of the flood): ratio "
+                    f"{statistics.median(ratios):.2f} ({shown}), CPU seconds "
+                    f"{statistics.median(floor_cpu):.2f}"
+                )
 
             print(
                 f"latency: one line every {LINE_INTERVAL * 1000:g} ms for {args.seconds:g} s, "
