@@ -31,7 +31,7 @@ import contextlib
 import itertools
 import time
 from collections.abc import Callable, Iterator, Mapping
-from types import MappingProxyType, TracebackType
+from types import MappingProxyType
 from typing import Literal, TypeAlias
 
 import attrs
@@ -45,6 +45,8 @@ Stream: TypeAlias = Literal["stdout", "stderr"]
 STREAMS: frozenset[Stream] = frozenset({"stdout", "stderr"})
 SPILL_READ_MAX = 1 << 16
 """The largest ``Output`` served from a spill file (bytes)."""
+MAX_LAG = 1 << 20
+"""A reader's default ``max_lag`` (bytes): a tail more than 1 MiB behind is skipped ahead."""
 
 
 @attrs.frozen
@@ -237,7 +239,7 @@ class Cursor:
         start: Literal["start", "now"] | int = "start",
         *,
         streams: frozenset[Stream] = STREAMS,
-        max_lag: int = 1 << 20,
+        max_lag: int = MAX_LAG,
         batch: int = 0,
         hold: bool = False,
     ) -> None:
@@ -494,12 +496,13 @@ class JobLog:
         start: Literal["start", "now"] | int = "start",
         *,
         streams: frozenset[Stream] = STREAMS,
-        max_lag: int = 1 << 20,
+        max_lag: int = MAX_LAG,
         batch: int = 0,
         hold: bool = False,
     ) -> Subscription:
-        """Read this log from ``start`` (``"start"``, ``"now"`` or an offset; see Cursor for
-        ``max_lag``, ``batch`` and ``hold``)."""
+        """Read this log from ``start`` (``"start"``, ``"now"`` or an offset) through a
+        :class:`Cursor` made with the same arguments (see it for ``max_lag``, ``batch`` and
+        ``hold``)."""
         for s in streams:
             _check_stream(s)
         cursor = Cursor(
@@ -589,11 +592,11 @@ class JobLog:
         return Output(stream, req.offset, data, t)
 
 
-class Subscription:
+class Subscription(trio.abc.AsyncResource):
     """An async iterator of :data:`Event` over one :class:`JobLog`; ends right after ``End``.
 
-    Also an async context manager (``aclose`` on exit). Not for concurrent ``__anext__``
-    calls from several tasks (``trio.BusyResourceError``).
+    Also an async context manager (``aclose`` on exit, as every ``trio.abc.AsyncResource``).
+    Not for concurrent ``__anext__`` calls from several tasks (``trio.BusyResourceError``).
     """
 
     def __init__(self, log: JobLog, cursor: Cursor) -> None:
@@ -680,17 +683,6 @@ class Subscription:
         if self._busy:
             self._log._wake()
         await trio.lowlevel.checkpoint()
-
-    async def __aenter__(self) -> Subscription:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
 
 class LogBus:
@@ -809,6 +801,7 @@ def _check_stream(stream: str) -> None:
 
 
 __all__ = [
+    "MAX_LAG",
     "STREAMS",
     "BusStats",
     "Cursor",
