@@ -156,6 +156,7 @@ class Tally:
         self.received = 0  # stderr bytes
         self.received_other = 0  # bytes of the other stream (the writer's final "{}")
         self.skipped = 0
+        self.frames = {"output": 0, "skipped": 0}  # frames of each kind
         self.end: dict[str, Any] | None = None
         self.latencies: list[float] = []
         self.first: float | None = None  # perf_counter of the first output received
@@ -174,6 +175,8 @@ async def subscribe(
             while True:
                 msg = json.loads(await ws.get_message())
                 kind = msg.get("type")
+                if kind in tally.frames:
+                    tally.frames[kind] += 1
                 if kind == "output":
                     if ticks:
                         now = time.time()
@@ -327,7 +330,8 @@ def main(argv: list[str] | None = None) -> int:
             print(
                 f"  node + ws subscriber  {mb / node_s:9.1f} MB/s   (median {node_s:.2f} s, "
                 f"dispatch → end; last round received {tally.received / 1e6:g} MB, "
-                f"skipped {tally.skipped / 1e6:g} MB)"
+                f"skipped {tally.skipped / 1e6:g} MB in {tally.frames['output']} output and "
+                f"{tally.frames['skipped']} skipped frames)"
             )
             if tally.first is not None and tally.last > tally.first:
                 rate = tally.received / 1e6 / (tally.last - tally.first)
