@@ -329,9 +329,14 @@ def decode_message(msg: Mapping[str, Any]) -> TailEvent:
 
 
 def loads(text: str | bytes) -> TailEvent:
-    """Decode the text of one frame."""
+    """Decode the text of one frame.
+
+    A message is one flat object, so its nesting is left to the decoder's own recursion
+    bound (a deep document is refused all the same) rather than to ``loads_json``'s
+    character-by-character depth scan, which a frame of JSON log lines (more brackets in its
+    ``data`` than the depth limit) would run over all of its text: ten times the decoding."""
     try:
-        msg = loads_json(text)  # bounded depth, finite numbers only
+        msg = loads_json(text, max_depth=len(text))  # finite numbers only
     except InputError as exc:
         raise TailProtocolError(f"not a valid message: {exc}") from None
     if not isinstance(msg, dict):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import json
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -13,6 +14,7 @@ from fleet_trio.logbus.bus import End, Output, Skipped, utf8_cut
 from fleet_trio.logbus.tail import (
     MAX_FRAME_DATA,
     TailError,
+    TailProtocolError,
     dumps,
     encode_event,
     encode_output,
@@ -125,3 +127,15 @@ def test_event_texts_is_lazy() -> None:
 def test_event_texts_of_the_other_events() -> None:
     for event in (Skipped(3, 10), End("done", 0, "", 13), TailError("unknown job")):
         assert list(event_texts(event)) == [dumps(m) for m in encode_event(event)]
+
+
+def test_loads_a_frame_of_json_log_lines_and_refuses_a_deep_one() -> None:
+    data = b'{"step": 1, "tags": [["a"], {"b": [1]}]}\n' * 500  # 3,500 brackets, in a string
+    event = loads(output_text("stdout", 0, data, 1.0))
+    assert isinstance(event, Output) and event.data == data
+    for deep in (
+        '{"type":"skipped","offset":1,"bytes":2,"x":' + "[" * 100_000 + "]" * 100_000 + "}",
+        "[" * 100_000,
+    ):
+        with pytest.raises(TailProtocolError):
+            loads(deep)
