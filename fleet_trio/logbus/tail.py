@@ -216,9 +216,9 @@ occurs inside a multi-byte character, so escaping the raw bytes is escaping the 
 
 def output_text(stream: str, offset: int, data: bytes, t: float) -> str:
     """The text of one ``output`` frame: exactly ``dumps(encode_output(...))``, built without
-    the JSON encoder for text that is valid UTF-8 (its string escaping is one Python-level step
-    per character; here each escape is one C-level ``replace`` over the chunk, done only for
-    the escapes the chunk holds)."""
+    the JSON encoder for text that is valid UTF-8 (its string escaping looks at and copies one
+    character at a time, about 200 MB/s; here each escape is one ``replace`` over the chunk's
+    bytes, done only for the escapes the chunk holds)."""
     body = data
     for raw, escaped in _JSON_ESCAPES:
         if raw in body:
