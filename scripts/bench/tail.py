@@ -8,10 +8,12 @@ The two sides run interleaved, ``--rounds`` times each (default 3; the order ins
 round alternates, pipe first then node first), so that load on a shared machine hits both
 alike; a lone pipe run followed by a lone node run measured the load, not the tail. Prints
 both median MB/s, each round's ratio and the median ratio node/pipe (target ≥ 0.7), and how
-many bytes the subscriber got vs. were ``skipped`` (the bus never slows a job down for a
-slow subscriber: a subscriber more than 1 MiB behind skips). Also the CPU seconds each side
-burns (pipe: the writer and ``cat``; node: the node process with its reaped job, plus this
-process's websocket client): on a loaded machine the wall-clock ratio mostly follows them.
+many bytes the subscriber got vs. were ``skipped``, in how many frames of each kind (the bus
+never slows a job down for a slow subscriber: a subscriber more than 1 MiB behind skips).
+Also the CPU seconds each side burns (pipe: the writer and ``cat``; node: the node process,
+its reaped job and this process's websocket client, each shown): on a loaded machine the
+wall-clock ratio mostly follows them. The subscriber reads as ``fleet-trio tail`` does
+(64 KiB per socket read) and decodes every frame.
 
 Text, not ``/dev/zero``: NUL bytes are valid UTF-8 but each one is sent as the 6-character
 JSON escape ``\\u0000``, which would measure JSON escaping rather than the tail.
