@@ -34,7 +34,7 @@ import contextlib
 import itertools
 import time
 from collections.abc import Callable, Iterator, Mapping
-from types import MappingProxyType, TracebackType
+from types import MappingProxyType
 from typing import Literal, TypeAlias
 
 import attrs
@@ -48,6 +48,8 @@ Stream: TypeAlias = Literal["stdout", "stderr"]
 STREAMS: frozenset[Stream] = frozenset({"stdout", "stderr"})
 SPILL_READ_MAX = 1 << 16
 """The largest ``Output`` served from a spill file (bytes)."""
+MAX_LAG = 1 << 20
+"""A reader's default ``max_lag`` (bytes): a tail more than 1 MiB behind is skipped ahead."""
 
 
 @attrs.frozen
@@ -118,6 +120,16 @@ class _Chunk:
     stream: Stream
     data: bytes
     t: float
+
+
+def utf8_cut(data: bytes, cut: int, floor: int) -> int:
+    """``cut``, moved back (by at most 3 bytes, never to ``floor`` or below) off UTF-8
+    continuation bytes, so that a piece ending there does not split a character; ``cut``
+    unchanged when no character start is that close (the bytes are not UTF-8 anyway)."""
+    for back in range(min(3, cut - floor - 1) + 1):
+        if data[cut - back] & 0xC0 != 0x80:
+            return cut - back
+    return cut
 
 
 class History:
@@ -230,7 +242,7 @@ class Cursor:
         start: Literal["start", "now"] | int = "start",
         *,
         streams: frozenset[Stream] = STREAMS,
-        max_lag: int = 1 << 20,
+        max_lag: int = MAX_LAG,
         batch: int = 0,
         hold: bool = False,
     ) -> None:
@@ -238,8 +250,12 @@ class Cursor:
             raise ValueError("max_lag must be >= 0")
         self.history = history
         self.batch = batch
-        """Join following chunks of the same stream into one ``Output`` up to this many bytes
-        (0: one chunk per ``Output``). Fewer, larger events for a reader that is behind."""
+        """Join following chunks of the same stream into one ``Output`` up to this many bytes,
+        and hand out a larger chunk in pieces of at most this many (cut at a UTF-8 character
+        boundary where :func:`utf8_cut` finds one); 0: one chunk per ``Output``. Fewer, larger
+        events for a reader that is behind, never larger than it asked for (a reader that is
+        behind is checked against ``max_lag`` between pieces, and no slice of a large chunk
+        is copied beyond what is handed out)."""
         self.base = history.total
         if start == "start":
             self.pos = 0
@@ -306,12 +322,16 @@ class Cursor:
                 return None
             i = h.index_at(self.pos)
             offset, chunk = h.item(i)
-            data = chunk.data if offset == self.pos else chunk.data[self.pos - offset :]
             start = self.pos
-            self.pos = offset + len(chunk.data)
             if chunk.stream not in self.streams:
+                self.pos = offset + len(chunk.data)
                 continue
-            if self.batch > len(data) and self.pos < total:
+            lo, hi = start - offset, len(chunk.data)
+            if 0 < self.batch < hi - lo:  # a large chunk: handed out batch bytes at a time
+                hi = utf8_cut(chunk.data, lo + self.batch, lo)
+            data = chunk.data if lo == 0 and hi == len(chunk.data) else chunk.data[lo:hi]
+            self.pos = offset + hi
+            if self.batch > len(data) and self.pos < total and hi == len(chunk.data):
                 parts = [data]
                 size = len(data)
                 for nxt in h.following(i + 1):
@@ -479,12 +499,13 @@ class JobLog:
         start: Literal["start", "now"] | int = "start",
         *,
         streams: frozenset[Stream] = STREAMS,
-        max_lag: int = 1 << 20,
+        max_lag: int = MAX_LAG,
         batch: int = 0,
         hold: bool = False,
     ) -> Subscription:
-        """Read this log from ``start`` (``"start"``, ``"now"`` or an offset; see Cursor for
-        ``max_lag``, ``batch`` and ``hold``)."""
+        """Read this log from ``start`` (``"start"``, ``"now"`` or an offset) through a
+        :class:`Cursor` made with the same arguments (see it for ``max_lag``, ``batch`` and
+        ``hold``)."""
         for s in streams:
             _check_stream(s)
         cursor = Cursor(
@@ -574,11 +595,11 @@ class JobLog:
         return Output(stream, req.offset, data, t)
 
 
-class Subscription:
+class Subscription(trio.abc.AsyncResource):
     """An async iterator of :data:`Event` over one :class:`JobLog`; ends right after ``End``.
 
-    Also an async context manager (``aclose`` on exit). Not for concurrent ``__anext__``
-    calls from several tasks (``trio.BusyResourceError``).
+    Also an async context manager (``aclose`` on exit, as every ``trio.abc.AsyncResource``).
+    Not for concurrent ``__anext__`` calls from several tasks (``trio.BusyResourceError``).
     """
 
     def __init__(self, log: JobLog, cursor: Cursor) -> None:
@@ -665,17 +686,6 @@ class Subscription:
         if self._busy:
             self._log._wake()
         await trio.lowlevel.checkpoint()
-
-    async def __aenter__(self) -> Subscription:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
 
 class LogBus:
@@ -794,6 +804,7 @@ def _check_stream(stream: str) -> None:
 
 
 __all__ = [
+    "MAX_LAG",
     "STREAMS",
     "BusStats",
     "Cursor",
@@ -808,4 +819,5 @@ __all__ = [
     "SpillRead",
     "Stream",
     "Subscription",
+    "utf8_cut",
 ]

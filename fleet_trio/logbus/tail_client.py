@@ -50,6 +50,10 @@ LOST: tuple[type[BaseException], ...] = (
 )
 """What :func:`follow` raises when the connection could not be opened or was lost."""
 
+RECEIVE_BUFFER = 64 << 10
+"""Bytes one socket read asks for (trio-websocket's default is 4 KiB: a 64 KiB frame took 16
+trips through its reader loop and the websocket parser, each with a scheduler turn)."""
+
 OnMessage = Callable[[str | bytes], Awaitable[int | None]]
 
 
@@ -83,7 +87,11 @@ async def follow(
             try:
                 with trio.fail_after(connect_timeout):
                     ws = await connect_websocket_url(
-                        nursery, url, extra_headers=headers, max_message_size=max_message_size
+                        nursery,
+                        url,
+                        extra_headers=headers,
+                        max_message_size=max_message_size,
+                        receive_buffer_size=RECEIVE_BUFFER,
                     )
             except trio.TooSlowError:
                 raise ConnectTimeout(f"no answer within {connect_timeout:g}s") from None
@@ -164,6 +172,7 @@ def _translate(exc: BaseException) -> BaseException:
 
 __all__ = [
     "LOST",
+    "RECEIVE_BUFFER",
     "ConnectTimeout",
     "ConnectionClosed",
     "HandshakeError",

@@ -68,8 +68,8 @@ async def stream_tail(bus: LogBus, job_id: str) -> None:
     to a client that stopped reading is cut by the server (the client is dropped)."""
     await websocket.accept()
 
-    async def send_json(msg: dict[str, Any]) -> None:
-        await websocket.send(tail_dumps(msg))
+    async def send_text(text: str) -> None:
+        await websocket.send(text)
 
     async def discard_incoming() -> None:
         # The client has nothing to say; reading keeps quart's inbound queue from filling.
@@ -82,11 +82,11 @@ async def stream_tail(bus: LogBus, job_id: str) -> None:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(discard_incoming)
             try:
-                code = await serve_tail(bus, job_id, send_json, websocket.args)
+                code = await serve_tail(bus, job_id, send_text, websocket.args)
             except Exception:
                 log.exception("tail of job %s failed", job_id)
                 with trio.move_on_after(1):
-                    await send_json(error_message("internal error"))
+                    await send_text(tail_dumps(error_message("internal error")))
             nursery.cancel_scope.cancel()
         with trio.move_on_after(5):
             await websocket.close(code)

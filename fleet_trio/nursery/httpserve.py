@@ -140,6 +140,10 @@ class BoundedConnection(TCPServer):
                     await self.stream.send_all(event.data)
                 except (trio.BrokenResourceError, trio.ClosedResourceError):
                     broken = True
+                except trio.BusyResourceError:
+                    # hypercorn's close (send_eof) writes outside the send lock: the
+                    # connection is going (a tail's close frame racing the client's)
+                    broken = True
                 finally:
                     self.send_scope = None
             if sc.cancelled_caught:

@@ -71,7 +71,6 @@ import os
 import struct
 import subprocess
 import termios
-from types import TracebackType
 
 import trio
 
@@ -191,8 +190,9 @@ async def _spawn(
     return proc, master
 
 
-class PtySession:
-    """One process tree on a pseudo-terminal (§8.3). Built by :func:`start_pty`."""
+class PtySession(trio.abc.AsyncResource):
+    """One process tree on a pseudo-terminal (§8.3). Built by :func:`start_pty`; an async
+    context manager that closes it (:meth:`close`) on exit."""
 
     def __init__(
         self,
@@ -326,16 +326,7 @@ class PtySession:
                 with trio.move_on_after(CLOSE_TIMEOUT, shield=True):
                     await self._master.aclose()
 
-    async def __aenter__(self) -> PtySession:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
+    aclose = close  # trio.abc.AsyncResource: ``async with`` a session closes it
 
 
 __all__ = ["DEFAULT_COLS", "DEFAULT_ROWS", "PtySession", "PtyStartError", "start_pty"]

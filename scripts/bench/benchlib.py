@@ -1,7 +1,8 @@
 """What the benchmarks that serve from a child process share: starting the child (this same
 script re-run with ``--serve …``) and waiting for the URL it writes, the node such a child
-serves, stopping it, and the nearest-rank quantile. Imported by the scripts beside it (their
-folder is on ``sys.path`` when they run)."""
+serves, stopping it, the nearest-rank quantile, a process's CPU seconds from ``/proc``, and
+the one line a broken run prints. Imported by the scripts beside it (their folder is on
+``sys.path`` when they run)."""
 
 from __future__ import annotations
 
@@ -74,3 +75,25 @@ def pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
     rank = max(1, min(len(ordered), round(q * len(ordered) + 0.5)))
     return ordered[rank - 1]
+
+
+def cpu_seconds(pid: int) -> tuple[float, float]:
+    """(own user+sys, reaped children's user+sys) of process ``pid`` in seconds, from
+    ``/proc/PID/stat``; ``(0.0, 0.0)`` where it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        # fields[0] is field 3 (state): utime is field 14, index 11
+        utime, stime, cutime, cstime = (int(v) for v in fields[11:15])
+    except (OSError, IndexError, ValueError):
+        return 0.0, 0.0
+    tick = os.sysconf("SC_CLK_TCK")
+    return (utime + stime) / tick, (cutime + cstime) / tick
+
+
+def describe(exc: BaseException) -> str:
+    """One line for a broken run: the first leaf of an exception group (nurseries wrap what
+    their tasks raise), with its type."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    return f"{type(exc).__name__}: {exc}"

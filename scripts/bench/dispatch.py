@@ -64,7 +64,7 @@ from typing import Any
 
 import httpx
 import trio
-from benchlib import BrokenRun, pct, serve_node_child, start_served, stop_served
+from benchlib import BrokenRun, describe, pct, serve_node_child, start_served, stop_served
 
 ACK_TARGET = 1.5
 JOURNAL_TARGET = 1.2
@@ -395,13 +395,6 @@ async def bench_health(
         raise BrokenRun(f"no footprint for the sampled jobs in health: {health}")
     print(f"  footprint in health: {json.dumps(prints[0])}  (512 MiB held x 1.2 margin)")
     return idle, busy
-
-
-def describe(exc: BaseException) -> str:
-    """The first leaf of an exception group (nurseries wrap what their tasks raise)."""
-    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
-        exc = exc.exceptions[0]
-    return f"{type(exc).__name__}: {exc}"
 
 
 def main(argv: list[str] | None = None) -> int:

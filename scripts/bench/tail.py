@@ -8,10 +8,12 @@ The two sides run interleaved, ``--rounds`` times each (default 3; the order ins
 round alternates, pipe first then node first), so that load on a shared machine hits both
 alike; a lone pipe run followed by a lone node run measured the load, not the tail. Prints
 both median MB/s, each round's ratio and the median ratio node/pipe (target ≥ 0.7), and how
-many bytes the subscriber got vs. were ``skipped`` (the bus never slows a job down for a
-slow subscriber: a subscriber more than 1 MiB behind skips). Also the CPU seconds each side
-burns (pipe: the writer and ``cat``; node: the node process with its reaped job, plus this
-process's websocket client): on a loaded machine the wall-clock ratio mostly follows them.
+many bytes the subscriber got vs. were ``skipped``, in how many frames of each kind (the bus
+never slows a job down for a slow subscriber: a subscriber more than 1 MiB behind skips).
+Also the CPU seconds each side burns (pipe: the writer and ``cat``; node: the node process,
+its reaped job and this process's websocket client, each shown): on a loaded machine the
+wall-clock ratio mostly follows them. The subscriber reads as ``fleet-trio tail`` does
+(64 KiB per socket read) and decodes every frame.
 
 Text, not ``/dev/zero``: NUL bytes are valid UTF-8 but each one is sent as the 6-character
 JSON escape ``\\u0000``, which would measure JSON escaping rather than the tail.
@@ -23,7 +25,10 @@ clock). Prints p50/p99 (target p99 ≤ 20 ms).
 The node runs in its **own process** (this script re-run with ``--serve``), as in
 ``scripts/bench/dispatch.py``. Only 127.0.0.1 is used.
 
-    .venv/bin/python scripts/bench/tail.py [--bytes 200000000] [--rounds 3] [--seconds 3]
+    .venv/bin/python scripts/bench/tail.py [--bytes 200000000] [--rounds 3] [--seconds 3] [--floor]
+
+``--floor`` adds a third run to each round: the same job with a subscriber of stdout only, to
+which the flood (on stderr) is never sent, i.e. the node's cost without the tail's frames.
 
 Exit status: 0 whether or not the targets are met; 1 when the run is broken (the node does
 not start, a dispatch is refused, a job fails, a message is malformed, bytes are lost).
@@ -46,7 +51,15 @@ from typing import Any
 
 import httpx
 import trio
-from benchlib import BrokenRun, pct, serve_node_child, start_served, stop_served
+from benchlib import (
+    BrokenRun,
+    cpu_seconds,
+    describe,
+    pct,
+    serve_node_child,
+    start_served,
+    stop_served,
+)
 from trio_websocket import ConnectionClosed, open_websocket_url
 
 THROUGHPUT_TARGET = 0.7
@@ -145,20 +158,27 @@ class Tally:
         self.received = 0  # stderr bytes
         self.received_other = 0  # bytes of the other stream (the writer's final "{}")
         self.skipped = 0
+        self.frames = {"output": 0, "skipped": 0}  # frames of each kind
         self.end: dict[str, Any] | None = None
         self.latencies: list[float] = []
         self.first: float | None = None  # perf_counter of the first output received
         self.last = 0.0  # ... and of the last
 
 
-async def subscribe(url: str, job_id: str, tally: Tally, *, ticks: bool = False) -> None:
+async def subscribe(
+    url: str, job_id: str, tally: Tally, *, ticks: bool = False, streams: str = ""
+) -> None:
     from fleet_trio.logbus.tail import output_bytes
+    from fleet_trio.logbus.tail_client import RECEIVE_BUFFER
 
-    async with open_websocket_url(f"{url}/fleet/jobs/{job_id}/tail?from=start") as ws:
+    url = f"{url}/fleet/jobs/{job_id}/tail?from=start" + (f"&streams={streams}" if streams else "")
+    async with open_websocket_url(url, receive_buffer_size=RECEIVE_BUFFER) as ws:
         try:
             while True:
                 msg = json.loads(await ws.get_message())
                 kind = msg.get("type")
+                if kind in tally.frames:
+                    tally.frames[kind] += 1
                 if kind == "output":
                     if ticks:
                         now = time.time()
@@ -187,18 +207,27 @@ async def subscribe(url: str, job_id: str, tally: Tally, *, ticks: bool = False)
         raise BrokenRun(f"job {job_id} failed: {tally.end}")
 
 
-async def through_node(node_url: str, nbytes: int, node_pid: int) -> tuple[float, float, Tally]:
-    """Seconds from the dispatch to the ``end``, and the CPU seconds the node (with its job)
-    and this client burnt meanwhile."""
+async def through_node(
+    node_url: str, nbytes: int, node_pid: int, floor: bool = False
+) -> tuple[float, tuple[float, float, float], Tally]:
+    """Seconds from the dispatch to the ``end``, and the CPU seconds the node process, its job
+    and this client burnt meanwhile. ``floor``: the subscriber asks for stdout only, so the
+    flood (on stderr) is never sent: the node's cost without the tail's frames."""
     tally = Tally()
     async with httpx.AsyncClient(base_url=node_url, timeout=30) as client:
         await client.get("/fleet/health")  # open the connection outside the timing
         with trio.fail_after(RUN_TIMEOUT):
-            t0, c0, n0 = time.perf_counter(), time.process_time(), process_cpu(node_pid)
+            t0, c0, (n0, j0) = time.perf_counter(), time.process_time(), cpu_seconds(node_pid)
             job_id = await dispatch(client, "flood", {"bytes": nbytes})
-            await subscribe(ws_base(node_url), job_id, tally)
+            await subscribe(ws_base(node_url), job_id, tally, streams="stdout" if floor else "")
             elapsed = time.perf_counter() - t0
-            cpu = time.process_time() - c0 + process_cpu(node_pid) - n0
+            n1, j1 = cpu_seconds(node_pid)
+            cpu = (n1 - n0, j1 - j0, time.process_time() - c0)
+    if floor:
+        assert tally.end is not None
+        if tally.received or tally.end["offset"] != nbytes + 2:
+            raise BrokenRun(f"flood (stdout only): {tally.received} bytes of stderr, {tally.end}")
+        return elapsed, cpu, tally
     # The job writes nbytes on stderr, then "{}" on stdout; a ``skipped`` may cover either.
     got = tally.received + tally.received_other + tally.skipped
     if got != nbytes + 2:
@@ -213,18 +242,6 @@ def children_cpu() -> float:
     """CPU seconds of this process's reaped children (the pipe side's writer and ``cat``)."""
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     return usage.ru_utime + usage.ru_stime
-
-
-def process_cpu(pid: int) -> float:
-    """CPU seconds of process ``pid`` and its reaped children (the node and its jobs), from
-    ``/proc/PID/stat``; 0.0 where it cannot be read."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return 0.0
-    ticks = sum(int(v) for v in fields[11:15])  # utime stime cutime cstime
-    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def through_pipe(nbytes: int) -> float:
@@ -256,17 +273,17 @@ async def latency(node_url: str, seconds: float) -> Tally:
     return tally
 
 
-def describe(exc: BaseException) -> str:
-    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
-        exc = exc.exceptions[0]
-    return f"{type(exc).__name__}: {exc}"
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--bytes", type=int, default=200_000_000, help="part 1 (200000000)")
     parser.add_argument("--rounds", type=int, default=3, help="part 1's rounds per side (3)")
     parser.add_argument("--seconds", type=float, default=3.0, help="part 2's duration (3)")
+    parser.add_argument(
+        "--floor",
+        action="store_true",
+        help="part 1 also times the node with a subscriber of stdout only, to which the flood "
+        "(on stderr) is never sent: the node's cost without the tail's frames",
+    )
     parser.add_argument("--serve", metavar="STATE", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.serve:
@@ -288,6 +305,9 @@ def main(argv: list[str] | None = None) -> int:
             node_runs: list[float] = []
             pipe_cpu: list[float] = []
             node_cpu: list[float] = []
+            node_parts: list[tuple[float, float, float]] = []
+            floor_runs: list[float] = []
+            floor_cpu: list[float] = []
             tally = Tally()
             for i in range(args.rounds):
                 if i % 2 == 0:
@@ -296,7 +316,12 @@ def main(argv: list[str] | None = None) -> int:
                     pipe_cpu.append(children_cpu() - c0)
                 node_s, cpu, tally = trio.run(through_node, node_url, args.bytes, proc.pid)
                 node_runs.append(node_s)
-                node_cpu.append(cpu)
+                node_cpu.append(sum(cpu))
+                node_parts.append(cpu)
+                if args.floor:
+                    floor_s, cpu, _ = trio.run(through_node, node_url, args.bytes, proc.pid, True)
+                    floor_runs.append(floor_s)
+                    floor_cpu.append(sum(cpu))
                 if i % 2 == 1:
                     c0 = children_cpu()
                     pipe_runs.append(through_pipe(args.bytes))
@@ -307,15 +332,17 @@ def main(argv: list[str] | None = None) -> int:
             print(
                 f"  node + ws subscriber  {mb / node_s:9.1f} MB/s   (median {node_s:.2f} s, "
                 f"dispatch → end; last round received {tally.received / 1e6:g} MB, "
-                f"skipped {tally.skipped / 1e6:g} MB)"
+                f"skipped {tally.skipped / 1e6:g} MB in {tally.frames['output']} output and "
+                f"{tally.frames['skipped']} skipped frames)"
             )
             if tally.first is not None and tally.last > tally.first:
                 rate = tally.received / 1e6 / (tally.last - tally.first)
                 print(f"  subscriber received   {rate:9.1f} MB/s   (first → last output frame)")
+            parts = [statistics.median(p[k] for p in node_parts) for k in range(3)]
             print(
                 f"  CPU seconds per run   pipe {statistics.median(pipe_cpu):.2f}   node "
-                f"{statistics.median(node_cpu):.2f}   (medians; node: node process, its job and "
-                "the client)"
+                f"{statistics.median(node_cpu):.2f}   (medians; node: node process "
+                f"{parts[0]:.2f}, its job {parts[1]:.2f}, the client {parts[2]:.2f})"
             )
             ratios = [p / n for p, n in zip(pipe_runs, node_runs, strict=True)]
             ratio = statistics.median(ratios)
@@ -325,6 +352,14 @@ def main(argv: list[str] | None = None) -> int:
                 f"  ratio node/pipe {ratio:.2f}   (median of {args.rounds} interleaved rounds: "
                 f"{shown}; target >= {THROUGHPUT_TARGET}: {verdict})"
             )
+            if floor_runs:
+                ratios = [p / n for p, n in zip(pipe_runs, floor_runs, strict=True)]
+                shown = " ".join(f"{r:.2f}" for r in ratios)
+                print(
+                    f"  floor: node, subscriber of stdout only (no frames of the flood): ratio "
+                    f"{statistics.median(ratios):.2f} ({shown}), CPU seconds "
+                    f"{statistics.median(floor_cpu):.2f}"
+                )
 
             print(
                 f"latency: one line every {LINE_INTERVAL * 1000:g} ms for {args.seconds:g} s, "

@@ -248,6 +248,29 @@ async def test_lag_jump_mid_chunk() -> None:
     assert check_cover(rest, 12) == b"DDDDEEEE"
 
 
+async def test_batch_hands_out_a_large_chunk_in_pieces() -> None:
+    # A reader with a batch size never gets more than it asked for in one Output: a chunk
+    # larger than that comes in pieces (cut before a UTF-8 continuation byte), and the lag
+    # rule is applied between pieces, so a reader that is behind skips ahead sooner.
+    log = JobLog("pieces")
+    sub = log.subscribe(max_lag=100, batch=16)
+    text = ("ab€" * 20).encode()  # 100 bytes, a 3-byte character every 5
+    await log.write("stdout", text)
+    first = await sub.__anext__()
+    assert isinstance(first, Output) and first.offset == 0 and len(first.data) <= 16
+    first.data.decode("utf-8")  # a whole number of characters
+    await log.write("stdout", b"x" * 60)  # now more than max_lag behind
+    ev = await sub.__anext__()
+    assert ev == Skipped(len(first.data), 160 - 100 - len(first.data))
+    log.end("done", 0)
+    rest = [ev async for ev in sub]
+    pieces = [ev for ev in rest if isinstance(ev, Output)]
+    assert all(len(ev.data) <= 16 for ev in pieces)
+    assert check_cover(rest, 60) == (text + b"x" * 60)[60:]
+    for ev in pieces:  # offset 60 starts a character, and so does every cut after it
+        ev.data.decode("utf-8")
+
+
 async def test_lag_excludes_backlog_present_at_subscribe() -> None:
     log = JobLog("backlog")
     await log.write("stdout", b"a" * 100)

@@ -179,6 +179,7 @@ class HistoryMachine(RuleBasedStateMachine):
             else:
                 assert isinstance(ev, Output)
                 assert ev.data, "empty Output"
+                assert not cursor.batch or len(ev.data) <= cursor.batch, "larger than asked"
                 event("output mid-chunk" if ev.offset not in self._chunk_starts() else "output")
                 assert ev.stream in cursor.streams
                 assert bytes(self.data[ev.offset : ev.offset + len(ev.data)]) == ev.data

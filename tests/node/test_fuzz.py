@@ -30,7 +30,6 @@ from fleet_trio.logbus.tail import (
     parse_query,
     serve_tail,
 )
-from fleet_trio.logbus.tail import dumps as tail_dumps
 from fleet_trio.node.app import NodeContext, create_app
 from fleet_trio.node.config import config_from_mapping
 from fleet_trio.node.jobs import Done, Failed, JobStore, Outcome
@@ -281,12 +280,12 @@ async def test_fuzz_tail_server_loop(job_id: str, query: dict[str, str]) -> None
     log.end("done", 0)
     sent: list[dict[str, Any]] = []
 
-    async def send_json(msg: dict[str, Any]) -> None:
-        tail_dumps(msg).encode("utf-8")  # a frame the server can really send
-        sent.append(msg)
+    async def send_text(text: str) -> None:
+        text.encode("utf-8")  # a frame the server can really send
+        sent.append(json.loads(text))
 
     with trio.fail_after(5):
-        code = await serve_tail(bus, job_id, send_json, query)
+        code = await serve_tail(bus, job_id, send_text, query)
     assert code in (CLOSE_NORMAL, CLOSE_BAD_REQUEST, CLOSE_UNKNOWN_JOB)
     assert sent and sent[-1]["type"] in ("end", "error")
 

@@ -58,3 +58,52 @@ async def test_a_client_that_stops_reading_is_dropped_at_the_write_deadline() ->
             finally:
                 client.close()
             nursery.cancel_scope.cancel()
+
+
+class _BusyStream:
+    """A socket stream whose writer is hypercorn's close path: ``send_eof`` runs outside the
+    connection's send lock, so a frame written meanwhile finds the stream busy."""
+
+    def __init__(self) -> None:
+        self.closed = False
+
+    async def send_all(self, data: bytes) -> None:
+        await trio.lowlevel.checkpoint()
+        raise trio.BusyResourceError("another task is currently sending data on this SocketStream")
+
+    async def aclose(self) -> None:
+        self.closed = True
+        await trio.lowlevel.checkpoint()
+
+
+class _Protocol:
+    def __init__(self) -> None:
+        self.events: list[object] = []
+
+    async def handle(self, event: object) -> None:
+        self.events.append(event)
+        await trio.lowlevel.checkpoint()
+
+
+async def test_a_write_racing_the_close_is_a_closed_connection_not_an_error() -> None:
+    # The end of a tail: the client's close frame makes hypercorn close the connection
+    # (send_eof, outside the send lock) while the handler writes its own close frame. That
+    # write must end the connection quietly, as a broken one does, not raise out of the
+    # handler (which logged "Exception on websocket" with a traceback).
+    from hypercorn.events import Closed, RawData
+
+    from fleet_trio.nursery.httpserve import BoundedConnection
+
+    conn = BoundedConnection(
+        None,  # type: ignore[arg-type]
+        _config(),
+        None,  # type: ignore[arg-type]
+        None,  # type: ignore[arg-type]
+        _BusyStream(),
+        connections=Connections(write_timeout=5.0),
+    )
+    protocol = _Protocol()
+    conn.protocol = protocol  # type: ignore[assignment]
+    with trio.fail_after(5):
+        await conn.protocol_send(RawData(data=b"\x88\x02\x03\xe8"))
+    assert [type(e) for e in protocol.events] == [Closed]
