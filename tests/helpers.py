@@ -10,7 +10,7 @@
 * Watching a job's output for ``child:<pid>`` (:class:`PidWatcher`), stopping a job on it or
   after a while, checking a pid is gone (:func:`gone_within`).
 * The worker against the simulated controller: :func:`sim`, :func:`config`, :func:`running`,
-  :func:`until_terminal`, and the shrunk timings ``FAST`` / ``FAST_CLIENT``.
+  :func:`until_terminal`, :func:`succeeded`, and the shrunk timings ``FAST`` / ``FAST_CLIENT``.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import httpx
 import trio
@@ -415,6 +415,16 @@ async def until_terminal(ctrl: SimController, job_id: str, within: float = 10.0)
     """The job's statuses once the sim controller has a terminal one."""
     await ctrl.wait_for(lambda: any(s in TERMINAL for s in ctrl.statuses(job_id)), within)
     return ctrl.statuses(job_id)
+
+
+async def succeeded(
+    ctrl: SimController, device: str, command: Sequence[str] = ("true",), **kw: Any
+) -> str:
+    """Submit ``command`` on ``device`` (``kw`` as for ``submit``), assert the job ran and
+    succeeded; its id."""
+    job = ctrl.submit(device, command, **kw)
+    assert await until_terminal(ctrl, job) == ["running", "succeeded"]
+    return job
 
 
 class FakeHooks:
