@@ -283,9 +283,12 @@ def config(
     devices: Sequence[str | DeviceConfig] = ("gpu0", "gpu1"),
     *,
     manual_clear: bool = False,
+    **kw: Any,
 ) -> WorkerConfig:
     """``manual_clear``: no recovery proof, so two registrations compare equal even while other
-    test runs' jobs (carrying RC_JOB_ID) come and go on this machine."""
+    test runs' jobs (carrying RC_JOB_ID) come and go on this machine. ``kw``: further
+    ``WorkerConfig`` fields (given at construction, so that host-level defaults such as
+    ``hooks`` reach the devices)."""
     devs = tuple(d if isinstance(d, DeviceConfig) else DeviceConfig(name=d) for d in devices)
     return WorkerConfig(
         controller_url=url,
@@ -294,6 +297,7 @@ def config(
         devices=devs,
         sheet_dir="/nonexistent",
         require_manual_clear=manual_clear,
+        **kw,
     )
 
 

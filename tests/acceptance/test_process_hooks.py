@@ -31,6 +31,7 @@ from tests.helpers import (
     FAST,
     FAST_CLIENT,
     HOST,
+    config,
     dev,
     quiet_for,
     scenario_pause,
@@ -120,15 +121,11 @@ async def worker_on_sim(
     path in ``tmp_path`` that does not exist, i.e. verify off). Yields at once (before
     registration, see :meth:`WorkerRun.ready`); the worker is stopped at exit."""
     ctrl = ctrl if ctrl is not None else sim()
-    devs = tuple(d if isinstance(d, DeviceConfig) else DeviceConfig(name=d) for d in devices)
     async with trio.open_nursery() as nursery:
         url = await nursery.start(serve_controller, ctrl)
-        cfg = WorkerConfig(
-            controller_url=url,
-            token="wtok",
-            host=HOST,
-            devices=devs,
-            sheet_dir="/nonexistent",
+        cfg = config(
+            url,
+            devices,
             hooks=hooks if hooks is not None else HooksConfig(),
             verify_dir=str(verify_dir if verify_dir is not None else tmp_path / "no-verify.d"),
         )

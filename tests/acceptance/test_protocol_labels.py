@@ -25,10 +25,9 @@ import trio
 from fleet_trio.durations import SECOND
 from fleet_trio.sim import SimController, serve_controller
 from fleet_trio.worker import probes
-from fleet_trio.worker.config import DeviceConfig, WorkerConfig
 from fleet_trio.worker.probes import Prober
 from fleet_trio.worker.worker import Worker
-from tests.helpers import FAST, FAST_CLIENT, HOST, dev, scenario_pause, sim, start_worker
+from tests.helpers import FAST, FAST_CLIENT, config, dev, scenario_pause, sim, start_worker
 
 PROBE_LOGGER = "fleet_trio.worker.probes"
 PRESERVING = "preserving the last known detected labels of device"
@@ -91,13 +90,10 @@ async def labelled_worker(
     ctrl = sim()
     async with trio.open_nursery() as nursery:
         url = await nursery.start(serve_controller, ctrl)
-        cfg = WorkerConfig(
-            controller_url=url,
-            token="wtok",
-            host=HOST,
-            devices=tuple(DeviceConfig(name=d) for d in devices),
-            sheet_dir="/nonexistent",
-            require_manual_clear=True,
+        cfg = config(
+            url,
+            devices,
+            manual_clear=True,
             probe_dir=str(s.probe_dir),
             probe_timeout=5 * SECOND,
         )
