@@ -9,6 +9,7 @@
   a job that must still be running), named so that it is not mistaken for a settle sleep.
 * Watching a job's output for ``child:<pid>`` (:class:`PidWatcher`), stopping a job on it or
   after a while, checking a pid is gone (:func:`gone_within`).
+* A node context with nothing in it: :func:`bare_node_context`.
 * The worker against the simulated controller: :func:`sim`, :func:`config`, :func:`running`,
   :func:`until_terminal`, :func:`succeeded`, and the shrunk timings ``FAST`` / ``FAST_CLIENT``.
 """
@@ -30,6 +31,9 @@ import trio
 import trio.testing
 from hypothesis import strategies
 
+from fleet_trio.node.app import NodeContext
+from fleet_trio.node.jobs import JobStore
+from fleet_trio.node.tasks import TaskRegistry, TaskRunner
 from fleet_trio.proc import BufferSink, StopToken
 from fleet_trio.proc.procfs import Predicate, ProcStat, job_env_id, pid_alive
 from fleet_trio.sim import SimController, serve_controller
@@ -496,3 +500,16 @@ async def controller(
         async with ControllerClient(url + "/", "wtok", timings=timings) as client:
             yield ctrl, client
         nursery.cancel_scope.cancel()
+
+
+def bare_node_context(**kw: Any) -> NodeContext:
+    """A node context with no tasks, an empty store and a real runner; ``kw``: further
+    ``NodeContext`` fields (``edge``, ``sampler``...)."""
+    return NodeContext(
+        node_id="n",
+        gpu_arch="nvidia",
+        registry=TaskRegistry([]),
+        store=JobStore(),
+        runner=TaskRunner(kill_grace=1),
+        **kw,
+    )
