@@ -9,7 +9,8 @@
   a job that must still be running), named so that it is not mistaken for a settle sleep.
 * Watching a job's output for ``child:<pid>`` (:class:`PidWatcher`), stopping a job on it or
   after a while, checking a pid is gone (:func:`gone_within`).
-* A node context with nothing in it: :func:`bare_node_context`.
+* A node context with nothing in it: :func:`bare_node_context`; a dispatch sent with a given
+  ``Content-Type``: :func:`dispatch_as`.
 * The worker against the simulated controller: :func:`sim`, :func:`config`, :func:`running`,
   :func:`until_terminal`, :func:`succeeded`, and the shrunk timings ``FAST`` / ``FAST_CLIENT``.
 """
@@ -513,3 +514,13 @@ def bare_node_context(**kw: Any) -> NodeContext:
         runner=TaskRunner(kill_grace=1),
         **kw,
     )
+
+
+async def dispatch_as(
+    client: httpx.AsyncClient, content_type: str | None, job_id: str, task_type: str = "image-gen"
+) -> httpx.Response:
+    """``POST /fleet/dispatch`` of a minimal job sent with this ``Content-Type`` (None: the
+    header is left out)."""
+    body = f'{{"job_id":"{job_id}","task_type":"{task_type}"}}'.encode()
+    headers = {"Content-Type": content_type} if content_type is not None else {}
+    return await client.post("/fleet/dispatch", content=body, headers=headers)
