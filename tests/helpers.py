@@ -10,7 +10,7 @@
 * Watching a job's output for ``child:<pid>`` (:class:`PidWatcher`), stopping a job on it or
   after a while, checking a pid is gone (:func:`gone_within`).
 * A node context with nothing in it: :func:`bare_node_context`; a dispatch sent with a given
-  ``Content-Type``: :func:`dispatch_as`.
+  ``Content-Type``: :func:`dispatch_as`; an HTTP head read off a raw stream: :func:`read_head`.
 * The worker against the simulated controller: :func:`sim`, :func:`config`, :func:`running`,
   :func:`until_terminal`, :func:`succeeded`, and the shrunk timings ``FAST`` / ``FAST_CLIENT``.
 """
@@ -524,3 +524,14 @@ async def dispatch_as(
     body = f'{{"job_id":"{job_id}","task_type":"{task_type}"}}'.encode()
     headers = {"Content-Type": content_type} if content_type is not None else {}
     return await client.post("/fleet/dispatch", content=body, headers=headers)
+
+
+async def read_head(stream: trio.abc.ReceiveStream, data: bytes = b"") -> bytes:
+    """``data`` and what ``stream`` sends after it, read until it holds a blank line (the end of
+    an HTTP head) or the peer closes: a caller checks for the blank line to tell them apart."""
+    while b"\r\n\r\n" not in data:
+        chunk = await stream.receive_some(65536)
+        if not chunk:
+            break
+        data += chunk
+    return data

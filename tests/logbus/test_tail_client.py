@@ -13,6 +13,7 @@ from trio_websocket import WebSocketRequest, serve_websocket
 
 from fleet_trio.logbus.bus import End, Output
 from fleet_trio.logbus.tail import dumps, encode_event
+from tests.helpers import read_head
 from tests.logbus.test_tail_node import run_cli
 
 WS_GUID = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
@@ -115,12 +116,9 @@ async def _raw_ws_server(
 ) -> None:
     """A hand-written websocket server: sends ``error``, then, once the client's Close
     arrives, ``frames_after_close`` (a Ping while the client is closing)."""
-    request = b""
-    while b"\r\n\r\n" not in request:
-        chunk = await stream.receive_some()
-        if not chunk:
-            return
-        request += chunk
+    request = await read_head(stream)
+    if b"\r\n\r\n" not in request:
+        return
     key = next(
         line.split(b":", 1)[1].strip()
         for line in request.split(b"\r\n")

@@ -35,7 +35,7 @@ from fleet_trio.logbus.bus import LogBus
 from fleet_trio.node.app import create_app
 from fleet_trio.node.config import config_from_mapping
 from fleet_trio.worker.listener import serve_tail_listener
-from tests.helpers import bare_node_context
+from tests.helpers import bare_node_context, read_head
 from tests.node.harness import FakeSampler, echo_task, node_config, running_node
 
 SPEC_ID = "a3f9-XYZ_0123456789abcdef.fleet~job"
@@ -171,12 +171,7 @@ async def raw_handshake(url: str, path: str, headers: dict[str, str]) -> tuple[i
         stream = await trio.open_tcp_stream(host, int(port))
         async with stream:
             await stream.send_all(("\r\n".join(lines) + "\r\n\r\n").encode())
-            data = b""
-            while b"\r\n\r\n" not in data:
-                chunk = await stream.receive_some(65536)
-                if not chunk:
-                    break
-                data += chunk
+            data = await read_head(stream)
             head, _, body = data.partition(b"\r\n\r\n")
             status = int(head.split(b" ", 2)[1])
             if status != 101:
