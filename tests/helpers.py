@@ -9,8 +9,9 @@
   a job that must still be running), named so that it is not mistaken for a settle sleep.
 * Watching a job's output for ``child:<pid>`` (:class:`PidWatcher`), stopping a job on it or
   after a while, checking a pid is gone (:func:`gone_within`).
-* A node context with nothing in it: :func:`bare_node_context`; a dispatch sent with a given
-  ``Content-Type``: :func:`dispatch_as`; an HTTP head read off a raw stream: :func:`read_head`.
+* A node context with nothing in it (:func:`bare_node_context`); a dispatch sent with a given
+  ``Content-Type`` (:func:`dispatch_as`); an HTTP head read off a raw stream
+  (:func:`read_head`); ``fleet-trio tail`` run as a command (:func:`run_tail_cli`).
 * The worker against the simulated controller: :func:`sim`, :func:`config`, :func:`running`,
   :func:`until_terminal`, :func:`succeeded`, and the shrunk timings ``FAST`` / ``FAST_CLIENT``.
 """
@@ -535,3 +536,17 @@ async def read_head(stream: trio.abc.ReceiveStream, data: bytes = b"") -> bytes:
             break
         data += chunk
     return data
+
+
+async def run_tail_cli(*args: str) -> trio.CompletedProcess[bytes]:
+    """``fleet-trio tail ARGS`` in a child interpreter (no token from the environment), guarded
+    by ``fail_after(30)``; its exit code, stdout and stderr."""
+    env = {**os.environ, "FLEET_TRIO_TOKEN": ""}
+    with trio.fail_after(30):
+        return await trio.run_process(
+            [PY, "-m", "fleet_trio", "tail", *args],
+            capture_stdout=True,
+            capture_stderr=True,
+            check=False,
+            env=env,
+        )
