@@ -11,7 +11,8 @@
   after a while, checking a pid is gone (:func:`gone_within`).
 * A node context with nothing in it (:func:`bare_node_context`); a dispatch sent with a given
   ``Content-Type`` (:func:`dispatch_as`); an HTTP head read off a raw stream
-  (:func:`read_head`); ``fleet-trio tail`` run as a command (:func:`run_tail_cli`).
+  (:func:`read_head`); ``fleet-trio tail`` run as a command (:func:`run_tail_cli`), and a
+  task printing numbered lines for it to follow (``LINES_SCRIPT``).
 * The worker against the simulated controller: :func:`sim`, :func:`config`, :func:`running`,
   :func:`until_terminal`, :func:`succeeded`, and the shrunk timings ``FAST`` / ``FAST_CLIENT``.
 """
@@ -550,3 +551,25 @@ async def run_tail_cli(*args: str) -> trio.CompletedProcess[bytes]:
             check=False,
             env=env,
         )
+
+
+# A node task for the live tail: prints `lines` lines (payload, default 5) on stderr, each its
+# first argument formatted with the line number `i` (default "line {i} é"), with `pause`
+# seconds between them; then `bad_utf8` raw bytes if asked; then exits with `exit`, or prints
+# its JSON result {"ok": true, "n": lines} on stdout.
+LINES_SCRIPT = r"""
+import json, sys, time
+line = sys.argv[1] if len(sys.argv) > 1 else "line {i} \u00e9\n"
+p = json.loads(sys.stdin.read())
+n = p.get("lines", 5)
+for i in range(n):
+    sys.stderr.write(line.format(i=i))
+    sys.stderr.flush()
+    time.sleep(p.get("pause", 0))
+if p.get("bad_utf8"):
+    sys.stderr.buffer.write(b"\xff\xfe raw\n")
+    sys.stderr.flush()
+if p.get("exit"):
+    sys.exit(p["exit"])
+sys.stdout.write(json.dumps({"ok": True, "n": n}))
+"""

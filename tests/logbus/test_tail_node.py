@@ -30,26 +30,9 @@ from fleet_trio.logbus.tail import (
     loads,
     parse_query,
 )
-from tests.helpers import run_tail_cli, scenario_pause
+from tests.helpers import LINES_SCRIPT, run_tail_cli, scenario_pause
 from tests.node.conftest import PY
 from tests.node.harness import Harness, node_config, running_node
-
-# Prints `lines` numbered lines on stderr (with a pause between them), then its JSON result
-# on stdout (or exits with `exit`).
-LINES_SCRIPT = r"""
-import json, sys, time
-p = json.loads(sys.stdin.read())
-for i in range(p.get("lines", 5)):
-    sys.stderr.write(f"line {i} \u00e9\n")
-    sys.stderr.flush()
-    time.sleep(p.get("pause", 0))
-if p.get("bad_utf8"):
-    sys.stderr.buffer.write(b"\xff\xfe raw\n")
-    sys.stderr.flush()
-if p.get("exit"):
-    sys.exit(p["exit"])
-sys.stdout.write(json.dumps({"ok": True, "n": p.get("lines", 5)}))
-"""
 
 
 def expected_stderr(lines: int) -> bytes:
