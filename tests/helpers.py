@@ -5,6 +5,7 @@
 * :func:`quiet_for` — the one bounded "prove that nothing happened" wait against real
   processes (under the autojump clock no such wait is needed: virtual time proves it).
 * :func:`elapse` — virtual time passing, under the autojump clock only.
+* :func:`sh_script` writes a shell script; :func:`new_dir` makes an empty directory.
 * :func:`scenario_pause` — a pause that is part of the scenario under test (a fake's latency,
   a job that must still be running), named so that it is not mistaken for a settle sleep.
 * Watching a job's output for ``child:<pid>`` (:class:`PidWatcher`), stopping a job on it or
@@ -124,6 +125,20 @@ async def scenario_pause(seconds: float, *, why: str) -> None:
     running for a while), not a settle sleep. ``why`` says what it stands for."""
     assert why, "say what the pause stands for"
     await trio.sleep(seconds)
+
+
+def sh_script(directory: Path, name: str, body: str, mode: int = 0o755) -> Path:
+    """``directory/name``: a ``#!/bin/sh`` script running ``body``, with this mode."""
+    path = directory / name
+    path.write_text("#!/bin/sh\n" + body + "\n")
+    path.chmod(mode)
+    return path
+
+
+def new_dir(path: Path) -> Path:
+    """``path``, made as a new empty directory."""
+    path.mkdir()
+    return path
 
 
 async def marker_ready(pid: int, value: str) -> None:

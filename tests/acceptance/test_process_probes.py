@@ -28,6 +28,7 @@ from fleet_trio.worker.probes import (
     nvidia_labels,
     parse_nvidia_smi,
 )
+from tests.helpers import new_dir, sh_script
 
 LOGGER = "fleet_trio.worker.probes"
 PHRASE = "cleared rather than preserved"
@@ -37,13 +38,6 @@ non_root = pytest.mark.skipif(os.geteuid() == 0, reason="root ignores permission
 assert PHRASE in CLEARING_PHRASE
 
 
-def script(directory: Path, name: str, body: str, mode: int = 0o755) -> Path:
-    path = directory / name
-    path.write_text("#!/bin/sh\n" + body + "\n")
-    path.chmod(mode)
-    return path
-
-
 def emit(obj: str) -> str:
     """A probe body printing ``obj`` verbatim."""
     return f"cat <<'EOF'\n{obj}\nEOF"
@@ -51,16 +45,12 @@ def emit(obj: str) -> str:
 
 @pytest.fixture
 def probe_dir(tmp_path: Path) -> Path:
-    d = tmp_path / "probe.d"
-    d.mkdir()
-    return d
+    return new_dir(tmp_path / "probe.d")
 
 
 @pytest.fixture
 def bindir(tmp_path: Path) -> Path:
-    d = tmp_path / "bin"
-    d.mkdir()
-    return d
+    return new_dir(tmp_path / "bin")
 
 
 def make_prober(
@@ -93,18 +83,18 @@ async def one_pass(prober: Prober) -> ProbeResult:
 
 async def pass_with(prober: Prober, name: str, body: str) -> ProbeResult:
     """(Re)write the probe ``name`` in the prober's directory, then run one pass."""
-    script(Path(prober.probe_dir), name, body)
+    sh_script(Path(prober.probe_dir), name, body)
     return await one_pass(prober)
 
 
 async def probed(probe_dir: Path, bindir: Path, output: str) -> ProbeResult:
     """One pass of a fresh prober whose only probe prints ``output``."""
-    script(probe_dir, "10-x", emit(output))
+    sh_script(probe_dir, "10-x", emit(output))
     return await one_pass(make_prober(probe_dir, bindir))
 
 
 def fake_smi(bindir: Path, body: str) -> Path:
-    return script(bindir, "nvidia-smi", body)
+    return sh_script(bindir, "nvidia-smi", body)
 
 
 def phrase_count(caplog: pytest.LogCaptureFixture) -> int:
@@ -147,15 +137,15 @@ async def test_process_068_device_scoped_probe_keys(probe_dir: Path, bindir: Pat
 async def test_process_069_failing_probe_is_skipped_not_fatal(
     probe_dir: Path, bindir: Path
 ) -> None:
-    script(probe_dir, "10-fail", "echo oops >&2; exit 1")
-    script(probe_dir, "20-good", emit('{"vendor":"nvidia"}'))
+    sh_script(probe_dir, "10-fail", "echo oops >&2; exit 1")
+    sh_script(probe_dir, "20-good", emit('{"vendor":"nvidia"}'))
     res = await one_pass(make_prober(probe_dir, bindir))
     assert res.host["vendor"] == "nvidia"
 
 
 async def test_process_070_garbage_output_is_skipped(probe_dir: Path, bindir: Path) -> None:
-    script(probe_dir, "10-garbage", "echo 'not json at all'")
-    script(probe_dir, "20-good", emit('{"vendor":"nvidia"}'))
+    sh_script(probe_dir, "10-garbage", "echo 'not json at all'")
+    sh_script(probe_dir, "20-good", emit('{"vendor":"nvidia"}'))
     res = await one_pass(make_prober(probe_dir, bindir))
     assert res.host["vendor"] == "nvidia"
     assert "not" not in res.host
@@ -163,8 +153,8 @@ async def test_process_070_garbage_output_is_skipped(probe_dir: Path, bindir: Pa
 
 
 async def test_process_071_hanging_probe_is_timed_out(probe_dir: Path, bindir: Path) -> None:
-    script(probe_dir, "10-hang", "sleep 30")
-    script(probe_dir, "20-good", emit('{"vendor":"nvidia"}'))
+    sh_script(probe_dir, "10-hang", "sleep 30")
+    sh_script(probe_dir, "20-good", emit('{"vendor":"nvidia"}'))
     prober = make_prober(probe_dir, bindir, timeout_ns=300 * MILLISECOND)
     start = time.monotonic()
     res = await one_pass(prober)
@@ -193,12 +183,12 @@ async def test_process_074_missing_probe_dir_is_not_an_error(tmp_path: Path, bin
 
 
 async def test_process_075_oversized_probe_output_is_skipped(probe_dir: Path, bindir: Path) -> None:
-    script(
+    sh_script(
         probe_dir,
         "10-big",
         "printf '{\"x\":\"'; head -c 200000 /dev/zero | tr '\\000' a; printf '\"}'",
     )
-    script(probe_dir, "20-good", emit('{"vendor":"nvidia"}'))
+    sh_script(probe_dir, "20-good", emit('{"vendor":"nvidia"}'))
     res = await one_pass(make_prober(probe_dir, bindir))
     assert res.host["vendor"] == "nvidia"
     assert "x" not in res.host
@@ -235,7 +225,7 @@ async def test_process_078_broken_probe_marks_only_the_devices_it_speaks_for(
 async def test_process_079_probe_that_never_succeeded_speaks_for_no_device(
     probe_dir: Path, bindir: Path
 ) -> None:
-    script(probe_dir, "10-missing-tool", "exit 127")
+    sh_script(probe_dir, "10-missing-tool", "exit 127")
     res = await one_pass(make_prober(probe_dir, bindir))
     assert "cpus" in res.host
     assert res.unconfirmed == frozenset()
@@ -245,7 +235,7 @@ async def test_process_080_preservation_lasts_as_long_as_the_outage(
     probe_dir: Path, prober: Prober
 ) -> None:
     await pass_with(prober, "10-gpu", emit('{"gpu0.vram":"80G"}'))
-    script(probe_dir, "10-gpu", "exit 1")
+    sh_script(probe_dir, "10-gpu", "exit 1")
     for _ in range(2, 6):
         res = await one_pass(prober)
         assert res.unconfirmed == {"gpu0"}
@@ -280,7 +270,7 @@ async def test_process_082_clearing_probe_warns_once_per_episode(
 async def test_process_083_returning_probe_warns_again_after_it_disappeared(
     probe_dir: Path, prober: Prober, probe_warnings: pytest.LogCaptureFixture
 ) -> None:
-    path = script(probe_dir, "10-flaky", "exit 1")
+    path = sh_script(probe_dir, "10-flaky", "exit 1")
     await one_pass(prober)
     assert phrase_count(probe_warnings) == 1
     path.unlink()
@@ -306,7 +296,7 @@ async def test_process_084_broken_nvidia_smi_never_warns_about_clearing(
 async def test_process_085_unstatable_probe_preserves_the_devices_it_speaks_for(
     probe_dir: Path, prober: Prober, tmp_path: Path
 ) -> None:
-    target = script(tmp_path, "real-probe.sh", emit('{"gpu0.vram":"80G"}'))
+    target = sh_script(tmp_path, "real-probe.sh", emit('{"gpu0.vram":"80G"}'))
     (probe_dir / "10-link").symlink_to(target)
     first = await one_pass(prober)
     assert first.device["gpu0"]["vram"] == "80G"
@@ -420,14 +410,14 @@ async def test_process_091_broken_nvidia_smi_prefers_the_devices_it_actually_rep
 async def test_process_092_stderr_warning_does_not_lose_stdout_labels(
     probe_dir: Path, bindir: Path
 ) -> None:
-    script(probe_dir, "10-x", "echo warning >&2\n" + emit('{"vendor":"nvidia"}'))
+    sh_script(probe_dir, "10-x", "echo warning >&2\n" + emit('{"vendor":"nvidia"}'))
     res = await one_pass(make_prober(probe_dir, bindir))
     assert res.host["vendor"] == "nvidia"
 
 
 async def test_process_093_probe_pass_is_bounded_as_a_whole(probe_dir: Path, bindir: Path) -> None:
     for i in range(5):
-        script(probe_dir, f"{i:02d}-hang", "sleep 30")
+        sh_script(probe_dir, f"{i:02d}-hang", "sleep 30")
     prober = make_prober(probe_dir, bindir, timeout_ns=2 * SECOND, budget=0.3)
     start = time.monotonic()
     res = await one_pass(prober)
@@ -439,12 +429,12 @@ async def test_process_094_probe_skipped_for_budget_preserves_the_devices_it_spe
     probe_dir: Path, prober: Prober, tmp_path: Path
 ) -> None:
     marker = tmp_path / "ran-once"
-    script(
+    sh_script(
         probe_dir,
         "05-slow.sh",
         f'if [ -e "{marker}" ]; then sleep 5; fi\ntouch "{marker}"\necho "{{}}"',
     )
-    script(probe_dir, "10-gpu.sh", emit('{"gpu0.vram":"80G"}'))
+    sh_script(probe_dir, "10-gpu.sh", emit('{"gpu0.vram":"80G"}'))
     first = await one_pass(prober)
     assert first.device["gpu0"]["vram"] == "80G"
     prober.pass_budget = 0.3

@@ -27,7 +27,16 @@ from fleet_trio.sim import SimController, serve_controller
 from fleet_trio.worker import probes
 from fleet_trio.worker.probes import Prober
 from fleet_trio.worker.worker import Worker
-from tests.helpers import FAST, FAST_CLIENT, config, dev, scenario_pause, sim, start_worker
+from tests.helpers import (
+    FAST,
+    FAST_CLIENT,
+    config,
+    dev,
+    scenario_pause,
+    sh_script,
+    sim,
+    start_worker,
+)
 
 PROBE_LOGGER = "fleet_trio.worker.probes"
 PRESERVING = "preserving the last known detected labels of device"
@@ -54,13 +63,6 @@ def setup(tmp_path: pathlib.Path) -> Setup:
     return s
 
 
-def script(directory: pathlib.Path, name: str, body: str) -> pathlib.Path:
-    path = directory / name
-    path.write_text("#!/bin/sh\n" + body + "\n")
-    path.chmod(0o755)
-    return path
-
-
 IB_ONCE = """1) echo '{"gpu0.ib":"mlx5_0"}' ;;\n"""
 """A :func:`counting` case: the first pass labels ``gpu0`` with ``ib``."""
 
@@ -74,7 +76,7 @@ def counting(s: Setup, name: str, cases: str) -> pathlib.Path:
         f'echo "$n" > "{counter}"\n'
         f'case "$n" in\n{cases}\nesac'
     )
-    return script(s.probe_dir, name, body)
+    return sh_script(s.probe_dir, name, body)
 
 
 @asynccontextmanager
@@ -146,7 +148,7 @@ def no_builtins(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.mark.slow
 async def test_protocol_061_slow_probe_pass_never_stalls_heartbeats(setup: Setup) -> None:
-    script(setup.probe_dir, "10-slow", 'sleep 1\necho \'{"slow":"yes"}\'')
+    sh_script(setup.probe_dir, "10-slow", 'sleep 1\necho \'{"slow":"yes"}\'')
     async with labelled_worker(setup, probe_interval=0.15, heartbeat_interval=0.1) as ctrl:
         t0 = trio.current_time()
         await scenario_pause(4, why="four seconds of heartbeats are counted")
@@ -194,7 +196,7 @@ async def test_protocol_131_vanished_nvidia_smi_preserves_gpu_and_says_why(
 ) -> None:
     caplog.set_level(logging.DEBUG, logger=PROBE_LOGGER)
     # Present for the first pass only: it removes itself after answering.
-    script(
+    sh_script(
         setup.bindir,
         "nvidia-smi",
         'echo "NVIDIA A100-SXM4-80GB, 81920, 80000, 550.54.15"\nrm -f -- "$0"',
@@ -278,7 +280,7 @@ async def test_protocol_135_only_unconfirmed_empty_devices_omitted_no_host_key(
     setup: Setup,
 ) -> None:
     counting(setup, "10-a", """1) echo '{"gpu0.a":"1","gpu1.a":"1"}' ;;\n*) exit 3 ;;""")
-    script(setup.probe_dir, "20-b", """echo '{"gpu1.b":"2"}'""")
+    sh_script(setup.probe_dir, "20-b", """echo '{"gpu1.b":"2"}'""")
     async with labelled_worker(setup, devices=("gpu0", "gpu1", "gpu2")) as ctrl:
         assert ctrl.registrations()[0]["labels"] == {
             "gpu0": {"a": "1"},
