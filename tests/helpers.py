@@ -14,6 +14,7 @@
   ``Content-Type`` (:func:`dispatch_as`); an HTTP head read off a raw stream
   (:func:`read_head`); ``fleet-trio tail`` run as a command (:func:`run_tail_cli`), and a
   task printing numbered lines for it to follow (``LINES_SCRIPT``).
+* ``fleet-trio`` run as a process that must stop cleanly on SIGTERM: :func:`fleet_trio_process`.
 * The worker against the simulated controller: :func:`sim`, :func:`config`, :func:`running`,
   :func:`until_terminal`, :func:`succeeded`, and the shrunk timings ``FAST`` / ``FAST_CLIENT``.
 """
@@ -588,3 +589,20 @@ if p.get("exit"):
     sys.exit(p["exit"])
 sys.stdout.write(json.dumps({"ok": True, "n": n}))
 """
+
+
+@asynccontextmanager
+async def fleet_trio_process(argv: Sequence[str], **kw: Any) -> AsyncIterator[trio.Process]:
+    """``python -m fleet_trio ARGV`` as a child process (``kw`` as for ``open_process``). A
+    block that ends normally ends it with SIGTERM and asserts a clean exit 0; one that fails
+    leaves it SIGKILLed and reaped."""
+    proc = await trio.lowlevel.open_process([PY, "-m", "fleet_trio", *argv], **kw)
+    try:
+        yield proc
+        proc.send_signal(signal.SIGTERM)
+        assert await proc.wait() == 0
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            with trio.CancelScope(shield=True):
+                await proc.wait()

@@ -29,6 +29,7 @@ from tests.helpers import (
     REG,
     controller,
     dev,
+    fleet_trio_process,
     quiet_for,
     running,
     scenario_pause,
@@ -462,9 +463,7 @@ async def _scenario_104_105(
     tmp_path: pathlib.Path,
 ) -> None:
     import os
-    import signal
     import subprocess
-    import sys
 
     from fleet_trio.sim import serve_controller
 
@@ -473,22 +472,15 @@ async def _scenario_104_105(
         async with trio.open_nursery() as nursery:
             url = await nursery.start(serve_controller, ctrl)
             cfg = write_worker_yaml(tmp_path, url)
-            proc = await trio.lowlevel.open_process(
-                [sys.executable, "-m", "fleet_trio", "worker", "-c", str(cfg)],
+            async with fleet_trio_process(
+                ["worker", "-c", str(cfg)],
                 stdin=subprocess.DEVNULL,
                 env={**os.environ, "RC_REQUIRE_MANUAL_CLEAR": "1"},
-            )
-            try:
+            ):
                 await ctrl.wait_for(lambda: ctrl.polls(), timeout=15)
                 job = ctrl.submit(dev("gpu0"), ["sleep", "30"])
                 await ctrl.wait_for(lambda: ctrl.statuses(job), timeout=10)
                 await scenario_pause(0.3, why="the job runs a while before SIGTERM")
-                proc.send_signal(signal.SIGTERM)
-                assert await proc.wait() == 0
-            finally:
-                if proc.returncode is None:
-                    proc.kill()
-                    await proc.wait()
             assert ctrl.statuses(job) == ["running", "killed"]
             assert ctrl.status_reports(job)[-1].reason == "cancelled"
             nursery.cancel_scope.cancel()
