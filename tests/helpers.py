@@ -14,6 +14,7 @@
   ``Content-Type`` (:func:`dispatch_as`); an HTTP head read off a raw stream
   (:func:`read_head`); ``fleet-trio tail`` run as a command (:func:`run_tail_cli`), and a
   task printing numbered lines for it to follow (``LINES_SCRIPT``).
+* A ``serve_*`` service run for one block: :func:`serving`.
 * ``fleet-trio`` run as a process that must stop cleanly on SIGTERM: :func:`fleet_trio_process`.
 * The worker against the simulated controller: :func:`sim`, :func:`config`, :func:`running`,
   :func:`until_terminal`, :func:`succeeded`, and the shrunk timings ``FAST`` / ``FAST_CLIENT``.
@@ -606,3 +607,12 @@ async def fleet_trio_process(argv: Sequence[str], **kw: Any) -> AsyncIterator[tr
             proc.kill()
             with trio.CancelScope(shield=True):
                 await proc.wait()
+
+
+@asynccontextmanager
+async def serving(serve: Callable[..., Awaitable[object]], *args: object) -> AsyncIterator[Any]:
+    """``serve(*args)`` started with ``nursery.start`` for the block (what it passed to
+    ``task_status.started()`` is yielded), cancelled when the block ends."""
+    async with trio.open_nursery() as nursery:
+        yield await nursery.start(serve, *args)
+        nursery.cancel_scope.cancel()
