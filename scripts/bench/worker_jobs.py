@@ -172,21 +172,12 @@ async def in_process_worker(ctrl: SimController, url: str) -> AsyncIterator[None
         sheet_dir="/nonexistent",
     )
     worker = Worker(config, timings=WorkerTimings(probe_interval=float("inf")))
-    done = trio.Event()
-
-    async def run_worker() -> None:
-        try:
-            await serve_worker(worker)
-        finally:
-            done.set()
-
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(run_worker)
-        await ctrl.wait_for(lambda: worker.registrations >= 1 and ctrl.polls(), timeout=10)
+        with trio.fail_after(10):
+            await nursery.start(serve_worker, worker)  # started: registered, loops running
+            await ctrl.wait_for(lambda: ctrl.polls(), timeout=10)
         yield
-        worker.request_shutdown("benchmark over")
-        with trio.fail_after(15):
-            await done.wait()
+        worker.request_shutdown("benchmark over")  # serve_worker's shutdown is bounded
 
 
 def worker_command() -> list[str]:
