@@ -1,10 +1,11 @@
-"""What the benchmarks that serve from a child process share: starting the child (this same
-script re-run with ``--serve …``) and waiting for the URL it writes, the node such a child
-serves, stopping it, and the nearest-rank quantile. Imported by the scripts beside it (their
-folder is on ``sys.path`` when they run)."""
+"""What the benchmarks share: starting a child that serves (this same script re-run with
+``--serve …``) and waiting for the URL it writes, the node such a child serves, stopping it,
+the nearest-rank quantile, and the ``-n`` / ``--warmup`` options of the job benchmarks.
+Imported by the scripts beside it (their folder is on ``sys.path`` when they run)."""
 
 from __future__ import annotations
 
+import argparse
 import os
 import signal
 import subprocess
@@ -74,3 +75,19 @@ def pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
     rank = max(1, min(len(ordered), round(q * len(ordered) + 0.5)))
     return ordered[rank - 1]
+
+
+def _at_least_two(text: str) -> int:
+    n = int(text)
+    if n < 2:
+        raise argparse.ArgumentTypeError("must be at least 2")
+    return n
+
+
+def job_bench_parser(description: str, *, n: int, n_help: str) -> argparse.ArgumentParser:
+    """An argument parser with what every job benchmark takes: ``-n`` timed jobs (at least
+    2; ``n_help`` says what they are) and ``--warmup`` untimed jobs first."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("-n", type=_at_least_two, default=n, help=f"{n_help} (default {n})")
+    parser.add_argument("--warmup", type=int, default=5, help="untimed jobs first (default 5)")
+    return parser
