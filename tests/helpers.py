@@ -5,7 +5,8 @@
 * :func:`quiet_for` — the one bounded "prove that nothing happened" wait against real
   processes (under the autojump clock no such wait is needed: virtual time proves it).
 * :func:`elapse` — virtual time passing, under the autojump clock only.
-* :func:`sh_script` writes a shell script; :func:`new_dir` makes an empty directory.
+* :func:`run_sh` runs a shell job to its end; :func:`sh_script` writes a shell script;
+  :func:`new_dir` makes an empty directory.
 * :func:`scenario_pause` — a pause that is part of the scenario under test (a fake's latency,
   a job that must still be running), named so that it is not mistaken for a settle sleep.
 * Watching a job's output for ``child:<pid>`` (:class:`PidWatcher`), stopping a job on it or
@@ -40,8 +41,9 @@ from hypothesis import strategies
 from fleet_trio.node.app import NodeContext
 from fleet_trio.node.jobs import JobStore
 from fleet_trio.node.tasks import TaskRegistry, TaskRunner
-from fleet_trio.proc import BufferSink, StopToken
+from fleet_trio.proc import BufferSink, JobSpec, Result, StopToken
 from fleet_trio.proc.procfs import Predicate, ProcStat, job_env_id, pid_alive
+from fleet_trio.proc.run import run
 from fleet_trio.sim import SimController, serve_controller
 from fleet_trio.sim.relay import RelaySession, operator
 from fleet_trio.worker.client import (
@@ -141,6 +143,15 @@ def new_dir(path: Path) -> Path:
     """``path``, made as a new empty directory."""
     path.mkdir()
     return path
+
+
+async def run_sh(script: str, *, within: float = 10.0, **spec: Any) -> tuple[Result, str]:
+    """Run ``sh -c script`` as a job (``spec``: further ``JobSpec`` fields), guarded by
+    ``fail_after(within)``: its result and its output (stdout and stderr)."""
+    sink = BufferSink()
+    with trio.fail_after(within):
+        res = await run(JobSpec(command=["sh", "-c", script], **spec), sink)
+    return res, sink.text()
 
 
 async def marker_ready(pid: int, value: str) -> None:
