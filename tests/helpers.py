@@ -18,7 +18,8 @@
 * A ``serve_*`` service run for one block: :func:`serving`.
 * ``fleet-trio`` run as a process that must stop cleanly on SIGTERM: :func:`fleet_trio_process`.
 * The worker against the simulated controller: :func:`sim`, :func:`config`, :func:`running`,
-  :func:`until_terminal`, :func:`succeeded`, and the shrunk timings ``FAST`` / ``FAST_CLIENT``.
+  :func:`until_terminal`, :func:`started`, :func:`succeeded`, and the shrunk timings ``FAST`` /
+  ``FAST_CLIENT``.
 """
 
 from __future__ import annotations
@@ -454,6 +455,14 @@ async def until_terminal(ctrl: SimController, job_id: str, within: float = 10.0)
     """The job's statuses once the sim controller has a terminal one."""
     await ctrl.wait_for(lambda: any(s in TERMINAL for s in ctrl.statuses(job_id)), within)
     return ctrl.statuses(job_id)
+
+
+async def started(ctrl: SimController, device: str, command: Sequence[str], **kw: Any) -> str:
+    """Submit ``command`` on ``device`` (``kw`` as for ``submit``) and wait until the job has
+    reported ``running`` (and nothing else yet); its id."""
+    job = ctrl.submit(device, command, **kw)
+    await ctrl.wait_for(lambda: ctrl.statuses(job) == ["running"])
+    return job
 
 
 async def succeeded(
