@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import socket
 from collections.abc import Callable
 from pathlib import Path
 
@@ -20,6 +19,7 @@ from hypothesis import strategies as st
 from fleet_trio.gpu import FootprintKey, FootprintStore
 from fleet_trio.gpu.fake import init_device
 from fleet_trio.gpu.footprints import MAX_FILE_BYTES, FootprintFileError, parse_records
+from fleet_trio.sim.fleet import free_port
 from tests.helpers import answer, fleet_trio_process, json_values, wait_until
 
 GOOD = '[{"model_family": "sdxl", "vram_peak_gb": 2.4, "observed_peak_gb": 2, "samples": 1}]'
@@ -208,9 +208,7 @@ async def _health_of_node_with(tmp_path: Path, footprints: Path, then: Callable[
     before and after ``then()`` (which corrupts the file while it runs). Returns stderr."""
     gpu_dir = tmp_path / "gpu"
     init_device(str(gpu_dir))
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     argv = ["node", "--gpu", "fake", "--fake-gpu-dir", str(gpu_dir)]
     argv += ["--listen", f"127.0.0.1:{port}", "--footprints", str(footprints)]
     err = tmp_path / "stderr.txt"

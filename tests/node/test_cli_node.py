@@ -12,6 +12,7 @@ import trio
 
 from fleet_trio.cli import main
 from fleet_trio.gpu.fake import init_device
+from fleet_trio.sim.fleet import free_port
 from tests.helpers import answer, fleet_trio_process, state_in, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
@@ -57,16 +58,10 @@ def test_port_in_use_is_a_one_line_error(
     assert "Traceback" not in err and "draining" not in err
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 async def test_real_process_with_fake_gpu(tmp_path: Path) -> None:
     gpu_dir = tmp_path / "gpu"
     init_device(str(gpu_dir))
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "FLEET_TRIO_FAKE_GPU_DIR": str(gpu_dir)}
     argv = ["node", "-c", str(REPO / "examples" / "node.yaml"), "--gpu", "fake"]
     argv += ["--listen", f"127.0.0.1:{port}", "--node-id", "cli-node"]
