@@ -15,7 +15,8 @@
   ``Content-Type`` (:func:`dispatch_as`); an HTTP head read off a raw stream
   (:func:`read_head`); ``fleet-trio tail`` run as a command (:func:`run_tail_cli`), and a
   task printing numbered lines for it to follow (``LINES_SCRIPT``).
-* A ``serve_*`` service run for one block: :func:`serving`.
+* A ``serve_*`` service run for one block: :func:`serving`; a GPU source to subclass in
+  sampler tests: :class:`StubGpuSource`.
 * ``fleet-trio`` run as a process that must stop cleanly on SIGTERM: :func:`fleet_trio_process`.
 * The worker against the simulated controller: :func:`sim`, :func:`config`, :func:`running`,
   :func:`until_terminal`, :func:`started`, :func:`succeeded`, and the shrunk timings ``FAST`` /
@@ -636,3 +637,19 @@ async def serving(serve: Callable[..., Awaitable[object]], *args: object) -> Asy
     async with trio.open_nursery() as nursery:
         yield await nursery.start(serve, *args)
         nursery.cancel_scope.cancel()
+
+
+class StubGpuSource:
+    """The parts of a ``GpuSource`` a sampler test leaves alone: no per-process accounting and
+    the product name ``product``. A test's source subclasses it and writes ``snapshot``."""
+
+    name = "stub"
+    product = ""
+
+    async def process_used_bytes(self) -> dict[int, int] | None:
+        await trio.lowlevel.checkpoint()
+        return None
+
+    async def device_name(self) -> str:
+        await trio.lowlevel.checkpoint()
+        return self.product

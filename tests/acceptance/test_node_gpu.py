@@ -24,7 +24,7 @@ from fleet_trio.gpu import (
     gpu_arch,
     parse_smi_memory,
 )
-from tests.helpers import elapse, serving
+from tests.helpers import StubGpuSource, elapse, serving
 
 SDXL = FootprintKey("sdxl", "", "image-gen")
 ACESTEP = FootprintKey("acestep", "", "audio-gen")
@@ -332,11 +332,12 @@ def test_node_056_smi_parser_rejects(text: str) -> None:
         parse_smi_memory(text)
 
 
-class ScriptedSource:
+class ScriptedSource(StubGpuSource):
     """A source that returns canned ``nvidia-smi`` outputs (or failures) in order; the last
     script entry repeats. ``None`` in the script is a failure."""
 
     name = "scripted"
+    product = "Scripted GPU"
 
     def __init__(self, *script: str | None) -> None:
         self.script = list(script)
@@ -350,14 +351,6 @@ class ScriptedSource:
             raise GpuError("nvidia-smi: exit status 1")
         total, used = parse_smi_memory(item)
         return VramSnapshot.now(total, used)
-
-    async def process_used_bytes(self) -> dict[int, int] | None:
-        await trio.lowlevel.checkpoint()
-        return None
-
-    async def device_name(self) -> str:
-        await trio.lowlevel.checkpoint()
-        return "Scripted GPU"
 
 
 async def test_node_057_snapshot_readable_once_started(autojump_clock: trio.abc.Clock) -> None:

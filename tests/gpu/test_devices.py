@@ -20,7 +20,7 @@ from fleet_trio.gpu.sampler import NO_SNAPSHOT, STALE_SNAPSHOT
 from fleet_trio.gpu.smi import DEVICES_QUERY, open_smi_devices, parse_smi_devices
 from fleet_trio.gpu.source import GpuDevice, VramSnapshot, open_devices, select_devices
 from tests.gpu.test_sources import FakeNvml, FakeNVMLError, _install
-from tests.helpers import elapse, serving
+from tests.helpers import StubGpuSource, elapse, serving
 
 # -- nvidia-smi: the 5-field per-device query -------------------------------------------------
 
@@ -195,8 +195,9 @@ def test_select_devices() -> None:
 # -- the device sampler (autojump clock) -------------------------------------------------------
 
 
-class Scripted:
+class Scripted(StubGpuSource):
     name = "fake"
+    product = "X"
 
     def __init__(self, total: float, used: float) -> None:
         self.total, self.used = total, used
@@ -207,12 +208,6 @@ class Scripted:
         if self.fail:
             raise GpuError("scripted")
         return VramSnapshot.now(self.total, self.used)
-
-    async def process_used_bytes(self) -> dict[int, int] | None:
-        return None
-
-    async def device_name(self) -> str:
-        return "X"
 
 
 def _devices(*specs: tuple[float, float]) -> tuple[tuple[GpuDevice, ...], list[Scripted]]:

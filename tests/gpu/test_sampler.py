@@ -6,10 +6,10 @@ import pytest
 import trio
 
 from fleet_trio.gpu import GlobalSampler, GpuError, VramSnapshot, serve_global_sampler
-from tests.helpers import serving
+from tests.helpers import StubGpuSource, serving
 
 
-class SlowSource:
+class SlowSource(StubGpuSource):
     name = "slow"
 
     def __init__(self, delays: list[float]) -> None:
@@ -21,14 +21,6 @@ class SlowSource:
         delay = self.delays[min(len(self.starts) - 1, len(self.delays) - 1)]
         await trio.sleep(delay)
         return VramSnapshot.now(16.0, 1.0)
-
-    async def process_used_bytes(self) -> dict[int, int] | None:
-        await trio.lowlevel.checkpoint()
-        return None
-
-    async def device_name(self) -> str:
-        await trio.lowlevel.checkpoint()
-        return ""
 
 
 async def test_hung_sample_times_out_and_counts_as_failure(
