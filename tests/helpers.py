@@ -5,12 +5,22 @@
 * :func:`quiet_for` — the one bounded "prove that nothing happened" wait against real
   processes (under the autojump clock no such wait is needed: virtual time proves it).
 * :func:`elapse` — virtual time passing, under the autojump clock only.
+* :func:`run_sh` runs a shell job to its end; :func:`sh_script` writes a shell script;
+  :func:`new_dir` makes an empty directory.
 * :func:`scenario_pause` — a pause that is part of the scenario under test (a fake's latency,
   a job that must still be running), named so that it is not mistaken for a settle sleep.
 * Watching a job's output for ``child:<pid>`` (:class:`PidWatcher`), stopping a job on it or
   after a while, checking a pid is gone (:func:`gone_within`).
+* A node context with nothing in it (:func:`bare_node_context`); a dispatch sent with a given
+  ``Content-Type`` (:func:`dispatch_as`); an HTTP head read off a raw stream
+  (:func:`read_head`); ``fleet-trio tail`` run as a command (:func:`run_tail_cli`), and a
+  task printing numbered lines for it to follow (``LINES_SCRIPT``).
+* A ``serve_*`` service run for one block: :func:`serving`; a GPU source to subclass in
+  sampler tests: :class:`StubGpuSource`.
+* ``fleet-trio`` run as a process that must stop cleanly on SIGTERM: :func:`fleet_trio_process`.
 * The worker against the simulated controller: :func:`sim`, :func:`config`, :func:`running`,
-  :func:`until_terminal`, and the shrunk timings ``FAST`` / ``FAST_CLIENT``.
+  :func:`until_terminal`, :func:`started`, :func:`succeeded`, and the shrunk timings ``FAST`` /
+  ``FAST_CLIENT``.
 """
 
 from __future__ import annotations
@@ -23,7 +33,7 @@ import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import attrs
 import httpx
@@ -31,8 +41,12 @@ import trio
 import trio.testing
 from hypothesis import strategies
 
-from fleet_trio.proc import BufferSink, StopToken
+from fleet_trio.node.app import NodeContext
+from fleet_trio.node.jobs import JobStore
+from fleet_trio.node.tasks import TaskRegistry, TaskRunner
+from fleet_trio.proc import BufferSink, JobSpec, Result, StopToken
 from fleet_trio.proc.procfs import Predicate, ProcStat, job_env_id, pid_alive
+from fleet_trio.proc.run import run
 from fleet_trio.sim import SimController, serve_controller
 from fleet_trio.sim.harness import TEST_WORKER_TIMINGS
 from fleet_trio.sim.relay import RelaySession, operator
@@ -119,6 +133,29 @@ async def scenario_pause(seconds: float, *, why: str) -> None:
     running for a while), not a settle sleep. ``why`` says what it stands for."""
     assert why, "say what the pause stands for"
     await trio.sleep(seconds)
+
+
+def sh_script(directory: Path, name: str, body: str, mode: int = 0o755) -> Path:
+    """``directory/name``: a ``#!/bin/sh`` script running ``body``, with this mode."""
+    path = directory / name
+    path.write_text("#!/bin/sh\n" + body + "\n")
+    path.chmod(mode)
+    return path
+
+
+def new_dir(path: Path) -> Path:
+    """``path``, made as a new empty directory."""
+    path.mkdir()
+    return path
+
+
+async def run_sh(script: str, *, within: float = 10.0, **spec: Any) -> tuple[Result, str]:
+    """Run ``sh -c script`` as a job (``spec``: further ``JobSpec`` fields), guarded by
+    ``fail_after(within)``: its result and its output (stdout and stderr)."""
+    sink = BufferSink()
+    with trio.fail_after(within):
+        res = await run(JobSpec(command=["sh", "-c", script], **spec), sink)
+    return res, sink.text()
 
 
 async def marker_ready(pid: int, value: str) -> None:
@@ -279,9 +316,12 @@ def config(
     devices: Sequence[str | DeviceConfig] = ("gpu0", "gpu1"),
     *,
     manual_clear: bool = False,
+    **kw: Any,
 ) -> WorkerConfig:
     """``manual_clear``: no recovery proof, so two registrations compare equal even while other
-    test runs' jobs (carrying RC_JOB_ID) come and go on this machine."""
+    test runs' jobs (carrying RC_JOB_ID) come and go on this machine. ``kw``: further
+    ``WorkerConfig`` fields (given at construction, so that host-level defaults such as
+    ``hooks`` reach the devices)."""
     devs = tuple(d if isinstance(d, DeviceConfig) else DeviceConfig(name=d) for d in devices)
     return WorkerConfig(
         controller_url=url,
@@ -290,6 +330,7 @@ def config(
         devices=devs,
         sheet_dir="/nonexistent",
         require_manual_clear=manual_clear,
+        **kw,
     )
 
 
@@ -413,6 +454,24 @@ async def until_terminal(ctrl: SimController, job_id: str, within: float = 10.0)
     return ctrl.statuses(job_id)
 
 
+async def started(ctrl: SimController, device: str, command: Sequence[str], **kw: Any) -> str:
+    """Submit ``command`` on ``device`` (``kw`` as for ``submit``) and wait until the job has
+    reported ``running`` (and nothing else yet); its id."""
+    job = ctrl.submit(device, command, **kw)
+    await ctrl.wait_for(lambda: ctrl.statuses(job) == ["running"])
+    return job
+
+
+async def succeeded(
+    ctrl: SimController, device: str, command: Sequence[str] = ("true",), **kw: Any
+) -> str:
+    """Submit ``command`` on ``device`` (``kw`` as for ``submit``), assert the job ran and
+    succeeded; its id."""
+    job = ctrl.submit(device, command, **kw)
+    assert await until_terminal(ctrl, job) == ["running", "succeeded"]
+    return job
+
+
 class FakeHooks:
     """Hook seam double: records calls, fails acquire/verify on demand."""
 
@@ -478,3 +537,115 @@ async def controller(
         async with ControllerClient(url + "/", "wtok", timings=timings) as client:
             yield ctrl, client
         nursery.cancel_scope.cancel()
+
+
+def bare_node_context(**kw: Any) -> NodeContext:
+    """A node context with no tasks, an empty store and a real runner; ``kw``: further
+    ``NodeContext`` fields (``edge``, ``sampler``...)."""
+    return NodeContext(
+        node_id="n",
+        gpu_arch="nvidia",
+        registry=TaskRegistry([]),
+        store=JobStore(),
+        runner=TaskRunner(kill_grace=1),
+        **kw,
+    )
+
+
+async def dispatch_as(
+    client: httpx.AsyncClient, content_type: str | None, job_id: str, task_type: str = "image-gen"
+) -> httpx.Response:
+    """``POST /fleet/dispatch`` of a minimal job sent with this ``Content-Type`` (None: the
+    header is left out)."""
+    body = f'{{"job_id":"{job_id}","task_type":"{task_type}"}}'.encode()
+    headers = {"Content-Type": content_type} if content_type is not None else {}
+    return await client.post("/fleet/dispatch", content=body, headers=headers)
+
+
+async def read_head(stream: trio.abc.ReceiveStream, data: bytes = b"") -> bytes:
+    """``data`` and what ``stream`` sends after it, read until it holds a blank line (the end of
+    an HTTP head) or the peer closes: a caller checks for the blank line to tell them apart."""
+    while b"\r\n\r\n" not in data:
+        chunk = await stream.receive_some(65536)
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
+async def run_tail_cli(*args: str) -> trio.CompletedProcess[bytes]:
+    """``fleet-trio tail ARGS`` in a child interpreter (no token from the environment), guarded
+    by ``fail_after(30)``; its exit code, stdout and stderr."""
+    env = {**os.environ, "FLEET_TRIO_TOKEN": ""}
+    with trio.fail_after(30):
+        return await trio.run_process(
+            [PY, "-m", "fleet_trio", "tail", *args],
+            capture_stdout=True,
+            capture_stderr=True,
+            check=False,
+            env=env,
+        )
+
+
+# A node task for the live tail: prints `lines` lines (payload, default 5) on stderr, each its
+# first argument formatted with the line number `i` (default "line {i} é"), with `pause`
+# seconds between them; then `bad_utf8` raw bytes if asked; then exits with `exit`, or prints
+# its JSON result {"ok": true, "n": lines} on stdout.
+LINES_SCRIPT = r"""
+import json, sys, time
+line = sys.argv[1] if len(sys.argv) > 1 else "line {i} \u00e9\n"
+p = json.loads(sys.stdin.read())
+n = p.get("lines", 5)
+for i in range(n):
+    sys.stderr.write(line.format(i=i))
+    sys.stderr.flush()
+    time.sleep(p.get("pause", 0))
+if p.get("bad_utf8"):
+    sys.stderr.buffer.write(b"\xff\xfe raw\n")
+    sys.stderr.flush()
+if p.get("exit"):
+    sys.exit(p["exit"])
+sys.stdout.write(json.dumps({"ok": True, "n": n}))
+"""
+
+
+@asynccontextmanager
+async def fleet_trio_process(argv: Sequence[str], **kw: Any) -> AsyncIterator[trio.Process]:
+    """``python -m fleet_trio ARGV`` as a child process (``kw`` as for ``open_process``). A
+    block that ends normally ends it with SIGTERM and asserts a clean exit 0; one that fails
+    leaves it SIGKILLed and reaped."""
+    proc = await trio.lowlevel.open_process([PY, "-m", "fleet_trio", *argv], **kw)
+    try:
+        yield proc
+        proc.send_signal(signal.SIGTERM)
+        assert await proc.wait() == 0
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            with trio.CancelScope(shield=True):
+                await proc.wait()
+
+
+@asynccontextmanager
+async def serving(serve: Callable[..., Awaitable[object]], *args: object) -> AsyncIterator[Any]:
+    """``serve(*args)`` started with ``nursery.start`` for the block (what it passed to
+    ``task_status.started()`` is yielded), cancelled when the block ends."""
+    async with trio.open_nursery() as nursery:
+        yield await nursery.start(serve, *args)
+        nursery.cancel_scope.cancel()
+
+
+class StubGpuSource:
+    """The parts of a ``GpuSource`` a sampler test leaves alone: no per-process accounting and
+    the product name ``product``. A test's source subclasses it and writes ``snapshot``."""
+
+    name = "stub"
+    product = ""
+
+    async def process_used_bytes(self) -> dict[int, int] | None:
+        await trio.lowlevel.checkpoint()
+        return None
+
+    async def device_name(self) -> str:
+        await trio.lowlevel.checkpoint()
+        return self.product

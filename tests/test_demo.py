@@ -22,11 +22,10 @@ import pytest
 import trio
 
 from fleet_trio.node.config import load_config
-from fleet_trio.proc.procfs import list_pids, pid_alive, read_proc_file
 from fleet_trio.sim.demo.console import Console
 from fleet_trio.sim.demo.files import prepare_files, worker_yaml, write_worker_yaml
 from fleet_trio.sim.demo.model import EXIT_MISMATCH, EXIT_OK, Step
-from fleet_trio.sim.demo.report import story_status, summary
+from fleet_trio.sim.demo.report import marked_processes, story_status, summary
 from fleet_trio.worker.config import load_worker_config
 
 MARK = "DEMO_TEST_MARK"
@@ -56,18 +55,7 @@ def demo_env(mark: str) -> dict[str, str]:
 
 def survivors(mark: str) -> list[int]:
     """Live processes (other than us) that inherited ``MARK=mark``."""
-    needle = f"{MARK}={mark}".encode()
-    found = []
-    for pid in list_pids() or []:
-        if pid == os.getpid():
-            continue
-        try:
-            environ = read_proc_file(f"/proc/{pid}/environ")
-        except OSError:
-            continue
-        if needle in environ.split(b"\0") and pid_alive(pid):
-            found.append(pid)
-    return found
+    return marked_processes(mark, marker=MARK)
 
 
 @pytest.mark.slow

@@ -110,7 +110,7 @@ def test_example_probes_print_one_json_object(script: Path, tmp_path: Path) -> N
 @pytest.mark.parametrize(
     "script",
     [
-        *sorted((EXAMPLES / "hooks").glob("*.sh")),
+        *sorted((EXAMPLES / "hooks").glob("on_*.sh")),
         *sorted((EXAMPLES / "probe.d").glob("[0-9]*")),
         *sorted((EXAMPLES / "verify.d").glob("[0-9]*")),
     ],
@@ -123,3 +123,21 @@ def test_example_scripts_are_executable_shell(script: Path) -> None:
     if first.split()[0].endswith("sh"):
         proc = subprocess.run(["sh", "-n", str(script)], capture_output=True, timeout=30)
         assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.parametrize(("hook", "action"), [("on_acquire", "stop"), ("on_release", "start")])
+def test_example_hooks_source_their_shared_part(hook: str, action: str) -> None:
+    """Both hooks source inference_unit.sh from their own directory; with no GPU index it is a
+    logged no-op (exit 0) wherever the hook is run from."""
+    env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
+    proc = subprocess.run(
+        ["sh", str(EXAMPLES / "hooks" / f"{hook}.sh")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        cwd="/",
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith(f"{hook}: ")
+    assert f"nothing to {action}" in proc.stdout

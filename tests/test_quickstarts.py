@@ -29,13 +29,14 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+
+from fleet_trio.sim.fleet import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -75,13 +76,6 @@ def commands(block: str) -> list[str]:
         if line.strip() and not line.lstrip().startswith("#"):
             out.append(line.strip())
     return out
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-    return port
 
 
 def adapt(line: str, ports: dict[str, int]) -> str:

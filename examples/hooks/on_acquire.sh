@@ -13,29 +13,13 @@
 # has none). RC_JOB_ID and RC_SUBMITTER are untrusted text: use them only as values.
 #
 # Unit name: INFERENCE_UNIT_PREFIX (default "inference@") + the GPU index, e.g. inference@1.
-# A host without systemctl, or without that unit, makes this a logged no-op.
+# A host without systemctl, or without that unit, makes this a logged no-op. Needs
+# inference_unit.sh (sourced) in the same directory.
 
 me=on_acquire
-prefix=${INFERENCE_UNIT_PREFIX:-inference@}
-index=${CUDA_VISIBLE_DEVICES:-}
-
-say() { printf '%s: %s\n' "$me" "$*"; }
-
-if [ -z "$index" ]; then
-	say "${RC_DEVICE:-?}: no GPU index (CUDA_VISIBLE_DEVICES unset); nothing to stop"
-	exit 0
-fi
-unit="${prefix}${index}"
-
-if ! command -v systemctl >/dev/null 2>&1; then
-	say "systemctl not found; not stopping $unit"
-	exit 0
-fi
-# `systemctl cat` fails for a unit that does not exist (instances of a template exist).
-if ! systemctl cat -- "$unit" >/dev/null 2>&1; then
-	say "unit $unit not found (or systemd not reachable); nothing to stop"
-	exit 0
-fi
+action=stop
+# Sets $unit, or exits 0 where there is nothing to stop (see inference_unit.sh).
+. "$(dirname -- "$0")/inference_unit.sh"
 
 say "stopping $unit for job ${RC_JOB_ID:-?} (${RC_SUBMITTER:-?}) on ${RC_DEVICE:-?}"
 if ! systemctl stop -- "$unit"; then

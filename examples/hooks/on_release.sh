@@ -14,28 +14,13 @@
 #
 # Environment: RC_EVENT=release, RC_DEVICE, RC_JOB_ID, RC_SUBMITTER (possibly empty, see
 # above), CUDA_VISIBLE_DEVICES. Unit name: INFERENCE_UNIT_PREFIX (default "inference@") + the
-# GPU index. A host without systemctl, or without that unit, makes this a logged no-op.
+# GPU index. A host without systemctl, or without that unit, makes this a logged no-op. Needs
+# inference_unit.sh (sourced) in the same directory.
 
 me=on_release
-prefix=${INFERENCE_UNIT_PREFIX:-inference@}
-index=${CUDA_VISIBLE_DEVICES:-}
-
-say() { printf '%s: %s\n' "$me" "$*"; }
-
-if [ -z "$index" ]; then
-	say "${RC_DEVICE:-?}: no GPU index (CUDA_VISIBLE_DEVICES unset); nothing to restart"
-	exit 0
-fi
-unit="${prefix}${index}"
-
-if ! command -v systemctl >/dev/null 2>&1; then
-	say "systemctl not found; not starting $unit"
-	exit 0
-fi
-if ! systemctl cat -- "$unit" >/dev/null 2>&1; then
-	say "unit $unit not found (or systemd not reachable); nothing to start"
-	exit 0
-fi
+action=start
+# Sets $unit, or exits 0 where there is nothing to start (see inference_unit.sh).
+. "$(dirname -- "$0")/inference_unit.sh"
 
 if [ -n "${RC_JOB_ID:-}" ]; then
 	why="after job $RC_JOB_ID (${RC_SUBMITTER:-?})"

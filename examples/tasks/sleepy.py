@@ -3,6 +3,9 @@
 (when the fake GPU is in use), sleeps briefly and prints a JSON result on stdout.
 
 Payload: {"seconds": 0.5, "hold": "1G", "fail": false}
+
+Standalone on purpose (copy it and edit): it imports nothing from fleet-trio, so the few lines
+that hold fake GPU memory are its own (the demo's render task holds memory the same way).
 """
 
 import json
@@ -32,13 +35,5 @@ finally:
     if holder is not None:
         os.unlink(holder)
 
-out_path = os.path.join(os.environ.get("FLEET_WORK_DIR", "."), "out.txt")
-print(
-    json.dumps(
-        {
-            "slept": seconds,
-            "job_id": os.environ.get("FLEET_JOB_ID", ""),
-            "held": hold if holder is not None else None,
-        }
-    )
-)
+held = hold if holder is not None else None
+print(json.dumps({"slept": seconds, "job_id": os.environ.get("FLEET_JOB_ID", ""), "held": held}))

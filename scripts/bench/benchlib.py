@@ -1,11 +1,12 @@
-"""What the benchmarks that serve from a child process share: starting the child (this same
-script re-run with ``--serve …``) and waiting for the URL it writes, the node such a child
-serves, stopping it, the nearest-rank quantile, a process's CPU seconds from ``/proc``, and
-the one line a broken run prints. Imported by the scripts beside it (their folder is on
-``sys.path`` when they run)."""
+"""What the benchmarks share: starting a child that serves (this same script re-run with
+``--serve …``) and waiting for the URL it writes, the node such a child serves, stopping it,
+the nearest-rank quantile, a process's CPU seconds from ``/proc``, the one line a broken run
+prints, and the ``-n`` / ``--warmup`` options of the job benchmarks. Imported by the scripts
+beside it (their folder is on ``sys.path`` when they run)."""
 
 from __future__ import annotations
 
+import argparse
 import os
 import signal
 import subprocess
@@ -97,3 +98,19 @@ def describe(exc: BaseException) -> str:
     while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
         exc = exc.exceptions[0]
     return f"{type(exc).__name__}: {exc}"
+
+
+def _at_least_two(text: str) -> int:
+    n = int(text)
+    if n < 2:
+        raise argparse.ArgumentTypeError("must be at least 2")
+    return n
+
+
+def job_bench_parser(description: str, *, n: int, n_help: str) -> argparse.ArgumentParser:
+    """An argument parser with what every job benchmark takes: ``-n`` timed jobs (at least
+    2; ``n_help`` says what they are) and ``--warmup`` untimed jobs first."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("-n", type=_at_least_two, default=n, help=f"{n_help} (default {n})")
+    parser.add_argument("--warmup", type=int, default=5, help="untimed jobs first (default 5)")
+    return parser

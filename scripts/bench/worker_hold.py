@@ -43,7 +43,7 @@ import trio
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
-from benchlib import pct
+from benchlib import job_bench_parser, pct
 
 from fleet_trio.sim import SimController, serve_controller
 
@@ -214,9 +214,8 @@ async def bench(args: argparse.Namespace) -> list[Side]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
-    parser.add_argument("-n", type=int, default=60, help="seq mode: timed jobs (default 60)")
-    parser.add_argument("--warmup", type=int, default=5, help="untimed jobs first (default 5)")
+    description = __doc__.split("\n\n")[0].replace("\n", " ")
+    parser = job_bench_parser(description, n=60, n_help="seq mode: timed jobs")
     parser.add_argument("--mode", choices=("seq", "burst"), default="seq")
     parser.add_argument("--burst", type=int, default=30, help="burst mode: jobs at once")
     parser.add_argument("--rounds", type=int, default=2, help="burst mode: rounds (default 2)")
@@ -231,8 +230,6 @@ def main(argv: list[str] | None = None) -> int:
         "--profile", default="", metavar="FILE", help="CPU-profile the fleet-trio worker into FILE"
     )
     args = parser.parse_args(argv)
-    if args.n < 2:
-        parser.error("-n must be at least 2")
     sides = trio.run(bench, args)
     thin = sides[0]
 

@@ -31,7 +31,6 @@ own time per package in ms per job, then the top functions.
 
 from __future__ import annotations
 
-import argparse
 import cProfile
 import functools
 import pathlib
@@ -49,6 +48,10 @@ from contextlib import AsyncExitStack, asynccontextmanager
 
 import attrs
 import trio
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+
+from benchlib import job_bench_parser
 
 from fleet_trio.proc.run import run
 from fleet_trio.proc.sinks import NullSink
@@ -172,21 +175,12 @@ async def in_process_worker(ctrl: SimController, url: str) -> AsyncIterator[None
         sheet_dir="/nonexistent",
     )
     worker = Worker(config, timings=WorkerTimings(probe_interval=float("inf")))
-    done = trio.Event()
-
-    async def run_worker() -> None:
-        try:
-            await serve_worker(worker)
-        finally:
-            done.set()
-
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(run_worker)
-        await ctrl.wait_for(lambda: worker.registrations >= 1 and ctrl.polls(), timeout=10)
+        with trio.fail_after(10):
+            await nursery.start(serve_worker, worker)  # started: registered, loops running
+            await ctrl.wait_for(lambda: ctrl.polls(), timeout=10)
         yield
-        worker.request_shutdown("benchmark over")
-        with trio.fail_after(15):
-            await done.wait()
+        worker.request_shutdown("benchmark over")  # serve_worker's shutdown is bounded
 
 
 def worker_command() -> list[str]:
@@ -312,9 +306,7 @@ def p90(xs: list[float]) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("-n", type=int, default=100, help="jobs (and baseline runs) (default 100)")
-    parser.add_argument("--warmup", type=int, default=5, help="untimed jobs/runs of each first")
+    parser = job_bench_parser(__doc__.splitlines()[0], n=100, n_help="jobs (and baseline runs)")
     parser.add_argument(
         "--subprocess",
         action="store_true",
@@ -326,8 +318,6 @@ def main(argv: list[str] | None = None) -> int:
         help="cProfile the job phase (this process: in-process worker + sim), own time per package",
     )
     args = parser.parse_args(argv)
-    if args.n < 2:
-        parser.error("-n must be at least 2")
 
     prof = cProfile.Profile() if args.profile else None
     res = trio.run(bench, args.n, args.warmup, args.subprocess, prof)

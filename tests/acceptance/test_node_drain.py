@@ -10,7 +10,7 @@ import trio
 
 from fleet_trio.node.app import snapshot_problem
 from fleet_trio.node.jobs import INTERRUPTED, JobState
-from tests.helpers import scenario_pause, state_in, wait_until
+from tests.helpers import dispatch_as, scenario_pause, state_in, wait_until
 from tests.node.harness import (
     FakeSampler,
     FakeSnapshot,
@@ -93,19 +93,13 @@ async def test_node_104_sigterm_drains_like_sigint(tmp_path: Path) -> None:
 
 async def test_node_105_json_with_charset_accepted(tmp_path: Path) -> None:
     async with running_node(tmp_path, node_config(tmp_path, tasks(tmp_path))) as h:
-        r = await h.client.post(
-            "/fleet/dispatch",
-            content=b'{"job_id":"c1","task_type":"image-gen"}',
-            headers={"Content-Type": "Application/JSON; charset=utf-8"},
-        )
+        r = await dispatch_as(h.client, "Application/JSON; charset=utf-8", "c1")
         assert r.status_code == 202
 
 
 async def test_node_106_missing_content_type_accepted(tmp_path: Path) -> None:
     async with running_node(tmp_path, node_config(tmp_path, tasks(tmp_path))) as h:
-        r = await h.client.post(
-            "/fleet/dispatch", content=b'{"job_id":"c2","task_type":"image-gen"}'
-        )
+        r = await dispatch_as(h.client, None, "c2")
         assert "content-type" not in {k.lower() for k in r.request.headers}
         assert r.status_code == 202
 

@@ -24,7 +24,7 @@ from fleet_trio.gpu import (
     gpu_arch,
     parse_smi_memory,
 )
-from tests.helpers import elapse
+from tests.helpers import StubGpuSource, elapse, serving
 
 SDXL = FootprintKey("sdxl", "", "image-gen")
 ACESTEP = FootprintKey("acestep", "", "audio-gen")
@@ -92,35 +92,33 @@ async def test_node_047_wire_omits_empty_quant_and_task(tmp_path: Path) -> None:
     ]
 
 
-async def _seed_048(path: str) -> None:
+async def _seeded_then_reopened(tmp_path: Path) -> tuple[str, FootprintStore]:
+    """A footprint file with sdxl (6.5 then 7.0 GB) and ace-step (4.25 GB) recorded, and a
+    store opened on it afresh (items 48-50)."""
+    path = _fp(tmp_path)
     store = await FootprintStore.open(path)
     await store.record(SDXL, 6.5)
     await store.record(SDXL, 7.0)
     await store.record(ACESTEP, 4.25)
+    return path, await _reopen(path)
 
 
 async def test_node_048_reopen_restores_entries(tmp_path: Path) -> None:
-    path = _fp(tmp_path)
-    await _seed_048(path)
-    again = await _reopen(path)
+    _, again = await _seeded_then_reopened(tmp_path)
     assert len(again.entries()) == 2
     assert _peak(again, SDXL) == 8.4
     assert _peak(again, ACESTEP) == 5.1
 
 
 async def test_node_049_lower_observation_never_lowers_across_reopen(tmp_path: Path) -> None:
-    path = _fp(tmp_path)
-    await _seed_048(path)
-    again = await _reopen(path)
+    path, again = await _seeded_then_reopened(tmp_path)
     await again.record(SDXL, 5.0)
     third = await _reopen(path)
     assert _peak(third, SDXL) == 8.4
 
 
 async def test_node_050_no_temp_files_left(tmp_path: Path) -> None:
-    path = _fp(tmp_path)
-    await _seed_048(path)
-    again = await _reopen(path)
+    path, again = await _seeded_then_reopened(tmp_path)
     await again.record(SDXL, 5.0)
     assert sorted(os.listdir(tmp_path)) == ["footprints.json"]
     text = Path(path).read_text()
@@ -334,11 +332,12 @@ def test_node_056_smi_parser_rejects(text: str) -> None:
         parse_smi_memory(text)
 
 
-class ScriptedSource:
+class ScriptedSource(StubGpuSource):
     """A source that returns canned ``nvidia-smi`` outputs (or failures) in order; the last
     script entry repeats. ``None`` in the script is a failure."""
 
     name = "scripted"
+    product = "Scripted GPU"
 
     def __init__(self, *script: str | None) -> None:
         self.script = list(script)
@@ -353,35 +352,24 @@ class ScriptedSource:
         total, used = parse_smi_memory(item)
         return VramSnapshot.now(total, used)
 
-    async def process_used_bytes(self) -> dict[int, int] | None:
-        await trio.lowlevel.checkpoint()
-        return None
-
-    async def device_name(self) -> str:
-        await trio.lowlevel.checkpoint()
-        return "Scripted GPU"
-
 
 async def test_node_057_snapshot_readable_once_started(autojump_clock: trio.abc.Clock) -> None:
     source = ScriptedSource("16384, 4096")
     sampler = GlobalSampler(source, interval=0.01)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(sampler.serve)
+    async with serving(sampler.serve):
         snap = sampler.snapshot()
         assert snap is not None
         assert (snap.total_gb, snap.free_gb, snap.used_gb) == (16.0, 12.0, 4.0)
         assert snap.wall_time > 0
         await elapse(0.035)
         assert source.calls >= 3
-        nursery.cancel_scope.cancel()
     assert sampler.samples == source.calls and sampler.failures == 0
 
 
 async def test_node_058_failures_keep_the_last_snapshot(autojump_clock: trio.abc.Clock) -> None:
     source = ScriptedSource("16384, 1024", None)
     sampler = GlobalSampler(source, interval=0.01)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(sampler.serve)
+    async with serving(sampler.serve):
         first = sampler.snapshot()
         await elapse(0.1)
         assert sampler.snapshot() == first  # exactly, timestamp included
@@ -390,19 +378,16 @@ async def test_node_058_failures_keep_the_last_snapshot(autojump_clock: trio.abc
         await elapse(0.1)
         assert source.calls > calls  # sampling continues
         assert sampler.failures >= 2
-        nursery.cancel_scope.cancel()
 
 
 async def test_node_059_always_failing_sampler_has_no_snapshot(
     autojump_clock: trio.abc.Clock,
 ) -> None:
     sampler = GlobalSampler(ScriptedSource(None), interval=0.01)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(sampler.serve)
+    async with serving(sampler.serve):
         await elapse(0.05)
         assert sampler.snapshot() is None
         assert sampler.status(trio.current_time()) == (None, NO_SNAPSHOT)
-        nursery.cancel_scope.cancel()
 
 
 async def test_node_060_at_most_one_more_sample_after_stop(
@@ -410,10 +395,8 @@ async def test_node_060_at_most_one_more_sample_after_stop(
 ) -> None:
     source = ScriptedSource("16384, 1024")
     sampler = GlobalSampler(source, interval=0.01)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(sampler.serve)
+    async with serving(sampler.serve):
         await elapse(0.05)
-        nursery.cancel_scope.cancel()
     stopped_at = source.calls
     await elapse(0.1)
     assert source.calls <= stopped_at + 1
@@ -423,8 +406,7 @@ async def test_node_023_024_108_staleness(autojump_clock: trio.abc.Clock) -> Non
     """The sampler side of 23, 24 and 108: 60 s stale, 5 s fresh, exactly 30 s fresh."""
     source = ScriptedSource("16384, 1024", None)
     sampler = GlobalSampler(source, interval=2.0)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(sampler.serve)
+    async with serving(sampler.serve):
         snap = sampler.snapshot()
         assert snap is not None
         t0 = snap.taken_at
@@ -433,7 +415,6 @@ async def test_node_023_024_108_staleness(autojump_clock: trio.abc.Clock) -> Non
         assert sampler.status(t0 + 30.000001) == (None, STALE_SNAPSHOT)
         await trio.sleep(60)
         assert sampler.status(trio.current_time()) == (None, STALE_SNAPSHOT)
-        nursery.cancel_scope.cancel()
 
 
 async def test_node_101_global_delta_sampler() -> None:

@@ -6,12 +6,10 @@ import json
 import os
 from pathlib import Path
 
-from fleet_trio.node.app import NodeContext, create_app
-from fleet_trio.node.jobs import JobStore
+from fleet_trio.node.app import create_app
 from fleet_trio.node.server import hypercorn_config, server_timeouts
-from fleet_trio.node.tasks import TaskRegistry, TaskRunner
 from fleet_trio.node.wire import HEALTH_FIELDS
-from tests.helpers import quiet_for, wait_until
+from tests.helpers import bare_node_context, dispatch_as, quiet_for, wait_until
 from tests.node.harness import (
     FakeFootprints,
     FakeSampler,
@@ -168,11 +166,7 @@ async def test_node_031_body_over_1mib(tmp_path: Path) -> None:
 
 async def test_node_032_text_plain_400(tmp_path: Path) -> None:
     async with running_node(tmp_path, node_config(tmp_path, two_tasks(tmp_path))) as h:
-        r = await h.client.post(
-            "/fleet/dispatch",
-            content=b'{"job_id":"x","task_type":"image-gen"}',
-            headers={"Content-Type": "text/plain"},
-        )
+        r = await dispatch_as(h.client, "text/plain", "x")
         assert r.status_code == 400
         assert r.json()["error"] == 'content-type must be application/json (got "text/plain")'
 
@@ -275,13 +269,7 @@ async def test_node_042_graph_file_lifetime(tmp_path: Path) -> None:
 
 
 def test_node_043_server_timeouts() -> None:
-    ctx = NodeContext(
-        node_id="n",
-        gpu_arch="nvidia",
-        registry=TaskRegistry([]),
-        store=JobStore(),
-        runner=TaskRunner(kill_grace=1),
-    )
+    ctx = bare_node_context()
     t = server_timeouts(hypercorn_config("127.0.0.1:18811"), create_app(ctx))
     # read-header 5 s has no hypercorn equivalent (documented in docs/node.md).
     assert t["read_header"] is None

@@ -10,19 +10,24 @@ import trio
 
 from fleet_trio.proc import BufferSink, JobSpec, StopToken
 from fleet_trio.proc.run import run
-from tests.helpers import PidWatcher, gone_within, scenario_pause, stop_after, stop_when_output
+from tests.helpers import (
+    PidWatcher,
+    gone_within,
+    run_sh,
+    scenario_pause,
+    stop_after,
+    stop_when_output,
+)
 
 
 async def test_process_001_captures_output_and_exit_code() -> None:
-    sink = BufferSink()
-    with trio.fail_after(10):
-        res = await run(JobSpec(command=["sh", "-c", "echo out; echo err >&2; exit 3"]), sink)
+    res, output = await run_sh("echo out; echo err >&2; exit 3")
     assert res.err is None
     assert res.exit_code == 3
     assert res.killed is False
     assert res.reason == ""
-    assert "out" in sink.text()
-    assert "err" in sink.text()
+    assert "out" in output
+    assert "err" in output
 
 
 async def test_process_002_sets_job_environment() -> None:
@@ -193,12 +198,10 @@ async def test_process_014_stdin_relay_is_not_awaited_for_completion() -> None:
 
 
 async def test_process_015_stdin_defaults_to_dev_null() -> None:
-    sink = BufferSink()
     started = time.monotonic()
-    with trio.fail_after(10):
-        res = await run(JobSpec(command=["sh", "-c", "cat; echo rc=$?"]), sink)
+    res, output = await run_sh("cat; echo rc=$?")
     assert res.exit_code == 0
-    assert "rc=0" in sink.text()
+    assert "rc=0" in output
     assert time.monotonic() - started < 2
 
 

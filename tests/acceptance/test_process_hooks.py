@@ -31,11 +31,13 @@ from tests.helpers import (
     FAST,
     FAST_CLIENT,
     HOST,
+    config,
     dev,
     quiet_for,
     scenario_pause,
     sim,
     start_worker,
+    succeeded,
     until_terminal,
     wait_until,
 )
@@ -119,15 +121,11 @@ async def worker_on_sim(
     path in ``tmp_path`` that does not exist, i.e. verify off). Yields at once (before
     registration, see :meth:`WorkerRun.ready`); the worker is stopped at exit."""
     ctrl = ctrl if ctrl is not None else sim()
-    devs = tuple(d if isinstance(d, DeviceConfig) else DeviceConfig(name=d) for d in devices)
     async with trio.open_nursery() as nursery:
         url = await nursery.start(serve_controller, ctrl)
-        cfg = WorkerConfig(
-            controller_url=url,
-            token="wtok",
-            host=HOST,
-            devices=devs,
-            sheet_dir="/nonexistent",
+        cfg = config(
+            url,
+            devices,
             hooks=hooks if hooks is not None else HooksConfig(),
             verify_dir=str(verify_dir if verify_dir is not None else tmp_path / "no-verify.d"),
         )
@@ -239,14 +237,16 @@ async def test_startup_pass_budget_is_a_scope_that_reports_the_hook_it_cut(
     assert not proc.procfs.pid_alive(int(pidfile.read_text()))
 
 
-def linger_config(
+@asynccontextmanager
+async def linger_hooks(
     tmp_path: Path,
     linger_ms: int,
     *,
     acquire: str | None = LOG_EVENT,
     release: str | None = LOG_EVENT,
-) -> tuple[WorkerConfig, Path, Path]:
-    """One device ``gpu0``; acquire and release hooks log to separate files."""
+) -> AsyncIterator[tuple[HostHooks, Path, Path]]:
+    """Served hooks for one device ``gpu0`` whose acquire and release hooks log to separate
+    files (yielded after the hooks); the block is guarded by a 15 s ``fail_after``."""
     acq_log, rel_log = tmp_path / "acquire.log", tmp_path / "release.log"
     device = DeviceConfig(
         name="gpu0",
@@ -255,48 +255,51 @@ def linger_config(
         release_linger=linger_ms * MILLISECOND,
         timeout=10 * SECOND,
     )
-    return host_config([device]), acq_log, rel_log
+    with trio.fail_after(15):
+        async with serving(HostHooks(host_config([device]))) as hooks:
+            yield hooks, acq_log, rel_log
+
+
+async def acquire(hooks: HostHooks, name: str) -> str | None:
+    """``gpu0``'s acquire for job ``name``: the error, or None."""
+    return await hooks.acquire(GPU0, job(name), proc.StopToken())
 
 
 async def test_process_039_back_to_back_jobs_within_linger_one_acquire_one_release(
     tmp_path: Path,
 ) -> None:
-    cfg, acq_log, rel_log = linger_config(tmp_path, 300)
-    with trio.fail_after(15):
-        async with serving(HostHooks(cfg)) as hooks:
-            assert await hooks.acquire(GPU0, job("job1"), proc.StopToken()) is None
-            assert read_text(acq_log) == "acquire job1\n"
-            await hooks.release(GPU0, job("job1"))
-            await scenario_pause(0.05, why="job2 arrives inside job1's linger")
-            assert await hooks.acquire(GPU0, job("job2"), proc.StopToken()) is None
-            await hooks.release(GPU0, job("job2"))
-            assert read_text(acq_log) == "acquire job1\n"
-            await quiet_for(0.1, reason="no release hook fires inside the linger")
-            assert read_text(rel_log) == ""
-            await wait_until(lambda: read_text(rel_log), timeout=5)
-            await quiet_for(0.2, reason="no second release hook fires")
-            assert read_text(rel_log) == "release job2\n"
-            assert read_text(acq_log) == "acquire job1\n"
+    async with linger_hooks(tmp_path, 300) as (hooks, acq_log, rel_log):
+        assert await acquire(hooks, "job1") is None
+        assert read_text(acq_log) == "acquire job1\n"
+        await hooks.release(GPU0, job("job1"))
+        await scenario_pause(0.05, why="job2 arrives inside job1's linger")
+        assert await acquire(hooks, "job2") is None
+        await hooks.release(GPU0, job("job2"))
+        assert read_text(acq_log) == "acquire job1\n"
+        await quiet_for(0.1, reason="no release hook fires inside the linger")
+        assert read_text(rel_log) == ""
+        await wait_until(lambda: read_text(rel_log), timeout=5)
+        await quiet_for(0.2, reason="no second release hook fires")
+        assert read_text(rel_log) == "release job2\n"
+        assert read_text(acq_log) == "acquire job1\n"
 
 
 async def scenario_delayed_release_of_a_finished_job_never_fires_during_the_next(
     tmp_path: Path,
 ) -> None:
-    cfg, acq_log, rel_log = linger_config(tmp_path, 100)
-    with trio.fail_after(15):
-        async with serving(HostHooks(cfg)) as hooks:
-            assert await hooks.acquire(GPU0, job("job1"), proc.StopToken()) is None
-            assert await hooks.acquire(GPU0, job("job2"), proc.StopToken()) is None  # skips
-            assert read_text(acq_log) == "acquire job1\n"
-            await hooks.release(GPU0, job("job1"))  # job1's late release: epoch 1, stale
-            lease = hooks.book.lease(GPU0)
-            assert lease is not None and lease.held and lease.pending is None
-            await quiet_for(0.4, reason="the stale release never fires")
-            assert read_text(rel_log) == ""
-            await hooks.release(GPU0, job("job2"))
-            await wait_until(lambda: read_text(rel_log), timeout=5)
-            await quiet_for(0.2, reason="no second release hook fires")
-            assert read_text(rel_log) == "release job2\n"
+    async with linger_hooks(tmp_path, 100) as (hooks, acq_log, rel_log):
+        assert await acquire(hooks, "job1") is None
+        assert await acquire(hooks, "job2") is None  # skips
+        assert read_text(acq_log) == "acquire job1\n"
+        await hooks.release(GPU0, job("job1"))  # job1's late release: epoch 1, stale
+        lease = hooks.book.lease(GPU0)
+        assert lease is not None and lease.held and lease.pending is None
+        await quiet_for(0.4, reason="the stale release never fires")
+        assert read_text(rel_log) == ""
+        await hooks.release(GPU0, job("job2"))
+        await wait_until(lambda: read_text(rel_log), timeout=5)
+        await quiet_for(0.2, reason="no second release hook fires")
+        assert read_text(rel_log) == "release job2\n"
 
 
 async def test_process_040_delayed_release_of_a_finished_job_never_fires_during_the_next(
@@ -306,34 +309,30 @@ async def test_process_040_delayed_release_of_a_finished_job_never_fires_during_
 
 
 async def test_process_041_job_after_the_linger_gets_its_own_acquire(tmp_path: Path) -> None:
-    cfg, acq_log, rel_log = linger_config(tmp_path, 100)
-    with trio.fail_after(15):
-        async with serving(HostHooks(cfg)) as hooks:
-            assert await hooks.acquire(GPU0, job("job1"), proc.StopToken()) is None
-            await hooks.release(GPU0, job("job1"))
-            await wait_until(lambda: read_text(rel_log) == "release job1\n", timeout=5)
-            await wait_until(lambda: not hooks.book.lease(GPU0).held, timeout=5)  # type: ignore[union-attr]
-            assert await hooks.acquire(GPU0, job("job2"), proc.StopToken()) is None
-            assert read_text(acq_log) == "acquire job1\nacquire job2\n"
+    async with linger_hooks(tmp_path, 100) as (hooks, acq_log, rel_log):
+        assert await acquire(hooks, "job1") is None
+        await hooks.release(GPU0, job("job1"))
+        await wait_until(lambda: read_text(rel_log) == "release job1\n", timeout=5)
+        await wait_until(lambda: not hooks.book.lease(GPU0).held, timeout=5)  # type: ignore[union-attr]
+        assert await acquire(hooks, "job2") is None
+        assert read_text(acq_log) == "acquire job1\nacquire job2\n"
 
 
 async def test_process_042_failing_acquire_leaves_the_device_unheld(tmp_path: Path) -> None:
     failing = LOG_EVENT + "; echo acquire-broke >&2; exit 1"
-    cfg, acq_log, rel_log = linger_config(tmp_path, 100, acquire=failing)
-    with trio.fail_after(15):
-        async with serving(HostHooks(cfg)) as hooks:
-            error = await hooks.acquire(GPU0, job("job1"), proc.StopToken())
-            assert error is not None
-            assert "exited 1" in error and "acquire-broke" in error
-            await hooks.release(GPU0, job("job1"))  # a no-op: not held, no timer
-            lease = hooks.book.lease(GPU0)
-            assert lease is not None
-            assert not lease.held and lease.pending is None
-            error2 = await hooks.acquire(GPU0, job("job2"), proc.StopToken())
-            assert error2 is not None
-            assert read_text(acq_log) == "acquire job1\nacquire job2\n"
-            await quiet_for(0.3, reason="no release hook fires after a failed acquire")
-            assert read_text(rel_log) == ""
+    async with linger_hooks(tmp_path, 100, acquire=failing) as (hooks, acq_log, rel_log):
+        error = await acquire(hooks, "job1")
+        assert error is not None
+        assert "exited 1" in error and "acquire-broke" in error
+        await hooks.release(GPU0, job("job1"))  # a no-op: not held, no timer
+        lease = hooks.book.lease(GPU0)
+        assert lease is not None
+        assert not lease.held and lease.pending is None
+        error2 = await acquire(hooks, "job2")
+        assert error2 is not None
+        assert read_text(acq_log) == "acquire job1\nacquire job2\n"
+        await quiet_for(0.3, reason="no release hook fires after a failed acquire")
+        assert read_text(rel_log) == ""
 
 
 async def test_process_043_device_without_hooks_is_a_no_op(tmp_path: Path) -> None:
@@ -341,7 +340,7 @@ async def test_process_043_device_without_hooks_is_a_no_op(tmp_path: Path) -> No
     with trio.fail_after(10):
         async with serving(HostHooks(cfg)) as hooks:
             assert hooks.book.lease(GPU0) is None
-            assert await hooks.acquire(GPU0, job("job1"), proc.StopToken()) is None
+            assert await acquire(hooks, "job1") is None
             await hooks.release(GPU0, job("job1"))
             assert hooks.book.lease(GPU0) is None
             assert list(hooks.book.leases()) == []
@@ -349,19 +348,17 @@ async def test_process_043_device_without_hooks_is_a_no_op(tmp_path: Path) -> No
 
 
 async def test_process_044_only_on_release_configured(tmp_path: Path) -> None:
-    cfg, acq_log, rel_log = linger_config(tmp_path, 100, acquire=None)
-    with trio.fail_after(10):
-        async with serving(HostHooks(cfg)) as hooks:
-            assert await hooks.acquire(GPU0, job("job1"), proc.StopToken()) is None
-            lease = hooks.book.lease(GPU0)
-            assert lease is not None and lease.held
-            assert not acq_log.exists()  # no acquire hook ran
-            await hooks.release(GPU0, job("job1"))
-            assert read_text(rel_log) == ""  # not before the linger
-            await wait_until(lambda: read_text(rel_log), timeout=5)
-            await quiet_for(0.1, reason="the release hook fires once")
-            assert read_text(rel_log) == "release job1\n"
-            assert not hooks.book.lease(GPU0).held  # type: ignore[union-attr]
+    async with linger_hooks(tmp_path, 100, acquire=None) as (hooks, acq_log, rel_log):
+        assert await acquire(hooks, "job1") is None
+        lease = hooks.book.lease(GPU0)
+        assert lease is not None and lease.held
+        assert not acq_log.exists()  # no acquire hook ran
+        await hooks.release(GPU0, job("job1"))
+        assert read_text(rel_log) == ""  # not before the linger
+        await wait_until(lambda: read_text(rel_log), timeout=5)
+        await quiet_for(0.1, reason="the release hook fires once")
+        assert read_text(rel_log) == "release job1\n"
+        assert not hooks.book.lease(GPU0).held  # type: ignore[union-attr]
 
 
 # --------------------------------------------------------------------------------------------
@@ -376,28 +373,29 @@ def logging_device(tmp_path: Path, log: Path, **kw: object) -> DeviceConfig:
 
 
 @asynccontextmanager
-async def logging_worker(tmp_path: Path, linger: int) -> AsyncIterator[tuple[WorkerRun, Path]]:
+async def logging_worker(
+    tmp_path: Path, linger: int
+) -> AsyncIterator[tuple[SimController, WorkerRun, Path]]:
     """A registered worker on the sim whose ``gpu0`` logs every hook to the yielded file, with
-    this ``release_linger``."""
+    this ``release_linger``; the whole block is guarded by a 30 s ``fail_after``."""
     log = tmp_path / "hooks.log"
     device = logging_device(tmp_path, log)
     hooks = HooksConfig(release_linger=linger)
-    async with worker_on_sim(tmp_path, [device], hooks=hooks) as run:
-        await run.ready()
-        yield run, log
+    with trio.fail_after(30):
+        async with worker_on_sim(tmp_path, [device], hooks=hooks) as run:
+            await run.ready()
+            yield run.ctrl, run, log
 
 
 async def scenario_back_to_back_jobs_through_the_worker(tmp_path: Path) -> None:
-    with trio.fail_after(30):
-        async with logging_worker(tmp_path, 500 * MILLISECOND) as (run, log):
-            ctrl = run.ctrl
-            job1 = ctrl.submit(GPU0, ["true"])
-            job2 = ctrl.submit(GPU0, ["true"])
-            assert await until_terminal(ctrl, job1) == ["running", "succeeded"]
-            assert await until_terminal(ctrl, job2) == ["running", "succeeded"]
-            await wait_until(lambda: f"release {job2}" in read_lines(log), timeout=5)
-            await quiet_for(0.7, reason="an idle linger fires no further hook")
-            assert read_lines(log) == ["release ", f"acquire {job1}", f"release {job2}"]
+    async with logging_worker(tmp_path, 500 * MILLISECOND) as (ctrl, _run, log):
+        job1 = ctrl.submit(GPU0, ["true"])
+        job2 = ctrl.submit(GPU0, ["true"])
+        assert await until_terminal(ctrl, job1) == ["running", "succeeded"]
+        assert await until_terminal(ctrl, job2) == ["running", "succeeded"]
+        await wait_until(lambda: f"release {job2}" in read_lines(log), timeout=5)
+        await quiet_for(0.7, reason="an idle linger fires no further hook")
+        assert read_lines(log) == ["release ", f"acquire {job1}", f"release {job2}"]
 
 
 async def test_process_045_back_to_back_jobs_through_the_worker(tmp_path: Path) -> None:
@@ -405,33 +403,27 @@ async def test_process_045_back_to_back_jobs_through_the_worker(tmp_path: Path) 
 
 
 async def scenario_job_after_the_linger_through_the_worker(tmp_path: Path) -> None:
-    with trio.fail_after(30):
-        async with logging_worker(tmp_path, 100 * MILLISECOND) as (run, log):
-            ctrl = run.ctrl
-            job1 = ctrl.submit(GPU0, ["true"])
-            assert await until_terminal(ctrl, job1) == ["running", "succeeded"]
-            await wait_until(lambda: f"release {job1}" in read_lines(log), timeout=5)
-            await scenario_pause(0.2, why="job2 comes after job1's linger has ended")
-            job2 = ctrl.submit(GPU0, ["true"])
-            assert await until_terminal(ctrl, job2) == ["running", "succeeded"]
-            await wait_until(lambda: f"release {job2}" in read_lines(log), timeout=5)
-            await quiet_for(0.2, reason="no further hook fires")
-            assert read_lines(log) == [
-                "release ",
-                f"acquire {job1}",
-                f"release {job1}",
-                f"acquire {job2}",
-                f"release {job2}",
-            ]
+    async with logging_worker(tmp_path, 100 * MILLISECOND) as (ctrl, _run, log):
+        job1 = await succeeded(ctrl, GPU0)
+        await wait_until(lambda: f"release {job1}" in read_lines(log), timeout=5)
+        await scenario_pause(0.2, why="job2 comes after job1's linger has ended")
+        job2 = await succeeded(ctrl, GPU0)
+        await wait_until(lambda: f"release {job2}" in read_lines(log), timeout=5)
+        await quiet_for(0.2, reason="no further hook fires")
+        assert read_lines(log) == [
+            "release ",
+            f"acquire {job1}",
+            f"release {job1}",
+            f"acquire {job2}",
+            f"release {job2}",
+        ]
 
 
 async def test_process_046_job_after_the_linger_through_the_worker(tmp_path: Path) -> None:
     await scenario_job_after_the_linger_through_the_worker(tmp_path)
 
 
-async def scenario_acquire_failure_quarantines_the_device_and_skips_the_job(
-    tmp_path: Path,
-) -> None:
+async def scenario_acquire_failure_quarantines_the_device_and_skips_the_job(tmp_path: Path) -> None:
     failing = hook(tmp_path / "acquire.sh", "echo boom-output >&2; exit 1")
     artifact = tmp_path / "artifact"
     device = DeviceConfig(name="gpu0", on_acquire=failing)
@@ -460,9 +452,7 @@ async def test_process_047_acquire_failure_quarantines_the_device_and_skips_the_
     await scenario_acquire_failure_quarantines_the_device_and_skips_the_job(tmp_path)
 
 
-async def scenario_shutdown_during_acquire_cancels_without_a_fault(
-    tmp_path: Path,
-) -> None:
+async def scenario_shutdown_during_acquire_cancels_without_a_fault(tmp_path: Path) -> None:
     started = tmp_path / "started"
     slow = hook(tmp_path / "acquire.sh", f'touch "{started}"; sleep 30')
     device = DeviceConfig(name="gpu0", on_acquire=slow, timeout=60 * SECOND)
@@ -485,24 +475,19 @@ async def test_process_048_shutdown_during_acquire_cancels_without_a_fault(tmp_p
 
 
 async def scenario_pending_release_fires_on_shutdown(tmp_path: Path) -> None:
-    with trio.fail_after(30):
-        async with logging_worker(tmp_path, 60 * SECOND) as (run, log):
-            ctrl = run.ctrl
-            job1 = ctrl.submit(GPU0, ["true"])
-            assert await until_terminal(ctrl, job1) == ["running", "succeeded"]
-            await wait_until(lambda: run.worker.supervised() == [], timeout=5)
-            assert read_lines(log) == ["release ", f"acquire {job1}"]
-            assert await run.stop(within=15) < 15
-            assert read_lines(log) == ["release ", f"acquire {job1}", f"release {job1}"]
+    async with logging_worker(tmp_path, 60 * SECOND) as (ctrl, run, log):
+        job1 = await succeeded(ctrl, GPU0)
+        await wait_until(lambda: run.worker.supervised() == [], timeout=5)
+        assert read_lines(log) == ["release ", f"acquire {job1}"]
+        assert await run.stop(within=15) < 15
+        assert read_lines(log) == ["release ", f"acquire {job1}", f"release {job1}"]
 
 
 async def test_process_049_pending_release_fires_on_shutdown(tmp_path: Path) -> None:
     await scenario_pending_release_fires_on_shutdown(tmp_path)
 
 
-async def scenario_startup_runs_release_hooks_before_the_first_poll(
-    tmp_path: Path,
-) -> None:
+async def scenario_startup_runs_release_hooks_before_the_first_poll(tmp_path: Path) -> None:
     marker = tmp_path / "released"
     # slow enough that a poll sent before the pass ended would be seen without the marker
     release = hook(tmp_path / "release.sh", f'sleep 0.5; touch "{marker}"')

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import uuid
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
@@ -180,16 +181,28 @@ async def test_process_026_sweep_never_kills_itself_or_its_ancestors(job_id: str
             await victim.wait()
 
 
+@asynccontextmanager
+async def term_ignoring_loop(job_id: str, body: str) -> AsyncIterator[trio.Process]:
+    """A shell marked with ``job_id``, in a session of its own, that ignores SIGTERM and runs
+    ``body`` in a loop; SIGKILLed and reaped at the end of the block."""
+    loop = await trio.lowlevel.open_process(
+        ["sh", "-c", f'trap "" TERM; while :; do {body}; done'],
+        env=marked_env(job_id),
+        start_new_session=True,
+    )
+    try:
+        yield loop
+    finally:
+        loop.kill()
+        with trio.CancelScope(shield=True):
+            await loop.wait()
+
+
 async def test_process_027_sweep_escalates_to_sigkill_when_sigterm_is_ignored(
     job_id: str,
 ) -> None:
     with trio.fail_after(20):
-        loop = await trio.lowlevel.open_process(
-            ["sh", "-c", 'trap "" TERM; while :; do sleep 0.05; done'],
-            env=marked_env(job_id),
-            start_new_session=True,
-        )
-        try:
+        async with term_ignoring_loop(job_id, "sleep 0.05") as loop:
             start = trio.current_time()
             rep = await sweep_job_survivors(job_id, os.getpid())
             elapsed = trio.current_time() - start
@@ -200,9 +213,6 @@ async def test_process_027_sweep_escalates_to_sigkill_when_sigterm_is_ignored(
             # Its forked children are gone too (a child killed mid-exit may still read for a
             # moment; wait on the fact, bounded).
             await wait_until(lambda: marked_pids(job_id) == (), what="no marked process left")
-        finally:
-            loop.kill()
-            await loop.wait()
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="non-root only: root can read every environ")
@@ -265,12 +275,7 @@ async def test_sweep_kills_escapees_forked_while_it_runs(job_id: str) -> None:
     """A TERM-ignoring setsid'd loop forks a marked, TERM-ignoring ``sleep 300`` every 10 ms
     for the whole sweep: every one of them is gone at the end and nothing remains."""
     with trio.fail_after(20):
-        loop = await trio.lowlevel.open_process(
-            ["sh", "-c", 'trap "" TERM; while :; do sleep 300 & sleep 0.01; done'],
-            env=marked_env(job_id),
-            start_new_session=True,
-        )
-        try:
+        async with term_ignoring_loop(job_id, "sleep 300 & sleep 0.01") as loop:
             await wait_until(lambda: not (len(marked_pids(job_id)) < 5))
             rep = await sweep_job_survivors(job_id, os.getpid(), grace=0.3)
             assert loop.pid in rep.found
@@ -278,9 +283,6 @@ async def test_sweep_kills_escapees_forked_while_it_runs(job_id: str) -> None:
             assert rep.clean()
             assert not pid_alive(loop.pid)
             assert marked_pids(job_id) == ()
-        finally:
-            loop.kill()
-            await loop.wait()
 
 
 async def test_sweep_matches_the_exact_id_only(job_id: str) -> None:

@@ -16,7 +16,7 @@ from fleet_trio.proc.procfs import Predicate, read_proc_stat
 from fleet_trio.sim.harness import WorkerHandle
 from fleet_trio.worker.client import Assignment
 from fleet_trio.worker.worker import HOLD_COMMAND, Worker, job_environment
-from tests.helpers import HOST, PY, config, dev, until_terminal
+from tests.helpers import HOST, PY, config, dev, started, until_terminal
 
 GPUBOX: dict[str, Any] = {
     "host": HOST,
@@ -74,8 +74,7 @@ async def test_process_128_stop_while_a_job_runs_reports_killed_and_returns(
 ) -> None:
     ctrl, worker = fleet_worker.controller, fleet_worker.worker
     with trio.fail_after(20):
-        job = ctrl.submit(dev("gpu0"), ["sleep", "5"])
-        await ctrl.wait_for(lambda: ctrl.statuses(job) == ["running"])
+        job = await started(ctrl, dev("gpu0"), ["sleep", "5"])
         t0 = trio.current_time()
         worker.request_shutdown("test: stop while a job runs")
         await ctrl.wait_for(lambda: ctrl.statuses(job) == ["running", "killed"], timeout=10)
@@ -88,8 +87,7 @@ async def test_process_129_kill_from_the_poll_answer_kills_the_job(
 ) -> None:
     ctrl = fleet_worker.controller
     with trio.fail_after(20):
-        job = ctrl.submit(dev("gpu0"), ["sleep", "30"])
-        await ctrl.wait_for(lambda: ctrl.statuses(job) == ["running"])
+        job = await started(ctrl, dev("gpu0"), ["sleep", "30"])
         assert ctrl.kill(job)
         assert await until_terminal(ctrl, job) == ["running", "killed"]
         assert ctrl.status_reports(job)[-1].reason == "cancelled"

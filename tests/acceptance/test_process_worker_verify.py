@@ -18,7 +18,7 @@ import trio
 from fleet_trio.proc.procfs import job_env_id, list_pids, pid_alive
 from fleet_trio.sim import SimController
 from tests.acceptance.test_process_hooks import GPU0, WorkerRun, hook, worker_on_sim
-from tests.helpers import gone_within, quiet_for, scenario_pause, until_terminal
+from tests.helpers import gone_within, quiet_for, scenario_pause, succeeded, until_terminal
 
 ESCAPEE = (
     "setsid sh -c 'echo $$ > {pidfile}; exec sleep 300' >/dev/null 2>&1 < /dev/null & "
@@ -37,11 +37,13 @@ def failing_verify(tmp_path: Path) -> Path:
 
 
 @contextlib.asynccontextmanager
-async def failing_verify_worker(tmp_path: Path) -> AsyncIterator[WorkerRun]:
-    """A registered worker on the sim whose one verify script always fails."""
-    async with worker_on_sim(tmp_path, verify_dir=failing_verify(tmp_path)) as run:
-        await run.ready()
-        yield run
+async def failing_verify_worker(tmp_path: Path) -> AsyncIterator[tuple[SimController, WorkerRun]]:
+    """A registered worker on the sim whose one verify script always fails: the controller and
+    the worker. The block is guarded by a 30 s ``fail_after``."""
+    with trio.fail_after(30):
+        async with worker_on_sim(tmp_path, verify_dir=failing_verify(tmp_path)) as run:
+            await run.ready()
+            yield run.ctrl, run
 
 
 def report_order(ctrl: SimController, job_id: str) -> list[str]:
@@ -96,13 +98,10 @@ async def test_process_025_worker_sweeps_a_jobs_escapee_and_still_reports_succes
 async def scenario_verify_failure_faults_the_device_before_the_terminal_report(
     tmp_path: Path,
 ) -> None:
-    with trio.fail_after(30):
-        async with failing_verify_worker(tmp_path) as run:
-            ctrl = run.ctrl
-            job_id = ctrl.submit(GPU0, ["true"])
-            assert await until_terminal(ctrl, job_id) == ["running", "succeeded"]
-            assert report_order(ctrl, job_id) == ["fault", "terminal"]
-            assert ctrl.faults(GPU0) == [VRAM_FAULT]
+    async with failing_verify_worker(tmp_path) as (ctrl, _):
+        job_id = await succeeded(ctrl, GPU0)
+        assert report_order(ctrl, job_id) == ["fault", "terminal"]
+        assert ctrl.faults(GPU0) == [VRAM_FAULT]
 
 
 async def test_process_063_verify_failure_faults_the_device_before_the_terminal_report(
@@ -112,19 +111,17 @@ async def test_process_063_verify_failure_faults_the_device_before_the_terminal_
 
 
 async def scenario_verify_failure_ordering_holds_on_shutdown(tmp_path: Path) -> None:
-    with trio.fail_after(30):
-        async with failing_verify_worker(tmp_path) as run:
-            ctrl = run.ctrl
-            job_id = ctrl.submit(GPU0, ["sleep", "5"])
-            await ctrl.wait_for(
-                lambda: ctrl.statuses(job_id) == ["running"] and job_id in run.worker.supervised(),
-                timeout=10,
-            )
-            await scenario_pause(0.2, why="the job runs a moment before the shutdown")
-            assert await run.stop(within=10) < 10
-            assert ctrl.statuses(job_id) == ["running", "killed"]
-            assert report_order(ctrl, job_id) == ["fault", "terminal"]
-            assert ctrl.faults(GPU0)[0].startswith("verify failed: 10-vram-free.sh: ")
+    async with failing_verify_worker(tmp_path) as (ctrl, run):
+        job_id = ctrl.submit(GPU0, ["sleep", "5"])
+        await ctrl.wait_for(
+            lambda: ctrl.statuses(job_id) == ["running"] and job_id in run.worker.supervised(),
+            timeout=10,
+        )
+        await scenario_pause(0.2, why="the job runs a moment before the shutdown")
+        assert await run.stop(within=10) < 10
+        assert ctrl.statuses(job_id) == ["running", "killed"]
+        assert report_order(ctrl, job_id) == ["fault", "terminal"]
+        assert ctrl.faults(GPU0)[0].startswith("verify failed: 10-vram-free.sh: ")
 
 
 async def test_process_064_verify_failure_ordering_holds_on_shutdown(tmp_path: Path) -> None:
@@ -190,13 +187,10 @@ async def test_process_066_verify_failure_quarantines_then_a_passing_script_retu
 
 
 async def scenario_verify_failed_event_names_the_job(tmp_path: Path) -> None:
-    with trio.fail_after(30):
-        async with failing_verify_worker(tmp_path) as run:
-            ctrl = run.ctrl
-            job_id = ctrl.submit(GPU0, ["true"])
-            assert await until_terminal(ctrl, job_id) == ["running", "succeeded"]
-            events = [e for e in ctrl.events() if e.kind == "verify_failed"]
-            assert [(e.device_id, e.job_id) for e in events] == [(GPU0, job_id)]
+    async with failing_verify_worker(tmp_path) as (ctrl, _):
+        job_id = await succeeded(ctrl, GPU0)
+        events = [e for e in ctrl.events() if e.kind == "verify_failed"]
+        assert [(e.device_id, e.job_id) for e in events] == [(GPU0, job_id)]
 
 
 async def test_process_066_verify_failed_event_names_the_job(tmp_path: Path) -> None:

@@ -19,7 +19,7 @@ import trio
 from fleet_trio.sim.harness import WorkerHandle
 from tests.acceptance.test_process_worker_supervision import GPUBOX
 from tests.acceptance.test_protocol_more import AUTH, _with_running_job
-from tests.helpers import HOST, REG, controller, dev, quiet_for, until_terminal
+from tests.helpers import HOST, REG, controller, dev, quiet_for, started, until_terminal
 
 
 @pytest.fixture
@@ -142,8 +142,7 @@ async def test_protocol_146_raw_reregistration_during_a_job_quarantines_and_lose
 ) -> None:
     ctrl, worker = fleet_worker.controller, fleet_worker.worker
     with trio.fail_after(20):
-        job = ctrl.submit(dev("gpu0"), ["sleep", "30"])
-        await ctrl.wait_for(lambda: ctrl.statuses(job) == ["running"])
+        job = await started(ctrl, dev("gpu0"), ["sleep", "30"])
         body = dict(ctrl.registrations()[0])
         body.pop("recovery", None)
         async with httpx.AsyncClient() as http:

@@ -25,10 +25,18 @@ import trio
 from fleet_trio.durations import SECOND
 from fleet_trio.sim import SimController, serve_controller
 from fleet_trio.worker import probes
-from fleet_trio.worker.config import DeviceConfig, WorkerConfig
 from fleet_trio.worker.probes import Prober
 from fleet_trio.worker.worker import Worker
-from tests.helpers import FAST, FAST_CLIENT, HOST, dev, scenario_pause, sim, start_worker
+from tests.helpers import (
+    FAST,
+    FAST_CLIENT,
+    config,
+    dev,
+    scenario_pause,
+    sh_script,
+    sim,
+    start_worker,
+)
 
 PROBE_LOGGER = "fleet_trio.worker.probes"
 PRESERVING = "preserving the last known detected labels of device"
@@ -55,13 +63,6 @@ def setup(tmp_path: pathlib.Path) -> Setup:
     return s
 
 
-def script(directory: pathlib.Path, name: str, body: str) -> pathlib.Path:
-    path = directory / name
-    path.write_text("#!/bin/sh\n" + body + "\n")
-    path.chmod(0o755)
-    return path
-
-
 IB_ONCE = """1) echo '{"gpu0.ib":"mlx5_0"}' ;;\n"""
 """A :func:`counting` case: the first pass labels ``gpu0`` with ``ib``."""
 
@@ -75,7 +76,7 @@ def counting(s: Setup, name: str, cases: str) -> pathlib.Path:
         f'echo "$n" > "{counter}"\n'
         f'case "$n" in\n{cases}\nesac'
     )
-    return script(s.probe_dir, name, body)
+    return sh_script(s.probe_dir, name, body)
 
 
 @asynccontextmanager
@@ -85,37 +86,36 @@ async def labelled_worker(
     devices: Sequence[str] = ("gpu0", "gpu1"),
     probe_interval: float = 0.15,
     heartbeat_interval: float = 0.1,
-) -> AsyncIterator[tuple[SimController, Worker]]:
+) -> AsyncIterator[SimController]:
     """A sim controller and a started worker whose prober runs ``s.probe_dir`` and looks for
-    ``nvidia-smi`` only in ``s.bindir``; shut down gracefully at exit."""
+    ``nvidia-smi`` only in ``s.bindir``, shut down gracefully at exit: the controller. The
+    whole block is guarded by ``fail_after(GUARD)``."""
     ctrl = sim()
-    async with trio.open_nursery() as nursery:
-        url = await nursery.start(serve_controller, ctrl)
-        cfg = WorkerConfig(
-            controller_url=url,
-            token="wtok",
-            host=HOST,
-            devices=tuple(DeviceConfig(name=d) for d in devices),
-            sheet_dir="/nonexistent",
-            require_manual_clear=True,
-            probe_dir=str(s.probe_dir),
-            probe_timeout=5 * SECOND,
-        )
-        worker = Worker(
-            cfg,
-            timings=attrs.evolve(
-                FAST, probe_interval=probe_interval, heartbeat_interval=heartbeat_interval
-            ),
-            client_timings=FAST_CLIENT,
-            prober=Prober(cfg, path=str(s.bindir)),
-        )
-        done = start_worker(nursery, worker)
-        await ctrl.wait_for(lambda: worker.registrations >= 1, timeout=10)
-        yield ctrl, worker
-        worker.request_shutdown("test over")
-        with trio.fail_after(15):
-            await done.wait()
-        nursery.cancel_scope.cancel()
+    with trio.fail_after(GUARD):
+        async with trio.open_nursery() as nursery:
+            url = await nursery.start(serve_controller, ctrl)
+            cfg = config(
+                url,
+                devices,
+                manual_clear=True,
+                probe_dir=str(s.probe_dir),
+                probe_timeout=5 * SECOND,
+            )
+            worker = Worker(
+                cfg,
+                timings=attrs.evolve(
+                    FAST, probe_interval=probe_interval, heartbeat_interval=heartbeat_interval
+                ),
+                client_timings=FAST_CLIENT,
+                prober=Prober(cfg, path=str(s.bindir)),
+            )
+            done = start_worker(nursery, worker)
+            await ctrl.wait_for(lambda: worker.registrations >= 1, timeout=10)
+            yield ctrl
+            worker.request_shutdown("test over")
+            with trio.fail_after(15):
+                await done.wait()
+            nursery.cancel_scope.cancel()
 
 
 async def pushes(ctrl: SimController, count: int) -> list[Any]:
@@ -148,30 +148,24 @@ def no_builtins(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.mark.slow
 async def test_protocol_061_slow_probe_pass_never_stalls_heartbeats(setup: Setup) -> None:
-    script(setup.probe_dir, "10-slow", 'sleep 1\necho \'{"slow":"yes"}\'')
-    with trio.fail_after(GUARD):
-        async with labelled_worker(setup, probe_interval=0.15, heartbeat_interval=0.1) as (
-            ctrl,
-            _,
-        ):
-            t0 = trio.current_time()
-            await scenario_pause(4, why="four seconds of heartbeats are counted")
-            t1 = trio.current_time()
-            beats = [
-                r.at
-                for r in ctrl.requests("heartbeat")
-                if r.outcome == "handled" and t0 <= r.at <= t1
-            ]
-            assert len(beats) > 15, beats
-            gaps = [b - a for a, b in zip([t0, *beats], [*beats, t1], strict=True)]
-            # A stalled heartbeat would wait out the 1 s probe; below that, slack for a loaded
-            # 2-core machine (the interval is 0.1 s).
-            assert max(gaps) < 0.9, gaps
-            # Passes really ran (slowly) in that window, one after the other, never overlapping.
-            pushed = [r.at for r in ctrl.requests("labels") if t0 <= r.at <= t1]
-            assert len(pushed) >= 2, pushed
-            assert all(b - a >= 0.9 for a, b in itertools.pairwise(pushed)), pushed
-            assert ctrl.label_pushes()[0]["labels"][""]["slow"] == "yes"
+    sh_script(setup.probe_dir, "10-slow", 'sleep 1\necho \'{"slow":"yes"}\'')
+    async with labelled_worker(setup, probe_interval=0.15, heartbeat_interval=0.1) as ctrl:
+        t0 = trio.current_time()
+        await scenario_pause(4, why="four seconds of heartbeats are counted")
+        t1 = trio.current_time()
+        beats = [
+            r.at for r in ctrl.requests("heartbeat") if r.outcome == "handled" and t0 <= r.at <= t1
+        ]
+        assert len(beats) > 15, beats
+        gaps = [b - a for a, b in zip([t0, *beats], [*beats, t1], strict=True)]
+        # A stalled heartbeat would wait out the 1 s probe; below that, slack for a loaded
+        # 2-core machine (the interval is 0.1 s).
+        assert max(gaps) < 0.9, gaps
+        # Passes really ran (slowly) in that window, one after the other, never overlapping.
+        pushed = [r.at for r in ctrl.requests("labels") if t0 <= r.at <= t1]
+        assert len(pushed) >= 2, pushed
+        assert all(b - a >= 0.9 for a, b in itertools.pairwise(pushed)), pushed
+        assert ctrl.label_pushes()[0]["labels"][""]["slow"] == "yes"
 
 
 # --------------------------------------------------------------------------------------------
@@ -183,19 +177,18 @@ async def test_protocol_130_device_whose_probe_starts_failing_is_omitted_host_ke
     setup: Setup,
 ) -> None:
     counting(setup, "10-ib", IB_ONCE + """*) echo 'ib probe broke' >&2; exit 1 ;;""")
-    with trio.fail_after(GUARD):
-        async with labelled_worker(setup) as (ctrl, _):
-            reg = ctrl.registrations()[0]
-            assert reg["labels"]["gpu0"] == {"ib": "mlx5_0"}
-            assert reg["labels"]["gpu1"] == {}
-            (push,) = await pushes(ctrl, 1)
-            labels = push["labels"]
-            assert "gpu0" not in labels
-            assert labels[""]["cpus"]
-            assert labels["gpu1"] == {}
-            # The controller keeps gpu0's last known facts; gpu1 got the refreshed host facts.
-            assert ctrl.device(dev("gpu0")).detected_labels["ib"] == "mlx5_0"
-            assert ctrl.device(dev("gpu1")).detected_labels == labels[""]
+    async with labelled_worker(setup) as ctrl:
+        reg = ctrl.registrations()[0]
+        assert reg["labels"]["gpu0"] == {"ib": "mlx5_0"}
+        assert reg["labels"]["gpu1"] == {}
+        (push,) = await pushes(ctrl, 1)
+        labels = push["labels"]
+        assert "gpu0" not in labels
+        assert labels[""]["cpus"]
+        assert labels["gpu1"] == {}
+        # The controller keeps gpu0's last known facts; gpu1 got the refreshed host facts.
+        assert ctrl.device(dev("gpu0")).detected_labels["ib"] == "mlx5_0"
+        assert ctrl.device(dev("gpu1")).detected_labels == labels[""]
 
 
 async def test_protocol_131_vanished_nvidia_smi_preserves_gpu_and_says_why(
@@ -203,71 +196,68 @@ async def test_protocol_131_vanished_nvidia_smi_preserves_gpu_and_says_why(
 ) -> None:
     caplog.set_level(logging.DEBUG, logger=PROBE_LOGGER)
     # Present for the first pass only: it removes itself after answering.
-    script(
+    sh_script(
         setup.bindir,
         "nvidia-smi",
         'echo "NVIDIA A100-SXM4-80GB, 81920, 80000, 550.54.15"\nrm -f -- "$0"',
     )
-    with trio.fail_after(GUARD):
-        async with labelled_worker(setup) as (ctrl, _):
-            reg = ctrl.registrations()[0]
-            assert reg["labels"]["gpu0"] == {
-                "vendor": "nvidia",
-                "model": "NVIDIA A100-SXM4-80GB",
-                "vram": "81920M",
-                "vram_free": "80000M",
-                "driver": "550.54.15",
-            }
-            assert not (setup.bindir / "nvidia-smi").exists()
-            (push,) = await pushes(ctrl, 1)
-            labels = push["labels"]
-            assert "gpu0" not in labels
-            assert labels[""]["cpus"]
-            assert labels["gpu1"] == {}  # nvidia-smi only ever spoke for gpu0
-            assert ctrl.device(dev("gpu0")).detected_labels["model"] == "NVIDIA A100-SXM4-80GB"
-            warnings = preserving_warnings(caplog, "gpu0")
-            assert warnings, caplog.text
-            assert "nvidia-smi" in warnings[0]
-            assert "failed" in warnings[0] and "omitted" in warnings[0]
-            assert not preserving_warnings(caplog, "gpu1")
+    async with labelled_worker(setup) as ctrl:
+        reg = ctrl.registrations()[0]
+        assert reg["labels"]["gpu0"] == {
+            "vendor": "nvidia",
+            "model": "NVIDIA A100-SXM4-80GB",
+            "vram": "81920M",
+            "vram_free": "80000M",
+            "driver": "550.54.15",
+        }
+        assert not (setup.bindir / "nvidia-smi").exists()
+        (push,) = await pushes(ctrl, 1)
+        labels = push["labels"]
+        assert "gpu0" not in labels
+        assert labels[""]["cpus"]
+        assert labels["gpu1"] == {}  # nvidia-smi only ever spoke for gpu0
+        assert ctrl.device(dev("gpu0")).detected_labels["model"] == "NVIDIA A100-SXM4-80GB"
+        warnings = preserving_warnings(caplog, "gpu0")
+        assert warnings, caplog.text
+        assert "nvidia-smi" in warnings[0]
+        assert "failed" in warnings[0] and "omitted" in warnings[0]
+        assert not preserving_warnings(caplog, "gpu1")
 
 
 async def test_protocol_132_no_nvidia_smi_dropin_empty_object_clears_device(
     setup: Setup,
 ) -> None:
     counting(setup, "10-gpu0", IB_ONCE + """*) echo '{}' ;;""")
-    with trio.fail_after(GUARD):
-        async with labelled_worker(setup) as (ctrl, _):
-            assert ctrl.registrations()[0]["labels"]["gpu0"] == {"ib": "mlx5_0"}
-            assert ctrl.device(dev("gpu0")).detected_labels["ib"] == "mlx5_0"
-            (push,) = await pushes(ctrl, 1)
-            labels = push["labels"]
-            assert labels["gpu0"] == {}  # present and empty: an explicit clear
-            assert labels["gpu1"] == {}
-            gpu0 = ctrl.device(dev("gpu0")).detected_labels
-            assert "ib" not in gpu0
-            assert gpu0 == labels[""]
+    async with labelled_worker(setup) as ctrl:
+        assert ctrl.registrations()[0]["labels"]["gpu0"] == {"ib": "mlx5_0"}
+        assert ctrl.device(dev("gpu0")).detected_labels["ib"] == "mlx5_0"
+        (push,) = await pushes(ctrl, 1)
+        labels = push["labels"]
+        assert labels["gpu0"] == {}  # present and empty: an explicit clear
+        assert labels["gpu1"] == {}
+        gpu0 = ctrl.device(dev("gpu0")).detected_labels
+        assert "ib" not in gpu0
+        assert gpu0 == labels[""]
 
 
 async def test_protocol_133_broken_dropin_does_not_freeze_other_devices(setup: Setup) -> None:
     counting(setup, "10-gpu0", IB_ONCE + """*) echo 'not json' ;;""")
     # An unrelated host-wide fact that changes every pass.
     counting(setup, "20-host", """*) echo "{\\"probe_pass\\":$n}" ;;""")
-    with trio.fail_after(GUARD):
-        async with labelled_worker(setup) as (ctrl, _):
-            reg = ctrl.registrations()[0]
-            assert reg["labels"][""]["probe_pass"] == "1"
-            first, second = await pushes(ctrl, 2)
-            for number, push in ((2, first), (3, second)):
-                labels = push["labels"]
-                assert labels[""]["probe_pass"] == str(number)
-                assert labels["gpu1"] == {}
-                assert "gpu0" not in labels
-            gpu1 = ctrl.device(dev("gpu1")).detected_labels
-            assert int(gpu1["probe_pass"]) >= 3  # refreshed host facts reached gpu1
-            gpu0 = ctrl.device(dev("gpu0")).detected_labels
-            assert gpu0["ib"] == "mlx5_0"
-            assert gpu0["probe_pass"] == "1"  # frozen at the last confirmed pass
+    async with labelled_worker(setup) as ctrl:
+        reg = ctrl.registrations()[0]
+        assert reg["labels"][""]["probe_pass"] == "1"
+        first, second = await pushes(ctrl, 2)
+        for number, push in ((2, first), (3, second)):
+            labels = push["labels"]
+            assert labels[""]["probe_pass"] == str(number)
+            assert labels["gpu1"] == {}
+            assert "gpu0" not in labels
+        gpu1 = ctrl.device(dev("gpu1")).detected_labels
+        assert int(gpu1["probe_pass"]) >= 3  # refreshed host facts reached gpu1
+        gpu0 = ctrl.device(dev("gpu0")).detected_labels
+        assert gpu0["ib"] == "mlx5_0"
+        assert gpu0["probe_pass"] == "1"  # frozen at the last confirmed pass
 
 
 @pytest.mark.usefixtures("no_builtins")
@@ -275,15 +265,14 @@ async def test_protocol_134_no_facts_anywhere_sends_null_facts_send_everything(
     setup: Setup,
 ) -> None:
     counting(setup, "10-gpu0", IB_ONCE + """*) echo '{}' ;;""")
-    with trio.fail_after(GUARD):
-        async with labelled_worker(setup) as (ctrl, _):
-            # A pass with facts sends every device, the confirmed-empty one as {}.
-            assert ctrl.registrations()[0]["labels"] == {"gpu0": {"ib": "mlx5_0"}, "gpu1": {}}
-            (push,) = await pushes(ctrl, 1)
-            # A pass with no facts anywhere: `labels` present and null.
-            assert "labels" in push
-            assert push["labels"] is None
-            assert ctrl.device(dev("gpu0")).detected_labels == {"ib": "mlx5_0"}
+    async with labelled_worker(setup) as ctrl:
+        # A pass with facts sends every device, the confirmed-empty one as {}.
+        assert ctrl.registrations()[0]["labels"] == {"gpu0": {"ib": "mlx5_0"}, "gpu1": {}}
+        (push,) = await pushes(ctrl, 1)
+        # A pass with no facts anywhere: `labels` present and null.
+        assert "labels" in push
+        assert push["labels"] is None
+        assert ctrl.device(dev("gpu0")).detected_labels == {"ib": "mlx5_0"}
 
 
 @pytest.mark.usefixtures("no_builtins")
@@ -291,20 +280,19 @@ async def test_protocol_135_only_unconfirmed_empty_devices_omitted_no_host_key(
     setup: Setup,
 ) -> None:
     counting(setup, "10-a", """1) echo '{"gpu0.a":"1","gpu1.a":"1"}' ;;\n*) exit 3 ;;""")
-    script(setup.probe_dir, "20-b", """echo '{"gpu1.b":"2"}'""")
-    with trio.fail_after(GUARD):
-        async with labelled_worker(setup, devices=("gpu0", "gpu1", "gpu2")) as (ctrl, _):
-            assert ctrl.registrations()[0]["labels"] == {
-                "gpu0": {"a": "1"},
-                "gpu1": {"a": "1", "b": "2"},
-                "gpu2": {},
-            }
-            (push,) = await pushes(ctrl, 1)
-            # gpu0: unconfirmed and empty → omitted; gpu1: unconfirmed but has facts → sent;
-            # gpu2: confirmed empty → {}; no host facts → no "" key.
-            assert push["labels"] == {"gpu1": {"b": "2"}, "gpu2": {}}
-            assert ctrl.device(dev("gpu0")).detected_labels == {"a": "1"}
-            assert ctrl.device(dev("gpu1")).detected_labels == {"b": "2"}
+    sh_script(setup.probe_dir, "20-b", """echo '{"gpu1.b":"2"}'""")
+    async with labelled_worker(setup, devices=("gpu0", "gpu1", "gpu2")) as ctrl:
+        assert ctrl.registrations()[0]["labels"] == {
+            "gpu0": {"a": "1"},
+            "gpu1": {"a": "1", "b": "2"},
+            "gpu2": {},
+        }
+        (push,) = await pushes(ctrl, 1)
+        # gpu0: unconfirmed and empty → omitted; gpu1: unconfirmed but has facts → sent;
+        # gpu2: confirmed empty → {}; no host facts → no "" key.
+        assert push["labels"] == {"gpu1": {"b": "2"}, "gpu2": {}}
+        assert ctrl.device(dev("gpu0")).detected_labels == {"a": "1"}
+        assert ctrl.device(dev("gpu1")).detected_labels == {"b": "2"}
 
 
 async def test_protocol_136_preserving_warning_once_per_episode(
@@ -313,12 +301,11 @@ async def test_protocol_136_preserving_warning_once_per_episode(
     caplog.set_level(logging.WARNING, logger=PROBE_LOGGER)
     # Pass 1 good, 2–4 broken (episode one), 5 good (recovered), 6+ broken (episode two).
     counting(setup, "10-gpu0", """1|5) echo '{"gpu0.ib":"mlx5_0"}' ;;\n*) exit 1 ;;""")
-    with trio.fail_after(GUARD):
-        async with labelled_worker(setup) as (ctrl, _):
-            assert not preserving_warnings(caplog, "gpu0")
-            sent = await pushes(ctrl, 7)  # passes 2..8
-            present = ["gpu0" in p["labels"] for p in sent]
-            assert present == [False, False, False, True, False, False, False]
-            assert sent[3]["labels"]["gpu0"] == {"ib": "mlx5_0"}
-            assert len(preserving_warnings(caplog, "gpu0")) == 2, caplog.text
-            assert not preserving_warnings(caplog, "gpu1")
+    async with labelled_worker(setup) as ctrl:
+        assert not preserving_warnings(caplog, "gpu0")
+        sent = await pushes(ctrl, 7)  # passes 2..8
+        present = ["gpu0" in p["labels"] for p in sent]
+        assert present == [False, False, False, True, False, False, False]
+        assert sent[3]["labels"]["gpu0"] == {"ib": "mlx5_0"}
+        assert len(preserving_warnings(caplog, "gpu0")) == 2, caplog.text
+        assert not preserving_warnings(caplog, "gpu1")

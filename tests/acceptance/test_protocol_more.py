@@ -101,15 +101,25 @@ def _status_bodies(ctrl: SimController, job: str) -> list[dict[str, object]]:
 # --------------------------------------------------------------------------------------------
 
 
+async def _scan_marked(marker: str, *, as_worker: bool = False) -> tuple[FakeScan, RecoveryProof]:
+    """A process carrying ``RC_JOB_ID=marker`` alone in a fake namespace, scanned once its
+    environ shows the marker by this process (``as_worker``: by itself, playing the worker),
+    then killed and reaped: the scan (still seeing its pid) and the proof it gave."""
+    proc = await start_marked(marker)
+    scan = FakeScan(ProcStat(pid=proc.pid))
+    try:
+        await marker_ready(proc.pid, marker)
+        proof = recovery_proof_for(proc.pid if as_worker else os.getpid(), scan=scan)
+    finally:
+        await stop(proc)
+    return scan, proof
+
+
 async def test_protocol_023_clean_scan_registers_survivors_checked() -> None:
     # Not PID 1, no RC_JOB_ID process, every environ readable (a fake namespace of one clean
     # process: the real /proc may hold other test runs' jobs or unreadable environs).
     with trio.fail_after(10):
-        proc = await start_marked("")
-        try:
-            proof = recovery_proof_for(os.getpid(), scan=FakeScan(ProcStat(pid=proc.pid)))
-        finally:
-            await stop(proc)
+        _, proof = await _scan_marked("")
         body = await _registered_recovery(proof)
         assert body["recovery"] == {"survivors_checked": True}
 
@@ -153,19 +163,18 @@ async def test_protocol_029_unreadable_proc_claims_nothing() -> None:
         assert "recovery" not in await _registered_recovery(proof)
 
 
-async def _scenario_030_031() -> None:
+async def test_protocol_030_live_marked_process_is_a_survivor() -> None:
     with trio.fail_after(10):
-        proc = await start_marked(DEAD_BEEF)
-        scan = FakeScan(ProcStat(pid=proc.pid, state="S"))
-        try:
-            await marker_ready(proc.pid, DEAD_BEEF)
-            found = recovery_proof_for(os.getpid(), scan=scan)
-        finally:
-            await stop(proc)
+        _, found = await _scan_marked(DEAD_BEEF)
         assert found == RecoveryProof(survivors_checked=True, survivors_found=True)
         body = await _registered_recovery(found)
         assert body["recovery"] == {"survivors_checked": True, "survivors_found": True}
-        # 31: killed and reaped, the same scan reports checked with nothing found.
+
+
+async def test_protocol_031_reaped_process_is_no_longer_a_survivor() -> None:
+    with trio.fail_after(10):
+        scan, found = await _scan_marked(DEAD_BEEF)
+        assert found.survivors_found  # a survivor while it lived
         gone = recovery_proof_for(os.getpid(), scan=scan)
         assert gone == RecoveryProof(survivors_checked=True)
         assert (await _registered_recovery(gone))["recovery"] == {"survivors_checked": True}
@@ -173,13 +182,8 @@ async def _scenario_030_031() -> None:
 
 async def test_protocol_032_own_pid_excluded_from_survivor_scan() -> None:
     with trio.fail_after(10):
-        proc = await start_marked(DEAD_BEEF)
-        try:
-            await marker_ready(proc.pid, DEAD_BEEF)
-            # The marked process plays the worker: its own marker does not count.
-            proof = recovery_proof_for(proc.pid, scan=FakeScan(ProcStat(pid=proc.pid)))
-        finally:
-            await stop(proc)
+        # The marked process plays the worker: its own marker does not count.
+        _, proof = await _scan_marked(DEAD_BEEF, as_worker=True)
         assert (await _registered_recovery(proof))["recovery"] == {"survivors_checked": True}
 
 
@@ -200,11 +204,7 @@ async def test_protocol_033_unreadable_environ_claims_nothing(
 
 async def test_protocol_034_empty_rc_job_id_is_not_a_survivor() -> None:
     with trio.fail_after(10):
-        proc = await start_marked("")
-        try:
-            proof = recovery_proof_for(os.getpid(), scan=FakeScan(ProcStat(pid=proc.pid)))
-        finally:
-            await stop(proc)
+        _, proof = await _scan_marked("")
         assert proof == RecoveryProof(survivors_checked=True)
 
 
@@ -279,26 +279,37 @@ async def test_protocol_041_fault_survives_reboot_reregistration() -> None:
             assert ctrl.device(dev("gpu1")).state == "ready"
 
 
-async def _scenario_042_044() -> None:
+@asynccontextmanager
+async def _reregistered_isolated() -> AsyncIterator[tuple[SimController, str]]:
+    """A job running on gpu0, a controller restart mid-lease, then the worker re-registers
+    claiming ``isolated`` (items 42, 44): the controller and the job."""
     with trio.fail_after(10):
         async with _with_running_job() as (ctrl, client, _, job):
-            ctrl.restart()  # mid-lease controller restart; the worker comes back isolated
+            ctrl.restart()
             await scenario_pause(0.05, why="the cut connections close before the next request")
-            proof = RecoveryProof(isolated=True).to_wire()
-            reg = attrs.evolve(REG, recovery=proof)
+            reg = attrs.evolve(REG, recovery=RecoveryProof(isolated=True).to_wire())
             for _ in range(3):  # a pooled connection cut by restart() may fail once
                 with contextlib.suppress(ControllerError):
                     await client.register(reg)
                     break
             assert ctrl.registrations()[-1]["recovery"] == {"isolated": True}
-            j = ctrl.job(job)
-            assert (j.state, j.kill_reason) == ("lost", "worker re-registered")
-            assert ctrl.device(dev("gpu0")).state == "ready"
-            assert ctrl.device(dev("gpu1")).state == "ready"
-            recovered = [e for e in ctrl.events() if e.kind == "device_recovered"]
-            assert len(recovered) == 1  # 44: one per returned device (gpu1 never left ready)
-            assert recovered[0].device_id == dev("gpu0")
-            assert recovered[0].detail == "registration isolated"  # old reason, then the proof
+            yield ctrl, job
+
+
+async def test_protocol_042_isolated_reregistration_frees_the_device() -> None:
+    async with _reregistered_isolated() as (ctrl, job):
+        j = ctrl.job(job)
+        assert (j.state, j.kill_reason) == ("lost", "worker re-registered")
+        assert ctrl.device(dev("gpu0")).state == "ready"
+        assert ctrl.device(dev("gpu1")).state == "ready"
+
+
+async def test_protocol_044_recovery_emits_one_device_recovered_event() -> None:
+    async with _reregistered_isolated() as (ctrl, _):
+        recovered = [e for e in ctrl.events() if e.kind == "device_recovered"]
+        assert len(recovered) == 1  # one per returned device (gpu1 never left ready)
+        assert recovered[0].device_id == dev("gpu0")
+        assert recovered[0].detail == "registration isolated"  # old reason, then the proof
 
 
 @pytest.mark.parametrize(
@@ -367,23 +378,37 @@ async def test_protocol_068_job_handed_out_once_and_running() -> None:
             assert ctrl.polls()[-1].query.startswith("wait=")
 
 
-async def _scenario_076_077() -> None:
+async def _kill_during_a_parked_poll(
+    ctrl: SimController, client: ControllerClient, worker_id: str, job: str
+) -> tuple[httpx.Response, float]:
+    """A poll parked for 5 s, and ``job`` killed 0.2 s into it (items 76, 77): the poll's
+    answer and how long it took."""
+    async with trio.open_nursery() as nursery:
+
+        async def kill_soon() -> None:
+            await scenario_pause(0.2, why="the kill comes while the poll is parked")
+            ctrl.kill(job)
+
+        nursery.start_soon(kill_soon)
+        t0 = trio.current_time()
+        r = await _raw(client, "GET", f"/v1/workers/{worker_id}/assignments?wait=5s")
+        return r, trio.current_time() - t0
+
+
+async def test_protocol_076_kill_ends_a_parked_poll() -> None:
     with trio.fail_after(10):
         async with _with_running_job() as (ctrl, client, worker_id, job):
-            path = f"/v1/workers/{worker_id}/assignments?wait=5s"
-            async with trio.open_nursery() as nursery:
-
-                async def kill_soon() -> None:
-                    await scenario_pause(0.2, why="the kill comes while the poll is parked")
-                    ctrl.kill(job)
-
-                nursery.start_soon(kill_soon)
-                t0 = trio.current_time()
-                r = await _raw(client, "GET", path)
-                assert trio.current_time() - t0 < 3
+            r, took = await _kill_during_a_parked_poll(ctrl, client, worker_id, job)
+            assert took < 3
             assert r.status_code == 200
             assert r.json() == {"assignments": [], "kills": [job]}
-            # 77: delivered once; the next poll waits its full window.
+
+
+async def test_protocol_077_next_poll_after_the_kill_is_204() -> None:
+    with trio.fail_after(10):
+        async with _with_running_job() as (ctrl, client, worker_id, job):
+            r, _ = await _kill_during_a_parked_poll(ctrl, client, worker_id, job)
+            assert r.json()["kills"] == [job]  # delivered once; the next poll waits its window
             t0 = trio.current_time()
             r2 = await _raw(client, "GET", f"/v1/workers/{worker_id}/assignments?wait=400ms")
             assert r2.status_code == 204
@@ -614,36 +639,6 @@ async def test_protocol_101_no_limits_job_runs_to_completion() -> None:
                 "state": "succeeded",
                 "exit_code": 0,
             }
-
-
-async def test_protocol_030_live_marked_process_is_a_survivor() -> None:
-    """One scenario covers this item and its neighbour: ``_scenario_030_031``."""
-    await _scenario_030_031()
-
-
-async def test_protocol_031_reaped_process_is_no_longer_a_survivor() -> None:
-    """One scenario covers this item and its neighbour: ``_scenario_030_031``."""
-    await _scenario_030_031()
-
-
-async def test_protocol_042_isolated_reregistration_frees_the_device() -> None:
-    """One scenario covers this item and its neighbour: ``_scenario_042_044``."""
-    await _scenario_042_044()
-
-
-async def test_protocol_044_recovery_emits_one_device_recovered_event() -> None:
-    """One scenario covers this item and its neighbour: ``_scenario_042_044``."""
-    await _scenario_042_044()
-
-
-async def test_protocol_076_kill_ends_a_parked_poll() -> None:
-    """One scenario covers this item and its neighbour: ``_scenario_076_077``."""
-    await _scenario_076_077()
-
-
-async def test_protocol_077_next_poll_after_the_kill_is_204() -> None:
-    """One scenario covers this item and its neighbour: ``_scenario_076_077``."""
-    await _scenario_076_077()
 
 
 async def test_protocol_098_wall_clock_watchdog_kills_overrunning_job() -> None:

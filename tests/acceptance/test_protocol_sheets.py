@@ -10,7 +10,7 @@ import trio
 
 from fleet_trio.worker.config import WorkerConfig, config_from_mapping
 from fleet_trio.worker.worker import MAX_SHEET, SHEET_MARKER, read_sheets, truncate_sheet
-from tests.helpers import dev, running, until_terminal
+from tests.helpers import dev, running, succeeded
 
 
 def sheet_config(sheet_dir: pathlib.Path) -> WorkerConfig:
@@ -27,12 +27,18 @@ def sheet_config(sheet_dir: pathlib.Path) -> WorkerConfig:
     )
 
 
+def write_sheets(root: pathlib.Path, host: str, **devices: str) -> None:
+    """``root/host.md`` holding ``host``, and ``root/host.d/<device>.md`` for each device."""
+    (root / "host.d").mkdir()
+    (root / "host.md").write_text(host)
+    for name, text in devices.items():
+        (root / "host.d" / f"{name}.md").write_text(text)
+
+
 async def test_protocol_137_sheets_read_verbatim_and_missing_is_empty(
     tmp_path: pathlib.Path,
 ) -> None:
-    (tmp_path / "host.d").mkdir()
-    (tmp_path / "host.md").write_text("# gpubox\n  two  spaces, kept\n")
-    (tmp_path / "host.d" / "gpu0.md").write_text("gpu0: the fast one\n")
+    write_sheets(tmp_path, "# gpubox\n  two  spaces, kept\n", gpu0="gpu0: the fast one\n")
     sheet, devices = await read_sheets(sheet_config(tmp_path))
     assert sheet == "# gpubox\n  two  spaces, kept\n"
     assert devices == {"gpu0": "gpu0: the fast one\n", "gpu1": "", "gpu2": ""}
@@ -62,9 +68,7 @@ def test_protocol_138_oversized_sheet_is_cut_on_a_character_boundary() -> None:
 async def test_protocol_139_unreadable_sheets_are_omitted_not_empty(
     tmp_path: pathlib.Path,
 ) -> None:
-    (tmp_path / "host.d").mkdir()
-    (tmp_path / "host.md").write_text("host")
-    (tmp_path / "host.d" / "gpu1.md").write_text("one")
+    write_sheets(tmp_path, "host", gpu1="one")
     os.chmod(tmp_path / "host.md", 0)
     os.chmod(tmp_path / "host.d" / "gpu1.md", 0)
     sheet, devices = await read_sheets(sheet_config(tmp_path))
@@ -88,8 +92,7 @@ async def test_protocol_118_final_log_flush_precedes_the_terminal_report() -> No
     script = "i=0; while [ $i -lt 200 ]; do echo line-$i; i=$((i+1)); done; printf tail"
     with trio.fail_after(30):
         async with running() as (ctrl, _worker):
-            job = ctrl.submit(dev("gpu0"), ["sh", "-c", script])
-            assert await until_terminal(ctrl, job) == ["running", "succeeded"]
+            job = await succeeded(ctrl, dev("gpu0"), ["sh", "-c", script])
             expected = "".join(f"line-{i}\n" for i in range(200)).encode() + b"tail"
             assert ctrl.logs(job) == expected
             logs = [r.seq for r in ctrl.requests("logs") if f"/jobs/{job}/" in r.path]
@@ -105,8 +108,7 @@ async def test_protocol_118_final_log_flush_precedes_the_terminal_report() -> No
 async def test_protocol_123_plain_job_uses_the_log_endpoint_and_no_relay() -> None:
     with trio.fail_after(30):
         async with running() as (ctrl, _worker):
-            job = ctrl.submit(dev("gpu0"), ["sh", "-c", "echo to-the-log"])
-            assert await until_terminal(ctrl, job) == ["running", "succeeded"]
+            job = await succeeded(ctrl, dev("gpu0"), ["sh", "-c", "echo to-the-log"])
             assert ctrl.logs(job) == b"to-the-log\n"
             endpoints = {r.endpoint for r in ctrl.requests()}
             assert endpoints <= {"register", "labels", "heartbeat", "assignments", "status", "logs"}

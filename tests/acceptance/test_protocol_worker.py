@@ -29,6 +29,7 @@ from tests.helpers import (
     REG,
     controller,
     dev,
+    fleet_trio_process,
     quiet_for,
     running,
     scenario_pause,
@@ -115,27 +116,26 @@ async def test_protocol_045_instance_header_on_every_response() -> None:
 # --------------------------------------------------------------------------------------------
 
 
-def _tracker(**kw: float) -> ContactTracker:
-    return ContactTracker(rng=random.Random(1), **kw)
+def _tracker(*seen: tuple[float, str | None], **kw: float) -> ContactTracker:
+    """A tracker (seeded jitter) that has observed these ``(time, instance)`` exchanges."""
+    t = ContactTracker(rng=random.Random(1), **kw)
+    for at, instance in seen:
+        t.observe(at, instance)
+    return t
 
 
 def test_protocol_046_first_exchange_owes_nothing() -> None:
-    t = _tracker()
-    t.observe(0.0, "A")
+    t = _tracker((0.0, "A"))
     assert not t.owed
 
 
 def test_protocol_047_ninety_second_gap_owes_nothing() -> None:
-    t = _tracker()
-    t.observe(0.0, "A")
-    t.observe(90.0, "A")
+    t = _tracker((0.0, "A"), (90.0, "A"))
     assert not t.owed
 
 
 def test_protocol_048_five_minute_gap_owes_after_jitter() -> None:
-    t = _tracker(jitter_window=30.0)
-    t.observe(0.0, "A")
-    t.observe(300.0, "A")
+    t = _tracker((0.0, "A"), (300.0, "A"), jitter_window=30.0)
     assert t.owed and t.due_at is not None
     jitter = t.due_at - 300.0
     assert 0 <= jitter < 30.0
@@ -145,26 +145,19 @@ def test_protocol_048_five_minute_gap_owes_after_jitter() -> None:
 
 
 def test_protocol_049_changed_identity_owes() -> None:
-    t = _tracker()
-    t.observe(0.0, "A")
-    t.observe(1.0, "B")
+    t = _tracker((0.0, "A"), (1.0, "B"))
     assert t.owed
 
 
 def test_protocol_050_missing_header_is_not_a_change() -> None:
-    t = _tracker()
-    t.observe(0.0, "A")
-    t.observe(1.0, None)
-    t.observe(2.0, "")
+    t = _tracker((0.0, "A"), (1.0, None), (2.0, ""))
     assert not t.owed and t.instance == "A"
     t.observe(3.0, "A")
     assert not t.owed
 
 
 def test_protocol_051_nothing_owed_after_success() -> None:
-    t = _tracker(jitter_window=0.0)
-    t.observe(0.0, "A")
-    t.observe(1.0, "B")
+    t = _tracker((0.0, "A"), (1.0, "B"), jitter_window=0.0)
     assert t.due(1.0, busy=False)
     t.attempt(1.0)
     t.observe(1.1, "B")
@@ -174,9 +167,7 @@ def test_protocol_051_nothing_owed_after_success() -> None:
 
 
 def test_protocol_052_failed_attempt_owed_again_after_a_minute() -> None:
-    t = _tracker(jitter_window=0.0)
-    t.observe(0.0, "A")
-    t.observe(1.0, "B")
+    t = _tracker((0.0, "A"), (1.0, "B"), jitter_window=0.0)
     t.attempt(1.0)
     assert t.owed
     assert not t.due(60.9, busy=False)
@@ -472,9 +463,7 @@ async def _scenario_104_105(
     tmp_path: pathlib.Path,
 ) -> None:
     import os
-    import signal
     import subprocess
-    import sys
 
     from fleet_trio.sim import serve_controller
 
@@ -483,22 +472,15 @@ async def _scenario_104_105(
         async with trio.open_nursery() as nursery:
             url = await nursery.start(serve_controller, ctrl)
             cfg = write_worker_yaml(tmp_path, url)
-            proc = await trio.lowlevel.open_process(
-                [sys.executable, "-m", "fleet_trio", "worker", "-c", str(cfg)],
+            async with fleet_trio_process(
+                ["worker", "-c", str(cfg)],
                 stdin=subprocess.DEVNULL,
                 env={**os.environ, "RC_REQUIRE_MANUAL_CLEAR": "1"},
-            )
-            try:
+            ):
                 await ctrl.wait_for(lambda: ctrl.polls(), timeout=15)
                 job = ctrl.submit(dev("gpu0"), ["sleep", "30"])
                 await ctrl.wait_for(lambda: ctrl.statuses(job), timeout=10)
                 await scenario_pause(0.3, why="the job runs a while before SIGTERM")
-                proc.send_signal(signal.SIGTERM)
-                assert await proc.wait() == 0
-            finally:
-                if proc.returncode is None:
-                    proc.kill()
-                    await proc.wait()
             assert ctrl.statuses(job) == ["running", "killed"]
             assert ctrl.status_reports(job)[-1].reason == "cancelled"
             nursery.cancel_scope.cancel()

@@ -79,39 +79,18 @@ def records(**kw: object) -> Records:
 
 
 def node_job(**kw: object) -> NodeJobRecord:
-    base = dict(
-        ref="n1",
-        job_id="s1-n1",
-        kind="quick",
-        node="node1",
-        acked_at=1.0,
-        state="done",
-        error=None,
-        states_seen=("running", "done"),
-        terminal_at=1.5,
-        runs={"node1": 1},
-    )
-    base.update(kw)
-    return NodeJobRecord(**base)  # type: ignore[arg-type]
+    """A clean quick node job (acked, ran once, done), with ``kw`` changed."""
+    base = dict(ref="n1", job_id="s1-n1", kind="quick", node="node1", runs={"node1": 1})
+    base |= dict(acked_at=1.0, states_seen=("running", "done"), terminal_at=1.5)
+    return NodeJobRecord(**{**base, "state": "done", "error": None, **kw})  # type: ignore[arg-type]
 
 
 def rc_job(**kw: object) -> RcJobRecord:
-    base = dict(
-        ref="r1",
-        job_id="j1",
-        kind="lines",
-        device="chaos-w1:gpu0",
-        worker="worker1",
-        lines=2,
-        state="succeeded",
-        assigned=True,
-        reports=(("running", None, ""), ("succeeded", 0, "")),
-        log_chunks=(b"line 1\n", b"line 2\n"),
-        started_at=1.0,
-        finished_at=2.0,
-    )
-    base.update(kw)
-    return RcJobRecord(**base)  # type: ignore[arg-type]
+    """A clean two-line rc job on ``worker1`` (assigned, ran, succeeded), with ``kw`` changed."""
+    base = dict(ref="r1", job_id="j1", kind="lines", device="chaos-w1:gpu0", worker="worker1")
+    base |= dict(lines=2, log_chunks=(b"line 1\n", b"line 2\n"), started_at=1.0, finished_at=2.0)
+    base |= dict(reports=(("running", None, ""), ("succeeded", 0, "")), assigned=True)
+    return RcJobRecord(**{**base, "state": "succeeded", **kw})  # type: ignore[arg-type]
 
 
 def test_clean_records_pass() -> None:

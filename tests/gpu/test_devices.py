@@ -20,7 +20,7 @@ from fleet_trio.gpu.sampler import NO_SNAPSHOT, STALE_SNAPSHOT
 from fleet_trio.gpu.smi import DEVICES_QUERY, open_smi_devices, parse_smi_devices
 from fleet_trio.gpu.source import GpuDevice, VramSnapshot, open_devices, select_devices
 from tests.gpu.test_sources import FakeNvml, FakeNVMLError, _install
-from tests.helpers import elapse
+from tests.helpers import StubGpuSource, elapse, serving
 
 # -- nvidia-smi: the 5-field per-device query -------------------------------------------------
 
@@ -195,8 +195,9 @@ def test_select_devices() -> None:
 # -- the device sampler (autojump clock) -------------------------------------------------------
 
 
-class Scripted:
+class Scripted(StubGpuSource):
     name = "fake"
+    product = "X"
 
     def __init__(self, total: float, used: float) -> None:
         self.total, self.used = total, used
@@ -208,12 +209,6 @@ class Scripted:
             raise GpuError("scripted")
         return VramSnapshot.now(self.total, self.used)
 
-    async def process_used_bytes(self) -> dict[int, int] | None:
-        return None
-
-    async def device_name(self) -> str:
-        return "X"
-
 
 def _devices(*specs: tuple[float, float]) -> tuple[tuple[GpuDevice, ...], list[Scripted]]:
     sources = [Scripted(t, u) for t, u in specs]
@@ -223,8 +218,7 @@ def _devices(*specs: tuple[float, float]) -> tuple[tuple[GpuDevice, ...], list[S
 async def test_headline_largest_then_most_free(autojump_clock: Any) -> None:
     devices, sources = _devices((40, 0), (80, 30), (80, 10))
     sampler = DeviceSampler(devices, interval=1, max_age=5)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(sampler.serve)
+    async with serving(sampler.serve):
         now = trio.current_time()
         dev, snap, _ = sampler.headline(now)
         assert dev is devices[2] and snap is not None and snap.free_gb == 70  # tie: more free
@@ -239,7 +233,6 @@ async def test_headline_largest_then_most_free(autojump_clock: Any) -> None:
             s.fail = True
         await elapse(6)
         assert sampler.status(trio.current_time()) == (None, STALE_SNAPSHOT)
-        nursery.cancel_scope.cancel()
 
 
 async def test_primary_uuid_and_single_device(autojump_clock: Any) -> None:

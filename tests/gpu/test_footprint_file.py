@@ -7,9 +7,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import signal
-import socket
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -22,7 +19,8 @@ from hypothesis import strategies as st
 from fleet_trio.gpu import FootprintKey, FootprintStore
 from fleet_trio.gpu.fake import init_device
 from fleet_trio.gpu.footprints import MAX_FILE_BYTES, FootprintFileError, parse_records
-from tests.helpers import answer, json_values, wait_until
+from fleet_trio.sim.fleet import free_port
+from tests.helpers import answer, fleet_trio_process, json_values, wait_until
 
 GOOD = '[{"model_family": "sdxl", "vram_peak_gb": 2.4, "observed_peak_gb": 2, "samples": 1}]'
 
@@ -210,37 +208,26 @@ async def _health_of_node_with(tmp_path: Path, footprints: Path, then: Callable[
     before and after ``then()`` (which corrupts the file while it runs). Returns stderr."""
     gpu_dir = tmp_path / "gpu"
     init_device(str(gpu_dir))
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    argv = [sys.executable, "-m", "fleet_trio", "node", "--gpu", "fake", "--fake-gpu-dir"]
-    argv += [str(gpu_dir), "--listen", f"127.0.0.1:{port}", "--footprints", str(footprints)]
+    port = free_port()
+    argv = ["node", "--gpu", "fake", "--fake-gpu-dir", str(gpu_dir)]
+    argv += ["--listen", f"127.0.0.1:{port}", "--footprints", str(footprints)]
     err = tmp_path / "stderr.txt"
-    errfd = os.open(err, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    with trio.fail_after(30):
-        try:
-            proc = await trio.lowlevel.open_process(argv, stderr=errfd)
-        finally:
-            os.close(errfd)
-        try:
-            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
+    with trio.fail_after(30), err.open("wb") as errfile:
+        async with (
+            fleet_trio_process(argv, stderr=errfile) as proc,
+            httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client,
+        ):
 
-                async def up() -> httpx.Response | None:
-                    assert proc.returncode is None, err.read_text()
-                    return await answer(client, "/fleet/health")
+            async def up() -> httpx.Response | None:
+                assert proc.returncode is None, err.read_text()
+                return await answer(client, "/fleet/health")
 
-                r = await wait_until(up, what="the node's health answering")
-                assert r.status_code == 200 and r.json()["model_footprints"] == []
-                then()
-                for _ in range(3):
-                    r = await client.get("/fleet/health")
-                    assert r.status_code == 200
-            proc.send_signal(signal.SIGTERM)
-            assert await proc.wait() == 0
-        finally:
-            if proc.returncode is None:
-                proc.kill()
-                await proc.wait()
+            r = await wait_until(up, what="the node's health answering")
+            assert r.status_code == 200 and r.json()["model_footprints"] == []
+            then()
+            for _ in range(3):
+                r = await client.get("/fleet/health")
+                assert r.status_code == 200
     return err.read_text()
 
 

@@ -5,13 +5,14 @@ GPU machine the same section runs against NVML (``scripts/gpu-smoke``)."""
 from __future__ import annotations
 
 import importlib.util
-import socket
 import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 import trio
+
+from fleet_trio.sim.fleet import free_port
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "gpu_smoke.py"
 
@@ -25,20 +26,13 @@ def _load() -> ModuleType:
     return module
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 async def test_multi_gpu_section_on_two_fake_devices(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     smoke = _load()
     args = ("--gpu", "fake", "--fake-gpu-dir", str(tmp_path / "gpu"), "--fake-gpus", "2")
     with trio.fail_after(120):
-        ok = await smoke.multi_gpu_section(None, gpu_args=args, port=_free_port())
+        ok = await smoke.multi_gpu_section(None, gpu_args=args, port=free_port())
     out = capsys.readouterr().out
     assert ok, out
     assert "FAIL" not in out
@@ -66,7 +60,7 @@ async def test_multi_gpu_section_on_a_one_gpu_machine(
     init_device(str(tmp_path / "gpu"))
     args = ("--gpu", "fake", "--fake-gpu-dir", str(tmp_path / "gpu"))
     with trio.fail_after(120):
-        ok = await smoke.multi_gpu_section(None, gpu_args=args, port=_free_port())
+        ok = await smoke.multi_gpu_section(None, gpu_args=args, port=free_port())
     out = capsys.readouterr().out
     assert ok, out
     assert "gpu_devices: null" in out and "pinned to: ['']" in out

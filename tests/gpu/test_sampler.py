@@ -6,9 +6,10 @@ import pytest
 import trio
 
 from fleet_trio.gpu import GlobalSampler, GpuError, VramSnapshot, serve_global_sampler
+from tests.helpers import StubGpuSource, serving
 
 
-class SlowSource:
+class SlowSource(StubGpuSource):
     name = "slow"
 
     def __init__(self, delays: list[float]) -> None:
@@ -21,22 +22,13 @@ class SlowSource:
         await trio.sleep(delay)
         return VramSnapshot.now(16.0, 1.0)
 
-    async def process_used_bytes(self) -> dict[int, int] | None:
-        await trio.lowlevel.checkpoint()
-        return None
-
-    async def device_name(self) -> str:
-        await trio.lowlevel.checkpoint()
-        return ""
-
 
 async def test_hung_sample_times_out_and_counts_as_failure(
     autojump_clock: trio.abc.Clock,
 ) -> None:
     source = SlowSource([0.0, 100.0, 0.0])
     sampler = GlobalSampler(source, interval=2.0, sample_timeout=5.0)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(serve_global_sampler, sampler)
+    async with serving(serve_global_sampler, sampler):
         first = sampler.snapshot()
         await trio.sleep(7.5)  # the tick at 2 s hangs and is abandoned at 7 s
         assert sampler.failures == 1
@@ -45,16 +37,13 @@ async def test_hung_sample_times_out_and_counts_as_failure(
         assert sampler.last_error is None
         assert sampler.samples == 2
         assert sampler.snapshot() != first  # recovered with a fresh snapshot
-        nursery.cancel_scope.cancel()
 
 
 async def test_slow_samples_skip_missed_ticks(autojump_clock: trio.abc.Clock) -> None:
     source = SlowSource([0.0, 5.0, 0.0])
     sampler = GlobalSampler(source, interval=2.0)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(sampler.serve)
+    async with serving(sampler.serve):
         await trio.sleep(10.5)
-        nursery.cancel_scope.cancel()
     assert source.starts[:4] == [0.0, 2.0, 8.0, 10.0]
 
 

@@ -8,12 +8,13 @@ import functools
 import hashlib
 import json
 
+import pytest
 import trio
 from trio_websocket import WebSocketRequest, serve_websocket
 
 from fleet_trio.logbus.bus import End, Output
 from fleet_trio.logbus.tail import dumps, encode_event
-from tests.logbus.test_tail_node import run_cli
+from tests.helpers import read_head, run_tail_cli
 
 WS_GUID = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
 
@@ -36,11 +37,11 @@ async def free_port() -> int:
 async def test_node_not_there_fails_fast_without_retrying() -> None:
     port = await free_port()
     start = trio.current_time()
-    usage = await run_cli("--from", "later", "j")  # the same start-up, no network
+    usage = await run_tail_cli("--from", "later", "j")  # the same start-up, no network
     startup = trio.current_time() - start
     assert usage.returncode == 2
     start = trio.current_time()
-    r = await run_cli("--url", f"http://127.0.0.1:{port}", "j")
+    r = await run_tail_cli("--url", f"http://127.0.0.1:{port}", "j")
     # <= 5 s in total on an idle machine; the interpreter's start-up (slow under load) aside
     assert trio.current_time() - start - startup < 5.0
     assert r.returncode == 2
@@ -53,10 +54,10 @@ async def test_wrong_urls_are_one_line() -> None:
         ("http://127.0.0.1:99999", "Port out of range"),
         ("http://", "no host"),
     ]:
-        r = await run_cli("--url", url, "j")
+        r = await run_tail_cli("--url", url, "j")
         assert r.returncode == 2, (url, r.stderr)
         assert_one_error_line(r.stderr, text)
-    r = await run_cli("--url", "no-such-host.invalid", "j")  # a name that does not resolve
+    r = await run_tail_cli("--url", "no-such-host.invalid", "j")  # a name that does not resolve
     assert r.returncode == 2
     assert_one_error_line(r.stderr, "cannot connect to ws://no-such-host.invalid: ")
 
@@ -72,8 +73,8 @@ async def test_http_error_statuses_are_one_line() -> None:
     async with trio.open_nursery() as nursery:
         server = await nursery.start(serve_websocket, handler, "127.0.0.1", 0, None)
         url = f"http://127.0.0.1:{server.port}"
-        unauthorized = await run_cli("--url", url, "auth")
-        missing = await run_cli("--url", url, "other")
+        unauthorized = await run_tail_cli("--url", url, "auth")
+        missing = await run_tail_cli("--url", url, "other")
         nursery.cancel_scope.cancel()
     assert unauthorized.returncode == 2 and missing.returncode == 2
     assert_one_error_line(unauthorized.stderr, "refused: HTTP 401 (unauthorized)")
@@ -101,7 +102,7 @@ async def test_dropped_mid_stream_then_gone_gives_up_after_retries() -> None:
 
     async with trio.open_nursery() as nursery:
         port = await nursery.start(serve_until_stopped)
-        r = await run_cli("--url", f"http://127.0.0.1:{port}", "--retries", "2", "j")
+        r = await run_tail_cli("--url", f"http://127.0.0.1:{port}", "--retries", "2", "j")
     assert r.returncode == 2
     assert r.stdout == log
     assert r.stderr.count(b"reconnecting from 6") == 2
@@ -115,12 +116,9 @@ async def _raw_ws_server(
 ) -> None:
     """A hand-written websocket server: sends ``error``, then, once the client's Close
     arrives, ``frames_after_close`` (a Ping while the client is closing)."""
-    request = b""
-    while b"\r\n\r\n" not in request:
-        chunk = await stream.receive_some()
-        if not chunk:
-            return
-        request += chunk
+    request = await read_head(stream)
+    if b"\r\n\r\n" not in request:
+        return
     key = next(
         line.split(b":", 1)[1].strip()
         for line in request.split(b"\r\n")
@@ -154,17 +152,28 @@ async def test_a_ping_during_the_close_handshake_is_no_traceback() -> None:
                 0,
             )
             port = listeners[0].socket.getsockname()[1]
-            r = await run_cli("--url", f"http://127.0.0.1:{port}", "gone")
+            r = await run_tail_cli("--url", f"http://127.0.0.1:{port}", "gone")
             nursery.cancel_scope.cancel()
         assert sent and sent[0][:1] == b"\x88", (sent, r.stderr)  # the client began its close
         assert r.returncode == 2, r.stderr
         assert_one_error_line(r.stderr, "error: unknown job")
 
 
-async def test_reconnects_only_from_an_established_stream() -> None:
-    """Mid-stream drop: the reconnection resumes at the offset; the end's exit code wins."""
+@pytest.mark.parametrize(
+    ("scheme", "end", "code"),
+    [
+        ("http", End("done", 0, "", 12), 0),
+        ("ws", End("error", 3, "boom", 12), 3),
+    ],
+)
+async def test_reconnects_from_the_last_offset_and_the_end_code_wins(
+    scheme: str, end: End, code: int
+) -> None:
+    """A server that drops the first connection mid-log (going away, no end): the client
+    reconnects from the offset it had, and the end's exit code is its own."""
     seen: list[str] = []
     log = b"hello\nworld\n"
+    assert end.offset == len(log)
 
     async def handler(request: WebSocketRequest) -> None:
         seen.append(request.path)
@@ -174,17 +183,21 @@ async def test_reconnects_only_from_an_established_stream() -> None:
                 await ws.send_message(dumps(msg))
             await ws.aclose(1001)
             return
-        for ev in (Output("stdout", 6, log[6:], 2.0), End("error", 3, "boom", len(log))):
+        start = int(request.path.split("from=")[1].split("&")[0])
+        for ev in (Output("stdout", start, log[start:], 2.0), end):
             for msg in encode_event(ev):
                 await ws.send_message(dumps(msg))
         await ws.aclose()
 
     async with trio.open_nursery() as nursery:
         server = await nursery.start(serve_websocket, handler, "127.0.0.1", 0, None)
-        r = await run_cli("--url", f"ws://127.0.0.1:{server.port}", "j")
+        r = await run_tail_cli("--url", f"{scheme}://127.0.0.1:{server.port}", "job-1")
         nursery.cancel_scope.cancel()
-    assert r.returncode == 3 and r.stdout == log
+    assert r.returncode == code, r.stderr
+    assert r.stdout == log
+    assert seen[0].startswith("/fleet/jobs/job-1/tail?from=start")
     assert "from=6" in seen[1]
+    assert b"reconnecting from 6" in r.stderr
     assert b"Traceback" not in r.stderr
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -13,9 +12,7 @@ import trio
 from trio_websocket import (
     ConnectionClosed,
     ConnectionRejected,
-    WebSocketRequest,
     open_websocket_url,
-    serve_websocket,
 )
 
 from fleet_trio.cli import tail_exit_status, tail_url
@@ -33,26 +30,9 @@ from fleet_trio.logbus.tail import (
     loads,
     parse_query,
 )
-from tests.helpers import scenario_pause
+from tests.helpers import LINES_SCRIPT, run_tail_cli, scenario_pause
 from tests.node.conftest import PY
 from tests.node.harness import Harness, node_config, running_node
-
-# Prints `lines` numbered lines on stderr (with a pause between them), then its JSON result
-# on stdout (or exits with `exit`).
-LINES_SCRIPT = r"""
-import json, sys, time
-p = json.loads(sys.stdin.read())
-for i in range(p.get("lines", 5)):
-    sys.stderr.write(f"line {i} \u00e9\n")
-    sys.stderr.flush()
-    time.sleep(p.get("pause", 0))
-if p.get("bad_utf8"):
-    sys.stderr.buffer.write(b"\xff\xfe raw\n")
-    sys.stderr.flush()
-if p.get("exit"):
-    sys.exit(p["exit"])
-sys.stdout.write(json.dumps({"ok": True, "n": p.get("lines", 5)}))
-"""
 
 
 def expected_stderr(lines: int) -> bytes:
@@ -239,28 +219,16 @@ async def test_two_subscribers_see_the_same_log(tmp_path: Path) -> None:
 # -- the CLI ---------------------------------------------------------------------------------
 
 
-async def run_cli(*args: str) -> trio.CompletedProcess[bytes]:
-    env = {**os.environ, "FLEET_TRIO_TOKEN": ""}
-    with trio.fail_after(30):
-        return await trio.run_process(
-            [PY, "-m", "fleet_trio", "tail", *args],
-            capture_stdout=True,
-            capture_stderr=True,
-            check=False,
-            env=env,
-        )
-
-
 async def test_cli_tail_prints_and_exits_with_the_job_code(tmp_path: Path) -> None:
     async with running_node(tmp_path, config(tmp_path)) as h:
         await dispatch(h, "ok", lines=10, pause=0.02)
-        done = await run_cli("--url", h.node.url, "ok")
+        done = await run_tail_cli("--url", h.node.url, "ok")
         assert done.returncode == 0, done.stderr
         assert json.loads(done.stdout) == {"ok": True, "n": 10}
         assert done.stderr == expected_stderr(10)
 
         await dispatch(h, "fail", lines=3, exit=5)
-        failed = await run_cli("--url", h.node.url.replace("http://", "ws://"), "fail")
+        failed = await run_tail_cli("--url", h.node.url.replace("http://", "ws://"), "fail")
         assert failed.returncode == 5
         assert failed.stdout == b""
         assert failed.stderr.startswith(expected_stderr(3))
@@ -268,11 +236,11 @@ async def test_cli_tail_prints_and_exits_with_the_job_code(tmp_path: Path) -> No
             failed.stderr
         )
 
-        only = await run_cli("--url", h.node.url, "--streams", "stderr", "--from", "7", "ok")
+        only = await run_tail_cli("--url", h.node.url, "--streams", "stderr", "--from", "7", "ok")
         assert only.returncode == 0 and only.stdout == b""
         assert only.stderr == expected_stderr(10)[7:]
 
-        unknown = await run_cli("--url", h.node.url, "missing")
+        unknown = await run_tail_cli("--url", h.node.url, "missing")
         assert unknown.returncode == 2
         assert b"fleet-trio tail: error: unknown job" in unknown.stderr
 
@@ -281,44 +249,12 @@ async def test_cli_tail_token_and_usage(tmp_path: Path) -> None:
     async with running_node(tmp_path, config(tmp_path), token="tok") as h:
         h.client.headers["Authorization"] = "Bearer tok"
         await dispatch(h, "t", lines=1)
-        refused = await run_cli("--url", h.node.url, "t")
+        refused = await run_tail_cli("--url", h.node.url, "t")
         assert refused.returncode == 2 and b"refused: HTTP 401" in refused.stderr
-        ok = await run_cli("--url", h.node.url, "--token", "tok", "t")
+        ok = await run_tail_cli("--url", h.node.url, "--token", "tok", "t")
         assert ok.returncode == 0 and ok.stderr == expected_stderr(1)
-    bad = await run_cli("--from", "later", "x")
+    bad = await run_tail_cli("--from", "later", "x")
     assert bad.returncode == 2 and b"from must be" in bad.stderr
-
-
-async def test_cli_tail_reconnects_from_the_last_offset() -> None:
-    """A server that drops the first connection mid-log; the CLI resumes at the offset."""
-    seen: list[str] = []
-    log = b"hello\nworld\n"
-
-    async def handler(request: WebSocketRequest) -> None:
-        seen.append(request.path)
-        ws = await request.accept()
-        if len(seen) == 1:
-            out = Output("stdout", 0, log[:6], 1.0)
-            for msg in encode_event(out):
-                await ws.send_message(dumps(msg))
-            await ws.aclose(1001)  # going away, no end
-            return
-        start = int(request.path.split("from=")[1].split("&")[0])
-        for ev in (Output("stdout", start, log[start:], 2.0), End("done", 0, "", len(log))):
-            for msg in encode_event(ev):
-                await ws.send_message(dumps(msg))
-        await ws.aclose()
-
-    async with trio.open_nursery() as nursery:
-        server = await nursery.start(serve_websocket, handler, "127.0.0.1", 0, None)
-        port = server.port
-        r = await run_cli("--url", f"http://127.0.0.1:{port}", "job-1")
-        nursery.cancel_scope.cancel()
-    assert r.returncode == 0, r.stderr
-    assert r.stdout == log
-    assert seen[0].startswith("/fleet/jobs/job-1/tail?from=start")
-    assert "from=6" in seen[1]
-    assert b"reconnecting from 6" in r.stderr
 
 
 # -- the protocol ----------------------------------------------------------------------------

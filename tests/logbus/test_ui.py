@@ -23,28 +23,18 @@ import trio
 from trio_websocket import WebSocketConnection, open_websocket_url
 
 from fleet_trio.logbus.ui import page_html
-from tests.helpers import wait_until
+from tests.helpers import LINES_SCRIPT, wait_until
 from tests.node.conftest import PY
 from tests.node.harness import Harness, node_config, running_node
 
 TOKEN = "s3cret-ui"
 
-# Prints `lines` coloured lines on stderr, pausing between them, then its JSON result.
-COLOUR_SCRIPT = r"""
-import json, sys, time
-p = json.loads(sys.stdin.read())
-for i in range(p.get("lines", 3)):
-    sys.stderr.write(f"\x1b[31mred {i}\x1b[0m plain \x1b[1;32mbold green {i}\x1b[0m <b>&amp;\n")
-    sys.stderr.flush()
-    time.sleep(p.get("pause", 0))
-if p.get("exit"):
-    sys.exit(p["exit"])
-sys.stdout.write(json.dumps({"ok": True}))
-"""
+# Each line the task prints (LINES_SCRIPT's format): colours, and markup that must stay text.
+COLOUR_LINE = "\x1b[31mred {i}\x1b[0m plain \x1b[1;32mbold green {i}\x1b[0m <b>&amp;\n"
 
 
 def config(tmp_path: Path) -> Any:
-    return node_config(tmp_path, {"colour": {"command": [PY, "-c", COLOUR_SCRIPT]}})
+    return node_config(tmp_path, {"colour": {"command": [PY, "-c", LINES_SCRIPT, COLOUR_LINE]}})
 
 
 async def dispatch(
@@ -98,7 +88,7 @@ async def test_page_and_jobs_route(tmp_path: Path) -> None:
         assert r.headers["fleet-node-id"] == h.node.context.node_id  # and the node id
         assert [row["state"] for row in rows] == ["error", "done"]
         one_line = len(b"\x1b[31mred 0\x1b[0m plain \x1b[1;32mbold green 0\x1b[0m <b>&amp;\n")
-        assert rows[1]["nbytes"] == 2 * one_line + len(b'{"ok": true}')
+        assert rows[1]["nbytes"] == 2 * one_line + len(b'{"ok": true, "n": 2}')
 
         # only GET; other paths under /fleet/ui are 404 with the envelope
         assert (await h.client.post("/fleet/ui/jobs")).status_code == 405

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import os
-import signal
 import socket
-import sys
 from pathlib import Path
 
 import httpx
@@ -14,7 +12,8 @@ import trio
 
 from fleet_trio.cli import main
 from fleet_trio.gpu.fake import init_device
-from tests.helpers import answer, state_in, wait_until
+from fleet_trio.sim.fleet import free_port
+from tests.helpers import answer, fleet_trio_process, state_in, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -81,51 +80,27 @@ def test_port_in_use_is_a_one_line_error(
     assert "Traceback" not in err and "draining" not in err
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 async def test_real_process_with_fake_gpu(tmp_path: Path) -> None:
     gpu_dir = tmp_path / "gpu"
     init_device(str(gpu_dir))
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "FLEET_TRIO_FAKE_GPU_DIR": str(gpu_dir)}
-    argv = [
-        sys.executable,
-        "-m",
-        "fleet_trio",
-        "node",
-        "-c",
-        str(REPO / "examples" / "node.yaml"),
-        "--gpu",
-        "fake",
-        "--listen",
-        f"127.0.0.1:{port}",
-        "--node-id",
-        "cli-node",
-        "--footprints",
-        str(tmp_path / "fp.json"),
-    ]
+    argv = ["node", "-c", str(REPO / "examples" / "node.yaml"), "--gpu", "fake"]
+    argv += ["--listen", f"127.0.0.1:{port}", "--node-id", "cli-node"]
+    argv += ["--footprints", str(tmp_path / "fp.json")]
     with trio.fail_after(30):
-        proc = await trio.lowlevel.open_process(argv, env=env)
-        try:
-            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
-                r = await wait_until(lambda: answer(client, "/fleet/health"))
-                assert r.status_code == 200
-                body = r.json()
-                assert body["node_id"] == "cli-node" and body["supported_task_types"] == ["sleepy"]
-                r = await client.post(
-                    "/fleet/dispatch",
-                    json={"job_id": "j1", "task_type": "sleepy", "payload": {"seconds": 0.3}},
-                )
-                assert r.status_code == 202
-                await wait_until(lambda: state_in(client, "j1", "done", "error"))
-                assert (await client.get("/fleet/jobs/j1")).json()["state"] == "done"
-            proc.send_signal(signal.SIGTERM)
-            assert await proc.wait() == 0
-        finally:
-            if proc.returncode is None:
-                proc.kill()
-                await proc.wait()
+        async with (
+            fleet_trio_process(argv, env=env),
+            httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client,
+        ):
+            r = await wait_until(lambda: answer(client, "/fleet/health"))
+            assert r.status_code == 200
+            body = r.json()
+            assert body["node_id"] == "cli-node" and body["supported_task_types"] == ["sleepy"]
+            r = await client.post(
+                "/fleet/dispatch",
+                json={"job_id": "j1", "task_type": "sleepy", "payload": {"seconds": 0.3}},
+            )
+            assert r.status_code == 202
+            await wait_until(lambda: state_in(client, "j1", "done", "error"))
+            assert (await client.get("/fleet/jobs/j1")).json()["state"] == "done"

@@ -32,11 +32,10 @@ from fleet_trio.edge import (
     refusal,
 )
 from fleet_trio.logbus.bus import LogBus
-from fleet_trio.node.app import NodeContext, create_app
+from fleet_trio.node.app import create_app
 from fleet_trio.node.config import config_from_mapping
-from fleet_trio.node.jobs import JobStore
-from fleet_trio.node.tasks import TaskRegistry, TaskRunner
 from fleet_trio.worker.listener import serve_tail_listener
+from tests.helpers import bare_node_context, read_head
 from tests.node.harness import FakeSampler, echo_task, node_config, running_node
 
 SPEC_ID = "a3f9-XYZ_0123456789abcdef.fleet~job"
@@ -172,12 +171,7 @@ async def raw_handshake(url: str, path: str, headers: dict[str, str]) -> tuple[i
         stream = await trio.open_tcp_stream(host, int(port))
         async with stream:
             await stream.send_all(("\r\n".join(lines) + "\r\n\r\n").encode())
-            data = b""
-            while b"\r\n\r\n" not in data:
-                chunk = await stream.receive_some(65536)
-                if not chunk:
-                    break
-                data += chunk
+            data = await read_head(stream)
             head, _, body = data.partition(b"\r\n\r\n")
             status = int(head.split(b" ", 2)[1])
             if status != 101:
@@ -256,12 +250,7 @@ async def test_allow_origin_flag_and_key(tmp_path: Path) -> None:
     cfg = node_config(
         tmp_path, {"echo": echo_task(tmp_path)}, allow_origins=["https://dash.example"]
     )
-    ctx = NodeContext(
-        node_id="n",
-        gpu_arch="nvidia",
-        registry=TaskRegistry([]),
-        store=JobStore(),
-        runner=TaskRunner(kill_grace=1),
+    ctx = bare_node_context(
         edge=EdgePolicy.build(
             loopback=True, allow_origins=[*cfg.node.allow_origins, "http://ops.example:3000"]
         ),
@@ -308,12 +297,7 @@ async def test_allow_origin_flag_and_key(tmp_path: Path) -> None:
 
 
 async def test_trusted_network_listener_skips_the_host_rule() -> None:
-    ctx = NodeContext(
-        node_id="n",
-        gpu_arch="nvidia",
-        registry=TaskRegistry([]),
-        store=JobStore(),
-        runner=TaskRunner(kill_grace=1),
+    ctx = bare_node_context(
         edge=EdgePolicy(loopback=False),
     )
     transport = httpx.ASGITransport(app=create_app(ctx))
@@ -456,13 +440,7 @@ def test_node_config_key() -> None:
 
 
 def test_refused_counts_are_per_app() -> None:
-    ctx = NodeContext(
-        node_id="n",
-        gpu_arch="nvidia",
-        registry=TaskRegistry([]),
-        store=JobStore(),
-        runner=TaskRunner(kill_grace=1),
-    )
+    ctx = bare_node_context()
     a, b = create_app(ctx), create_app(ctx)
     ga, gb = edge_guard(a), edge_guard(b)
     assert ga is not None and gb is not None and ga is not gb

@@ -23,7 +23,7 @@ import trio
 import fleet_trio.logbus.ui as ui_module
 from fleet_trio.logbus.bus import LogBus
 from fleet_trio.worker.listener import serve_tail_listener
-from tests.helpers import wait_until
+from tests.helpers import read_head, wait_until
 from tests.logbus.test_ui import NO_CHROMIUM, Cdp, chromium, chromium_binary
 from tests.logbus.test_ui import config as colour_config
 from tests.logbus.test_ui import dispatch as colour_dispatch
@@ -88,12 +88,8 @@ async def serve_page(
 
     async def handler(stream: trio.SocketStream) -> None:
         with trio.move_on_after(10):
-            data = b""
-            while b"\r\n\r\n" not in data:
-                chunk = await stream.receive_some(4096)
-                if not chunk:
-                    return
-                data += chunk
+            if b"\r\n\r\n" not in await read_head(stream):
+                return
             head = (
                 b"HTTP/1.1 200 OK\r\nContent-Type: text/html; charset=utf-8\r\n"
                 b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(html)

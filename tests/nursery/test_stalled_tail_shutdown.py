@@ -22,7 +22,7 @@ from fleet_trio.nursery.tree import DEFAULT_INTERRUPT_BUDGET, JOBS_CLOSED_BUDGET
 from fleet_trio.sim import serve_controller
 from fleet_trio.sim.controller import SimController
 from fleet_trio.sim.fleet import free_port, wait_exit, worker_yaml
-from fleet_trio.sim.stall import open_stalled_tail, wait_server_blocked
+from fleet_trio.sim.stall import StalledTailClient, open_stalled_tail, wait_server_blocked
 from tests.helpers import healthy, wait_until
 
 DRAIN = 0.5
@@ -32,6 +32,20 @@ NODE_BOUND = DRAIN + DEFAULT_INTERRUPT_BUDGET + GRACE + SHUTDOWN_SLACK + JOBS_CL
 
 FLOOD = "while :; do head -c 1000000 /dev/urandom; done >&2"
 """Binary noise on stderr, forever (base64 in the tail frames: they are big)."""
+
+
+async def sigterm_past_a_stalled_tail(
+    proc: trio.Process, stalled: StalledTailClient, port: int, bound: float
+) -> tuple[int | None, float]:
+    """Once the server on ``port`` is blocked writing to ``stalled``, SIGTERM ``proc``: its exit
+    code (None: still running after ``bound``, then SIGKILLed) and the seconds it took. Closes
+    ``stalled`` in any case."""
+    try:
+        await wait_server_blocked(stalled, port)
+        proc.send_signal(signal.SIGTERM)
+        return await wait_exit(proc, bound)
+    finally:
+        stalled.close()
 
 
 async def test_node_exits_within_its_bound_with_a_tail_client_that_stopped_reading(
@@ -68,11 +82,8 @@ async def test_node_exits_within_its_bound_with_a_tail_client_that_stopped_readi
             await half_open.connect(("127.0.0.1", port))
             await half_open.send(b"GET /fleet/health HTTP/1.1\r\nHost: x\r\n")
             try:
-                await wait_server_blocked(stalled, port)
-                proc.send_signal(signal.SIGTERM)
-                code, took = await wait_exit(proc, NODE_BOUND)
+                code, took = await sigterm_past_a_stalled_tail(proc, stalled, port, NODE_BOUND)
             finally:
-                stalled.close()
                 half_open.close()
         finally:
             if proc.returncode is None:
@@ -129,12 +140,9 @@ async def test_worker_exits_promptly_with_a_tail_client_that_stopped_reading(
                         return None
 
                 stalled = await wait_until(tail_opened, interval=0.1, what="a stalled tail open")
-                try:
-                    await wait_server_blocked(stalled, tail_port)
-                    proc.send_signal(signal.SIGTERM)
-                    code, took = await wait_exit(proc, WORKER_LIMIT)
-                finally:
-                    stalled.close()
+                code, took = await sigterm_past_a_stalled_tail(
+                    proc, stalled, tail_port, WORKER_LIMIT
+                )
             finally:
                 if proc.returncode is None:
                     proc.kill()

@@ -49,38 +49,34 @@ class ShutdownStateMachine(RuleBasedStateMachine):
         assert moved == (phase == Phase.RUNNING)
         assert self.state.stopping
 
+    def _move(self, action: str, legal: bool, to: Phase) -> None:
+        """A legal ``action`` moves the state to phase ``to``; an illegal one is refused."""
+        if legal:
+            getattr(self.state, action)()
+            assert self.state.phase == to
+        else:
+            self._illegal(action)
+
     @rule()
     def begin_drain(self) -> None:
-        if self.state.phase == Phase.STOPPING:
-            self.state.begin_drain()
-            assert self.state.phase == Phase.DRAINING
-        else:
-            self._illegal("begin_drain")
+        self._move("begin_drain", self.state.phase == Phase.STOPPING, Phase.DRAINING)
 
     @rule()
     def begin_interrupt(self) -> None:
-        if self.state.phase in (Phase.STOPPING, Phase.DRAINING):
-            self.state.begin_interrupt()
-            assert self.state.phase == Phase.INTERRUPTING
-        else:
-            self._illegal("begin_interrupt")
+        legal = self.state.phase in (Phase.STOPPING, Phase.DRAINING)
+        self._move("begin_interrupt", legal, Phase.INTERRUPTING)
 
     @rule()
     def begin_cancel(self) -> None:
-        if self.state.phase < Phase.CANCELLING:
-            self.state.begin_cancel()
-            assert self.state.phase == Phase.CANCELLING
+        legal = self.state.phase < Phase.CANCELLING
+        self._move("begin_cancel", legal, Phase.CANCELLING)
+        if legal:
             assert not self.state.accepting_jobs
-        else:
-            self._illegal("begin_cancel")
 
     @rule()
     def finish(self) -> None:
-        if self.state.phase == Phase.CANCELLING and self.state.live == 0:
-            self.state.finish()
-            assert self.state.phase == Phase.DONE
-        else:
-            self._illegal("finish")
+        legal = self.state.phase == Phase.CANCELLING and self.state.live == 0
+        self._move("finish", legal, Phase.DONE)
 
     @rule(n=st.integers(min_value=1, max_value=3))
     def job_started(self, n: int) -> None:

@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
+from trio.testing import MockClock
 
 from fleet_trio.nursery import (
     JOB_TEARDOWN_SLACK,
@@ -69,7 +70,7 @@ async def service(rec: Recorder, name: str, *, task_status: trio.TaskStatus[None
         rec(f"cancelled:{name}")
 
 
-async def test_drain_ends_early_when_the_jobs_finish(autojump_clock: trio.abc.Clock) -> None:
+async def test_drain_ends_early_when_the_jobs_finish(autojump_clock: MockClock) -> None:
     rec = Recorder()
     start = trio.current_time()
     async with open_task_tree(drain=30, kill_grace=5, on_interrupt=rec.interrupt) as tree:
@@ -84,9 +85,7 @@ async def test_drain_ends_early_when_the_jobs_finish(autojump_clock: trio.abc.Cl
     assert tree.phase == Phase.DONE
 
 
-async def test_interrupt_comes_before_any_job_sees_the_cancel(
-    autojump_clock: trio.abc.Clock,
-) -> None:
+async def test_interrupt_comes_before_any_job_sees_the_cancel(autojump_clock: MockClock) -> None:
     rec = Recorder()
     start = trio.current_time()
     async with open_task_tree(drain=3, kill_grace=5, on_interrupt=rec.interrupt) as tree:
@@ -102,7 +101,7 @@ async def test_interrupt_comes_before_any_job_sees_the_cancel(
     assert trio.current_time() - start == pytest.approx(3.0, abs=EPS)
 
 
-async def test_on_interrupt_is_bounded_by_its_budget(autojump_clock: trio.abc.Clock) -> None:
+async def test_on_interrupt_is_bounded_by_its_budget(autojump_clock: MockClock) -> None:
     rec = Recorder()
 
     async def hanging_interrupt() -> None:
@@ -120,7 +119,7 @@ async def test_on_interrupt_is_bounded_by_its_budget(autojump_clock: trio.abc.Cl
 
 
 async def test_failing_on_interrupt_still_cancels(
-    autojump_clock: trio.abc.Clock, caplog: pytest.LogCaptureFixture
+    autojump_clock: MockClock, caplog: pytest.LogCaptureFixture
 ) -> None:
     rec = Recorder()
 
@@ -136,9 +135,7 @@ async def test_failing_on_interrupt_still_cancels(
     assert "table on fire" in caplog.text
 
 
-async def test_second_request_skips_the_rest_of_the_drain(
-    autojump_clock: trio.abc.Clock,
-) -> None:
+async def test_second_request_skips_the_rest_of_the_drain(autojump_clock: MockClock) -> None:
     rec = Recorder()
     start = trio.current_time()
 
@@ -159,7 +156,7 @@ async def test_second_request_skips_the_rest_of_the_drain(
 
 
 async def test_second_request_before_the_body_returns_skips_the_drain(
-    autojump_clock: trio.abc.Clock,
+    autojump_clock: MockClock,
 ) -> None:
     rec = Recorder()
     start = trio.current_time()
@@ -173,7 +170,7 @@ async def test_second_request_before_the_body_returns_skips_the_drain(
 
 
 async def test_body_exception_marks_interrupted_first_and_is_reraised(
-    autojump_clock: trio.abc.Clock,
+    autojump_clock: MockClock,
 ) -> None:
     rec = Recorder()
     stopped: list[float] = []
@@ -200,7 +197,7 @@ async def test_body_exception_marks_interrupted_first_and_is_reraised(
 
 
 async def test_outer_cancel_of_the_body_still_interrupts_before_cancelling(
-    autojump_clock: trio.abc.Clock,
+    autojump_clock: MockClock,
 ) -> None:
     rec = Recorder()
     with trio.move_on_after(2) as outer:
@@ -212,9 +209,7 @@ async def test_outer_cancel_of_the_body_still_interrupts_before_cancelling(
     assert tree.phase == Phase.DONE
 
 
-async def test_cancel_order_is_jobs_then_role_then_services(
-    autojump_clock: trio.abc.Clock,
-) -> None:
+async def test_cancel_order_is_jobs_then_role_then_services(autojump_clock: MockClock) -> None:
     rec = Recorder()
 
     async def slow_role(*, task_status: trio.TaskStatus[None]) -> None:
@@ -245,9 +240,7 @@ async def test_cancel_order_is_jobs_then_role_then_services(
     assert rec.times["closed:role"] <= rec.times["cancelled:services"]
 
 
-async def test_shutdown_waits_for_job_teardown_within_the_bound(
-    autojump_clock: trio.abc.Clock,
-) -> None:
+async def test_shutdown_waits_for_job_teardown_within_the_bound(autojump_clock: MockClock) -> None:
     rec = Recorder()
     start = trio.current_time()
     async with open_task_tree(drain=2, kill_grace=4, on_interrupt=rec.interrupt) as tree:
@@ -260,7 +253,7 @@ async def test_shutdown_waits_for_job_teardown_within_the_bound(
 
 
 async def test_a_job_overrunning_the_grace_is_logged_and_awaited(
-    autojump_clock: trio.abc.Clock, caplog: pytest.LogCaptureFixture
+    autojump_clock: MockClock, caplog: pytest.LogCaptureFixture
 ) -> None:
     rec = Recorder()
     start = trio.current_time()
@@ -275,7 +268,7 @@ async def test_a_job_overrunning_the_grace_is_logged_and_awaited(
 
 
 async def test_a_failing_job_is_logged_and_does_not_stop_the_tree(
-    autojump_clock: trio.abc.Clock, caplog: pytest.LogCaptureFixture
+    autojump_clock: MockClock, caplog: pytest.LogCaptureFixture
 ) -> None:
     rec = Recorder()
 
@@ -298,7 +291,7 @@ async def test_a_failing_job_is_logged_and_does_not_stop_the_tree(
 
 
 async def test_a_job_group_mixing_errors_and_cancelled_logs_the_errors(
-    autojump_clock: trio.abc.Clock, caplog: pytest.LogCaptureFixture
+    autojump_clock: MockClock, caplog: pytest.LogCaptureFixture
 ) -> None:
     async def job_with_helpers() -> None:
         async def helper_that_fails_on_cancel() -> None:
@@ -319,9 +312,7 @@ async def test_a_job_group_mixing_errors_and_cancelled_logs_the_errors(
     assert "pipe closed" in caplog.text
 
 
-async def test_a_crashing_role_shuts_the_tree_down_in_order(
-    autojump_clock: trio.abc.Clock,
-) -> None:
+async def test_a_crashing_role_shuts_the_tree_down_in_order(autojump_clock: MockClock) -> None:
     rec = Recorder()
 
     async def crashing_role() -> None:
@@ -341,7 +332,7 @@ async def test_a_crashing_role_shuts_the_tree_down_in_order(
 
 
 async def test_request_shutdown_is_idempotent_and_runs_step_one_once(
-    autojump_clock: trio.abc.Clock,
+    autojump_clock: MockClock,
 ) -> None:
     calls: list[bool] = []
     async with open_task_tree(drain=1, kill_grace=1) as tree:
@@ -364,7 +355,7 @@ async def test_request_shutdown_is_idempotent_and_runs_step_one_once(
     assert tree.request_shutdown() is RequestOutcome.REPEATED  # after DONE: harmless
 
 
-async def test_body_ending_on_its_own_runs_the_sequence(autojump_clock: trio.abc.Clock) -> None:
+async def test_body_ending_on_its_own_runs_the_sequence(autojump_clock: MockClock) -> None:
     calls: list[str] = []
     async with open_task_tree(
         drain=1, kill_grace=1, on_stop_accepting=lambda: calls.append("stop")
@@ -375,7 +366,7 @@ async def test_body_ending_on_its_own_runs_the_sequence(autojump_clock: trio.abc
     assert tree.phase == Phase.DONE
 
 
-async def test_no_job_starts_once_the_jobs_are_cancelled(autojump_clock: trio.abc.Clock) -> None:
+async def test_no_job_starts_once_the_jobs_are_cancelled(autojump_clock: MockClock) -> None:
     rec = Recorder()
     refused: list[str] = []
 
@@ -397,7 +388,7 @@ async def test_no_job_starts_once_the_jobs_are_cancelled(autojump_clock: trio.ab
         tree.start_job(sleeper, rec, "after")
 
 
-async def test_describe_lists_the_tasks_of_each_scope(autojump_clock: trio.abc.Clock) -> None:
+async def test_describe_lists_the_tasks_of_each_scope(autojump_clock: MockClock) -> None:
     rec = Recorder()
     async with open_task_tree(drain=1, kill_grace=1) as tree:
         await tree.services.start(service, rec, "sampler", name="sampler")
@@ -442,7 +433,7 @@ async def test_policy_is_validated(kwargs: dict[str, Any], message: str) -> None
             pass  # pragma: no cover
 
 
-async def test_run_task_tree_cancels_setup_on_request(autojump_clock: trio.abc.Clock) -> None:
+async def test_run_task_tree_cancels_setup_on_request(autojump_clock: MockClock) -> None:
     rec = Recorder()
 
     async def setup(tree: TaskTree) -> None:
@@ -461,7 +452,7 @@ async def test_run_task_tree_cancels_setup_on_request(autojump_clock: trio.abc.C
     assert trio.current_time() - start == pytest.approx(2.0, abs=EPS)
 
 
-async def test_run_task_tree_reraises_a_setup_failure(autojump_clock: trio.abc.Clock) -> None:
+async def test_run_task_tree_reraises_a_setup_failure(autojump_clock: MockClock) -> None:
     rec = Recorder()
 
     async def setup(tree: TaskTree) -> None:

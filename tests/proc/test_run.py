@@ -90,20 +90,19 @@ async def test_run_a_broken_sink_does_not_strand_the_child() -> None:
     assert sink.calls == 1
 
 
+async def run_swept(script: str, sink: BufferSink) -> Result:
+    """Run ``sh -c script`` marked with a fresh ``RC_JOB_ID`` that is also swept at its end."""
+    job_id = f"fleet-trio-test-swept-{os.getpid()}-{time.monotonic_ns()}"
+    spec = JobSpec(command=["sh", "-c", script], env={"RC_JOB_ID": job_id}, sweep_job_id=job_id)
+    with trio.fail_after(20):
+        return await run(spec, sink)
+
+
 async def test_run_swept_job_does_not_wait_for_an_escapee_holding_stdout() -> None:
     """Only escapees hold the pipes: the swept job completes and the sweep reaps them."""
-    job_id = f"fleet-trio-test-hold-{os.getpid()}-{time.monotonic_ns()}"
     sink = BufferSink()
     started = time.monotonic()
-    with trio.fail_after(20):
-        res = await run(
-            JobSpec(
-                command=["sh", "-c", "setsid sleep 300 & echo child:$!; exit 0"],
-                env={"RC_JOB_ID": job_id},
-                sweep_job_id=job_id,
-            ),
-            sink,
-        )
+    res = await run_swept("setsid sleep 300 & echo child:$!; exit 0", sink)
     pid = int(sink.text().split("child:")[1].split()[0])
     try:
         assert time.monotonic() - started < 10
@@ -117,17 +116,8 @@ async def test_run_swept_job_does_not_wait_for_an_escapee_holding_stdout() -> No
 
 async def test_run_unswept_job_still_waits_for_a_background_child_in_its_group() -> None:
     """The escape rule never shortens the wait while the group itself holds a live process."""
-    job_id = f"fleet-trio-test-bg-{os.getpid()}-{time.monotonic_ns()}"
     started = time.monotonic()
-    with trio.fail_after(20):
-        res = await run(
-            JobSpec(
-                command=["sh", "-c", "sleep 1.5 & exit 0"],
-                env={"RC_JOB_ID": job_id},
-                sweep_job_id=job_id,
-            ),
-            BufferSink(),
-        )
+    res = await run_swept("sleep 1.5 & exit 0", BufferSink())
     assert time.monotonic() - started >= 1.4
     assert (res.exit_code, res.killed, res.reason) == (0, False, "")
 

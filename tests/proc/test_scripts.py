@@ -18,15 +18,7 @@ from fleet_trio.proc.scripts import (
 )
 from fleet_trio.proc.spec import Result
 from fleet_trio.proc.stop import StopToken
-from tests.helpers import scenario_pause
-
-
-def script(directory: Path, name: str, body: str, mode: int = 0o755) -> Path:
-    path = directory / name
-    path.write_text("#!/bin/sh\n" + body + "\n")
-    path.chmod(mode)
-    return path
-
+from tests.helpers import scenario_pause, sh_script
 
 # -- ordering and candidates ----------------------------------------------------------------
 
@@ -36,9 +28,9 @@ async def test_runs_in_bytewise_order_with_dotfiles_and_symlinks(tmp_path: Path)
     d.mkdir()
     log = tmp_path / "log"
     for name in ["b", "B", "a", "_x", ".hidden", "10-x", "9-x"]:
-        script(d, name, f'echo "{name}" >> "{log}"')
+        sh_script(d, name, f'echo "{name}" >> "{log}"')
     (d / "subdir").mkdir()  # directories are never candidates
-    target = script(tmp_path, "outside.sh", f'echo linked >> "{log}"')
+    target = sh_script(tmp_path, "outside.sh", f'echo linked >> "{log}"')
     (d / "link").symlink_to(target)
     with trio.fail_after(20):
         res = await run_scripts(str(d), max_runtime=5, budget=30)
@@ -52,7 +44,7 @@ async def test_runs_in_bytewise_order_with_dotfiles_and_symlinks(tmp_path: Path)
 
 async def test_dangling_symlink_is_a_stat_error_and_the_pass_continues(tmp_path: Path) -> None:
     (tmp_path / "10-dangling.sh").symlink_to(tmp_path / "nowhere")
-    script(tmp_path, "20-ok.sh", "exit 0")
+    sh_script(tmp_path, "20-ok.sh", "exit 0")
     with trio.fail_after(10):
         res = await run_scripts(str(tmp_path), max_runtime=5, budget=30)
     first, second = res.outcomes
@@ -65,8 +57,8 @@ async def test_dangling_symlink_is_a_stat_error_and_the_pass_continues(tmp_path:
 
 async def test_non_executable_is_skipped_with_its_mode(tmp_path: Path) -> None:
     marker = tmp_path / "ran"
-    script(tmp_path, "10-plain", f'touch "{marker}"', mode=0o644)
-    script(tmp_path, "20-ok", "exit 0")
+    sh_script(tmp_path, "10-plain", f'touch "{marker}"', mode=0o644)
+    sh_script(tmp_path, "20-ok", "exit 0")
     with trio.fail_after(10):
         res = await run_scripts(str(tmp_path), max_runtime=5, budget=30)
     skipped, ok = res.outcomes
@@ -80,8 +72,8 @@ async def test_non_executable_is_skipped_with_its_mode(tmp_path: Path) -> None:
 
 async def test_failures_carry_their_detail_and_every_script_runs(tmp_path: Path) -> None:
     marker = tmp_path / "marker"
-    script(tmp_path, "10-bad.sh", "echo '72G still allocated' >&2; exit 1")
-    script(tmp_path, "20-good.sh", f'echo out; touch "{marker}"')
+    sh_script(tmp_path, "10-bad.sh", "echo '72G still allocated' >&2; exit 1")
+    sh_script(tmp_path, "20-good.sh", f'echo out; touch "{marker}"')
     with trio.fail_after(10):
         res = await run_scripts(str(tmp_path), max_runtime=5, budget=30)
     bad, good = res.outcomes
@@ -95,7 +87,7 @@ async def test_failures_carry_their_detail_and_every_script_runs(tmp_path: Path)
 
 
 async def test_env_is_passed_on_top_of_ours(tmp_path: Path) -> None:
-    script(tmp_path, "check", 'test "$RC_EVENT" = verify && test -n "$PATH"')
+    sh_script(tmp_path, "check", 'test "$RC_EVENT" = verify && test -n "$PATH"')
     with trio.fail_after(10):
         res = await run_scripts(str(tmp_path), max_runtime=5, budget=30, env={"RC_EVENT": "verify"})
     assert [o.kind for o in res.outcomes] == [ScriptKind.OK]
@@ -147,8 +139,8 @@ async def test_unreadable_directory_as_non_root(tmp_path: Path, is_root: bool) -
 
 
 async def test_per_script_timeout_kills_the_script(tmp_path: Path) -> None:
-    script(tmp_path, "10-hang.sh", "exec sleep 60")
-    script(tmp_path, "20-ok.sh", "exit 0")
+    sh_script(tmp_path, "10-hang.sh", "exec sleep 60")
+    sh_script(tmp_path, "20-ok.sh", "exit 0")
     start = trio.current_time()
     with trio.fail_after(10):
         res = await run_scripts(str(tmp_path), max_runtime=0.3, budget=30)
@@ -165,7 +157,7 @@ async def test_per_script_timeout_kills_the_script(tmp_path: Path) -> None:
 async def test_whole_pass_budget_stops_the_loop(tmp_path: Path) -> None:
     log = tmp_path / "log"
     for name in ("10-a.sh", "20-b.sh", "30-c.sh"):
-        script(tmp_path, name, f'echo {name} >> "{log}"; exec sleep 1')
+        sh_script(tmp_path, name, f'echo {name} >> "{log}"; exec sleep 1')
     start = trio.current_time()
     with trio.fail_after(10):
         res = await run_scripts(str(tmp_path), max_runtime=10, budget=0.5)
@@ -183,8 +175,8 @@ async def test_whole_pass_budget_stops_the_loop(tmp_path: Path) -> None:
 
 
 async def test_budget_checked_before_each_script(tmp_path: Path) -> None:
-    script(tmp_path, "10-ok.sh", "exit 0")
-    script(tmp_path, "20-ok.sh", "exit 0")
+    sh_script(tmp_path, "10-ok.sh", "exit 0")
+    sh_script(tmp_path, "20-ok.sh", "exit 0")
     stop = StopToken()
     stop.set()
     with trio.fail_after(5):
@@ -195,8 +187,8 @@ async def test_budget_checked_before_each_script(tmp_path: Path) -> None:
 
 
 async def test_parent_stop_ends_the_pass(tmp_path: Path) -> None:
-    script(tmp_path, "10-hang.sh", "exec sleep 60")
-    script(tmp_path, "20-ok.sh", "exit 0")
+    sh_script(tmp_path, "10-hang.sh", "exec sleep 60")
+    sh_script(tmp_path, "20-ok.sh", "exit 0")
     stop = StopToken()
     with trio.fail_after(10):
         async with trio.open_nursery() as nursery:
@@ -217,8 +209,8 @@ async def test_parent_stop_ends_the_pass(tmp_path: Path) -> None:
 
 
 async def test_output_is_capped_and_the_child_never_blocks(tmp_path: Path) -> None:
-    script(tmp_path, "big", "head -c 200000 /dev/zero; head -c 200000 /dev/zero >&2; exit 0")
-    script(tmp_path, "exact", "head -c 65536 /dev/zero")
+    sh_script(tmp_path, "big", "head -c 200000 /dev/zero; head -c 200000 /dev/zero >&2; exit 0")
+    sh_script(tmp_path, "exact", "head -c 65536 /dev/zero")
     with trio.fail_after(10):
         res = await run_scripts(str(tmp_path), max_runtime=5, budget=30)
     big, exact = res.outcomes
@@ -233,7 +225,7 @@ async def test_output_is_capped_and_the_child_never_blocks(tmp_path: Path) -> No
 
 
 async def test_run_script_combines_output(tmp_path: Path) -> None:
-    path = script(tmp_path, "hook.sh", "echo one; echo two >&2; exit 4")
+    path = sh_script(tmp_path, "hook.sh", "echo one; echo two >&2; exit 4")
     with trio.fail_after(10):
         full = await run_script(str(path), env={"RC_EVENT": "acquire"}, max_runtime=5)
         tail = await run_script(str(path), max_runtime=5, output_tail=4)

@@ -12,6 +12,14 @@ from fleet_trio.proc.stop import StopToken
 from fleet_trio.proc.watchdog import Watchdog
 
 
+def seconds(most: float) -> st.SearchStrategy[float]:
+    """Times and limits: finite, 0 to ``most`` seconds."""
+    return st.floats(min_value=0, max_value=most, allow_nan=False)
+
+
+LIMIT = seconds(1e5)
+
+
 def test_watchdog_disarmed_never_trips() -> None:
     dog = Watchdog(started=0.0)
     assert not dog.armed
@@ -28,12 +36,7 @@ def test_watchdog_checks_max_runtime_before_idle_and_is_strict() -> None:
     assert dog.check(100.0, 99.5) is None
 
 
-@given(
-    max_runtime=st.floats(min_value=0, max_value=1e5, allow_nan=False),
-    idle=st.floats(min_value=0, max_value=1e5, allow_nan=False),
-    elapsed=st.floats(min_value=0, max_value=2e5, allow_nan=False),
-    quiet=st.floats(min_value=0, max_value=2e5, allow_nan=False),
-)
+@given(max_runtime=LIMIT, idle=LIMIT, elapsed=seconds(2e5), quiet=seconds(2e5))
 def test_watchdog_reason_matches_the_first_exceeded_limit(
     max_runtime: float, idle: float, elapsed: float, quiet: float
 ) -> None:
@@ -81,12 +84,7 @@ async def test_stop_token_child_inherits_the_earlier_deadline(
         await child.wait()
 
 
-@given(
-    started=st.floats(min_value=0, max_value=1e7, allow_nan=False),
-    max_runtime=st.floats(min_value=0, max_value=1e5, allow_nan=False),
-    idle=st.floats(min_value=0, max_value=1e5, allow_nan=False),
-    quiet_from=st.floats(min_value=0, max_value=1e5, allow_nan=False),
-)
+@given(started=seconds(1e7), max_runtime=LIMIT, idle=LIMIT, quiet_from=LIMIT)
 def test_watchdog_deadline_is_the_first_tripping_instant(
     started: float, max_runtime: float, idle: float, quiet_from: float
 ) -> None:

@@ -23,39 +23,28 @@ HEADERS = {"Authorization": f"Bearer {WTOK}", "Content-Type": "application/json"
 WORKER_ID = "fd5e9c3a-c827-51f7-8a85-b02a2f888a40"  # the capture's id for host "fakehost"
 DEVICE = "fakehost:gpu0"
 
+# The register and labels bodies of the capture share the host's facts (but for the free disk,
+# which moved between the two), gpu0's facts, the declared labels and the sheets.
+HOST_FACTS = {"cpus": "2", "kernel": "6.18.44-fc-v669", "mem_total_bytes": "25276502016"}
+DESCRIBED = {
+    "declared_labels": {"gpu0": {"rack": "r3"}},
+    "sheet": "# fakehost\nA fake host for wire capture.\n",
+    "device_sheets": {"gpu0": "# gpu0\nFake device.\n"},
+}
+GPU0_FACTS = {"vendor": "fake", "vram": "24G"}
 REGISTER = {
     "host": "fakehost",
     "boot_id": "1430be4b-f4e4-438a-abd1-f49b019f7217",
     "recovery": {"survivors_checked": True, "survivors_found": True},
     "devices": [{"name": "gpu0", "max_runtime_seconds": 3600}],
-    "labels": {
-        "": {
-            "cpus": "2",
-            "disk_free_bytes": "84791074816",
-            "kernel": "6.18.44-fc-v669",
-            "mem_total_bytes": "25276502016",
-        },
-        "gpu0": {"vendor": "fake", "vram": "24G"},
-    },
-    "declared_labels": {"gpu0": {"rack": "r3"}},
-    "sheet": "# fakehost\nA fake host for wire capture.\n",
-    "device_sheets": {"gpu0": "# gpu0\nFake device.\n"},
+    "labels": {"": {**HOST_FACTS, "disk_free_bytes": "84791074816"}, "gpu0": GPU0_FACTS},
+    **DESCRIBED,
 }
 LABELS = {
     "host": "fakehost",
     "devices": ["gpu0"],
-    "labels": {
-        "": {
-            "cpus": "2",
-            "disk_free_bytes": "84790738944",
-            "kernel": "6.18.44-fc-v669",
-            "mem_total_bytes": "25276502016",
-        },
-        "gpu0": {"vendor": "fake", "vram": "24G"},
-    },
-    "declared_labels": {"gpu0": {"rack": "r3"}},
-    "sheet": "# fakehost\nA fake host for wire capture.\n",
-    "device_sheets": {"gpu0": "# gpu0\nFake device.\n"},
+    "labels": {"": {**HOST_FACTS, "disk_free_bytes": "84790738944"}, "gpu0": GPU0_FACTS},
+    **DESCRIBED,
 }
 CMD = [
     "sh",

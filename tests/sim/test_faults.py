@@ -13,6 +13,7 @@ import trio
 import trio.testing
 
 from fleet_trio.sim.faults import FaultyLink, serve_link
+from tests.helpers import read_head
 
 
 async def _http_backend(tag: str, stream: trio.SocketStream) -> None:
@@ -21,11 +22,9 @@ async def _http_backend(tag: str, stream: trio.SocketStream) -> None:
     try:
         async with stream:
             while True:
-                while b"\r\n\r\n" not in buf:
-                    data = await stream.receive_some(65536)
-                    if not data:
-                        return
-                    buf += data
+                buf = await read_head(stream, buf)
+                if b"\r\n\r\n" not in buf:
+                    return
                 _, buf = buf.split(b"\r\n\r\n", 1)
                 body = json.dumps({"backend": tag}).encode()
                 await stream.send_all(

@@ -12,13 +12,7 @@ import trio
 
 from fleet_trio.durations import SECOND
 from fleet_trio.worker.config import DeviceConfig, WorkerConfig
-from tests.helpers import dev, running, until_terminal
-
-
-def _script(path: Path, body: str) -> str:
-    path.write_text("#!/bin/sh\n" + body + "\n")
-    path.chmod(0o755)
-    return str(path)
+from tests.helpers import dev, new_dir, running, sh_script, succeeded, until_terminal
 
 
 async def test_missing_hook_path_fails_the_job_faults_the_device_and_keeps_serving(
@@ -36,18 +30,16 @@ async def test_missing_hook_path_fails_the_job_faults_the_device_and_keeps_servi
             assert ctrl.faults(dev("gpu0")) == [reason]
             assert not (tmp_path / "ran").exists()
             assert missing in caplog.text
-            other = ctrl.submit(dev("gpu1"), ["true"])
-            assert await until_terminal(ctrl, other) == ["running", "succeeded"]
+            await succeeded(ctrl, dev("gpu1"))
 
 
 async def test_probe_printing_10_mib_is_skipped_named_and_the_rest_kept(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    probes = tmp_path / "probe.d"
-    probes.mkdir()
-    _script(probes / "10-flood", "head -c 10485760 /dev/zero | tr '\\0' x")
-    _script(probes / "20-good", 'echo \'{"rack": "r7"}\'')
-    _script(probes / "30-garbage", "echo 'not json at all'")
+    probes = new_dir(tmp_path / "probe.d")
+    sh_script(probes, "10-flood", "head -c 10485760 /dev/zero | tr '\\0' x")
+    sh_script(probes, "20-good", 'echo \'{"rack": "r7"}\'')
+    sh_script(probes, "30-garbage", "echo 'not json at all'")
 
     def configure(cfg: WorkerConfig) -> WorkerConfig:
         return attrs.evolve(cfg, probe_dir=str(probes), probe_timeout=10 * SECOND)
@@ -59,8 +51,7 @@ async def test_probe_printing_10_mib_is_skipped_named_and_the_rest_kept(
             assert labels[""]["rack"] == "r7"
             assert "x" not in labels[""] and "not" not in labels[""]
             assert "10-flood" in caplog.text and "30-garbage" in caplog.text
-            job = ctrl.submit(dev("gpu0"), ["true"])
-            assert await until_terminal(ctrl, job) == ["running", "succeeded"]
+            await succeeded(ctrl, dev("gpu0"))
 
 
 async def test_unreadable_verify_dir_fails_closed_and_keeps_serving(
@@ -74,10 +65,8 @@ async def test_unreadable_verify_dir_fails_closed_and_keeps_serving(
 
     with trio.fail_after(20):
         async with running(configure=configure) as (ctrl, _):
-            job = ctrl.submit(dev("gpu0"), ["true"])
-            assert await until_terminal(ctrl, job) == ["running", "succeeded"]
+            await succeeded(ctrl, dev("gpu0"))
             (fault,) = ctrl.faults(dev("gpu0"))
             assert fault.startswith("verify failed: ") and str(not_a_dir) in fault
             assert str(not_a_dir) in caplog.text
-            other = ctrl.submit(dev("gpu1"), ["true"])
-            assert await until_terminal(ctrl, other) == ["running", "succeeded"]
+            await succeeded(ctrl, dev("gpu1"))

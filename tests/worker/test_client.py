@@ -162,17 +162,6 @@ async def test_backoff_sequence_between_attempts() -> None:
                 assert want <= gap < want + 0.25
 
 
-async def test_fault_report_retries_5xx_not_4xx() -> None:
-    with trio.fail_after(10):
-        async with controller() as (ctrl, client):
-            await client.register(REG)
-            ctrl.fail_next("fault", status=503, count=2)
-            assert await client.report_fault(f"{HOST}:gpu0", "verify failed: x")
-            assert len(ctrl.requests("fault")) == 3
-            assert not await client.report_fault(f"{HOST}:nodev", "boom")
-            assert len(ctrl.requests("fault")) == 4
-
-
 async def test_blackholed_controller_gives_up_in_bounded_time() -> None:
     timings = Timings(report_attempt_timeout=0.2, report_backoff=(0.05,), patience=1.0)
     with trio.fail_after(10):

@@ -62,6 +62,18 @@ def _arm(book: LeaseBook, job: str, epoch: int, now: float, device: str = DEV) -
     return action
 
 
+def _job1_armed(book: LeaseBook) -> ArmRelease:
+    """job1 acquired, then ended at t=0: its release armed."""
+    return _arm(book, "job1", _acquire_ok(book, "job1").epoch, now=0.0)
+
+
+def _fired(book: LeaseBook, armed: ArmRelease, now: float) -> RunRelease:
+    """Fire ``armed`` at ``now``: the release hook it must run."""
+    release = book.fire_release(armed.device, armed.gen, now=now)
+    assert isinstance(release, RunRelease)
+    return release
+
+
 def _lease_held(book: LeaseBook, device: str = DEV) -> bool:
     lease = book.lease(device)
     assert lease is not None
@@ -155,8 +167,7 @@ def test_only_release_hook_configured() -> None:
 def test_only_acquire_hook_configured_releases_without_running_a_hook() -> None:
     """§4.4 fire_release step 3–4: no ``on_release`` → ``held = False`` directly."""
     book = _book(HookSpec(has_acquire=True, has_release=False, release_linger=1.0))
-    g = _acquire_ok(book, "job1")
-    armed = _arm(book, "job1", g.epoch, now=0.0)
+    armed = _job1_armed(book)
     assert book.fire_release(DEV, armed.gen, now=1.0) == ReleaseFinished(DEV, False, True, "job1")
     assert not _lease_held(book)
     assert book.startup_devices() == []
@@ -170,8 +181,7 @@ def test_device_lock_serialises_hooks_of_one_device() -> None:
     book = _book()
     g = _acquire_ok(book, "job1")
     armed = _arm(book, "job1", g.epoch, now=0.0)
-    release = book.fire_release(DEV, armed.gen, now=1.0)
-    assert isinstance(release, RunRelease)
+    release = _fired(book, armed, 1.0)
     assert book.begin_acquire(DEV, "job2", "b") == Blocked(DEV)
     assert book.schedule_release(DEV, "job1", "a", g.epoch, 1.0) == Blocked(DEV)
     assert book.begin_startup_release(DEV) == Blocked(DEV)
@@ -246,8 +256,7 @@ def test_schedule_release_with_a_stale_epoch_is_void() -> None:
 def test_fire_release_with_a_stale_gen_is_superseded() -> None:
     """§4.4 fire step 2: ``gen != state.gen`` → return."""
     book = _book()
-    g = _acquire_ok(book, "job1")
-    armed = _arm(book, "job1", g.epoch, now=0.0)
+    armed = _job1_armed(book)
     assert book.fire_release(DEV, armed.gen - 1, now=5.0) == Superseded(DEV)
     assert _lease_held(book)
 
@@ -255,8 +264,7 @@ def test_fire_release_with_a_stale_gen_is_superseded() -> None:
 def test_fire_release_before_the_linger_elapsed_does_nothing() -> None:
     """GPU-safe reading of §4.4 linger: a timer waking early must not release."""
     book = _book()
-    g = _acquire_ok(book, "job1")
-    armed = _arm(book, "job1", g.epoch, now=0.0)
+    armed = _job1_armed(book)
     assert book.fire_release(DEV, armed.gen, now=0.1) == NotDue(DEV, armed.due_at)
     assert _lease_held(book)
 
@@ -264,10 +272,8 @@ def test_fire_release_before_the_linger_elapsed_does_nothing() -> None:
 def test_release_hook_failure_still_frees_the_device() -> None:
     """§4.4 fire step 3–4: failure is logged, never quarantines; ``held = False`` regardless."""
     book = _book()
-    g = _acquire_ok(book, "job1")
-    armed = _arm(book, "job1", g.epoch, now=0.0)
-    release = book.fire_release(DEV, armed.gen, now=1.0)
-    assert isinstance(release, RunRelease)
+    armed = _job1_armed(book)
+    release = _fired(book, armed, 1.0)
     assert book.release_done(DEV, release.gen, ok=False) == ReleaseFinished(
         DEV, ran_hook=True, ok=False, job_id="job1"
     )
@@ -307,8 +313,7 @@ def test_delayed_release_from_a_finished_job_never_fires_during_the_next_job() -
     assert late == ReleaseSkipped(DEV, "stale-epoch")
     assert book.due(1000.0) == []
     armed = _arm(book, "job2", g2.epoch, now=1.0)
-    release = book.fire_release(DEV, armed.gen, now=2.0)
-    assert isinstance(release, RunRelease)
+    release = _fired(book, armed, 2.0)
     assert release.job_id == "job2"
     assert release.epoch == g2.epoch
 
@@ -318,8 +323,7 @@ def test_job_after_linger_elapsed_gets_its_own_acquire() -> None:
     book = _book()
     g1 = _acquire_ok(book, "job1")
     armed = _arm(book, "job1", g1.epoch, now=0.0)
-    release = book.fire_release(DEV, armed.gen, now=0.3)
-    assert isinstance(release, RunRelease)
+    release = _fired(book, armed, 0.3)
     book.release_done(DEV, release.gen, ok=True)
     assert isinstance(book.begin_acquire(DEV, "job2", "b"), RunAcquire)
 

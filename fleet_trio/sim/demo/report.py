@@ -20,11 +20,11 @@ def _short(text: str, width: int = 40) -> str:
     return text if len(text) <= width else text[: width - 3] + "..."
 
 
-def marked_processes(run_id: str) -> list[int]:
-    """Live processes whose environment carries this run's marker (blocking: walks /proc)."""
+def marked_processes(run_id: str, marker: str = RUN_MARKER) -> list[int]:
+    """Live processes but this one whose environment holds ``marker=run_id`` (walks /proc)."""
     from fleet_trio.proc.procfs import list_pids, pid_alive, read_proc_file
 
-    needle = f"{RUN_MARKER}={run_id}".encode()
+    needle = f"{marker}={run_id}".encode()
     found = []
     for pid in list_pids() or []:
         if pid == os.getpid():
