@@ -227,6 +227,15 @@ async def stop_when_output(watcher: PidWatcher, stop: StopToken) -> None:
     stop.set()
 
 
+async def run_stopped_once_seen(spec: JobSpec, watcher: PidWatcher) -> Result:
+    """``run(spec)`` into ``watcher``, with a stop request as soon as the job has printed its
+    ``child:PID`` line."""
+    stop = StopToken()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(stop_when_output, watcher, stop)
+        return await run(spec, watcher, stop)
+
+
 async def stop_after(stop: StopToken, seconds: float) -> None:
     """The scenario's stop request, ``seconds`` into the job."""
     await scenario_pause(seconds, why="the stop request comes this long into the job")

@@ -14,9 +14,9 @@ from tests.helpers import (
     PidWatcher,
     gone_within,
     run_sh,
+    run_stopped_once_seen,
     scenario_pause,
     stop_after,
-    stop_when_output,
 )
 
 
@@ -52,13 +52,10 @@ async def test_process_003_runs_in_requested_directory(tmp_path: object) -> None
 
 async def test_process_004_cancel_kills_the_entire_process_tree() -> None:
     sink = BufferSink()
-    stop = StopToken()
     watcher = PidWatcher(sink)
     spec = JobSpec(command=["sh", "-c", "sleep 300 & echo child:$!; wait"], grace_ceiling=0.5)
     with trio.fail_after(15):
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(stop_when_output, watcher, stop)
-            res = await run(spec, watcher, stop)
+        res = await run_stopped_once_seen(spec, watcher)
         assert res.killed is True
         assert res.reason == "cancelled"
         assert await gone_within(watcher.pid(), 5)
@@ -66,14 +63,11 @@ async def test_process_004_cancel_kills_the_entire_process_tree() -> None:
 
 async def test_process_005_cancel_kills_survivors_that_ignore_sigterm() -> None:
     sink = BufferSink()
-    stop = StopToken()
     watcher = PidWatcher(sink)
     script = "(trap '' TERM; exec sleep 300 >/dev/null 2>&1) & echo child:$!; sleep 300"
     spec = JobSpec(command=["sh", "-c", script], grace_ceiling=0.3)
     with trio.fail_after(15):
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(stop_when_output, watcher, stop)
-            res = await run(spec, watcher, stop)
+        res = await run_stopped_once_seen(spec, watcher)
         assert res.killed is True
         assert await gone_within(watcher.pid(), 5)
 

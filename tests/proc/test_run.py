@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 import trio
 
-from fleet_trio.proc import BufferSink, JobSpec, Result, StopToken
+from fleet_trio.proc import BufferSink, JobSpec, Result
 from fleet_trio.proc.procfs import pid_alive
 from fleet_trio.proc.run import resolve_argv, run
-from tests.helpers import PidWatcher, gone_within, scenario_pause, stop_when_output
+from tests.helpers import PidWatcher, gone_within, run_stopped_once_seen, scenario_pause
 
 
 async def test_run_background_child_holding_stdout_keeps_job_running() -> None:
@@ -28,15 +28,12 @@ async def test_run_background_child_holding_stdout_keeps_job_running() -> None:
 
 async def test_run_setsid_pipe_holder_does_not_hang_stop() -> None:
     """§15 Q1 (b): a setsid'd child keeping stdout open cannot hang run() after a stop."""
-    stop = StopToken()
     sink = BufferSink()
     watcher = PidWatcher(sink)
     script = "setsid sh -c 'echo child:$$; exec sleep 300' & sleep 300"
     started = time.monotonic()
     with trio.fail_after(20):
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(stop_when_output, watcher, stop)
-            res = await run(JobSpec(command=["sh", "-c", script], grace_ceiling=0.3), watcher, stop)
+        res = await run_stopped_once_seen(JobSpec(["sh", "-c", script], grace_ceiling=0.3), watcher)
     elapsed = time.monotonic() - started
     try:
         assert res.killed is True

@@ -28,7 +28,7 @@ from fleet_trio.proc.supervisor import (
     never_blocks,
 )
 from fleet_trio.proc.target import GroupTarget
-from tests.helpers import PidWatcher, gone_within, stop_when_output
+from tests.helpers import PidWatcher, gone_within, run_stopped_once_seen
 
 
 class BytesReceiveStream(trio.abc.ReceiveStream):
@@ -95,12 +95,9 @@ async def test_output_and_exit_status(path: str) -> None:
 
 async def test_a_stop_request_is_a_result_and_output_in_the_grace_is_kept(path: str) -> None:
     sink = watcher(path)
-    stop = StopToken()
     script = "trap 'echo bye; exit 0' TERM; echo child:$$; while :; do sleep 0.05; done"
     with trio.fail_after(20):
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(stop_when_output, sink, stop)
-            res = await run(JobSpec(command=["sh", "-c", script], grace_ceiling=5), sink, stop)
+        res = await run_stopped_once_seen(JobSpec(["sh", "-c", script], grace_ceiling=5), sink)
     assert (res.killed, res.reason) == (True, REASON_CANCELLED)
     assert b"bye" in sink.inner.getvalue()
 
@@ -147,12 +144,9 @@ async def test_idle_limit_moves_with_output_then_trips(path: str) -> None:
 
 async def test_a_stop_kills_the_whole_group(path: str) -> None:
     sink = watcher(path)
-    stop = StopToken()
     script = "sleep 300 & echo child:$!; wait"
     with trio.fail_after(20):
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(stop_when_output, sink, stop)
-            res = await run(JobSpec(command=["sh", "-c", script], grace_ceiling=1), sink, stop)
+        res = await run_stopped_once_seen(JobSpec(["sh", "-c", script], grace_ceiling=1), sink)
         assert res.killed
         assert await gone_within(sink.pid(), 2)
 
