@@ -3,6 +3,8 @@
 * A node started in-process on 127.0.0.1 (port 0) with a fake GPU, and an httpx client
   (:func:`running_node`, :class:`Harness`, :class:`FakeSampler`, :class:`FakeFootprints`).
 * A node context over a given job store with a runner that answers ``{}`` (:func:`make_ctx`).
+* A node with one ``colour`` task printing ANSI-coloured lines (:func:`colour_config`,
+  :func:`colour_dispatch`), for the browser page tests.
 * A real ``fleet-trio node`` process with the job journal on, to kill and restart
   (:class:`Node`; its ``sleeper`` task records its pid under ``pids/``).
 """
@@ -30,7 +32,7 @@ from fleet_trio.node.config import NodeConfig, config_from_mapping, load_config
 from fleet_trio.node.jobs import Done, JobStore
 from fleet_trio.node.server import GpuServices, NodeOptions, RunningNode, serve_node
 from fleet_trio.node.tasks import TaskRegistry
-from tests.helpers import healthy, wait_until
+from tests.helpers import LINES_SCRIPT, healthy, wait_until
 from tests.node.conftest import PY, TASK_SCRIPT
 
 REPO = Path(__file__).resolve().parents[2]
@@ -332,3 +334,21 @@ class Node:
         if self.proc is not None and self.proc.returncode is None:
             self.proc.kill()
             await self.proc.wait()
+
+
+# Each line the task prints (LINES_SCRIPT's format): colours, and markup that must stay text.
+COLOUR_LINE = "\x1b[31mred {i}\x1b[0m plain \x1b[1;32mbold green {i}\x1b[0m <b>&amp;\n"
+
+
+def colour_config(tmp_path: Path) -> Any:
+    """A node whose one task ``colour`` prints ``COLOUR_LINE`` (payload: ``lines``, ``pause``,
+    ``exit``)."""
+    return node_config(tmp_path, {"colour": {"command": [PY, "-c", LINES_SCRIPT, COLOUR_LINE]}})
+
+
+async def colour_dispatch(
+    h: Harness, job_id: str, headers: dict[str, str] | None = None, **p: Any
+) -> None:
+    body = json.dumps({"job_id": job_id, "task_type": "colour", "payload": p}).encode()
+    r = await h.client.post("/fleet/dispatch", content=body, headers=headers or {})
+    assert r.status_code == 202, r.text
