@@ -17,7 +17,10 @@
   task printing numbered lines for it to follow (``LINES_SCRIPT``).
 * A ``serve_*`` service run for one block: :func:`serving`; a GPU source to subclass in
   sampler tests: :class:`StubGpuSource`.
-* ``fleet-trio`` run as a process that must stop cleanly on SIGTERM: :func:`fleet_trio_process`.
+* ``fleet-trio`` run as a process that must stop cleanly on SIGTERM: :func:`fleet_trio_process`;
+  ``fleet-trio ARGS`` run to its end, output captured: :func:`fleet` (``CLI`` is its argv).
+* The controller client against the sim: :func:`controller` (``REG``, ``CLIENT_FAST``, the
+  ``AUTH`` header), :func:`with_running_job`; ``GPUBOX``, a two-device worker config.
 * The worker against the simulated controller: :func:`sim`, :func:`config`, :func:`running`,
   :func:`until_terminal`, :func:`started`, :func:`succeeded`, and the shrunk timings ``FAST`` /
   ``FAST_CLIENT``.
@@ -29,6 +32,7 @@ import inspect
 import os
 import re
 import signal
+import subprocess
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
@@ -548,6 +552,31 @@ async def controller(
         nursery.cancel_scope.cancel()
 
 
+AUTH = {"Authorization": "Bearer wtok"}
+
+
+@asynccontextmanager
+async def with_running_job(
+    **kw: float,
+) -> AsyncIterator[tuple[SimController, ControllerClient, str, str]]:
+    """Registered (no recovery claim) and one job on gpu0 taken by a poll (now ``running``)."""
+    async with controller(CLIENT_FAST, **kw) as (ctrl, client):
+        worker_id = await client.register(attrs.evolve(REG, recovery=None))
+        job = ctrl.submit(dev("gpu0"), ["sleep", "30"])
+        answer = await client.poll(worker_id, 0.5)
+        assert [a.job_id for a in answer.assignments] == [job]
+        yield ctrl, client, worker_id, job
+
+
+GPUBOX: dict[str, Any] = {
+    "host": HOST,
+    "devices": [{"name": "gpu0"}, {"name": "gpu1"}],
+    "heartbeat_interval": "100ms",
+    "poll_wait": "500ms",
+}
+"""A two-device worker config for the ``fleet_worker_config`` fixture."""
+
+
 def bare_node_context(**kw: Any) -> NodeContext:
     """A node context with no tasks, an empty store and a real runner; ``kw``: further
     ``NodeContext`` fields (``edge``, ``sampler``...)."""
@@ -580,6 +609,16 @@ async def read_head(stream: trio.abc.ReceiveStream, data: bytes = b"") -> bytes:
             break
         data += chunk
     return data
+
+
+CLI = [PY, "-m", "fleet_trio"]
+
+
+async def fleet(*args: str, limit: float = 30) -> subprocess.CompletedProcess[bytes]:
+    with trio.fail_after(limit):
+        return await trio.run_process(
+            [*CLI, *args], capture_stdout=True, capture_stderr=True, check=False
+        )
 
 
 async def run_tail_cli(*args: str) -> trio.CompletedProcess[bytes]:

@@ -14,17 +14,7 @@ import trio
 
 from fleet_trio import __version__
 from fleet_trio.proc.procfs import job_env_id, pid_alive
-from tests.conftest import PY
-from tests.helpers import scenario_pause, wait_until
-
-CLI = [PY, "-m", "fleet_trio"]
-
-
-async def fleet(*args: str, limit: float = 30) -> subprocess.CompletedProcess[bytes]:
-    with trio.fail_after(limit):
-        return await trio.run_process(
-            [*CLI, *args], capture_stdout=True, capture_stderr=True, check=False
-        )
+from tests.helpers import CLI, fleet, scenario_pause, wait_until
 
 
 def last_json(stdout: bytes) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from fleet_trio.configfile import MAX_CONFIG_BYTES, YAML_MAX_DEPTH, yaml_shape_p
 from fleet_trio.errors import ConfigError
 from fleet_trio.node.config import load_config
 from fleet_trio.worker.config import load_worker_config
-from tests.test_cli import fleet
+from tests.helpers import fleet
 
 WORKER_OK = "controller_url: http://127.0.0.1:1\ntoken: t\nhost: h\ndevices:\n  - name: gpu0\n"
 NODE_OK = "node:\n  footprints:\n    margin: 1.2\n"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
@@ -36,6 +37,42 @@ def test_one_wait_helper() -> None:
         if path.name != "helpers.py"
         for m in PRIVATE_WAIT.finditer(path.read_text(encoding="utf-8"))
     ]
+    assert found == []
+
+
+def _imported_modules(path: Path) -> list[tuple[int, str]]:
+    """Every module ``path`` imports (``from a.b import c`` yields ``a.b`` and ``a.b.c``), with
+    relative imports resolved against its package."""
+    package = path.relative_to(TESTS.parent).with_suffix("").parts[:-1]
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = ".".join(package[: len(package) - node.level + 1] if node.level else ())
+            module = ".".join(part for part in (base, node.module or "") if part)
+            found.append((node.lineno, module))
+            found += [(node.lineno, f"{module}.{alias.name}") for alias in node.names]
+    return found
+
+
+# moved once tests/logbus/test_tail_node.py is free
+NOT_YET = {"logbus/test_tail_client.py", "worker/test_tail_listener.py"}
+
+
+def test_no_test_module_imports_another() -> None:
+    """A helper two test modules share lives in ``tests/helpers.py`` or a named helper module
+    (``tests/node/harness.py``, ``tests/browser.py``...), never in a ``test_*.py`` module."""
+    found = sorted(
+        {
+            f"{path.relative_to(TESTS)}:{line}: {module}"
+            for path in TESTS.rglob("*.py")
+            if str(path.relative_to(TESTS)) not in NOT_YET
+            for line, module in _imported_modules(path)
+            if module.split(".")[0] == "tests"
+            and any(part.startswith("test_") for part in module.split(".")[1:])
+        }
+    )
     assert found == []
 
 

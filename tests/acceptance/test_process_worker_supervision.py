@@ -16,14 +16,7 @@ from fleet_trio.proc.procfs import Predicate, read_proc_stat
 from fleet_trio.sim.harness import WorkerHandle
 from fleet_trio.worker.client import Assignment
 from fleet_trio.worker.worker import HOLD_COMMAND, Worker, job_environment
-from tests.helpers import HOST, PY, config, dev, started, until_terminal
-
-GPUBOX: dict[str, Any] = {
-    "host": HOST,
-    "devices": [{"name": "gpu0"}, {"name": "gpu1"}],
-    "heartbeat_interval": "100ms",
-    "poll_wait": "500ms",
-}
+from tests.helpers import GPUBOX, HOST, PY, config, dev, started, until_terminal
 
 
 @pytest.fixture

@@ -17,9 +17,18 @@ import pytest
 import trio
 
 from fleet_trio.sim.harness import WorkerHandle
-from tests.acceptance.test_process_worker_supervision import GPUBOX
-from tests.acceptance.test_protocol_more import AUTH, _with_running_job
-from tests.helpers import HOST, REG, controller, dev, quiet_for, started, until_terminal
+from tests.helpers import (
+    AUTH,
+    GPUBOX,
+    HOST,
+    REG,
+    controller,
+    dev,
+    quiet_for,
+    started,
+    until_terminal,
+    with_running_job,
+)
 
 
 @pytest.fixture
@@ -65,7 +74,7 @@ async def test_protocol_141_empty_device_map_clears_and_absent_labels_keep() -> 
 
 async def test_protocol_142_push_route_stores_without_disturbing_and_checks_input() -> None:
     with trio.fail_after(10):
-        async with _with_running_job() as (ctrl, client, worker_id, job):
+        async with with_running_job() as (ctrl, client, worker_id, job):
             push = attrs.evolve(REG, labels={"gpu0": {"model": "H200"}}, sheet="old sheet")
             assert await client.push_labels(worker_id, push)
             assert ctrl.device(dev("gpu0")).detected_labels == {"model": "H200"}

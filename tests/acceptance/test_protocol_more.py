@@ -29,7 +29,7 @@ from fleet_trio.worker.client import (
 )
 from fleet_trio.worker.worker import WorkerTimings
 from tests.helpers import (
-    CLIENT_FAST,
+    AUTH,
     DEAD_BEEF,
     FAST,
     HOST,
@@ -45,9 +45,8 @@ from tests.helpers import (
     start_marked,
     stop,
     until_terminal,
+    with_running_job,
 )
-
-AUTH = {"Authorization": "Bearer wtok"}
 
 # --------------------------------------------------------------------------------------------
 # helpers
@@ -60,19 +59,6 @@ async def _registered_recovery(proof: RecoveryProof) -> dict[str, object]:
         await client.register(attrs.evolve(REG, recovery=proof.to_wire()))
         body: dict[str, object] = ctrl.registrations()[-1]
         return body
-
-
-@asynccontextmanager
-async def _with_running_job(
-    **kw: float,
-) -> AsyncIterator[tuple[SimController, ControllerClient, str, str]]:
-    """Registered (no recovery claim) and one job on gpu0 taken by a poll (now ``running``)."""
-    async with controller(CLIENT_FAST, **kw) as (ctrl, client):
-        worker_id = await client.register(attrs.evolve(REG, recovery=None))
-        job = ctrl.submit(dev("gpu0"), ["sleep", "30"])
-        answer = await client.poll(worker_id, 0.5)
-        assert [a.job_id for a in answer.assignments] == [job]
-        yield ctrl, client, worker_id, job
 
 
 async def _raw(
@@ -241,9 +227,9 @@ async def test_protocol_038_declared_ceiling_enforced_and_removable() -> None:
             ctrl.submit(dev("gpu0"), ["true"], max_runtime_seconds=7200)
 
 
-async def test_protocol_039_reregistering_with_running_job_quarantines() -> None:
+async def test_protocol_039_reregisteringwith_running_job_quarantines() -> None:
     with trio.fail_after(10):
-        async with _with_running_job() as (ctrl, client, _, job):
+        async with with_running_job() as (ctrl, client, _, job):
             assert ctrl.job(job).state == "running"
             await client.register(attrs.evolve(REG, recovery=None))
             d = ctrl.device(dev("gpu0"))
@@ -284,7 +270,7 @@ async def _reregistered_isolated() -> AsyncIterator[tuple[SimController, str]]:
     """A job running on gpu0, a controller restart mid-lease, then the worker re-registers
     claiming ``isolated`` (items 42, 44): the controller and the job."""
     with trio.fail_after(10):
-        async with _with_running_job() as (ctrl, client, _, job):
+        async with with_running_job() as (ctrl, client, _, job):
             ctrl.restart()
             await scenario_pause(0.05, why="the cut connections close before the next request")
             reg = attrs.evolve(REG, recovery=RecoveryProof(isolated=True).to_wire())
@@ -319,7 +305,7 @@ async def test_protocol_043_no_proof_or_survivors_stays_unhealthy(
     claim: dict[str, bool] | None,
 ) -> None:
     with trio.fail_after(10):
-        async with _with_running_job() as (ctrl, client, _, job):
+        async with with_running_job() as (ctrl, client, _, job):
             await client.register(attrs.evolve(REG, recovery=claim))
             assert ctrl.job(job).state == "lost"
             d = ctrl.device(dev("gpu0"))
@@ -345,7 +331,7 @@ async def test_protocol_063_heartbeat_without_body_is_200() -> None:
 
 async def test_protocol_065_heartbeat_does_not_lift_fault() -> None:
     with trio.fail_after(10):
-        async with _with_running_job() as (ctrl, client, worker_id, job):
+        async with with_running_job() as (ctrl, client, worker_id, job):
             assert await client.report_fault(dev("gpu0"), "ecc error")
             assert await client.heartbeat(worker_id, [job])
             assert ctrl.heartbeats()[-1] == {"running_job_ids": [job]}
@@ -371,7 +357,7 @@ async def test_protocol_067_idle_long_poll_answers_204_after_wait() -> None:
 
 async def test_protocol_068_job_handed_out_once_and_running() -> None:
     with trio.fail_after(10):
-        async with _with_running_job() as (ctrl, client, worker_id, job):
+        async with with_running_job() as (ctrl, client, worker_id, job):
             assert ctrl.job(job).state == "running"
             again = await client.poll(worker_id, 0.2)
             assert again.assignments == () and again.kills == ()
@@ -397,7 +383,7 @@ async def _kill_during_a_parked_poll(
 
 async def test_protocol_076_kill_ends_a_parked_poll() -> None:
     with trio.fail_after(10):
-        async with _with_running_job() as (ctrl, client, worker_id, job):
+        async with with_running_job() as (ctrl, client, worker_id, job):
             r, took = await _kill_during_a_parked_poll(ctrl, client, worker_id, job)
             assert took < 3
             assert r.status_code == 200
@@ -406,7 +392,7 @@ async def test_protocol_076_kill_ends_a_parked_poll() -> None:
 
 async def test_protocol_077_next_poll_after_the_kill_is_204() -> None:
     with trio.fail_after(10):
-        async with _with_running_job() as (ctrl, client, worker_id, job):
+        async with with_running_job() as (ctrl, client, worker_id, job):
             r, _ = await _kill_during_a_parked_poll(ctrl, client, worker_id, job)
             assert r.json()["kills"] == [job]  # delivered once; the next poll waits its window
             t0 = trio.current_time()
@@ -417,7 +403,7 @@ async def test_protocol_077_next_poll_after_the_kill_is_204() -> None:
 
 async def test_protocol_078_delivered_kill_offered_again_after_redelivery_window() -> None:
     with trio.fail_after(10):
-        async with _with_running_job(kill_redelivery=0.5) as (ctrl, client, worker_id, job):
+        async with with_running_job(kill_redelivery=0.5) as (ctrl, client, worker_id, job):
             ctrl.kill(job)
             first = await client.poll(worker_id, 1.0)
             assert first.kills == (job,)
@@ -437,7 +423,7 @@ async def test_protocol_078_delivered_kill_offered_again_after_redelivery_window
 
 async def test_protocol_085_status_from_other_worker_is_403() -> None:
     with trio.fail_after(10):
-        async with _with_running_job() as (ctrl, client, _, job):
+        async with with_running_job() as (ctrl, client, _, job):
             other = await client.register(attrs.evolve(REG, host="otherbox", devices=()))
             body = client.converter.unstructure(StatusReport(other, "succeeded", 0))
             r = await _raw(
@@ -492,7 +478,7 @@ async def test_protocol_087_fault_auth_and_unknown_device() -> None:
 
 async def test_protocol_088_oversized_log_chunk_is_413_and_not_stored() -> None:
     with trio.fail_after(10):
-        async with _with_running_job() as (ctrl, client, _, job):
+        async with with_running_job() as (ctrl, client, _, job):
             chunk = b"x" * (1024 * 1024 + 1)
             r = await _raw(client, "POST", f"/v1/jobs/{job}/logs", content=chunk)
             assert r.status_code == 413
@@ -675,7 +661,7 @@ async def test_protocol_100_chatty_job_is_never_idle_tripped() -> None:
 
 async def test_protocol_064_retention_unnamed_job_keeps_device_unknown_and_kill_finalizes() -> None:
     with trio.fail_after(10):
-        async with _with_running_job(retain_disconnected_jobs=True, heartbeat_timeout=0.2) as (
+        async with with_running_job(retain_disconnected_jobs=True, heartbeat_timeout=0.2) as (
             ctrl,
             client,
             worker_id,
@@ -695,7 +681,7 @@ async def test_protocol_064_retention_unnamed_job_keeps_device_unknown_and_kill_
 
 async def test_protocol_066_named_finalized_kill_stays_deliverable_until_unnamed() -> None:
     with trio.fail_after(10):
-        async with _with_running_job(
+        async with with_running_job(
             retain_disconnected_jobs=True, heartbeat_timeout=0.2, kill_redelivery=0.1
         ) as (ctrl, client, worker_id, job):
             gpu0 = dev("gpu0")

@@ -19,7 +19,7 @@ from fleet_trio.gpu.nvml import open_nvml_devices
 from fleet_trio.gpu.sampler import NO_SNAPSHOT, STALE_SNAPSHOT
 from fleet_trio.gpu.smi import DEVICES_QUERY, open_smi_devices, parse_smi_devices
 from fleet_trio.gpu.source import GpuDevice, VramSnapshot, open_devices, select_devices
-from tests.gpu.test_sources import FakeNvml, FakeNVMLError, _install
+from tests.gpu.fakes import FakeNvml, FakeNVMLError, install_smi
 from tests.helpers import StubGpuSource, elapse, serving
 
 # -- nvidia-smi: the 5-field per-device query -------------------------------------------------
@@ -68,7 +68,7 @@ esac
 
 async def test_smi_devices_share_one_query(tmp_path: Path) -> None:
     log = tmp_path / "calls.log"
-    exe = _install(tmp_path, SMI_TWO.format(log=log))
+    exe = install_smi(tmp_path, SMI_TWO.format(log=log))
     with trio.fail_after(20):
         found = await open_smi_devices(command=exe)
         assert [(d.index, d.uuid, d.name) for d in found.devices] == [

@@ -3,10 +3,8 @@
 
 from __future__ import annotations
 
-import stat
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
 
 import pytest
 import trio
@@ -14,6 +12,7 @@ import trio
 from fleet_trio.gpu import GIB, GpuError, gpu_arch, open_source
 from fleet_trio.gpu.nvml import NvmlSource
 from fleet_trio.gpu.smi import SmiSource, parse_compute_apps, parse_smi_name
+from tests.gpu.fakes import FakeNvml, FakeNVMLError, install_smi
 
 FAKE_SMI = r"""#!/bin/sh
 echo "$*" >> "{log}"
@@ -25,18 +24,9 @@ esac
 """
 
 
-def _install(tmp_path: Path, body: str) -> str:
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir(exist_ok=True)
-    exe = bin_dir / "nvidia-smi"
-    exe.write_text(body)
-    exe.chmod(exe.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
-    return str(exe)
-
-
 async def test_smi_source_queries(tmp_path: Path) -> None:
     log = tmp_path / "calls.log"
-    exe = _install(tmp_path, FAKE_SMI.format(log=log))
+    exe = install_smi(tmp_path, FAKE_SMI.format(log=log))
     smi = SmiSource(command=exe)
     with trio.fail_after(20):
         snap = await smi.snapshot()
@@ -51,14 +41,14 @@ async def test_smi_source_queries(tmp_path: Path) -> None:
 
 async def test_smi_source_selects_a_device(tmp_path: Path) -> None:
     log = tmp_path / "calls.log"
-    exe = _install(tmp_path, FAKE_SMI.format(log=log))
+    exe = install_smi(tmp_path, FAKE_SMI.format(log=log))
     with trio.fail_after(20):
         await SmiSource(command=exe, index=1).snapshot()
     assert log.read_text().split()[-1] == "--id=1"
 
 
 async def test_smi_timeout_kills_a_hung_query(tmp_path: Path) -> None:
-    exe = _install(tmp_path, "#!/bin/sh\nsleep 30\n")
+    exe = install_smi(tmp_path, "#!/bin/sh\nsleep 30\n")
     smi = SmiSource(command=exe, timeout=0.3)
     with trio.fail_after(10):
         with pytest.raises(GpuError, match="nvidia-smi"):
@@ -68,7 +58,7 @@ async def test_smi_timeout_kills_a_hung_query(tmp_path: Path) -> None:
 
 
 async def test_smi_failure_carries_stderr(tmp_path: Path) -> None:
-    exe = _install(tmp_path, "#!/bin/sh\necho 'NVIDIA-SMI has failed' >&2\nexit 9\n")
+    exe = install_smi(tmp_path, "#!/bin/sh\necho 'NVIDIA-SMI has failed' >&2\nexit 9\n")
     with trio.fail_after(10), pytest.raises(GpuError, match="NVIDIA-SMI has failed"):
         await SmiSource(command=exe).snapshot()
 
@@ -97,7 +87,7 @@ def test_open_source_auto_uses_smi_when_nvml_is_missing(
         pass
     else:
         pytest.skip("NVML works here")
-    _install(tmp_path, FAKE_SMI.format(log=tmp_path / "log"))
+    install_smi(tmp_path, FAKE_SMI.format(log=tmp_path / "log"))
     monkeypatch.setenv("PATH", str(tmp_path / "bin"))
     assert open_source("auto", smi_timeout=2.0).name == "smi"
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
@@ -122,56 +112,6 @@ def test_open_source_kinds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> N
 
 
 # -- NVML with an injected module ------------------------------------------------------------
-
-
-class FakeNVMLError(Exception):
-    def __init__(self, value: int) -> None:
-        super().__init__(f"nvml error {value}")
-        self.value = value
-
-
-class FakeNvml:
-    """Just enough of ``pynvml`` for :class:`NvmlSource`."""
-
-    NVMLError = FakeNVMLError
-    NVML_ERROR_NOT_SUPPORTED = 3
-
-    def __init__(self) -> None:
-        self.inits = 0
-        self.shutdowns = 0
-        self.fail_init = False
-        self.compute: Any = [SimpleNamespace(pid=10, usedGpuMemory=GIB)]
-        self.graphics: Any = [SimpleNamespace(pid=10, usedGpuMemory=GIB)]
-        self.memory = SimpleNamespace(total=80 * GIB, used=3 * GIB, free=77 * GIB)
-
-    def nvmlInit(self) -> None:
-        if self.fail_init:
-            raise FakeNVMLError(12)
-        self.inits += 1
-
-    def nvmlShutdown(self) -> None:
-        self.shutdowns += 1
-
-    def nvmlDeviceGetHandleByIndex(self, index: int) -> object:
-        if index != 0:
-            raise FakeNVMLError(2)
-        return ("handle", index)
-
-    def nvmlDeviceGetMemoryInfo(self, handle: object) -> Any:
-        return self.memory
-
-    def nvmlDeviceGetComputeRunningProcesses(self, handle: object) -> Any:
-        if isinstance(self.compute, Exception):
-            raise self.compute
-        return self.compute
-
-    def nvmlDeviceGetGraphicsRunningProcesses(self, handle: object) -> Any:
-        if isinstance(self.graphics, Exception):
-            raise self.graphics
-        return self.graphics
-
-    def nvmlDeviceGetName(self, handle: object) -> bytes:
-        return b"NVIDIA H200"
 
 
 async def test_nvml_source_with_injected_module() -> None:

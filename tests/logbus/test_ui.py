@@ -7,42 +7,20 @@ protocol (no Playwright), follows a job that prints coloured lines until its end
 
 from __future__ import annotations
 
-import itertools
 import json
-import os
 import re
 import shutil
 import subprocess
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
 
 import pytest
-import trio
-from trio_websocket import WebSocketConnection, open_websocket_url
 
 from fleet_trio.logbus.ui import page_html
-from tests.helpers import LINES_SCRIPT, wait_until
-from tests.node.conftest import PY
-from tests.node.harness import Harness, node_config, running_node
+from tests.browser import NO_CHROMIUM, chromium, chromium_binary
+from tests.helpers import wait_until
+from tests.node.harness import colour_config, colour_dispatch, running_node
 
 TOKEN = "s3cret-ui"
-
-# Each line the task prints (LINES_SCRIPT's format): colours, and markup that must stay text.
-COLOUR_LINE = "\x1b[31mred {i}\x1b[0m plain \x1b[1;32mbold green {i}\x1b[0m <b>&amp;\n"
-
-
-def config(tmp_path: Path) -> Any:
-    return node_config(tmp_path, {"colour": {"command": [PY, "-c", LINES_SCRIPT, COLOUR_LINE]}})
-
-
-async def dispatch(
-    h: Harness, job_id: str, headers: dict[str, str] | None = None, **p: Any
-) -> None:
-    body = json.dumps({"job_id": job_id, "task_type": "colour", "payload": p}).encode()
-    r = await h.client.post("/fleet/dispatch", content=body, headers=headers or {})
-    assert r.status_code == 202, r.text
 
 
 # -- without a browser ---------------------------------------------------------------------------
@@ -57,7 +35,7 @@ def test_page_is_package_data() -> None:
 
 
 async def test_page_and_jobs_route(tmp_path: Path) -> None:
-    async with running_node(tmp_path, config(tmp_path)) as h:
+    async with running_node(tmp_path, colour_config(tmp_path)) as h:
         r = await h.client.get("/fleet/ui")
         assert r.status_code == 200
         assert r.headers["content-type"].startswith("text/html")
@@ -69,9 +47,9 @@ async def test_page_and_jobs_route(tmp_path: Path) -> None:
         r = await h.client.get("/fleet/ui/jobs")
         assert r.status_code == 200 and r.json() == []
 
-        await dispatch(h, "ui-1", lines=2)
+        await colour_dispatch(h, "ui-1", lines=2)
         await h.wait_terminal("ui-1")
-        await dispatch(h, "ui-2", lines=1, exit=3)
+        await colour_dispatch(h, "ui-2", lines=1, exit=3)
         await h.wait_terminal("ui-2")
         r = await h.client.get("/fleet/ui/jobs")
         assert r.status_code == 200
@@ -97,9 +75,9 @@ async def test_page_and_jobs_route(tmp_path: Path) -> None:
 
 
 async def test_token_rules(tmp_path: Path) -> None:
-    async with running_node(tmp_path, config(tmp_path), token=TOKEN) as h:
+    async with running_node(tmp_path, colour_config(tmp_path), token=TOKEN) as h:
         auth = {"Authorization": f"Bearer {TOKEN}"}
-        await dispatch(h, "ui-t", auth, lines=1)
+        await colour_dispatch(h, "ui-t", auth, lines=1)
         # the page holds no data: served without a token
         assert (await h.client.get("/fleet/ui")).status_code == 200
         # the jobs route: 401 (the error envelope) without / with a wrong token
@@ -179,113 +157,14 @@ def test_ansi_parser() -> None:
 # -- a real headless Chromium over the DevTools protocol ----------------------------------------
 
 
-def chromium_binary() -> str | None:
-    for name in ("chromium", "chromium-browser", "google-chrome"):
-        path = shutil.which(name)
-        if path:
-            return path
-    return None
-
-
-class Cdp:
-    """A minimal Chrome DevTools protocol client (flattened sessions) over trio-websocket."""
-
-    def __init__(self, ws: WebSocketConnection) -> None:
-        self.ws = ws
-        self.ids = itertools.count(1)
-
-    async def call(self, method: str, session: str | None = None, **params: Any) -> Any:
-        msg_id = next(self.ids)
-        msg: dict[str, Any] = {"id": msg_id, "method": method, "params": params}
-        if session is not None:
-            msg["sessionId"] = session
-        await self.ws.send_message(json.dumps(msg))
-        while True:  # events and other replies are skipped (one call at a time)
-            reply = json.loads(await self.ws.get_message())
-            if reply.get("id") == msg_id:
-                if "error" in reply:
-                    raise RuntimeError(f"CDP {method}: {reply['error']}")
-                return reply.get("result", {})
-
-    async def evaluate(self, session: str, expression: str) -> Any:
-        result = await self.call(
-            "Runtime.evaluate",
-            session,
-            expression=expression,
-            returnByValue=True,
-            awaitPromise=True,
-        )
-        if "exceptionDetails" in result:
-            raise RuntimeError(f"page error: {result['exceptionDetails']}")
-        return result["result"].get("value")
-
-
-@asynccontextmanager
-async def chromium(binary: str, tmp_path: Path) -> AsyncIterator[Cdp]:
-    """Chromium headless; the DevTools websocket URL is read from its stderr."""
-    profile = tmp_path / "chromium-profile"
-    profile.mkdir()
-    argv = [
-        binary,
-        "--headless=new",
-        "--remote-debugging-port=0",
-        f"--user-data-dir={profile}",
-        "--no-first-run",
-        "--no-default-browser-check",
-        "--disable-gpu",
-        "--disable-extensions",
-        "about:blank",
-    ]
-    if hasattr(os, "geteuid") and os.geteuid() == 0:
-        argv.insert(1, "--no-sandbox")  # Chromium refuses to run as root with its sandbox
-    proc = await trio.lowlevel.open_process(
-        argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
-    )
-    assert proc.stderr is not None
-    stderr = proc.stderr
-    try:
-        async with trio.open_nursery() as nursery:
-            seen = b""
-            with trio.fail_after(30):
-                while b"DevTools listening on " not in seen or not seen.endswith(b"\n"):
-                    chunk = await stderr.receive_some(4096)
-                    if not chunk:
-                        raise RuntimeError(f"chromium exited: {seen.decode(errors='replace')}")
-                    seen += chunk
-            match = re.search(rb"DevTools listening on (ws://\S+)", seen)
-            assert match, seen
-
-            async def drain() -> None:  # a full stderr pipe would block Chromium
-                while await stderr.receive_some(65536):
-                    pass
-
-            nursery.start_soon(drain)
-            async with open_websocket_url(match.group(1).decode(), max_message_size=16 << 20) as ws:
-                yield Cdp(ws)
-            nursery.cancel_scope.cancel()
-    finally:
-        proc.terminate()
-        with trio.move_on_after(10) as cs:
-            cs.shield = True
-            await proc.wait()
-        if proc.returncode is None:
-            proc.kill()
-
-
-NO_CHROMIUM = (
-    "no Chromium on this machine: none of chromium, chromium-browser, google-chrome is on the "
-    "PATH, so the page is not run in a browser (its routes and ANSI parser are tested above)"
-)
-
-
 @pytest.mark.slow
 @pytest.mark.skipif(chromium_binary() is None, reason=NO_CHROMIUM)
 async def test_page_in_headless_chromium(tmp_path: Path) -> None:
     binary = chromium_binary()
     assert binary is not None
-    async with running_node(tmp_path, config(tmp_path), token=TOKEN) as h:
+    async with running_node(tmp_path, colour_config(tmp_path), token=TOKEN) as h:
         auth = {"Authorization": f"Bearer {TOKEN}"}
-        await dispatch(h, "ui-live", auth, lines=6, pause=0.2)
+        await colour_dispatch(h, "ui-live", auth, lines=6, pause=0.2)
         async with chromium(binary, tmp_path) as cdp:
             url = f"{h.node.url}/fleet/ui?job=ui-live&token={TOKEN}"
             target = await cdp.call("Target.createTarget", url="about:blank")

@@ -1,4 +1,13 @@
-"""A node started in-process on 127.0.0.1 (port 0) with a fake GPU, and an httpx client."""
+"""Node test harnesses.
+
+* A node started in-process on 127.0.0.1 (port 0) with a fake GPU, and an httpx client
+  (:func:`running_node`, :class:`Harness`, :class:`FakeSampler`, :class:`FakeFootprints`).
+* A node context over a given job store with a runner that answers ``{}`` (:func:`make_ctx`).
+* A node with one ``colour`` task printing ANSI-coloured lines (:func:`colour_config`,
+  :func:`colour_dispatch`), for the browser page tests.
+* A real ``fleet-trio node`` process with the job journal on, to kill and restart
+  (:class:`Node`; its ``sleeper`` task records its pid under ``pids/``).
+"""
 
 from __future__ import annotations
 
@@ -6,6 +15,8 @@ import functools
 import json
 import os
 import signal
+import socket
+import sys
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -15,9 +26,13 @@ import attrs
 import httpx
 import trio
 
+from fleet_trio.gpu.fake import init_device
+from fleet_trio.node.app import NodeContext
 from fleet_trio.node.config import NodeConfig, config_from_mapping, load_config
+from fleet_trio.node.jobs import Done, JobStore
 from fleet_trio.node.server import GpuServices, NodeOptions, RunningNode, serve_node
-from tests.helpers import wait_until
+from fleet_trio.node.tasks import TaskRegistry
+from tests.helpers import LINES_SCRIPT, healthy, wait_until
 from tests.node.conftest import PY, TASK_SCRIPT
 
 REPO = Path(__file__).resolve().parents[2]
@@ -218,3 +233,122 @@ async def running_node(
 def work_dirs(tmp_path: Path) -> list[str]:
     root = tmp_path / "work"
     return sorted(os.listdir(root)) if root.exists() else []
+
+
+def make_ctx(tmp_path: Path, store: JobStore) -> NodeContext:
+    cfg = config_from_mapping({"tasks": {"t": {"command": ["true"]}}})
+    sampler = FakeSampler()
+    sampler.publish(16, 1)
+    return NodeContext(
+        node_id="n",
+        gpu_arch="nvidia",
+        registry=TaskRegistry(cfg.tasks, work_root=str(tmp_path)),
+        store=store,
+        runner=_Runner(),  # type: ignore[arg-type]
+        sampler=sampler,  # type: ignore[arg-type]
+    )
+
+
+class _Runner:
+    bus = None
+    metrics = None
+
+    def __init__(self) -> None:
+        self.runs: list[str] = []
+
+    async def execute(self, job: Any) -> Done:
+        self.runs.append(job.job_id)
+        job.cleanup()
+        return Done(b"{}")
+
+
+SLEEPER = (
+    "import os, sys, time; sys.stdin.read(); "
+    "open(os.path.join(os.environ['PIDS'], os.environ['FLEET_JOB_ID']), 'w')"
+    ".write(str(os.getpid())); time.sleep(120)"
+)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+QUICK = "import sys; sys.stdin.read(); print('{\"v\": 7}')"
+
+
+def _config(tmp_path: Path) -> Path:
+    pids = tmp_path / "pids"
+    pids.mkdir(exist_ok=True)
+    cfg = tmp_path / "node.yaml"
+    raw = {
+        "node": {"timings": {"drain_timeout": "500ms", "kill_grace": "500ms"}},
+        "tasks": {
+            "sleeper": {"command": [sys.executable, "-c", SLEEPER], "env": {"PIDS": str(pids)}},
+            "quick": {"command": [sys.executable, "-c", QUICK]},
+        },
+    }
+    cfg.write_text(json.dumps(raw))  # JSON is YAML
+    return cfg
+
+
+class Node:
+    def __init__(self, tmp_path: Path) -> None:
+        self.tmp_path = tmp_path
+        gpu_dir = tmp_path / "gpu"
+        init_device(str(gpu_dir))
+        self.port = _free_port()
+        self.work = tmp_path / "work"
+        self.work.mkdir(exist_ok=True)
+        self.argv = [
+            sys.executable, "-m", "fleet_trio", "node", "-c", str(_config(tmp_path)),
+            "--gpu", "fake", "--fake-gpu-dir", str(gpu_dir),
+            "--listen", f"127.0.0.1:{self.port}", "--footprints", str(tmp_path / "fp.json"),
+        ]  # fmt: skip
+        self.proc: trio.Process | None = None
+
+    async def start(self) -> None:
+        env = {**os.environ, "TMPDIR": str(self.work)}
+        self.proc = await trio.lowlevel.open_process(self.argv, env=env)
+        async with httpx.AsyncClient(base_url=self.url) as client:
+            proc = self.proc
+
+            async def up() -> bool:
+                assert proc.returncode is None, "the node exited at start"
+                return await healthy(client)
+
+            await wait_until(up, what="the node's health answering 200")
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    async def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        await self.proc.wait()
+
+    async def close(self) -> None:
+        if self.proc is not None and self.proc.returncode is None:
+            self.proc.kill()
+            await self.proc.wait()
+
+
+# Each line the task prints (LINES_SCRIPT's format): colours, and markup that must stay text.
+COLOUR_LINE = "\x1b[31mred {i}\x1b[0m plain \x1b[1;32mbold green {i}\x1b[0m <b>&amp;\n"
+
+
+def colour_config(tmp_path: Path) -> Any:
+    """A node whose one task ``colour`` prints ``COLOUR_LINE`` (payload: ``lines``, ``pause``,
+    ``exit``)."""
+    return node_config(tmp_path, {"colour": {"command": [PY, "-c", LINES_SCRIPT, COLOUR_LINE]}})
+
+
+async def colour_dispatch(
+    h: Harness, job_id: str, headers: dict[str, str] | None = None, **p: Any
+) -> None:
+    body = json.dumps({"job_id": job_id, "task_type": "colour", "payload": p}).encode()
+    r = await h.client.post("/fleet/dispatch", content=body, headers=headers or {})
+    assert r.status_code == 202, r.text

@@ -23,11 +23,9 @@ import trio
 import fleet_trio.logbus.ui as ui_module
 from fleet_trio.logbus.bus import LogBus
 from fleet_trio.worker.listener import serve_tail_listener
+from tests.browser import NO_CHROMIUM, Cdp, chromium, chromium_binary
 from tests.helpers import read_head, wait_until
-from tests.logbus.test_ui import NO_CHROMIUM, Cdp, chromium, chromium_binary
-from tests.logbus.test_ui import config as colour_config
-from tests.logbus.test_ui import dispatch as colour_dispatch
-from tests.node.harness import running_node
+from tests.node.harness import colour_config, colour_dispatch, running_node
 
 EVIL_PAGE = b"<!doctype html><title>another origin</title><p>nothing to see"
 

@@ -18,14 +18,12 @@ import trio.testing
 
 from fleet_trio.cli import main
 from fleet_trio.gpu.fake import init_device
-from fleet_trio.node.app import NodeContext, create_app
-from fleet_trio.node.config import config_from_mapping
-from fleet_trio.node.jobs import INTERRUPTED, Done, Failed, JobState, JobStore, JobTable
+from fleet_trio.node.app import create_app
+from fleet_trio.node.jobs import INTERRUPTED, Done, Failed, JobState, JobTable
 from fleet_trio.node.journal import Accept, Finish, Journal, JournalError, JournalWriter, Start
 from fleet_trio.node.recovery import replay
-from fleet_trio.node.tasks import TaskRegistry
 from tests.helpers import wait_until
-from tests.node.harness import FakeSampler
+from tests.node.harness import make_ctx
 from tests.node.store_tree import store_in_tree
 
 
@@ -185,33 +183,6 @@ async def test_large_result_lives_in_a_file(tmp_path: Path) -> None:
 
 
 # -- a full disk mid-run ---------------------------------------------------------------------
-
-
-def make_ctx(tmp_path: Path, store: JobStore) -> NodeContext:
-    cfg = config_from_mapping({"tasks": {"t": {"command": ["true"]}}})
-    sampler = FakeSampler()
-    sampler.publish(16, 1)
-    return NodeContext(
-        node_id="n",
-        gpu_arch="nvidia",
-        registry=TaskRegistry(cfg.tasks, work_root=str(tmp_path)),
-        store=store,
-        runner=_Runner(),  # type: ignore[arg-type]
-        sampler=sampler,  # type: ignore[arg-type]
-    )
-
-
-class _Runner:
-    bus = None
-    metrics = None
-
-    def __init__(self) -> None:
-        self.runs: list[str] = []
-
-    async def execute(self, job: Any) -> Done:
-        self.runs.append(job.job_id)
-        job.cleanup()
-        return Done(b"{}")
 
 
 async def test_disk_full_refuses_new_dispatches_with_503(

@@ -16,8 +16,8 @@ from fleet_trio.node.app import create_app
 from fleet_trio.node.jobs import ACK_PRIORITY_BOUND, RELEASE_BOUND, Done
 from fleet_trio.node.journal import Accept, Journal, JournalWriter
 from tests.helpers import wait_until
+from tests.node.harness import make_ctx
 from tests.node.store_tree import store_in_tree
-from tests.node.test_journal import make_ctx
 
 
 class _Recorder:

@@ -21,7 +21,7 @@ from fleet_trio.node.jobs import Done, Failed, JobTable
 from fleet_trio.node.journal import Journal
 from fleet_trio.node.recovery import recover
 from fleet_trio.node.tasks import WORK_DIR_PREFIX, TaskRegistry, TaskRunner, work_dir_prefix
-from tests.node.test_restart import Node
+from tests.node.harness import Node
 
 
 def opened(path: Path) -> Journal:

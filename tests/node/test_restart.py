@@ -8,92 +8,16 @@ acked job still answers its poll — a finished one as before the crash, one tha
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
-import socket
-import sys
 from pathlib import Path
 from typing import Any
 
 import httpx
 import trio
 
-from fleet_trio.gpu.fake import init_device
-from tests.helpers import healthy, state_in, wait_until
-
-SLEEPER = (
-    "import os, sys, time; sys.stdin.read(); "
-    "open(os.path.join(os.environ['PIDS'], os.environ['FLEET_JOB_ID']), 'w')"
-    ".write(str(os.getpid())); time.sleep(120)"
-)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-QUICK = "import sys; sys.stdin.read(); print('{\"v\": 7}')"
-
-
-def _config(tmp_path: Path) -> Path:
-    pids = tmp_path / "pids"
-    pids.mkdir(exist_ok=True)
-    cfg = tmp_path / "node.yaml"
-    raw = {
-        "node": {"timings": {"drain_timeout": "500ms", "kill_grace": "500ms"}},
-        "tasks": {
-            "sleeper": {"command": [sys.executable, "-c", SLEEPER], "env": {"PIDS": str(pids)}},
-            "quick": {"command": [sys.executable, "-c", QUICK]},
-        },
-    }
-    cfg.write_text(json.dumps(raw))  # JSON is YAML
-    return cfg
-
-
-class Node:
-    def __init__(self, tmp_path: Path) -> None:
-        self.tmp_path = tmp_path
-        gpu_dir = tmp_path / "gpu"
-        init_device(str(gpu_dir))
-        self.port = _free_port()
-        self.work = tmp_path / "work"
-        self.work.mkdir(exist_ok=True)
-        self.argv = [
-            sys.executable, "-m", "fleet_trio", "node", "-c", str(_config(tmp_path)),
-            "--gpu", "fake", "--fake-gpu-dir", str(gpu_dir),
-            "--listen", f"127.0.0.1:{self.port}", "--footprints", str(tmp_path / "fp.json"),
-        ]  # fmt: skip
-        self.proc: trio.Process | None = None
-
-    async def start(self) -> None:
-        env = {**os.environ, "TMPDIR": str(self.work)}
-        self.proc = await trio.lowlevel.open_process(self.argv, env=env)
-        async with httpx.AsyncClient(base_url=self.url) as client:
-            proc = self.proc
-
-            async def up() -> bool:
-                assert proc.returncode is None, "the node exited at start"
-                return await healthy(client)
-
-            await wait_until(up, what="the node's health answering 200")
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    async def kill(self) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGKILL)
-        await self.proc.wait()
-
-    async def close(self) -> None:
-        if self.proc is not None and self.proc.returncode is None:
-            self.proc.kill()
-            await self.proc.wait()
+from tests.helpers import state_in, wait_until
+from tests.node.harness import Node
 
 
 def _alive(pid: int) -> bool:
