@@ -44,7 +44,11 @@ import httpx
 import trio
 import trio.testing
 from hypothesis import strategies
+from trio_websocket import ConnectionClosed, open_websocket_url
 
+from fleet_trio.logbus.bus import End, Output
+from fleet_trio.logbus.tail import TailEvent
+from fleet_trio.logbus.tail import loads as tail_loads
 from fleet_trio.node.app import NodeContext
 from fleet_trio.node.jobs import JobStore
 from fleet_trio.node.tasks import TaskRegistry, TaskRunner
@@ -619,6 +623,40 @@ async def fleet(*args: str, limit: float = 30) -> subprocess.CompletedProcess[by
         return await trio.run_process(
             [*CLI, *args], capture_stdout=True, capture_stderr=True, check=False
         )
+
+
+# ----------------------------------------------------------------------------------------------
+# A live tail's events, read over a real websocket (the node's and the worker's tails).
+
+
+async def collect(
+    url: str, headers: list[tuple[bytes, bytes]] | None = None
+) -> tuple[list[TailEvent], int | None]:
+    """Every event until the server closes, and the close code."""
+    events: list[TailEvent] = []
+    with trio.fail_after(20):
+        async with open_websocket_url(url, extra_headers=headers or []) as ws:
+            try:
+                while True:
+                    events.append(tail_loads(await ws.get_message()))
+            except ConnectionClosed as exc:
+                assert exc.reason is not None
+                return events, exc.reason.code
+    raise AssertionError("unreachable")
+
+
+def assert_contiguous(events: list[TailEvent], start: int = 0) -> None:
+    """Output events follow each other without a gap from ``start``; the end is at the last
+    output's end; nothing else came."""
+    pos = start
+    for ev in events:
+        if isinstance(ev, Output):
+            assert ev.offset == pos
+            pos += len(ev.data)
+        elif isinstance(ev, End):
+            assert ev.offset == pos
+        else:
+            raise AssertionError(f"unexpected {ev!r}")
 
 
 async def run_tail_cli(*args: str) -> trio.CompletedProcess[bytes]:

@@ -56,10 +56,6 @@ def _imported_modules(path: Path) -> list[tuple[int, str]]:
     return found
 
 
-# moved once tests/logbus/test_tail_node.py is free
-NOT_YET = {"logbus/test_tail_client.py", "worker/test_tail_listener.py"}
-
-
 def test_no_test_module_imports_another() -> None:
     """A helper two test modules share lives in ``tests/helpers.py`` or a named helper module
     (``tests/node/harness.py``, ``tests/browser.py``...), never in a ``test_*.py`` module."""
@@ -67,7 +63,6 @@ def test_no_test_module_imports_another() -> None:
         {
             f"{path.relative_to(TESTS)}:{line}: {module}"
             for path in TESTS.rglob("*.py")
-            if str(path.relative_to(TESTS)) not in NOT_YET
             for line, module in _imported_modules(path)
             if module.split(".")[0] == "tests"
             and any(part.startswith("test_") for part in module.split(".")[1:])

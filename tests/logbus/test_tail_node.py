@@ -10,9 +10,7 @@ from typing import Any
 import pytest
 import trio
 from trio_websocket import (
-    ConnectionClosed,
     ConnectionRejected,
-    open_websocket_url,
 )
 
 from fleet_trio.cli import tail_exit_status, tail_url
@@ -30,7 +28,7 @@ from fleet_trio.logbus.tail import (
     loads,
     parse_query,
 )
-from tests.helpers import LINES_SCRIPT, run_tail_cli, scenario_pause
+from tests.helpers import LINES_SCRIPT, assert_contiguous, collect, run_tail_cli, scenario_pause
 from tests.node.conftest import PY
 from tests.node.harness import Harness, node_config, running_node
 
@@ -47,22 +45,6 @@ def ws_url(h: Harness, job_id: str, **params: str) -> str:
     return tail_url(h.node.url, job_id, params)
 
 
-async def collect(
-    url: str, headers: list[tuple[bytes, bytes]] | None = None
-) -> tuple[list[TailEvent], int | None]:
-    """Every event until the server closes, and the close code."""
-    events: list[TailEvent] = []
-    with trio.fail_after(20):
-        async with open_websocket_url(url, extra_headers=headers or []) as ws:
-            try:
-                while True:
-                    events.append(loads(await ws.get_message()))
-            except ConnectionClosed as exc:
-                assert exc.reason is not None
-                return events, exc.reason.code
-    raise AssertionError("unreachable")
-
-
 def split(events: list[TailEvent]) -> dict[str, bytes]:
     """Per-stream bytes; checks the offsets are contiguous in the log's byte sequence."""
     out: dict[str, bytes] = {"stdout": b"", "stderr": b""}
@@ -70,18 +52,6 @@ def split(events: list[TailEvent]) -> dict[str, bytes]:
         if isinstance(ev, Output):
             out[ev.stream] += ev.data
     return out
-
-
-def assert_contiguous(events: list[TailEvent], start: int = 0) -> None:
-    pos = start
-    for ev in events:
-        if isinstance(ev, Output):
-            assert ev.offset == pos
-            pos += len(ev.data)
-        elif isinstance(ev, End):
-            assert ev.offset == pos
-        else:
-            raise AssertionError(f"unexpected {ev!r}")
 
 
 async def dispatch(h: Harness, job_id: str, **payload: Any) -> None:

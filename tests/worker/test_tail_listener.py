@@ -35,6 +35,8 @@ from tests.helpers import (
     FAST,
     FAST_CLIENT,
     FakeHooks,
+    assert_contiguous,
+    collect,
     config,
     dev,
     operated_job,
@@ -44,7 +46,6 @@ from tests.helpers import (
     until_terminal,
     wait_until,
 )
-from tests.logbus.test_tail_node import assert_contiguous, collect
 
 LINES = 40
 SCRIPT = (
