@@ -4,23 +4,11 @@
 from __future__ import annotations
 
 import os
-import signal
 import sys
 
 import pytest
 
 PY = sys.executable
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    """The suite sends SIGINT and SIGTERM to the processes it starts. A run started in the
-    background of a script (``.ci/run &``, ``scripts/suite-under-load`` from a job) inherits
-    SIGINT ignored, and fleet-trio honours an inherited ignore (docs/task-tree.md): the test
-    processes, and through them their children, get the default dispositions back."""
-    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-    if signal.getsignal(signal.SIGTERM) == signal.SIG_IGN:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 @pytest.fixture
