@@ -77,9 +77,7 @@ async def serve_shutdown_signals(
     try:
         for signum in signals:
             if signal.getsignal(signum) == signal.SIG_IGN:
-                log.info(
-                    "%s is ignored (inherited); it will not stop this process", _signal_name(signum)
-                )
+                log.info("%s is ignored (inherited); it will not stop this process", _signal_name(signum))
                 continue
             previous[signum] = signal.signal(signum, handler)
         task_status.started()
