@@ -10,10 +10,6 @@ Each signal is forwarded from the handler through :meth:`trio.lowlevel.TrioToken
 that receiver re-delivers, with its default action, a signal it has not read when it closes, so a
 second SIGTERM landing as the tree closed killed the process (exit -15) in the middle of a clean
 shutdown. A signal after the service has closed gets the handler that was there before.
-
-A signal that is ignored when the service starts (``SIG_IGN``, inherited: ``cmd &`` in a script
-starts ``cmd`` with SIGINT ignored, ``nohup`` with SIGHUP ignored) stays ignored: whoever started
-the process asked for it not to be interrupted that way, and Python itself honours it too.
 """
 
 from __future__ import annotations
@@ -76,9 +72,6 @@ async def serve_shutdown_signals(
     previous: dict[signal.Signals, Callable[[int, FrameType | None], object] | int | None] = {}
     try:
         for signum in signals:
-            if signal.getsignal(signum) == signal.SIG_IGN:
-                log.info("%s is ignored (inherited); it will not stop this process", _signal_name(signum))
-                continue
             previous[signum] = signal.signal(signum, handler)
         task_status.started()
         await trio.sleep_forever()
