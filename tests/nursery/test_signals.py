@@ -12,6 +12,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+import time
 
 SCRIPT = """
 import os, signal, trio
@@ -83,3 +84,24 @@ def test_a_signal_after_the_tree_closed_is_absorbed_in_a_process_whose_life_is_t
         [sys.executable, "-c", LATE, "restore"], capture_output=True, text=True, timeout=30
     )
     assert restored.returncode == -signal.SIGTERM
+
+
+def test_a_signal_ignored_at_start_is_served_and_jobs_get_the_default() -> None:
+    """``cmd &`` in a script starts ``cmd`` with SIGINT ignored, and a parent may ignore SIGTERM
+    too. As Go's ``signal.Notify`` does for the rc worker, fleet-trio serves both anyway, and its
+    jobs start with the default dispositions, so a stop's SIGTERM ends them (143, at once) instead
+    of waiting out the grace for a SIGKILL (137)."""
+    argv = [sys.executable, "-m", "fleet_trio", "exec", "--max-runtime", "1s", "--grace", "20s"]
+    argv += ["--json", "--", "sh", "-c", "grep SigIgn /proc/self/status; exec sleep 30"]
+    started = time.monotonic()
+    done = subprocess.run(
+        ["sh", "-c", "trap '' INT TERM; exec \"$@\"", "sh", *argv],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    elapsed = time.monotonic() - started
+    assert "SigIgn:\t0000000000000000" in done.stdout, done.stdout
+    assert done.returncode == 143, (done.returncode, done.stderr)
+    assert elapsed < 15, elapsed  # the SIGTERM worked: no 20 s grace
