@@ -566,6 +566,7 @@ def _cmd_node(args: argparse.Namespace, **serve_kw: Any) -> int:
             footprints=args.footprints,
             memory_budget=args.memory_budget,
             token=args.token if args.token is not None else os.environ.get("FLEET_TRIO_TOKEN"),
+            token_from="--token" if args.token is not None else "$FLEET_TRIO_TOKEN",
             allow_origins=tuple(args.allow_origin),
             journal=args.journal,
             no_journal=args.no_journal,

@@ -168,3 +168,16 @@ def first_control(text: str) -> str | None:
         if ch < " " or ch == "\x7f":
             return f"U+{ord(ch):04X}"
     return None
+
+
+def token_problem(text: str) -> str | None:
+    """Why ``text`` cannot be a bearer token, or None: a control character (it would cut or
+    forge a header), or a character outside ASCII (HTTP clients and servers here carry header
+    values as ASCII: such a token could never be sent, or never match)."""
+    found = first_control(text)
+    if found:
+        return f"must not contain a control character (found {found})"
+    for ch in text:
+        if ch > "\x7e":
+            return f"must be ASCII (found U+{ord(ch):04X})"
+    return None

@@ -26,7 +26,7 @@ from fleet_trio.confighints import structure as _structure
 from fleet_trio.durations import parse_duration_seconds
 from fleet_trio.edge import is_loopback_host, split_host_port
 from fleet_trio.errors import ConfigError, DurationError
-from fleet_trio.inputs import id_problem, printable
+from fleet_trio.inputs import first_control, id_problem, printable
 from fleet_trio.memory import DEFAULT_BUDGET, check_budget, parse_size
 
 DEFAULT_LISTEN = "127.0.0.1:18811"
@@ -423,6 +423,10 @@ def config_from_mapping(raw: object, *, path: str = "", base_dir: str = "") -> N
         if node.timings.kill_grace <= 0:
             raise _KeyedError("must be > 0", "node.timings.kill_grace")
         _check_origins((raw.get("node") or {}).get("allow_origins"), node.allow_origins)
+        if found := first_control(node.node_id):
+            raise _KeyedError(
+                f"must not contain a control character (found {found})", "node.node_id"
+            )
         if node.journal.sync not in JOURNAL_SYNC_MODES:
             raise _KeyedError(
                 f"unknown sync {node.journal.sync!r} (normal or full)", "node.journal.sync"

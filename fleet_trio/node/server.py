@@ -44,7 +44,7 @@ from hypercorn.config import Config as HypercornConfig
 
 from fleet_trio.edge import EdgePolicy, OriginError, listen_is_loopback
 from fleet_trio.errors import FleetTrioError
-from fleet_trio.inputs import first_control
+from fleet_trio.inputs import first_control, token_problem
 from fleet_trio.logbus import LogBus
 from fleet_trio.memory import MemoryBudget
 from fleet_trio.node.app import FootprintSource, NodeContext, VramStatus, create_app
@@ -92,6 +92,8 @@ class NodeOptions:
     memory_budget: int | None = None
     """``--memory-budget``: overrides ``node.memory_budget``."""
     token: str | None = None
+    token_from: str = "--token"
+    """Where ``token`` came from, for its error message (``$FLEET_TRIO_TOKEN``)."""
     allow_origins: tuple[str, ...] = ()
     """``--allow-origin``: browser origins served besides the node's own (docs/security.md)."""
     journal: str | None = None
@@ -408,12 +410,10 @@ async def serve_node(
     except OriginError as exc:
         raise NodeStartError(f"--allow-origin: {exc}") from None
     node_id = resolve_node_id(options.node_id, node.node_id, hostname)
-    for what, text in (
-        ("--node-id" if options.node_id else "node_id", node_id),
-        ("--token", options.token or ""),
-    ):
-        if found := first_control(text):
-            raise NodeStartError(f"{what}: must not contain a control character (found {found})")
+    if found := first_control(node_id):  # from --node-id (the config's is checked at load)
+        raise NodeStartError(f"--node-id: must not contain a control character (found {found})")
+    if problem := token_problem(options.token or ""):
+        raise NodeStartError(f"{options.token_from}: {problem}")
     store = store_factory(ttl=t.job_ttl, janitor_interval=t.janitor_interval)
     # memory budget: kept results and log histories share one ceiling (docs/node.md)
     budget = MemoryBudget(options.memory_budget or node.memory_budget)

@@ -103,6 +103,8 @@ def resolve_argv(
     found = look_path(name, os.environ.get("PATH", os.defpath))
     if found is None:
         return argv, f'exec: "{name}": executable file not found in $PATH'
+    if not found.startswith("/"):  # Go's ErrDot: an empty or relative PATH entry found it
+        return argv, f'exec: "{name}": cannot run executable found relative to current directory'
     argv[0] = found
     return argv, None
 

@@ -42,24 +42,55 @@ def test_bad_config_names_key_and_file(capsys: pytest.CaptureFixture[str], tmp_p
 
 
 @pytest.mark.parametrize(
-    ("flags", "config", "named"),
+    ("flags", "env", "config", "said"),
     [
-        (["--node-id", "gpu\nbox"], "", "--node-id"),
-        (["--token", "se\x00cret"], "", "--token"),
-        ([], 'node:\n  node_id: "a\\tb"\n', "node_id"),
+        (
+            ["--node-id", "gpu\nbox"],
+            {},
+            "",
+            "error: --node-id: must not contain a control character (found U+000A)",
+        ),
+        (
+            ["--token", "se\x00cret"],
+            {},
+            "",
+            "error: --token: must not contain a control character (found U+0000)",
+        ),
+        (["--token", "t\u00f6k"], {}, "", "error: --token: must be ASCII (found U+00F6)"),
+        (
+            [],
+            {"FLEET_TRIO_TOKEN": "a\nb"},
+            "",
+            "error: $FLEET_TRIO_TOKEN: must not contain a control character",
+        ),
+        (
+            [],
+            {},
+            'node:\n  node_id: "a\\tb"\n',
+            "n.yaml: node.node_id: must not contain a control character (found U+0009)",
+        ),
     ],
 )
 def test_a_control_character_in_the_node_id_or_the_token_is_refused(
-    capsys: pytest.CaptureFixture[str], tmp_path: Path, flags: list[str], config: str, named: str
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    flags: list[str],
+    env: dict[str, str],
+    config: str,
+    said: str,
 ) -> None:
     """The node id reaches the health answer and the journal, the token every request's
-    header check (a token no header can carry would refuse every request)."""
+    header check (a token no header can carry would refuse every request). The error names
+    where the text came from."""
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
     cfg = tmp_path / "n.yaml"
     cfg.write_text(config or "node: {}\n")
     argv = ["node", "-c", str(cfg), "--gpu", "fake", "--fake-gpu-dir", str(tmp_path / "gpu")]
     assert main([*argv, "--no-journal", "--listen", "127.0.0.1:0", *flags]) == 1
     err = capsys.readouterr().err
-    assert f"error: {named}: must not contain a control character (found U+00" in err
+    assert said in err
     assert "Traceback" not in err
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -288,3 +289,20 @@ async def test_a_nul_byte_is_a_start_error_not_a_traceback(spec: JobSpec) -> Non
         result = await run(spec, BufferSink())
     assert result.exit_code == -1
     assert result.err == "start: fork/exec echo: invalid argument"
+
+
+def test_a_command_found_through_a_relative_path_entry_is_refused_as_go_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Go (1.19+) refuses a bare name that ``LookPath`` finds through an empty or relative PATH
+    entry (``ErrDot``): the job would run whatever ``./NAME`` is relative to its *own* cwd, not
+    the file that was found."""
+    (tmp_path / "ft-dot-cmd").write_text("#!/bin/sh\necho found\n")
+    (tmp_path / "ft-dot-cmd").chmod(0o755)
+    monkeypatch.chdir(tmp_path)
+    refused = 'exec: "ft-dot-cmd": cannot run executable found relative to current directory'
+    for path in (":/usr/bin", ".:/usr/bin", "/usr/bin::", "./:/usr/bin"):
+        monkeypatch.setenv("PATH", path)
+        assert resolve_argv(("ft-dot-cmd",), None) == (["ft-dot-cmd"], refused), path
+    monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin")  # absolute: found and run
+    assert resolve_argv(("ft-dot-cmd",), None) == ([f"{tmp_path}/ft-dot-cmd"], None)

@@ -704,6 +704,17 @@ def test_a_control_character_in_a_name_or_a_token_is_refused(
     assert "control character" in str(err)
 
 
+@pytest.mark.parametrize(
+    ("key", "value"), [("token", "t\u00f6k\u00e9n"), ("tail_token", "x\u2028y")]
+)
+def test_a_token_outside_ascii_is_refused(tmp_path: Path, key: str, value: str) -> None:
+    """HTTP header values travel as ASCII here: such a token could never be sent (the worker
+    crashed on its first request) or never match."""
+    err = _error(tmp_path, BASE + f'{key}: "{value}"\n')
+    assert err.key == key
+    assert "must be ASCII (found U+" in str(err)
+
+
 def test_a_control_character_in_the_environment_token_is_refused(tmp_path: Path) -> None:
     err = _error(tmp_path, BASE, env={"RC_TOKEN": "ab\ncd"})
     assert "RC_TOKEN" in str(err)

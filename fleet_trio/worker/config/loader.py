@@ -42,7 +42,7 @@ from fleet_trio.confighints import KeyedError as _KeyedError
 from fleet_trio.confighints import structure as _structure
 from fleet_trio.durations import SECOND, go_duration, parse_duration
 from fleet_trio.errors import ConfigError, DurationError
-from fleet_trio.inputs import first_control
+from fleet_trio.inputs import first_control, token_problem
 from fleet_trio.memory import DEFAULT_BUDGET, check_budget, parse_size
 from fleet_trio.worker.config.model import (
     CONTROLLER_MAX_POLL_WAIT,
@@ -397,6 +397,9 @@ def _refuse_controls(values: Mapping[str, Any], token: str, host: str) -> None:
         found = first_control(text)
         if found:
             raise _KeyedError(f"must not contain a control character (found {found})", key)
+    for key, text in texts[1:3]:  # the tokens: sent in a header, compared with one
+        if problem := token_problem(text):
+            raise _KeyedError(problem, key)
 
 
 def _build(
