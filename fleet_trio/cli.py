@@ -316,8 +316,9 @@ def _add_worker(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         help="run as an rc worker (drop-in replacement for the Go `rc worker`)",
         description=(
             "Register with the rc controller named in the config, heartbeat, long-poll for "
-            "assignments and run them. SIGTERM/SIGINT: stop polling, kill running jobs, "
-            "wait up to 45 s for their final logs and reports, exit 0. --check validates "
+            "assignments and run them. SIGTERM/SIGINT: stop polling, stop running jobs "
+            "(SIGTERM, SIGKILL after their grace), deliver their final logs and reports, run "
+            "the release hooks, exit 0 (within 110.5 s with the defaults). --check validates "
             "the config and prints the resolved settings (JSON) without connecting. With "
             "tail_listen: HOST:PORT in the config (a key rc worker ignores), jobs' live output "
             "is served as the node's websocket GET /fleet/jobs/JOB_ID/tail (fleet-trio tail "

@@ -398,7 +398,7 @@ async def bench_health(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
     parser.add_argument("--clients", type=int, default=256, help="concurrent dispatchers (256)")
     parser.add_argument("--jobs", type=int, default=32, help="sampled jobs in part 2 (32)")
     parser.add_argument("--rounds", type=int, default=2, help="measured rounds per side (2)")

@@ -83,6 +83,7 @@ def write_config(state: Path, budget: str) -> Path:
             "node_id": "bench-memory",
             "memory_budget": budget,
             "timings": {"drain_timeout": "3s", "kill_grace": "1s"},
+            "journal": {"path": str(state / "journal.sqlite")},  # not in the user's home
         },
         "tasks": {
             "result": {"command": [sys.executable, "-c", RESULT], "timeout": "300s"},
