@@ -227,7 +227,7 @@ async def test_protocol_038_declared_ceiling_enforced_and_removable() -> None:
             ctrl.submit(dev("gpu0"), ["true"], max_runtime_seconds=7200)
 
 
-async def test_protocol_039_reregisteringwith_running_job_quarantines() -> None:
+async def test_protocol_039_reregistering_with_running_job_quarantines() -> None:
     with trio.fail_after(10):
         async with with_running_job() as (ctrl, client, _, job):
             assert ctrl.job(job).state == "running"
