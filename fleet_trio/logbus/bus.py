@@ -659,6 +659,22 @@ class Subscription(trio.abc.AsyncResource):
         finally:
             self._busy = False
 
+    def next_ready(self) -> Event | None:
+        """The next event if it is available right now (``None`` when it would have to wait
+        or read the spill file), without a checkpoint: for a caller that decides two events
+        together (a tail sends a ``skipped`` with the output that follows it)."""
+        if self._busy:
+            raise trio.BusyResourceError("another task is reading this subscription")
+        if self._closed:
+            return None
+        log = self._log
+        ev = self._cursor.poll(
+            log._end, spill_upto=log._spill_upto, spill_pending=log._spill_pending
+        )
+        if ev is None or isinstance(ev, SpillRead):  # a spill read is left to __anext__
+            return None
+        return self._seen(ev)
+
     def ready(self) -> list[Event]:
         """The events available right now, in order, without waiting: for a caller whose
         reading task has stopped. Stops before anything that needs the spill file."""

@@ -163,6 +163,7 @@ class Tally:
         self.latencies: list[float] = []
         self.first: float | None = None  # perf_counter of the first output received
         self.last = 0.0  # ... and of the last
+        self.node_faults = 0  # the node process's minor page faults during the run
 
 
 async def subscribe(
@@ -217,11 +218,13 @@ async def through_node(
     async with httpx.AsyncClient(base_url=node_url, timeout=30) as client:
         await client.get("/fleet/health")  # open the connection outside the timing
         with trio.fail_after(RUN_TIMEOUT):
+            f0 = minor_faults(node_pid)
             t0, c0, (n0, j0) = time.perf_counter(), time.process_time(), cpu_seconds(node_pid)
             job_id = await dispatch(client, "flood", {"bytes": nbytes})
             await subscribe(ws_base(node_url), job_id, tally, streams="stdout" if floor else "")
             elapsed = time.perf_counter() - t0
             n1, j1 = cpu_seconds(node_pid)
+            tally.node_faults = minor_faults(node_pid) - f0
             cpu = (n1 - n0, j1 - j0, time.process_time() - c0)
     if floor:
         assert tally.end is not None
@@ -236,6 +239,16 @@ async def through_node(
             f"{tally.skipped} skipped != {nbytes} + 2"
         )
     return elapsed, cpu, tally
+
+
+def minor_faults(pid: int) -> int:
+    """Minor page faults of process ``pid`` so far (``/proc/PID/stat`` field 10; 0 where it
+    cannot be read)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[7])
+    except (OSError, IndexError, ValueError):
+        return 0
 
 
 def children_cpu() -> float:
@@ -308,6 +321,8 @@ def main(argv: list[str] | None = None) -> int:
             node_parts: list[tuple[float, float, float]] = []
             floor_runs: list[float] = []
             floor_cpu: list[float] = []
+            floor_parts: list[tuple[float, float, float]] = []
+            faults: list[int] = []
             tally = Tally()
             for i in range(args.rounds):
                 if i % 2 == 0:
@@ -318,10 +333,12 @@ def main(argv: list[str] | None = None) -> int:
                 node_runs.append(node_s)
                 node_cpu.append(sum(cpu))
                 node_parts.append(cpu)
+                faults.append(tally.node_faults)
                 if args.floor:
                     floor_s, cpu, _ = trio.run(through_node, node_url, args.bytes, proc.pid, True)
                     floor_runs.append(floor_s)
                     floor_cpu.append(sum(cpu))
+                    floor_parts.append(cpu)
                 if i % 2 == 1:
                     c0 = children_cpu()
                     pipe_runs.append(through_pipe(args.bytes))
@@ -342,7 +359,8 @@ def main(argv: list[str] | None = None) -> int:
             print(
                 f"  CPU seconds per run   pipe {statistics.median(pipe_cpu):.2f}   node "
                 f"{statistics.median(node_cpu):.2f}   (medians; node: node process "
-                f"{parts[0]:.2f}, its job {parts[1]:.2f}, the client {parts[2]:.2f})"
+                f"{parts[0]:.2f}, its job {parts[1]:.2f}, the client {parts[2]:.2f}; the node "
+                f"process's minor page faults {statistics.median(faults):.0f})"
             )
             ratios = [p / n for p, n in zip(pipe_runs, node_runs, strict=True)]
             ratio = statistics.median(ratios)
@@ -358,7 +376,10 @@ def main(argv: list[str] | None = None) -> int:
                 print(
                     f"  floor: node, subscriber of stdout only (no frames of the flood): ratio "
                     f"{statistics.median(ratios):.2f} ({shown}), CPU seconds "
-                    f"{statistics.median(floor_cpu):.2f}"
+                    f"{statistics.median(floor_cpu):.2f} (node process "
+                    f"{statistics.median(p[0] for p in floor_parts):.2f}, its job "
+                    f"{statistics.median(p[1] for p in floor_parts):.2f}, the client "
+                    f"{statistics.median(p[2] for p in floor_parts):.2f})"
                 )
 
             print(
