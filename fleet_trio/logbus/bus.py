@@ -122,6 +122,10 @@ class _Chunk:
     t: float
 
 
+_EVICTED = _Chunk("stdout", b"", 0.0)
+"""What an evicted chunk's slot holds until the history's index is compacted."""
+
+
 def utf8_cut(data: bytes, cut: int, floor: int) -> int:
     """``cut``, moved back (by at most 3 bytes, never to ``floor`` or below) off UTF-8
     continuation bytes, so that a piece ending there does not split a character; ``cut``
@@ -170,12 +174,20 @@ class History:
         while self.size > self.limit and len(self) > 1:
             if self._holders and self._held(self._offsets[self._head + 1]):
                 break
-            self.size -= len(self._chunks[self._head].data)
-            self._head += 1
+            self._pop_head()
         if self._head > 64 and self._head * 2 > len(self._chunks):
             del self._offsets[: self._head]
             del self._chunks[: self._head]
             self._head = 0
+
+    def _pop_head(self) -> None:
+        """Evict the oldest chunk. Its slot in the index keeps only an empty placeholder until
+        the index is compacted: the bytes are freed now (a flood of 1 MiB chunks would
+        otherwise keep up to 64 dead chunks alive beside the history, and each new read would
+        land in fresh memory, a page fault per 4 KiB)."""
+        self.size -= len(self._chunks[self._head].data)
+        self._chunks[self._head] = _EVICTED
+        self._head += 1
 
     def drop(self) -> None:
         """Evict every chunk no holding cursor still needs, the newest too (memory budget: an
@@ -185,8 +197,7 @@ class History:
             head_end = self._offsets[self._head] + len(self._chunks[self._head].data)
             if self._holders and self._held(head_end):
                 break
-            self.size -= len(self._chunks[self._head].data)
-            self._head += 1
+            self._pop_head()
         del self._offsets[: self._head]
         del self._chunks[: self._head]
         self._head = 0
