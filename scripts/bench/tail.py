@@ -11,8 +11,8 @@ both median MB/s, each round's ratio and the median ratio node/pipe (target ≥ 
 many bytes the subscriber got vs. were ``skipped``, in how many frames of each kind (the bus
 never slows a job down for a slow subscriber: a subscriber more than 1 MiB behind skips).
 Also the CPU seconds each side burns (pipe: the writer and ``cat``; node: the node process,
-its reaped job and this process's websocket client, each shown): on a loaded machine the
-wall-clock ratio mostly follows them. The subscriber reads as ``fleet-trio tail`` does
+its reaped job and this process's websocket client, each shown) and the node process's minor
+page faults: on a loaded machine the wall-clock ratio mostly follows them. The subscriber reads as ``fleet-trio tail`` does
 (64 KiB per socket read) and decodes every frame.
 
 Text, not ``/dev/zero``: NUL bytes are valid UTF-8 but each one is sent as the 6-character
@@ -28,7 +28,8 @@ The node runs in its **own process** (this script re-run with ``--serve``), as i
     .venv/bin/python scripts/bench/tail.py [--bytes 200000000] [--rounds 3] [--seconds 3] [--floor]
 
 ``--floor`` adds a third run to each round: the same job with a subscriber of stdout only, to
-which the flood (on stderr) is never sent, i.e. the node's cost without the tail's frames.
+which the flood (on stderr) is never sent, i.e. the node's cost without the tail's frames (its
+CPU split the same way).
 
 Exit status: 0 whether or not the targets are met; 1 when the run is broken (the node does
 not start, a dispatch is refused, a job fails, a message is malformed, bytes are lost).
