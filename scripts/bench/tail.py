@@ -12,8 +12,8 @@ many bytes the subscriber got vs. were ``skipped``, in how many frames of each k
 never slows a job down for a slow subscriber: a subscriber more than 1 MiB behind skips).
 Also the CPU seconds each side burns (pipe: the writer and ``cat``; node: the node process,
 its reaped job and this process's websocket client, each shown) and the node process's minor
-page faults: on a loaded machine the wall-clock ratio mostly follows them. The subscriber reads as ``fleet-trio tail`` does
-(64 KiB per socket read) and decodes every frame.
+page faults: on a loaded machine the wall-clock ratio mostly follows them. The subscriber
+reads as ``fleet-trio tail`` does (64 KiB per socket read) and decodes every frame.
 
 Text, not ``/dev/zero``: NUL bytes are valid UTF-8 but each one is sent as the 6-character
 JSON escape ``\\u0000``, which would measure JSON escaping rather than the tail.
