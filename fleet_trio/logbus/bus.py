@@ -407,6 +407,7 @@ class JobLog:
         self._ended_wall: float | None = None
         self._ended_mono: float | None = None
         self._waiter: trio.Event | None = None
+        self._end_waiter: trio.Event | None = None
         # spill state
         self._spill_path = None if spill_dir is None else _spill.spill_path(spill_dir, job_id)
         self._limiter = limiter if limiter is not None else trio.CapacityLimiter(1)
@@ -462,6 +463,8 @@ class JobLog:
         self._ended_wall = time.time()
         self._ended_mono = trio.current_time()
         self._wake()
+        if self._end_waiter is not None:
+            self._end_waiter.set()
         if self._on_end is not None:
             self._on_end(self)
         if self._budget is not None:  # memory budget: an ended log may now be evicted
@@ -479,6 +482,17 @@ class JobLog:
     @property
     def ended(self) -> End | None:
         return self._end
+
+    async def wait_ended(self) -> None:
+        """Return once the log has ended (at once if it has); writes do not wake it.
+
+        Cancellation: a plain wait."""
+        if self._end is not None:
+            await trio.lowlevel.checkpoint()
+            return
+        if self._end_waiter is None:
+            self._end_waiter = trio.Event()
+        await self._end_waiter.wait()
 
     @property
     def nbytes(self) -> int:

@@ -65,7 +65,8 @@ CATCH_UP_PAUSE = 0.01
 """Seconds a tail waits after catching a lagging reader up (a ``skipped`` frame and the frame
 after it) before it looks again: a reader that keeps falling behind a flood is sent about 100
 such samples a second, not frames with every CPU cycle the node and the reader have free
-(on a busy machine, cycles taken from the job itself). A reader that keeps up never waits."""
+(on a busy machine, cycles taken from the job itself). A reader that keeps up never waits;
+the job's end cuts a pause short."""
 
 CLOSE_NORMAL = 1000
 """After ``end``."""
@@ -406,7 +407,8 @@ async def serve_tail(
                 if not isinstance(event, End):
                     for text in event_texts(event):
                         await send_text(text)
-                    await trio.sleep(CATCH_UP_PAUSE)  # paced: see CATCH_UP_PAUSE
+                    with trio.move_on_after(CATCH_UP_PAUSE):  # paced, but not the end
+                        await log.wait_ended()
                     continue
             for text in event_texts(event):
                 await send_text(text)

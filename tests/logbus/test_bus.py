@@ -551,3 +551,24 @@ def test_evicted_chunks_are_let_go_at_once() -> None:
     assert held == [1 if id(d) in kept else 0 for d in datas] == [0] * 8 + [1, 1]
     h.drop()
     assert [in_history(i) for i in range(len(datas))] == [0] * 10
+
+
+async def test_wait_ended_wakes_on_the_end_not_on_writes(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    log = LogBus().open("job-wait-end")
+    woke: list[float] = []
+
+    async def waiter() -> None:
+        await log.wait_ended()
+        woke.append(trio.current_time())
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(waiter)
+        await log.write("stdout", b"a")
+        await trio.sleep(1)
+        assert woke == []  # a write is not the end
+        log.end("done", 0)
+    assert woke == [1.0]
+    with trio.fail_after(1):
+        await log.wait_ended()  # already ended: returns at once

@@ -34,8 +34,10 @@ async def test_a_lagging_reader_gets_one_skipped_frame_per_catch_up(
             await log.write("stderr", b"y" * CHUNK)
         elif log.ended is None:
             log.end("done", 0)
+            ended_at.append(trio.current_time())
 
     code: list[int] = []
+    ended_at: list[float] = []
 
     async def tail() -> None:
         code.append(await serve_tail(bus, "job-lag", send_text, {"from": "start"}))
@@ -60,9 +62,13 @@ async def test_a_lagging_reader_gets_one_skipped_frame_per_catch_up(
         pos += f["bytes"] if f["type"] == "skipped" else len(output_bytes(f))
     assert pos == frames[-1]["offset"] == log.nbytes == 3 * MAX_LAG + 40 * CHUNK
     # Paced: each catch-up (a skipped frame and the frame after it) waits CATCH_UP_PAUSE
-    # before the next look, so skips are at least that far apart.
-    skips = [f["at"] for f in frames if f["type"] == "skipped"]
+    # before the next look, so skips are at least that far apart while the job runs.
+    skips = [f["at"] for f in frames if f["type"] == "skipped" and f["at"] < ended_at[0]]
+    assert len(skips) >= 3, skips
     assert all(b - a >= CATCH_UP_PAUSE - 1e-9 for a, b in itertools.pairwise(skips)), skips
+    # ... but the end is not held back by a pause: it goes out when the job ends.
+    assert frames[-2]["type"] == "output"  # the end came during a catch-up's pause
+    assert frames[-1]["at"] == ended_at[0]
 
 
 async def test_next_ready_hands_out_what_is_there_without_waiting() -> None:
