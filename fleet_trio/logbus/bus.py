@@ -122,6 +122,10 @@ class _Chunk:
     t: float
 
 
+_EVICTED = _Chunk("stdout", b"", 0.0)
+"""What an evicted chunk's slot holds until the history's index is compacted."""
+
+
 def utf8_cut(data: bytes, cut: int, floor: int) -> int:
     """``cut``, moved back (by at most 3 bytes, never to ``floor`` or below) off UTF-8
     continuation bytes, so that a piece ending there does not split a character; ``cut``
@@ -170,12 +174,20 @@ class History:
         while self.size > self.limit and len(self) > 1:
             if self._holders and self._held(self._offsets[self._head + 1]):
                 break
-            self.size -= len(self._chunks[self._head].data)
-            self._head += 1
+            self._pop_head()
         if self._head > 64 and self._head * 2 > len(self._chunks):
             del self._offsets[: self._head]
             del self._chunks[: self._head]
             self._head = 0
+
+    def _pop_head(self) -> None:
+        """Evict the oldest chunk. Its slot in the index keeps only an empty placeholder until
+        the index is compacted: the bytes are freed now (a flood of 1 MiB chunks would
+        otherwise keep up to 64 dead chunks alive beside the history, and each new read would
+        land in fresh memory, a page fault per 4 KiB)."""
+        self.size -= len(self._chunks[self._head].data)
+        self._chunks[self._head] = _EVICTED
+        self._head += 1
 
     def drop(self) -> None:
         """Evict every chunk no holding cursor still needs, the newest too (memory budget: an
@@ -185,8 +197,7 @@ class History:
             head_end = self._offsets[self._head] + len(self._chunks[self._head].data)
             if self._holders and self._held(head_end):
                 break
-            self.size -= len(self._chunks[self._head].data)
-            self._head += 1
+            self._pop_head()
         del self._offsets[: self._head]
         del self._chunks[: self._head]
         self._head = 0
@@ -396,6 +407,7 @@ class JobLog:
         self._ended_wall: float | None = None
         self._ended_mono: float | None = None
         self._waiter: trio.Event | None = None
+        self._end_waiter: trio.Event | None = None
         # spill state
         self._spill_path = None if spill_dir is None else _spill.spill_path(spill_dir, job_id)
         self._limiter = limiter if limiter is not None else trio.CapacityLimiter(1)
@@ -451,6 +463,8 @@ class JobLog:
         self._ended_wall = time.time()
         self._ended_mono = trio.current_time()
         self._wake()
+        if self._end_waiter is not None:
+            self._end_waiter.set()
         if self._on_end is not None:
             self._on_end(self)
         if self._budget is not None:  # memory budget: an ended log may now be evicted
@@ -468,6 +482,17 @@ class JobLog:
     @property
     def ended(self) -> End | None:
         return self._end
+
+    async def wait_ended(self) -> None:
+        """Return once the log has ended (at once if it has); writes do not wake it.
+
+        Cancellation: a plain wait."""
+        if self._end is not None:
+            await trio.lowlevel.checkpoint()
+            return
+        if self._end_waiter is None:
+            self._end_waiter = trio.Event()
+        await self._end_waiter.wait()
 
     @property
     def nbytes(self) -> int:
@@ -658,6 +683,22 @@ class Subscription(trio.abc.AsyncResource):
                 return self._seen(ev)
         finally:
             self._busy = False
+
+    def next_ready(self) -> Event | None:
+        """The next event if it is available right now (``None`` when it would have to wait
+        or read the spill file), without a checkpoint: for a caller that decides two events
+        together (a tail sends a ``skipped`` with the output that follows it)."""
+        if self._busy:
+            raise trio.BusyResourceError("another task is reading this subscription")
+        if self._closed:
+            return None
+        log = self._log
+        ev = self._cursor.poll(
+            log._end, spill_upto=log._spill_upto, spill_pending=log._spill_pending
+        )
+        if ev is None or isinstance(ev, SpillRead):  # a spill read is left to __anext__
+            return None
+        return self._seen(ev)
 
     def ready(self) -> list[Event]:
         """The events available right now, in order, without waiting: for a caller whose

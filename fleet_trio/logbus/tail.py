@@ -46,6 +46,7 @@ from collections.abc import Awaitable, Callable, Iterator, Mapping
 from typing import Any, Literal, cast
 
 import attrs
+import trio
 
 from fleet_trio.inputs import InputError, loads_json, printable
 from fleet_trio.logbus.bus import End, LogBus, Output, Skipped, Stream, utf8_cut
@@ -59,6 +60,13 @@ that is behind gets consecutive chunks of one stream joined up to this size. 64 
 every buffer a frame goes through (the escaped text, its UTF-8, the websocket frame) below
 the C allocator's 128 KiB threshold for fresh memory maps: a 256 KiB frame cost a page fault
 per 4 KiB, several times over, on both ends."""
+
+CATCH_UP_PAUSE = 0.01
+"""Seconds a tail waits after catching a lagging reader up (a ``skipped`` frame and the frame
+after it) before it looks again: a reader that keeps falling behind a flood is sent about 100
+such samples a second, not frames with every CPU cycle the node and the reader have free
+(on a busy machine, cycles taken from the job itself). A reader that keeps up never waits;
+the job's end cuts a pause short."""
 
 CLOSE_NORMAL = 1000
 """After ``end``."""
@@ -382,6 +390,26 @@ async def serve_tail(
         return CLOSE_BAD_REQUEST
     async with subscription as events:
         async for event in events:
+            if isinstance(event, Skipped):
+                # The reader is behind (or its bytes were evicted). The skip and the event
+                # after it are decided together, before the skip's frame is sent: the writer
+                # runs on during that send, and a look afterwards would find the reader behind
+                # again (a run of small ``skipped`` frames instead of one).
+                following = events.next_ready()
+                while isinstance(following, Skipped):
+                    event = Skipped(event.offset, event.nbytes + following.nbytes)
+                    following = events.next_ready()
+                for text in event_texts(event):
+                    await send_text(text)
+                if following is None:
+                    continue
+                event = following
+                if not isinstance(event, End):
+                    for text in event_texts(event):
+                        await send_text(text)
+                    with trio.move_on_after(CATCH_UP_PAUSE):  # paced, but not the end
+                        await log.wait_ended()
+                    continue
             for text in event_texts(event):
                 await send_text(text)
             if isinstance(event, End):
@@ -393,6 +421,7 @@ async def serve_tail(
 
 __all__ = [
     "ALL_STREAMS",
+    "CATCH_UP_PAUSE",
     "CLOSE_BAD_REQUEST",
     "CLOSE_INTERNAL",
     "CLOSE_NORMAL",

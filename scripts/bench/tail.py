@@ -11,9 +11,9 @@ both median MB/s, each round's ratio and the median ratio node/pipe (target ≥ 
 many bytes the subscriber got vs. were ``skipped``, in how many frames of each kind (the bus
 never slows a job down for a slow subscriber: a subscriber more than 1 MiB behind skips).
 Also the CPU seconds each side burns (pipe: the writer and ``cat``; node: the node process,
-its reaped job and this process's websocket client, each shown): on a loaded machine the
-wall-clock ratio mostly follows them. The subscriber reads as ``fleet-trio tail`` does
-(64 KiB per socket read) and decodes every frame.
+its reaped job and this process's websocket client, each shown) and the node process's minor
+page faults: on a loaded machine the wall-clock ratio mostly follows them. The subscriber
+reads as ``fleet-trio tail`` does (64 KiB per socket read) and decodes every frame.
 
 Text, not ``/dev/zero``: NUL bytes are valid UTF-8 but each one is sent as the 6-character
 JSON escape ``\\u0000``, which would measure JSON escaping rather than the tail.
@@ -28,7 +28,8 @@ The node runs in its **own process** (this script re-run with ``--serve``), as i
     .venv/bin/python scripts/bench/tail.py [--bytes 200000000] [--rounds 3] [--seconds 3] [--floor]
 
 ``--floor`` adds a third run to each round: the same job with a subscriber of stdout only, to
-which the flood (on stderr) is never sent, i.e. the node's cost without the tail's frames.
+which the flood (on stderr) is never sent, i.e. the node's cost without the tail's frames (its
+CPU split the same way).
 
 Exit status: 0 whether or not the targets are met; 1 when the run is broken (the node does
 not start, a dispatch is refused, a job fails, a message is malformed, bytes are lost).
@@ -163,6 +164,7 @@ class Tally:
         self.latencies: list[float] = []
         self.first: float | None = None  # perf_counter of the first output received
         self.last = 0.0  # ... and of the last
+        self.node_faults = 0  # the node process's minor page faults during the run
 
 
 async def subscribe(
@@ -217,11 +219,13 @@ async def through_node(
     async with httpx.AsyncClient(base_url=node_url, timeout=30) as client:
         await client.get("/fleet/health")  # open the connection outside the timing
         with trio.fail_after(RUN_TIMEOUT):
+            f0 = minor_faults(node_pid)
             t0, c0, (n0, j0) = time.perf_counter(), time.process_time(), cpu_seconds(node_pid)
             job_id = await dispatch(client, "flood", {"bytes": nbytes})
             await subscribe(ws_base(node_url), job_id, tally, streams="stdout" if floor else "")
             elapsed = time.perf_counter() - t0
             n1, j1 = cpu_seconds(node_pid)
+            tally.node_faults = minor_faults(node_pid) - f0
             cpu = (n1 - n0, j1 - j0, time.process_time() - c0)
     if floor:
         assert tally.end is not None
@@ -236,6 +240,16 @@ async def through_node(
             f"{tally.skipped} skipped != {nbytes} + 2"
         )
     return elapsed, cpu, tally
+
+
+def minor_faults(pid: int) -> int:
+    """Minor page faults of process ``pid`` so far (``/proc/PID/stat`` field 10; 0 where it
+    cannot be read)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[7])
+    except (OSError, IndexError, ValueError):
+        return 0
 
 
 def children_cpu() -> float:
@@ -308,6 +322,8 @@ def main(argv: list[str] | None = None) -> int:
             node_parts: list[tuple[float, float, float]] = []
             floor_runs: list[float] = []
             floor_cpu: list[float] = []
+            floor_parts: list[tuple[float, float, float]] = []
+            faults: list[int] = []
             tally = Tally()
             for i in range(args.rounds):
                 if i % 2 == 0:
@@ -318,10 +334,12 @@ def main(argv: list[str] | None = None) -> int:
                 node_runs.append(node_s)
                 node_cpu.append(sum(cpu))
                 node_parts.append(cpu)
+                faults.append(tally.node_faults)
                 if args.floor:
                     floor_s, cpu, _ = trio.run(through_node, node_url, args.bytes, proc.pid, True)
                     floor_runs.append(floor_s)
                     floor_cpu.append(sum(cpu))
+                    floor_parts.append(cpu)
                 if i % 2 == 1:
                     c0 = children_cpu()
                     pipe_runs.append(through_pipe(args.bytes))
@@ -342,7 +360,8 @@ def main(argv: list[str] | None = None) -> int:
             print(
                 f"  CPU seconds per run   pipe {statistics.median(pipe_cpu):.2f}   node "
                 f"{statistics.median(node_cpu):.2f}   (medians; node: node process "
-                f"{parts[0]:.2f}, its job {parts[1]:.2f}, the client {parts[2]:.2f})"
+                f"{parts[0]:.2f}, its job {parts[1]:.2f}, the client {parts[2]:.2f}; the node "
+                f"process's minor page faults {statistics.median(faults):.0f})"
             )
             ratios = [p / n for p, n in zip(pipe_runs, node_runs, strict=True)]
             ratio = statistics.median(ratios)
@@ -358,7 +377,10 @@ def main(argv: list[str] | None = None) -> int:
                 print(
                     f"  floor: node, subscriber of stdout only (no frames of the flood): ratio "
                     f"{statistics.median(ratios):.2f} ({shown}), CPU seconds "
-                    f"{statistics.median(floor_cpu):.2f}"
+                    f"{statistics.median(floor_cpu):.2f} (node process "
+                    f"{statistics.median(p[0] for p in floor_parts):.2f}, its job "
+                    f"{statistics.median(p[1] for p in floor_parts):.2f}, the client "
+                    f"{statistics.median(p[2] for p in floor_parts):.2f})"
                 )
 
             print(

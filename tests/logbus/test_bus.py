@@ -527,3 +527,48 @@ async def test_stats_count_bytes_by_stream_skips_and_open_subscribers() -> None:
     log.end("done", 0)
     assert isinstance((await collect(lagging))[-1], End)
     assert bus.stats().subscribers == 0
+
+
+def test_evicted_chunks_are_let_go_at_once() -> None:
+    """An evicted chunk's bytes are freed when it is evicted, not when the history next
+    compacts its index: with 1 MiB chunks (a flood), up to 64 dead chunks used to stay
+    referenced beside an 8 MiB history, and every read of the flood landed in fresh memory."""
+    import sys
+
+    from fleet_trio.logbus.bus import History
+
+    h = History(limit=100)
+    datas = [bytes([65 + i]) * 50 for i in range(10)]
+    for i in range(len(datas)):
+        h.append("stdout", datas[i], 0.0)
+    assert h.size == 100 and len(h) == 2
+    kept = {id(data) for _, _, data in h.chunks()}
+
+    def in_history(i: int) -> int:  # references beyond the list's and getrefcount's own
+        return sys.getrefcount(datas[i]) - 2
+
+    held = [in_history(i) for i in range(len(datas))]
+    assert held == [1 if id(d) in kept else 0 for d in datas] == [0] * 8 + [1, 1]
+    h.drop()
+    assert [in_history(i) for i in range(len(datas))] == [0] * 10
+
+
+async def test_wait_ended_wakes_on_the_end_not_on_writes(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    log = LogBus().open("job-wait-end")
+    woke: list[float] = []
+
+    async def waiter() -> None:
+        await log.wait_ended()
+        woke.append(trio.current_time())
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(waiter)
+        await log.write("stdout", b"a")
+        await trio.sleep(1)
+        assert woke == []  # a write is not the end
+        log.end("done", 0)
+    assert woke == [1.0]
+    with trio.fail_after(1):
+        await log.wait_ended()  # already ended: returns at once
