@@ -112,6 +112,7 @@ def write_config(state: Path) -> Path:
             "listen": "127.0.0.1:0",
             "node_id": "bench-tail",
             "timings": {"drain_timeout": "3s", "kill_grace": "1s"},
+            "journal": {"path": str(state / "journal.sqlite")},  # not in the user's home
         },
         "tasks": {
             "flood": {"command": [sys.executable, "-c", FLOOD], "gpu": False, "timeout": "300s"},
