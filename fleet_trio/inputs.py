@@ -108,8 +108,8 @@ def loads_json(data: str | bytes, *, max_depth: int = JSON_MAX_DEPTH) -> Any:
         return json.loads(text, parse_constant=_reject_constant, parse_float=finite_float)
     except InputError:
         raise
-    except RecursionError:
-        raise InputError(f"nested deeper than {max_depth} levels") from None
+    except RecursionError:  # the decoder's own bound, below a generous max_depth
+        raise InputError("nested deeper than the decoder allows") from None
     except json.JSONDecodeError as exc:
         where = f"line {exc.lineno} column {exc.colno}"
         raise InputError(f"invalid JSON: {exc.msg} at {where}") from None
