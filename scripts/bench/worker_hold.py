@@ -209,6 +209,7 @@ async def bench(args: argparse.Namespace) -> list[Side]:
         for side in sides:
             own, kids = cpu_seconds(side.pid)
             side.cpu_s, side.child_cpu_s = own - side.cpu_s, kids - side.child_cpu_s
+        await stack.aclose()  # the workers stop (SIGTERM, their drain) while the controller serves
         nursery.cancel_scope.cancel()
     return sides
 
