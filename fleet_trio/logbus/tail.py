@@ -49,7 +49,7 @@ import attrs
 import trio
 
 from fleet_trio.inputs import InputError, loads_json, printable
-from fleet_trio.logbus.bus import End, LogBus, Output, Skipped, Stream, utf8_cut
+from fleet_trio.logbus.bus import MAX_LAG, End, LogBus, Output, Skipped, Stream, utf8_cut
 
 STREAMS: tuple[Stream, ...] = ("stdout", "stderr")
 ALL_STREAMS: frozenset[Stream] = frozenset(STREAMS)
@@ -62,11 +62,13 @@ the C allocator's 128 KiB threshold for fresh memory maps: a 256 KiB frame cost 
 per 4 KiB, several times over, on both ends."""
 
 CATCH_UP_PAUSE = 0.01
-"""Seconds a tail waits after catching a lagging reader up (a ``skipped`` frame and the frame
-after it) before it looks again: a reader that keeps falling behind a flood is sent about 100
-such samples a second, not frames with every CPU cycle the node and the reader have free
-(on a busy machine, cycles taken from the job itself). A reader that keeps up never waits;
-the job's end cuts a pause short."""
+"""Seconds a tail waits after catching up a reader that keeps falling behind (a ``skipped``
+frame and the frame after it, when it was skipped before and got less than ``MAX_LAG`` bytes
+of output since) before it looks again: such a reader is sent about 100 samples a second of a
+flood, not frames with every CPU cycle the node and the reader have free (on a busy machine,
+cycles taken from the job itself). A reader skipped once (it was away, then reads fast) is not
+paced, so it drains what follows at full speed; a reader that keeps up never waits; the job's
+end cuts a pause short."""
 
 CLOSE_NORMAL = 1000
 """After ``end``."""
@@ -388,9 +390,14 @@ async def serve_tail(
     except ValueError as exc:  # e.g. an offset the log cannot serve
         await send_text(dumps(error_message(str(exc))))
         return CLOSE_BAD_REQUEST
+    since_skip: int | None = None  # output bytes sent since the last catch-up (None: none yet)
     async with subscription as events:
         async for event in events:
             if isinstance(event, Skipped):
+                # Behind again within MAX_LAG bytes of the last catch-up: it keeps falling
+                # behind, so it is paced; skipped once (it was away), it reads on at full speed.
+                paced = since_skip is not None and since_skip < MAX_LAG
+                since_skip = 0
                 # The reader is behind (or its bytes were evicted). The skip and the event
                 # after it are decided together, before the skip's frame is sent: the writer
                 # runs on during that send, and a look afterwards would find the reader behind
@@ -407,13 +414,17 @@ async def serve_tail(
                 if not isinstance(event, End):
                     for text in event_texts(event):
                         await send_text(text)
-                    with trio.move_on_after(CATCH_UP_PAUSE):  # paced, but not the end
-                        await log.wait_ended()
+                    since_skip += len(event.data) if isinstance(event, Output) else 0
+                    if paced:
+                        with trio.move_on_after(CATCH_UP_PAUSE):  # paced, but not the end
+                            await log.wait_ended()
                     continue
             for text in event_texts(event):
                 await send_text(text)
             if isinstance(event, End):
                 return CLOSE_NORMAL
+            if since_skip is not None and isinstance(event, Output):
+                since_skip += len(event.data)
     # The subscription ended without an End (should not happen): say so.
     await send_text(dumps(error_message("log ended without an end event")))
     return CLOSE_INTERNAL
