@@ -651,9 +651,11 @@ async def test_protocol_099_idle_watchdog_kills_silent_job_keeping_output() -> N
 
 async def test_protocol_100_chatty_job_is_never_idle_tripped() -> None:
     chatty = ["sh", "-c", "for i in 1 2 3 4 5 6 7 8 9 10; do echo tick $i; sleep 0.3; done"]
-    with trio.fail_after(20):
+    with trio.fail_after(30):
         async with running() as (ctrl, _):
-            job = ctrl.submit(dev("gpu1"), chatty, idle_timeout_seconds=1)
+            # a 3 s idle limit against a tick every 0.3 s: on a starved 2-core machine a tick
+            # has reached the worker over a second late
+            job = ctrl.submit(dev("gpu1"), chatty, idle_timeout_seconds=3)
             assert await until_terminal(ctrl, job) == ["running", "succeeded"]
             assert _status_bodies(ctrl, job)[-1]["exit_code"] == 0
             assert ctrl.logs(job).count(b"tick") == 10

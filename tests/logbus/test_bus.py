@@ -12,7 +12,7 @@ import trio.testing
 
 from fleet_trio.logbus import End, Event, JobLog, LogBus, Output, Skipped, Stream, Subscription
 from fleet_trio.proc import BufferSink, JobSpec, TeeSink, run
-from tests.helpers import scenario_pause, wait_until
+from tests.helpers import elapse, scenario_pause, wait_until
 
 
 async def collect(sub: Subscription) -> list[Event]:
@@ -566,7 +566,7 @@ async def test_wait_ended_wakes_on_the_end_not_on_writes(
     async with trio.open_nursery() as nursery:
         nursery.start_soon(waiter)
         await log.write("stdout", b"a")
-        await trio.sleep(1)
+        await elapse(1)
         assert woke == []  # a write is not the end
         log.end("done", 0)
     assert woke == [1.0]

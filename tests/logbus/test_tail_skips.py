@@ -12,7 +12,7 @@ import trio
 
 from fleet_trio.logbus.bus import MAX_LAG, LogBus, Output, Skipped
 from fleet_trio.logbus.tail import CATCH_UP_PAUSE, CLOSE_NORMAL, output_bytes, serve_tail
-from tests.helpers import wait_until
+from tests.helpers import elapse, wait_until
 
 CHUNK = 300 << 10  # what the writer adds while one frame is being sent
 
@@ -121,7 +121,7 @@ async def test_a_reader_that_lagged_once_catches_up_at_full_speed(
                 await log.write("stderr", b"x" * MAX_LAG)
             for _ in range(500):  # then 64 KiB every 4 ms for 2 s
                 await log.write("stderr", b"y" * (64 << 10))
-                await trio.sleep(0.004)
+                await elapse(0.004)
             log.end("done", 0)
 
     assert code == [CLOSE_NORMAL]
