@@ -62,13 +62,13 @@ the C allocator's 128 KiB threshold for fresh memory maps: a 256 KiB frame cost 
 per 4 KiB, several times over, on both ends."""
 
 CATCH_UP_PAUSE = 0.01
-"""Seconds a tail waits after catching up a reader that keeps falling behind (a ``skipped``
-frame and the frame after it, when it was skipped before and got less than ``MAX_LAG`` bytes
-of output since) before it looks again: such a reader is sent about 100 samples a second of a
-flood, not frames with every CPU cycle the node and the reader have free (on a busy machine,
-cycles taken from the job itself). A reader skipped once (it was away, then reads fast) is not
-paced, so it drains what follows at full speed; a reader that keeps up never waits; the job's
-end cuts a pause short."""
+"""Seconds a tail waits after catching up a reader that keeps falling behind (a ``skipped`` frame
+and the frame after it, when it was skipped before and got less than ``MAX_LAG`` bytes of output
+since, and the catch-up before was not paced) before it looks again: such a reader is sent about
+100 samples a second of a flood, not frames with every CPU cycle the node and the reader have
+free (on a busy machine, cycles taken from the job itself). A reader skipped once (it was away,
+then reads fast) is not paced, so it drains what follows at full speed; a reader that keeps up
+never waits; the job's end cuts a pause short."""
 
 CLOSE_NORMAL = 1000
 """After ``end``."""
@@ -391,13 +391,17 @@ async def serve_tail(
         await send_text(dumps(error_message(str(exc))))
         return CLOSE_BAD_REQUEST
     since_skip: int | None = None  # output bytes sent since the last catch-up (None: none yet)
+    was_paced = False
     async with subscription as events:
         async for event in events:
             if isinstance(event, Skipped):
                 # Behind again within MAX_LAG bytes of the last catch-up: it keeps falling
                 # behind, so it is paced; skipped once (it was away), it reads on at full speed.
-                paced = since_skip is not None and since_skip < MAX_LAG
-                since_skip = 0
+                # Never twice in a row: while paced, a reader cannot show that it keeps up, so
+                # the catch-up after a paced one is not (a fast reader then drains and stays
+                # caught up; a slow one is behind again within MAX_LAG and paced again).
+                paced = since_skip is not None and since_skip < MAX_LAG and not was_paced
+                since_skip, was_paced = 0, paced
                 # The reader is behind (or its bytes were evicted). The skip and the event
                 # after it are decided together, before the skip's frame is sent: the writer
                 # runs on during that send, and a look afterwards would find the reader behind

@@ -62,11 +62,12 @@ async def test_a_lagging_reader_gets_one_skipped_frame_per_catch_up(
         pos += f["bytes"] if f["type"] == "skipped" else len(output_bytes(f))
     assert pos == frames[-1]["offset"] == log.nbytes == 3 * MAX_LAG + 40 * CHUNK
     # Paced: from its second catch-up on (skipped again within MAX_LAG bytes of the first),
-    # each catch-up waits CATCH_UP_PAUSE before the next look, so those skips are at least
-    # that far apart while the job runs.
+    # every other catch-up waits CATCH_UP_PAUSE before the next look (the one after a paced
+    # catch-up is not: the reader may show it keeps up), so at most two skips per pause.
     skips = [f["at"] for f in frames if f["type"] == "skipped" and f["at"] < ended_at[0]]
-    assert len(skips) >= 3, skips
-    assert all(b - a >= CATCH_UP_PAUSE - 1e-9 for a, b in itertools.pairwise(skips[1:])), skips
+    assert len(skips) >= 4, skips
+    paced = zip(skips[1:], skips[3:], strict=False)
+    assert all(b - a >= CATCH_UP_PAUSE - 1e-9 for a, b in paced), skips
     # ... but the end is not held back by a pause: it goes out when the job ends.
     assert frames[-2]["type"] == "output"  # the end came during a catch-up's pause
     assert frames[-1]["at"] == ended_at[0]
@@ -126,6 +127,10 @@ async def test_a_reader_that_lagged_once_catches_up_at_full_speed(
 
     assert code == [CLOSE_NORMAL]
     kinds = [f["type"] for f in frames]
-    assert kinds.count("skipped") == 1, kinds.count("skipped")
+    # skipped during the burst only (how many depends on how the burst's writes interleave
+    # with the reader's sends), then never again: the 32 MB after it all arrive
+    assert 1 <= kinds.count("skipped") <= 3, kinds.count("skipped")
+    skipped = sum(f["bytes"] for f in frames if f["type"] == "skipped")
     delivered = sum(len(output_bytes(f)) for f in frames if f["type"] == "output")
-    assert delivered == log.nbytes - frames[kinds.index("skipped")]["bytes"]
+    assert delivered == log.nbytes - skipped
+    assert skipped <= 3 * MAX_LAG, skipped
