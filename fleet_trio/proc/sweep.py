@@ -137,7 +137,8 @@ class SweepBook:
     a poll. Otherwise signal
     every watched process not yet signalled in this phase; once the deadline has passed, the
     SIGTERM phase hands over to the SIGKILL phase and the SIGKILL phase ends the sweep with
-    every still-watched pid as ``remaining``. A scan that failed, or found nothing without
+    every still-watched pid as ``remaining`` (``blind`` when none is left: no settled scan showed
+    the box empty). A scan that failed, or found nothing without
     settling, proves nothing; a check that failed proves nothing gone.
     """
 
@@ -271,6 +272,10 @@ class SweepBook:
             self._start_phase(Mode.KILL, now + self.kill_bound)
         else:
             self.remaining = tuple(ident.pid for ident in self.watch)
+            if not self.remaining:
+                # Everything watched was proven gone, but no settled scan ended the phase:
+                # another escapee may be there unseen, so the report claims nothing.
+                self.blind = True
             self.mode = Mode.DONE
         return step
 

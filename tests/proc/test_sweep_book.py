@@ -739,3 +739,20 @@ async def test_the_shortcut_is_not_taken_while_the_leader_is_unreaped(
     assert result.sweep is not None
     assert result.sweep.found, result.sweep.to_json()  # the walk ran and saw the leader
     assert result.sweep.clean(), result.sweep.to_json()  # and the sweep ended it
+
+
+def test_a_phase_that_ends_by_its_deadline_without_a_settled_look_claims_nothing() -> None:
+    """Found by the state machine under load: an escapee is found, later proven gone by a
+    check, but every scan after it failed, and the SIGKILL phase ended by its deadline. No
+    settled scan ever showed the box empty (another escapee may be there), so the report
+    must not be clean: the sweep claims nothing."""
+    book = SweepBook(PROTECTED, max_passes=2, term_bound=1.0, kill_bound=1.0)
+    book.feed(ok(settled=False), 0.0, frozenset())
+    book.feed(ok(3), 0.0, seen_alive(ok(3)))
+    now = 0.0
+    while not book.done:
+        now += 0.5
+        book.feed(FAILED, now, frozenset())  # 3 proven gone; /proc cannot be listed
+    rep = book.report()
+    assert rep.scanned and rep.found == (3,) and rep.remaining == ()
+    assert rep.blind and not rep.clean()
