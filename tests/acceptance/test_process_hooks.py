@@ -4,7 +4,8 @@
 * 38–44: :class:`HostHooks` driven directly (acquire / release / the ``serve`` timer task /
   the startup pass), through the real hook runner. 39–44 are also covered at the book level
   by ``tests/worker/test_lease.py``.
-* 45–50: the whole worker (``serve_worker``) against the simulated controller.
+* 45–50 (and 40): the whole worker (``serve_worker``) against the simulated controller; each
+  item's test is its scenario from ``worker_scenarios.py``, bound to the item's name.
 
 Hook scripts are ``#!/bin/sh`` files in ``tmp_path`` that append ``"$RC_EVENT $RC_JOB_ID"``
 to a log file. They, the worker harness and the scenarios a protocol item restates live in
@@ -21,6 +22,7 @@ import trio
 from fleet_trio import proc
 from fleet_trio.worker.config import DeviceConfig
 from fleet_trio.worker.hooks import HostHooks, hook_env, run_hook
+from tests.acceptance import worker_scenarios as scenarios
 from tests.acceptance.worker_scenarios import (
     GPU0,
     LOG_EVENT,
@@ -30,13 +32,6 @@ from tests.acceptance.worker_scenarios import (
     job,
     linger_hooks,
     read_text,
-    scenario_acquire_failure_quarantines_the_device_and_skips_the_job,
-    scenario_back_to_back_jobs_through_the_worker,
-    scenario_delayed_release_of_a_finished_job_never_fires_during_the_next,
-    scenario_job_after_the_linger_through_the_worker,
-    scenario_pending_release_fires_on_shutdown,
-    scenario_shutdown_during_acquire_cancels_without_a_fault,
-    scenario_startup_runs_release_hooks_before_the_first_poll,
     serving,
 )
 from tests.helpers import quiet_for, scenario_pause, wait_until
@@ -155,10 +150,9 @@ async def test_process_039_back_to_back_jobs_within_linger_one_acquire_one_relea
         assert read_text(acq_log) == "acquire job1\n"
 
 
-async def test_process_040_delayed_release_of_a_finished_job_never_fires_during_the_next(
-    tmp_path: Path,
-) -> None:
-    await scenario_delayed_release_of_a_finished_job_never_fires_during_the_next(tmp_path)
+test_process_040_delayed_release_of_a_finished_job_never_fires_during_the_next = (
+    scenarios.scenario_delayed_release_of_a_finished_job_never_fires_during_the_next
+)
 
 
 async def test_process_041_job_after_the_linger_gets_its_own_acquire(tmp_path: Path) -> None:
@@ -219,27 +213,23 @@ async def test_process_044_only_on_release_configured(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------------------------
 
 
-async def test_process_045_back_to_back_jobs_through_the_worker(tmp_path: Path) -> None:
-    await scenario_back_to_back_jobs_through_the_worker(tmp_path)
+test_process_045_back_to_back_jobs_through_the_worker = (
+    scenarios.scenario_back_to_back_jobs_through_the_worker
+)
+test_process_046_job_after_the_linger_through_the_worker = (
+    scenarios.scenario_job_after_the_linger_through_the_worker
+)
+test_process_047_acquire_failure_quarantines_the_device_and_skips_the_job = (
+    scenarios.scenario_acquire_failure_quarantines_the_device_and_skips_the_job
+)
+test_process_048_shutdown_during_acquire_cancels_without_a_fault = (
+    scenarios.scenario_shutdown_during_acquire_cancels_without_a_fault
+)
+test_process_049_pending_release_fires_on_shutdown = (
+    scenarios.scenario_pending_release_fires_on_shutdown
+)
 
 
-async def test_process_046_job_after_the_linger_through_the_worker(tmp_path: Path) -> None:
-    await scenario_job_after_the_linger_through_the_worker(tmp_path)
-
-
-async def test_process_047_acquire_failure_quarantines_the_device_and_skips_the_job(
-    tmp_path: Path,
-) -> None:
-    await scenario_acquire_failure_quarantines_the_device_and_skips_the_job(tmp_path)
-
-
-async def test_process_048_shutdown_during_acquire_cancels_without_a_fault(tmp_path: Path) -> None:
-    await scenario_shutdown_during_acquire_cancels_without_a_fault(tmp_path)
-
-
-async def test_process_049_pending_release_fires_on_shutdown(tmp_path: Path) -> None:
-    await scenario_pending_release_fires_on_shutdown(tmp_path)
-
-
-async def test_process_050_startup_runs_release_hooks_before_the_first_poll(tmp_path: Path) -> None:
-    await scenario_startup_runs_release_hooks_before_the_first_poll(tmp_path)
+test_process_050_startup_runs_release_hooks_before_the_first_poll = (
+    scenarios.scenario_startup_runs_release_hooks_before_the_first_poll
+)

@@ -2,7 +2,8 @@
 real job) and V63, V64, V66 (verify failure ordering and quarantine, against the sim).
 
 The worker is the real one (``serve_worker``, ``HostHooks``) with a ``verify_dir`` in
-``tmp_path``; see ``worker_on_sim`` in ``worker_scenarios.py``.
+``tmp_path``; see ``worker_on_sim`` in ``worker_scenarios.py``. V63–V66 are scenarios there that
+a protocol item shares, each bound here to its process item's name.
 """
 
 from __future__ import annotations
@@ -15,13 +16,10 @@ from pathlib import Path
 import trio
 
 from fleet_trio.proc.procfs import job_env_id, list_pids, pid_alive
+from tests.acceptance import worker_scenarios as scenarios
 from tests.acceptance.worker_scenarios import (
     GPU0,
     TERMINAL,
-    scenario_verify_failed_event_names_the_job,
-    scenario_verify_failure_faults_the_device_before_the_terminal_report,
-    scenario_verify_failure_ordering_holds_on_shutdown,
-    scenario_verify_failure_quarantines_then_a_passing_script_returns_it,
     worker_on_sim,
 )
 from tests.helpers import gone_within, until_terminal
@@ -68,14 +66,12 @@ async def test_process_025_worker_sweeps_a_jobs_escapee_and_still_reports_succes
 # --------------------------------------------------------------------------------------------
 
 
-async def test_process_063_verify_failure_faults_the_device_before_the_terminal_report(
-    tmp_path: Path,
-) -> None:
-    await scenario_verify_failure_faults_the_device_before_the_terminal_report(tmp_path)
-
-
-async def test_process_064_verify_failure_ordering_holds_on_shutdown(tmp_path: Path) -> None:
-    await scenario_verify_failure_ordering_holds_on_shutdown(tmp_path)
+test_process_063_verify_failure_faults_the_device_before_the_terminal_report = (
+    scenarios.scenario_verify_failure_faults_the_device_before_the_terminal_report
+)
+test_process_064_verify_failure_ordering_holds_on_shutdown = (
+    scenarios.scenario_verify_failure_ordering_holds_on_shutdown
+)
 
 
 # --------------------------------------------------------------------------------------------
@@ -83,11 +79,9 @@ async def test_process_064_verify_failure_ordering_holds_on_shutdown(tmp_path: P
 # --------------------------------------------------------------------------------------------
 
 
-async def test_process_066_verify_failure_quarantines_then_a_passing_script_returns_it(
-    tmp_path: Path,
-) -> None:
-    await scenario_verify_failure_quarantines_then_a_passing_script_returns_it(tmp_path)
-
-
-async def test_process_066_verify_failed_event_names_the_job(tmp_path: Path) -> None:
-    await scenario_verify_failed_event_names_the_job(tmp_path)
+test_process_066_verify_failure_quarantines_then_a_passing_script_returns_it = (
+    scenarios.scenario_verify_failure_quarantines_then_a_passing_script_returns_it
+)
+test_process_066_verify_failed_event_names_the_job = (
+    scenarios.scenario_verify_failed_event_names_the_job
+)

@@ -1,9 +1,10 @@
 """worker-protocol.md §15.9: lease hooks and verify as the controller sees them (items 106–117).
 
 Most items restate a worker-process.md §11 item that already runs the whole worker against the
-simulated controller; those tests run the process item's scenario from ``worker_scenarios.py``
-(the same behaviour, seen from the protocol's checklist). Items 115 and 117 have scenarios of
-their own here.
+simulated controller; such an item's test is the process item's scenario from
+``worker_scenarios.py`` bound to the protocol item's name (the same behaviour, seen from the
+protocol's checklist; pytest collects it under that name). Items 115–117 have bodies of their
+own here.
 """
 
 from __future__ import annotations
@@ -14,77 +15,43 @@ import trio
 
 from fleet_trio.durations import SECOND
 from fleet_trio.worker.config import DeviceConfig, HooksConfig
+from tests.acceptance import worker_scenarios as scenarios
 from tests.acceptance.worker_scenarios import (
     GPU0,
     LOG_EVENT,
     hook,
     read_lines,
-    scenario_acquire_failure_quarantines_the_device_and_skips_the_job,
-    scenario_back_to_back_jobs_through_the_worker,
-    scenario_delayed_release_of_a_finished_job_never_fires_during_the_next,
-    scenario_job_after_the_linger_through_the_worker,
-    scenario_pending_release_fires_on_shutdown,
-    scenario_shutdown_during_acquire_cancels_without_a_fault,
-    scenario_startup_runs_release_hooks_before_the_first_poll,
-    scenario_verify_failed_event_names_the_job,
-    scenario_verify_failure_faults_the_device_before_the_terminal_report,
-    scenario_verify_failure_ordering_holds_on_shutdown,
-    scenario_verify_failure_quarantines_then_a_passing_script_returns_it,
     worker_on_sim,
 )
 from tests.helpers import until_terminal, wait_until
 
-
-async def test_protocol_106_release_armed_before_shutdown_fires_during_it(
-    tmp_path: Path,
-) -> None:
-    await scenario_pending_release_fires_on_shutdown(tmp_path)
-
-
-async def test_protocol_107_shutdown_interrupting_acquire_reports_killed_once_no_fault(
-    tmp_path: Path,
-) -> None:
-    await scenario_shutdown_during_acquire_cancels_without_a_fault(tmp_path)
-
-
-async def test_protocol_108_verify_fault_precedes_terminal_report_on_shutdown(
-    tmp_path: Path,
-) -> None:
-    await scenario_verify_failure_ordering_holds_on_shutdown(tmp_path)
-
-
-async def test_protocol_109_acquire_failure_one_failed_status_one_fault_command_never_runs(
-    tmp_path: Path,
-) -> None:
-    await scenario_acquire_failure_quarantines_the_device_and_skips_the_job(tmp_path)
-
-
-async def test_protocol_110_startup_release_pass_finishes_before_the_first_poll(
-    tmp_path: Path,
-) -> None:
-    await scenario_startup_runs_release_hooks_before_the_first_poll(tmp_path)
-
-
-async def test_protocol_111_back_to_back_jobs_one_acquire_one_release_naming_job2(
-    tmp_path: Path,
-) -> None:
-    await scenario_back_to_back_jobs_through_the_worker(tmp_path)
-
-
-async def test_protocol_112_linger_elapsed_each_job_own_acquire_and_release(
-    tmp_path: Path,
-) -> None:
-    await scenario_job_after_the_linger_through_the_worker(tmp_path)
-
-
-async def test_protocol_113_stale_release_never_fires_during_the_later_job(
-    tmp_path: Path,
-) -> None:
-    await scenario_delayed_release_of_a_finished_job_never_fires_during_the_next(tmp_path)
-
-
-async def test_protocol_114_verify_failure_fault_before_terminal(tmp_path: Path) -> None:
-    await scenario_verify_failure_faults_the_device_before_the_terminal_report(tmp_path)
+test_protocol_106_release_armed_before_shutdown_fires_during_it = (
+    scenarios.scenario_pending_release_fires_on_shutdown
+)
+test_protocol_107_shutdown_interrupting_acquire_reports_killed_once_no_fault = (
+    scenarios.scenario_shutdown_during_acquire_cancels_without_a_fault
+)
+test_protocol_108_verify_fault_precedes_terminal_report_on_shutdown = (
+    scenarios.scenario_verify_failure_ordering_holds_on_shutdown
+)
+test_protocol_109_acquire_failure_one_failed_status_one_fault_command_never_runs = (
+    scenarios.scenario_acquire_failure_quarantines_the_device_and_skips_the_job
+)
+test_protocol_110_startup_release_pass_finishes_before_the_first_poll = (
+    scenarios.scenario_startup_runs_release_hooks_before_the_first_poll
+)
+test_protocol_111_back_to_back_jobs_one_acquire_one_release_naming_job2 = (
+    scenarios.scenario_back_to_back_jobs_through_the_worker
+)
+test_protocol_112_linger_elapsed_each_job_own_acquire_and_release = (
+    scenarios.scenario_job_after_the_linger_through_the_worker
+)
+test_protocol_113_stale_release_never_fires_during_the_later_job = (
+    scenarios.scenario_delayed_release_of_a_finished_job_never_fires_during_the_next
+)
+test_protocol_114_verify_failure_fault_before_terminal = (
+    scenarios.scenario_verify_failure_faults_the_device_before_the_terminal_report
+)
 
 
 async def test_protocol_115_verify_script_sees_the_assignments_submitter(tmp_path: Path) -> None:
@@ -104,10 +71,11 @@ async def test_protocol_115_verify_script_sees_the_assignments_submitter(tmp_pat
 async def test_protocol_116_verify_failure_quarantines_and_event_names_device_job_script(
     tmp_path: Path,
 ) -> None:
-    for part in ("a", "b"):
-        (tmp_path / part).mkdir()
-    await scenario_verify_failure_quarantines_then_a_passing_script_returns_it(tmp_path / "a")
-    await scenario_verify_failed_event_names_the_job(tmp_path / "b")
+    a, b = tmp_path / "a", tmp_path / "b"
+    for part in (a, b):
+        part.mkdir()
+    await scenarios.scenario_verify_failure_quarantines_then_a_passing_script_returns_it(a)
+    await scenarios.scenario_verify_failed_event_names_the_job(b)
 
 
 async def test_protocol_117_hold_then_queued_job_inside_linger_one_acquire_one_release(

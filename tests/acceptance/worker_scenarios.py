@@ -9,7 +9,9 @@ shared by the worker-process.md §11 items (``test_process_hooks.py``,
   :func:`linger_hooks`, :func:`acquire`, :func:`job`.
 * The whole worker on the sim: :func:`worker_on_sim` (a :class:`WorkerRun`),
   :func:`logging_worker`, :func:`failing_verify_worker`, :func:`report_order`.
-* ``scenario_*``: one checklist behaviour each, run by a process item and a protocol item.
+* ``scenario_*``: one checklist behaviour each, the test of a process item and of a protocol
+  item: each test module binds the scenario to its item's name (``test_process_045_… =
+  scenario_…``), so the body lives once and every item keeps a named test.
 """
 
 from __future__ import annotations
