@@ -16,12 +16,7 @@ from fleet_trio.proc.procfs import Predicate, read_proc_stat
 from fleet_trio.sim.harness import WorkerHandle
 from fleet_trio.worker.client import Assignment
 from fleet_trio.worker.worker import HOLD_COMMAND, Worker, job_environment
-from tests.helpers import GPUBOX, HOST, PY, config, dev, started, until_terminal
-
-
-@pytest.fixture
-def fleet_worker_config() -> dict[str, Any]:
-    return GPUBOX
+from tests.helpers import GPUBOX, HOST, PY, config, dev, until_terminal
 
 
 def _only_the_worker(predicate: Predicate, stop_at_first: bool) -> tuple[list[int], bool]:
@@ -63,11 +58,10 @@ async def test_process_124_manual_clear_sends_no_recovery_key(
 
 
 async def test_process_128_stop_while_a_job_runs_reports_killed_and_returns(
-    fleet_worker: WorkerHandle,
+    fleet_worker: WorkerHandle, sleeping_job: str
 ) -> None:
-    ctrl, worker = fleet_worker.controller, fleet_worker.worker
+    ctrl, worker, job = fleet_worker.controller, fleet_worker.worker, sleeping_job
     with trio.fail_after(20):
-        job = await started(ctrl, dev("gpu0"), ["sleep", "5"])
         t0 = trio.current_time()
         worker.request_shutdown("test: stop while a job runs")
         await ctrl.wait_for(lambda: ctrl.statuses(job) == ["running", "killed"], timeout=10)
@@ -76,11 +70,10 @@ async def test_process_128_stop_while_a_job_runs_reports_killed_and_returns(
 
 
 async def test_process_129_kill_from_the_poll_answer_kills_the_job(
-    fleet_worker: WorkerHandle,
+    fleet_worker: WorkerHandle, sleeping_job: str
 ) -> None:
-    ctrl = fleet_worker.controller
+    ctrl, job = fleet_worker.controller, sleeping_job
     with trio.fail_after(20):
-        job = await started(ctrl, dev("gpu0"), ["sleep", "30"])
         assert ctrl.kill(job)
         assert await until_terminal(ctrl, job) == ["running", "killed"]
         assert ctrl.status_reports(job)[-1].reason == "cancelled"

@@ -9,31 +9,23 @@ worker's messages and the simulation that the rest of the suite trusts. The end-
 from __future__ import annotations
 
 import json
-from typing import Any
 
 import attrs
 import httpx
-import pytest
 import trio
 
+from fleet_trio.sim import SimController
 from fleet_trio.sim.harness import WorkerHandle
 from tests.helpers import (
     AUTH,
-    GPUBOX,
     HOST,
     REG,
     controller,
     dev,
     quiet_for,
-    started,
     until_terminal,
     with_running_job,
 )
-
-
-@pytest.fixture
-def fleet_worker_config() -> dict[str, Any]:
-    return GPUBOX
 
 
 async def test_protocol_140_registration_stores_labels_by_source_with_host_facts() -> None:
@@ -101,6 +93,14 @@ async def test_protocol_142_push_route_stores_without_disturbing_and_checks_inpu
             assert "host does not match" in mismatch.json()["message"]
 
 
+def queued_behind(ctrl: SimController, first: list[str], second: list[str]) -> tuple[str, str]:
+    """Submit ``first`` then ``second`` on gpu0; the second waits queued behind the first."""
+    a = ctrl.submit(dev("gpu0"), first)
+    b = ctrl.submit(dev("gpu0"), second)
+    assert ctrl.job(b).state == "queued"
+    return a, b
+
+
 async def test_protocol_143_submit_run_stream_succeed_then_next_job(
     fleet_worker: WorkerHandle,
 ) -> None:
@@ -122,9 +122,7 @@ async def test_protocol_144_two_jobs_on_one_device_run_one_after_the_other(
 ) -> None:
     ctrl = fleet_worker.controller
     with trio.fail_after(20):
-        a = ctrl.submit(dev("gpu0"), ["sleep", "0.4"])
-        b = ctrl.submit(dev("gpu0"), ["sleep", "0.1"])
-        assert ctrl.job(b).state == "queued"
+        a, b = queued_behind(ctrl, ["sleep", "0.4"], ["sleep", "0.1"])
         await until_terminal(ctrl, a)
         await until_terminal(ctrl, b)
         ja, jb = ctrl.job(a), ctrl.job(b)
@@ -137,8 +135,7 @@ async def test_protocol_145_killed_queued_job_never_runs(
 ) -> None:
     ctrl = fleet_worker.controller
     with trio.fail_after(20):
-        a = ctrl.submit(dev("gpu0"), ["sleep", "0.3"])
-        b = ctrl.submit(dev("gpu0"), ["sh", "-c", "echo RAN"])
+        a, b = queued_behind(ctrl, ["sleep", "0.3"], ["sh", "-c", "echo RAN"])
         assert ctrl.kill(b)
         assert ctrl.job(b).state == "killed"
         await until_terminal(ctrl, a)
@@ -147,11 +144,10 @@ async def test_protocol_145_killed_queued_job_never_runs(
 
 
 async def test_protocol_146_raw_reregistration_during_a_job_quarantines_and_loses_it(
-    fleet_worker: WorkerHandle,
+    fleet_worker: WorkerHandle, sleeping_job: str
 ) -> None:
-    ctrl, worker = fleet_worker.controller, fleet_worker.worker
+    ctrl, worker, job = fleet_worker.controller, fleet_worker.worker, sleeping_job
     with trio.fail_after(20):
-        job = await started(ctrl, dev("gpu0"), ["sleep", "30"])
         body = dict(ctrl.registrations()[0])
         body.pop("recovery", None)
         async with httpx.AsyncClient() as http:
