@@ -1,17 +1,20 @@
 """What the benchmarks share: starting a child that serves (this same script re-run with
 ``--serve …``) and waiting for the URL it writes, the node such a child serves, stopping it,
 the nearest-rank quantile, a process's CPU seconds from ``/proc``, the one line a broken run
-prints, and the ``-n`` / ``--warmup`` options of the job benchmarks. Imported by the scripts
+prints (and :func:`served_run`, which ends such a run), and the ``-n`` / ``--warmup`` options
+of the job benchmarks. Imported by the scripts
 beside it (their folder is on ``sys.path`` when they run)."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import trio
@@ -98,6 +101,22 @@ def describe(exc: BaseException) -> str:
     while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
         exc = exc.exceptions[0]
     return f"{type(exc).__name__}: {exc}"
+
+
+@contextlib.contextmanager
+def served_run() -> Iterator[list[subprocess.Popen[bytes]]]:
+    """The measuring part of a benchmark's run: every served child the body appends to the
+    list it yields is stopped on the way out; an exception is a broken run (its one line on
+    stderr, then exit status 1)."""
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        yield procs
+    except Exception as exc:  # a broken run, whatever broke it
+        print(f"broken run: {describe(exc)}", file=sys.stderr)
+        raise SystemExit(1) from None
+    finally:
+        for p in procs:
+            stop_served(p)
 
 
 def _at_least_two(text: str) -> int:

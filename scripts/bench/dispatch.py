@@ -64,7 +64,7 @@ from typing import Any
 
 import httpx
 import trio
-from benchlib import BrokenRun, describe, pct, serve_node_child, start_served, stop_served
+from benchlib import BrokenRun, pct, serve_node_child, served_run, start_served
 
 ACK_TARGET = 1.5
 JOURNAL_TARGET = 1.2
@@ -442,8 +442,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="fleet-bench-dispatch-") as tmp:
         state = Path(tmp)
-        procs: list[subprocess.Popen[bytes]] = []
-        try:
+        with served_run() as procs:
             urls: dict[str, str] = {}
             for kind in SIDES:
                 proc, urls[kind] = start_server(kind, state)
@@ -527,12 +526,6 @@ def main(argv: list[str] | None = None) -> int:
                 f"  ratio p99 busy/idle  {pct(busy, 0.99) / p99i:.2f} whole, "
                 f"{pct(steady, 0.99) / p99i:.2f} steady   (target: unchanged, ~1)"
             )
-        except Exception as exc:  # a broken run, whatever broke it
-            print(f"broken run: {describe(exc)}", file=sys.stderr)
-            return 1
-        finally:
-            for p in procs:
-                stop_served(p)
     print(f"total {time.monotonic() - started:.1f} s")
     return 0
 

@@ -55,11 +55,10 @@ import trio
 from benchlib import (
     BrokenRun,
     cpu_seconds,
-    describe,
     pct,
     serve_node_child,
+    served_run,
     start_served,
-    stop_served,
 )
 from trio_websocket import ConnectionClosed, open_websocket_url
 
@@ -308,9 +307,10 @@ def main(argv: list[str] | None = None) -> int:
 
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="fleet-bench-tail-") as tmp:
-        proc: subprocess.Popen[bytes] | None = None
-        try:
-            proc, node_url = start_node(Path(tmp))
+        state = Path(tmp)
+        with served_run() as served:
+            proc, node_url = start_node(state)
+            served.append(proc)
             mb = args.bytes / 1e6
             print(
                 f"throughput: {mb:g} MB of log text on stderr, one websocket subscriber from "
@@ -395,12 +395,6 @@ def main(argv: list[str] | None = None) -> int:
                 f"  p50 {p50:6.2f} ms   p99 {p99:6.2f} ms   max {max(lat):6.2f} ms   "
                 f"(n {len(lat)}; target p99 <= {LATENCY_TARGET_MS:g} ms: {verdict})"
             )
-        except Exception as exc:  # a broken run, whatever broke it
-            print(f"broken run: {describe(exc)}", file=sys.stderr)
-            return 1
-        finally:
-            if proc is not None:
-                stop_served(proc)
     print(f"total {time.monotonic() - started:.1f} s")
     return 0
 
