@@ -106,8 +106,9 @@ def describe(exc: BaseException) -> str:
 @contextlib.contextmanager
 def served_run() -> Iterator[list[subprocess.Popen[bytes]]]:
     """The measuring part of a benchmark's run: every served child the body appends to the
-    list it yields is stopped on the way out; an exception is a broken run (its one line on
-    stderr, then exit status 1)."""
+    list it yields is stopped on the way out, then the run's total time is printed; an
+    exception is a broken run (its one line on stderr, then exit status 1)."""
+    started = time.monotonic()
     procs: list[subprocess.Popen[bytes]] = []
     try:
         yield procs
@@ -117,6 +118,7 @@ def served_run() -> Iterator[list[subprocess.Popen[bytes]]]:
     finally:
         for p in procs:
             stop_served(p)
+    print(f"total {time.monotonic() - started:.1f} s")
 
 
 def _at_least_two(text: str) -> int:

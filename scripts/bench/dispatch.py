@@ -439,7 +439,6 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--gap must be within 0..10 seconds")
 
     os.environ[ENV_CHILD] = args.child  # read by the node child's config
-    started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="fleet-bench-dispatch-") as tmp:
         state = Path(tmp)
         with served_run() as procs:
@@ -497,7 +496,6 @@ def main(argv: list[str] | None = None) -> int:
                 f"(target <= {JOURNAL_TARGET}: {ok})"
             )
             if args.ack_only:
-                print(f"total {time.monotonic() - started:.1f} s")
                 return 0
 
             print(
@@ -526,7 +524,6 @@ def main(argv: list[str] | None = None) -> int:
                 f"  ratio p99 busy/idle  {pct(busy, 0.99) / p99i:.2f} whole, "
                 f"{pct(steady, 0.99) / p99i:.2f} steady   (target: unchanged, ~1)"
             )
-    print(f"total {time.monotonic() - started:.1f} s")
     return 0
 
 

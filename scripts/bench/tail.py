@@ -305,7 +305,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.bytes < 1 or args.seconds < 0.1 or args.rounds < 1:
         parser.error("--bytes and --rounds must be >= 1 and --seconds >= 0.1")
 
-    started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="fleet-bench-tail-") as tmp:
         state = Path(tmp)
         with served_run() as served:
@@ -395,7 +394,6 @@ def main(argv: list[str] | None = None) -> int:
                 f"  p50 {p50:6.2f} ms   p99 {p99:6.2f} ms   max {max(lat):6.2f} ms   "
                 f"(n {len(lat)}; target p99 <= {LATENCY_TARGET_MS:g} ms: {verdict})"
             )
-    print(f"total {time.monotonic() - started:.1f} s")
     return 0
 
 
