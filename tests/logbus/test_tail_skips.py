@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import json
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import trio
@@ -15,6 +16,32 @@ from fleet_trio.logbus.tail import CATCH_UP_PAUSE, CLOSE_NORMAL, output_bytes, s
 from tests.helpers import elapse, wait_until
 
 CHUNK = 300 << 10  # what the writer adds while one frame is being sent
+
+
+async def tail_behind_a_burst(
+    bus: LogBus,
+    job_id: str,
+    send_text: Callable[[str], Awaitable[None]],
+    then: Callable[[], Awaitable[None]] | None = None,
+) -> int:
+    """Serve the tail of ``job_id`` from the start through ``send_text``; once it has
+    subscribed, a burst (three ``MAX_LAG`` writes) puts the reader more than max_lag behind at
+    once, then ``then()`` writes on. The tail's close code, once it has ended."""
+    log = bus.open(job_id)
+    code: list[int] = []
+
+    async def tail() -> None:
+        code.append(await serve_tail(bus, job_id, send_text, {"from": "start"}))
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(tail)
+        await wait_until(lambda: bus.stats().subscribers == 1, what="the tail subscribed")
+        for _ in range(3):
+            await log.write("stderr", b"x" * MAX_LAG)
+        if then is not None:
+            await then()
+    [close_code] = code
+    return close_code
 
 
 async def test_a_lagging_reader_gets_one_skipped_frame_per_catch_up(
@@ -36,20 +63,9 @@ async def test_a_lagging_reader_gets_one_skipped_frame_per_catch_up(
             log.end("done", 0)
             ended_at.append(trio.current_time())
 
-    code: list[int] = []
     ended_at: list[float] = []
-
-    async def tail() -> None:
-        code.append(await serve_tail(bus, "job-lag", send_text, {"from": "start"}))
-
     with trio.fail_after(10):
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(tail)
-            await wait_until(lambda: bus.stats().subscribers == 1, what="the tail subscribed")
-            for _ in range(3):  # more than max_lag at once: the reader is behind from the start
-                await log.write("stderr", b"x" * MAX_LAG)
-
-    assert code == [CLOSE_NORMAL]
+        assert await tail_behind_a_burst(bus, "job-lag", send_text) == CLOSE_NORMAL
     kinds = [f["type"] for f in frames]
     assert kinds[-1] == "end"
     assert kinds.count("skipped") >= 3, kinds  # it did lag, again and again
@@ -109,23 +125,14 @@ async def test_a_reader_that_lagged_once_catches_up_at_full_speed(
         frames.append(json.loads(text))
         await trio.lowlevel.checkpoint()
 
-    code: list[int] = []
-
-    async def tail() -> None:
-        code.append(await serve_tail(bus, "job-once", send_text, {"from": "start"}))
+    async def then() -> None:
+        for _ in range(500):  # 64 KiB every 4 ms for 2 s
+            await log.write("stderr", b"y" * (64 << 10))
+            await elapse(0.004)
+        log.end("done", 0)
 
     with trio.fail_after(30):
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(tail)
-            await wait_until(lambda: bus.stats().subscribers == 1, what="the tail subscribed")
-            for _ in range(3):  # a burst: the reader is more than max_lag behind at once
-                await log.write("stderr", b"x" * MAX_LAG)
-            for _ in range(500):  # then 64 KiB every 4 ms for 2 s
-                await log.write("stderr", b"y" * (64 << 10))
-                await elapse(0.004)
-            log.end("done", 0)
-
-    assert code == [CLOSE_NORMAL]
+        assert await tail_behind_a_burst(bus, "job-once", send_text, then) == CLOSE_NORMAL
     kinds = [f["type"] for f in frames]
     # skipped during the burst only (how many depends on how the burst's writes interleave
     # with the reader's sends), then never again: the 32 MB after it all arrive
