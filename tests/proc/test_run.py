@@ -69,25 +69,6 @@ def test_finish_maps_wait_statuses() -> None:
     assert finish(None).exit_code == -1
 
 
-class _BrokenSink:
-    def __init__(self) -> None:
-        self.calls = 0
-
-    async def write(self, data: bytes) -> None:
-        self.calls += 1
-        raise OSError("sink is gone")
-
-
-async def test_run_a_broken_sink_does_not_strand_the_child() -> None:
-    sink = _BrokenSink()
-    script = "i=0; while [ $i -lt 2000 ]; do echo line-$i; i=$((i+1)); done"
-    with trio.fail_after(10):
-        res = await run(JobSpec(command=["sh", "-c", script]), sink)
-    assert res.exit_code == 0
-    assert res.killed is False
-    assert sink.calls == 1
-
-
 async def run_swept(script: str, sink: BufferSink) -> Result:
     """Run ``sh -c script`` marked with a fresh ``RC_JOB_ID`` that is also swept at its end."""
     job_id = f"fleet-trio-test-swept-{os.getpid()}-{time.monotonic_ns()}"
