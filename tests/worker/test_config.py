@@ -51,6 +51,14 @@ def _error(tmp_path: Path, text: str, env: dict[str, str] | None = None) -> Conf
     return err
 
 
+def _refuses(tmp_path: Path, text: str, key: str | None, says: str) -> None:
+    """Loading ``text`` fails naming ``key`` (``None``: no key) with a message that says
+    ``says``."""
+    err = _error(tmp_path, text)
+    assert err.key == key
+    assert says in str(err)
+
+
 # --- defaults ---------------------------------------------------------------------------------
 
 
@@ -227,9 +235,7 @@ def test_trailing_slash_is_tolerated(tmp_path: Path, written: str, resolved: str
     ],
 )
 def test_controller_url_required(tmp_path: Path, text: str) -> None:
-    err = _error(tmp_path, text)
-    assert err.key == "controller_url"
-    assert "required" in str(err)
+    _refuses(tmp_path, text, "controller_url", "required")
 
 
 # --- devices ----------------------------------------------------------------------------------
@@ -237,9 +243,9 @@ def test_controller_url_required(tmp_path: Path, text: str) -> None:
 
 @pytest.mark.parametrize("text", ["", "devices: []\n", "devices:\n"])
 def test_at_least_one_device_required(tmp_path: Path, text: str) -> None:
-    err = _error(tmp_path, "controller_url: http://c\n" + text)
-    assert err.key == "devices"
-    assert "at least one device required" in str(err)
+    _refuses(
+        tmp_path, "controller_url: http://c\n" + text, "devices", "at least one device required"
+    )
 
 
 def test_bare_and_object_devices_mix(tmp_path: Path) -> None:
@@ -254,9 +260,8 @@ def test_bare_and_object_devices_mix(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("entry", ["{max_runtime: 4h}", "{name: ''}", "{name: ~}", "''", "~"])
 def test_device_without_a_name(tmp_path: Path, entry: str) -> None:
-    err = _error(tmp_path, f"controller_url: http://c\ndevices:\n  - gpu0\n  - {entry}\n")
-    assert err.key == "devices[1].name"
-    assert "device entry needs a name" in str(err)
+    unnamed = f"controller_url: http://c\ndevices:\n  - gpu0\n  - {entry}\n"
+    _refuses(tmp_path, unnamed, "devices[1].name", "device entry needs a name")
 
 
 def test_sub_second_max_runtime_rejected(tmp_path: Path) -> None:
@@ -280,9 +285,8 @@ def test_max_runtime_boundaries(tmp_path: Path) -> None:
 
 
 def test_negative_max_runtime_rejected(tmp_path: Path) -> None:
-    err = _error(tmp_path, "controller_url: http://c\ndevices:\n  - {name: g, max_runtime: -1h}\n")
-    assert err.key == "devices[0].max_runtime"
-    assert "negative" in str(err)
+    negative = "controller_url: http://c\ndevices:\n  - {name: g, max_runtime: -1h}\n"
+    _refuses(tmp_path, negative, "devices[0].max_runtime", "negative")
 
 
 @pytest.mark.parametrize("hook", ["on_acquire", "on_release"])
@@ -303,9 +307,8 @@ def test_devices_must_be_a_list(tmp_path: Path) -> None:
 
 
 def test_labels_must_be_string_values(tmp_path: Path) -> None:
-    err = _error(tmp_path, "controller_url: http://c\ndevices:\n  - {name: g, labels: {a: [1]}}\n")
-    assert err.key == "devices[0].labels"
-    assert "'a'" in str(err)
+    a_list = "controller_url: http://c\ndevices:\n  - {name: g, labels: {a: [1]}}\n"
+    _refuses(tmp_path, a_list, "devices[0].labels", "'a'")
     err = _error(tmp_path, "controller_url: http://c\ndevices:\n  - {name: g, labels: [a]}\n")
     assert err.key == "devices[0].labels"
 
@@ -326,9 +329,7 @@ def test_unquoted_non_duration_rejected(tmp_path: Path, value: str) -> None:
 
 @pytest.mark.parametrize("value", ['"30"', "30x", "1d", "fast"])
 def test_bad_duration_string_rejected(tmp_path: Path, value: str) -> None:
-    err = _error(tmp_path, f"{BASE}poll_wait: {value}\n")
-    assert err.key == "poll_wait"
-    assert "invalid duration" in str(err)
+    _refuses(tmp_path, f"{BASE}poll_wait: {value}\n", "poll_wait", "invalid duration")
 
 
 def test_bare_number_message_says_what_to_write(tmp_path: Path) -> None:
@@ -402,9 +403,9 @@ def test_string_fields_take_literal_text(tmp_path: Path) -> None:
 
 
 def test_string_field_given_a_mapping(tmp_path: Path) -> None:
-    err = _error(tmp_path, "controller_url: {a: b}\ndevices: [g]\n")
-    assert err.key == "controller_url"
-    assert "expected a string" in str(err)
+    _refuses(
+        tmp_path, "controller_url: {a: b}\ndevices: [g]\n", "controller_url", "expected a string"
+    )
 
 
 # --- unknown keys, YAML features --------------------------------------------------------------
@@ -440,9 +441,8 @@ def test_the_keys_of_the_file_are_the_fields_of_the_classes(tmp_path: Path) -> N
 
 
 def test_a_key_given_twice_is_an_error(tmp_path: Path) -> None:
-    err = _error(tmp_path, "controller_url: http://a\ndevices: [g]\ncontroller_url: http://b\n")
-    assert err.key == "controller_url"
-    assert "lines 1 and 3" in str(err)
+    twice = "controller_url: http://a\ndevices: [g]\ncontroller_url: http://b\n"
+    _refuses(tmp_path, twice, "controller_url", "lines 1 and 3")
 
 
 def test_anchors_and_merge_keys(tmp_path: Path) -> None:
@@ -699,9 +699,7 @@ def test_a_control_character_in_a_name_or_a_token_is_refused(
     """A NUL or a newline in a token would reach an HTTP header (header injection, or a
     request that fails forever); in a host or device name, the device id, the controller's
     records and the hooks' environment. The file is refused, naming the key."""
-    err = _error(tmp_path, text)
-    assert err.key == key
-    assert "control character" in str(err)
+    _refuses(tmp_path, text, key, "control character")
 
 
 @pytest.mark.parametrize(
@@ -710,9 +708,7 @@ def test_a_control_character_in_a_name_or_a_token_is_refused(
 def test_a_token_outside_ascii_is_refused(tmp_path: Path, key: str, value: str) -> None:
     """HTTP header values travel as ASCII here: such a token could never be sent (the worker
     crashed on its first request) or never match."""
-    err = _error(tmp_path, BASE + f'{key}: "{value}"\n')
-    assert err.key == key
-    assert "must be ASCII (found U+" in str(err)
+    _refuses(tmp_path, BASE + f'{key}: "{value}"\n', key, "must be ASCII (found U+")
 
 
 def test_a_control_character_in_the_environment_token_is_refused(tmp_path: Path) -> None:
