@@ -435,26 +435,44 @@ async def test_node_101b_global_delta_baseline_waits_for_a_success() -> None:
 # -- identity -------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    ("name", "arch"),
-    [
-        ("RTX 5090", "blackwell"),
-        ("RTX 5060 Ti", "blackwell"),
-        ("RTX PRO 5000 Blackwell", "blackwell"),
-        ("RTX PRO 6000", "blackwell"),
-        ("RTX 4000 Blackwell", "blackwell"),
-        ("RTX 4090", "ada"),
-        ("RTX 4060 Laptop", "ada"),
-        ("RTX 3070 Laptop", "ampere"),
-        ("RTX 3090 Ti", "ampere"),
-        ("nvidia geforce rtx 3070", "ampere"),
-        ("RTX 2080 Ti", "turing"),
-        ("GTX 1660 SUPER", "turing"),
-        ("Tesla V100-SXM2-16GB", "volta"),
-        ("TITAN X (Pascal)", "nvidia"),
-        ("", "nvidia"),
-    ],
-)
+ITEM_082_VECTORS = [
+    ("RTX 5090", "blackwell"),
+    ("RTX 5060 Ti", "blackwell"),
+    ("RTX PRO 5000 Blackwell", "blackwell"),
+    ("RTX PRO 6000", "blackwell"),
+    ("RTX 4000 Blackwell", "blackwell"),
+    ("RTX 4090", "ada"),
+    ("RTX 4060 Laptop", "ada"),
+    ("RTX 3070 Laptop", "ampere"),
+    ("RTX 3090 Ti", "ampere"),
+    ("nvidia geforce rtx 3070", "ampere"),
+    ("RTX 2080 Ti", "turing"),
+    ("GTX 1660 SUPER", "turing"),
+    ("Tesla V100-SXM2-16GB", "volta"),
+    ("TITAN X (Pascal)", "nvidia"),
+    ("", "nvidia"),
+]
+# beyond item 82's vectors: the data-centre names, classified by the extended rules
+DATA_CENTRE_NAMES = [
+    ("NVIDIA H200", "hopper"),
+    ("NVIDIA H100 80GB HBM3", "hopper"),
+    ("NVIDIA GH200 480GB", "hopper"),
+    ("NVIDIA A100-SXM4-80GB", "ampere"),
+    ("NVIDIA A10G", "ampere"),
+    ("NVIDIA RTX A6000", "ampere"),
+    ("NVIDIA B200", "blackwell"),
+    ("NVIDIA GB200", "blackwell"),
+    ("NVIDIA L4", "ada"),
+    ("NVIDIA L40S", "ada"),
+    ("NVIDIA RTX 6000 Ada Generation", "ada"),
+    ("Tesla T4", "turing"),
+    ("Quadro RTX 8000", "turing"),
+    ("NVIDIA TITAN V", "volta"),
+    ("Tesla P100-PCIE-16GB", "nvidia"),
+]
+
+
+@pytest.mark.parametrize(("name", "arch"), ITEM_082_VECTORS + DATA_CENTRE_NAMES)
 def test_node_082_gpu_arch_vectors(name: str, arch: str) -> None:
     assert gpu_arch(name) == arch
 

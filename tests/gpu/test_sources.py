@@ -1,5 +1,6 @@
 """nvidia-smi (with a scripted ``nvidia-smi`` on PATH), NVML (with an injected fake module),
-``open_source`` and the extended ``gpu_arch`` rules."""
+and ``open_source``. The ``gpu_arch`` rules, the spec's vectors and the data-centre names beyond
+them, are one table with node.md item 82 (``tests/acceptance/test_node_gpu.py``)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 import trio
 
-from fleet_trio.gpu import GIB, GpuError, gpu_arch, open_source
+from fleet_trio.gpu import GIB, GpuError, open_source
 from fleet_trio.gpu.nvml import NvmlSource
 from fleet_trio.gpu.smi import SmiSource, parse_compute_apps, parse_smi_name
 from tests.gpu.fakes import FakeNvml, FakeNVMLError, install_smi
@@ -157,27 +158,3 @@ async def test_nvml_init_and_device_failures() -> None:
     lib.memory = SimpleNamespace(total=0, used=0, free=0)
     with pytest.raises(GpuError):
         await NvmlSource(nvml=lib).snapshot()
-
-
-@pytest.mark.parametrize(
-    ("name", "arch"),
-    [
-        ("NVIDIA H200", "hopper"),
-        ("NVIDIA H100 80GB HBM3", "hopper"),
-        ("NVIDIA GH200 480GB", "hopper"),
-        ("NVIDIA A100-SXM4-80GB", "ampere"),
-        ("NVIDIA A10G", "ampere"),
-        ("NVIDIA RTX A6000", "ampere"),
-        ("NVIDIA B200", "blackwell"),
-        ("NVIDIA GB200", "blackwell"),
-        ("NVIDIA L4", "ada"),
-        ("NVIDIA L40S", "ada"),
-        ("NVIDIA RTX 6000 Ada Generation", "ada"),
-        ("Tesla T4", "turing"),
-        ("Quadro RTX 8000", "turing"),
-        ("NVIDIA TITAN V", "volta"),
-        ("Tesla P100-PCIE-16GB", "nvidia"),
-    ],
-)
-def test_gpu_arch_data_centre_names(name: str, arch: str) -> None:
-    assert gpu_arch(name) == arch
