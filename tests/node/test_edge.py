@@ -309,19 +309,21 @@ async def test_trusted_network_listener_skips_the_host_rule() -> None:
 
 # -- ids at the edge -----------------------------------------------------------------------------
 
+LONE_SURROGATE = "malformed dispatch body: a string holds a lone UTF-16"
+
 
 @pytest.mark.parametrize(
     ("job_id", "task_type", "message"),
     [
-        ("a\u0000b", "echo", "invalid job_id"),
-        ("a\ud800b", "echo", "malformed dispatch body: a string holds a lone UTF-16"),
-        ("a\nINFO forged line", "echo", "invalid job_id"),
-        ("../etc", "echo", "invalid job_id"),
-        ("-rf", "echo", "invalid job_id"),
-        ("x" * 257, "echo", "invalid job_id"),
-        ("ok-id", "ec\u0000ho", "invalid task_type"),
-        ("ok-id", "e\ud800", "malformed dispatch body: a string holds a lone UTF-16"),
-        ("ok-id", "e\u00fc", "invalid task_type"),
+        pytest.param("a\u0000b", "echo", "invalid job_id", id="job_id-nul"),
+        pytest.param("a\ud800b", "echo", LONE_SURROGATE, id="job_id-lone-surrogate"),
+        pytest.param("a\nINFO forged line", "echo", "invalid job_id", id="job_id-newline"),
+        pytest.param("../etc", "echo", "invalid job_id", id="job_id-dot-dot"),
+        pytest.param("-rf", "echo", "invalid job_id", id="job_id-leading-dash"),
+        pytest.param("x" * 257, "echo", "invalid job_id", id="job_id-257-chars"),
+        pytest.param("ok-id", "ec\u0000ho", "invalid task_type", id="task_type-nul"),
+        pytest.param("ok-id", "e\ud800", LONE_SURROGATE, id="task_type-lone-surrogate"),
+        pytest.param("ok-id", "e\u00fc", "invalid task_type", id="task_type-non-ascii"),
     ],
 )
 async def test_bad_ids_are_400_and_nothing_is_registered(
