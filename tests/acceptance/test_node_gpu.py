@@ -294,42 +294,37 @@ async def test_node_055b_reload_skips_a_torn_file_and_retries(tmp_path: Path) ->
 # -- VRAM parsing and the global sampler ----------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    ("text", "want"),
-    [
-        ("16384, 1234", (16.0, 1234 / 1024)),
-        ("16384, 1234\r\n", (16.0, 1.205078125)),
-        ("16384, 2048\n", (16.0, 2.0)),
-        ("  16384 ,  512  ", (16.0, 0.5)),
-        ("8192, 0", (8.0, 0.0)),
-        ("16384, 1024\r\n8192, 512\r\n", (16.0, 1.0)),
-    ],
-)
-def test_node_056_smi_parser_accepts(text: str, want: tuple[float, float]) -> None:
-    assert parse_smi_memory(text) == want
+# §5.1's table: what the parser returns for each input, None where it refuses the input
+ITEM_056_TABLE: list[tuple[str, tuple[float, float] | None]] = [
+    ("16384, 1234", (16.0, 1234 / 1024)),
+    ("16384, 1234\r\n", (16.0, 1.205078125)),
+    ("16384, 2048\n", (16.0, 2.0)),
+    ("  16384 ,  512  ", (16.0, 0.5)),
+    ("8192, 0", (8.0, 0.0)),
+    ("16384, 1024\r\n8192, 512\r\n", (16.0, 1.0)),
+    ("", None),
+    ("16384", None),
+    ("16384, 1, 2", None),
+    ("N/A, 1234", None),
+    ("16384, [N/A]", None),
+    ("0, 0", None),
+    ("16384, -5", None),
+    # fleet-trio also rejects non-finite values (§5.1 observation)
+    ("NaN, 1", None),
+    ("16384, nan", None),
+    ("inf, 1", None),
+    ("16384, -Infinity", None),
+    ("\n16384, 1", None),
+]
 
 
-@pytest.mark.parametrize(
-    "text",
-    [
-        "",
-        "16384",
-        "16384, 1, 2",
-        "N/A, 1234",
-        "16384, [N/A]",
-        "0, 0",
-        "16384, -5",
-        # fleet-trio also rejects non-finite values (§5.1 observation)
-        "NaN, 1",
-        "16384, nan",
-        "inf, 1",
-        "16384, -Infinity",
-        "\n16384, 1",
-    ],
-)
-def test_node_056_smi_parser_rejects(text: str) -> None:
-    with pytest.raises(GpuError):
-        parse_smi_memory(text)
+@pytest.mark.parametrize(("text", "want"), ITEM_056_TABLE)
+def test_node_056_smi_parser_returns_the_table(text: str, want: tuple[float, float] | None) -> None:
+    if want is None:
+        with pytest.raises(GpuError):
+            parse_smi_memory(text)
+    else:
+        assert parse_smi_memory(text) == want
 
 
 class ScriptedSource(StubGpuSource):

@@ -197,21 +197,22 @@ def test_parse_is_tolerant_and_last_duplicate_wins() -> None:
 
 
 @pytest.mark.parametrize(
-    "text",
+    ("text", "says"),
     [
-        "{",
-        "{}",
-        "[1]",
-        '[{"model_family": 3}]',
-        '[{"vram_peak_gb": "2"}]',
-        '[{"vram_peak_gb": NaN}]',
-        '[{"updated": "yesterday"}]',
-        '[{"samples": 1.5}]',
+        ("{", "invalid JSON: "),
+        ("{}", "the footprint file must hold a JSON array"),
+        ("[1]", "each footprint must be a JSON object"),
+        ('[{"model_family": 3}]', "model_family must be a string"),
+        ('[{"vram_peak_gb": "2"}]', "vram_peak_gb must be a number"),
+        ('[{"vram_peak_gb": NaN}]', "non-finite number NaN is not allowed"),
+        ('[{"updated": "yesterday"}]', "bad updated time 'yesterday'"),
+        ('[{"samples": 1.5}]', "samples must be an integer"),
     ],
 )
-def test_parse_rejects_corrupt_files(text: str) -> None:
-    with pytest.raises(FootprintFileError):
+def test_parse_rejects_corrupt_files_saying_why(text: str, says: str) -> None:
+    with pytest.raises(FootprintFileError) as info:
         parse_records(text)
+    assert says in str(info.value)
 
 
 @given(st.integers(min_value=-62135596800 * 10**9, max_value=253402300799 * 10**9))
