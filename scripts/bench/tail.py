@@ -3,7 +3,9 @@
 Part 1 (throughput): a job writes ``--bytes`` (default 200 MB) of log text on stderr as fast as
 it can (a Python writer, 64 KiB writes of 100-byte lines), through the node, with one websocket
 subscriber tailing from the start (connected right after the 202). Timed from the dispatch to
-the ``end`` message. The floor is the same writer into a plain pipe (``| cat >/dev/null``).
+the arrival of the ``end`` message (the websocket's closing handshake after it is not timed; its
+median is printed, and the CPU figures include it). The floor is the same writer into a plain
+pipe (``| cat >/dev/null``).
 The two sides run interleaved, ``--rounds`` times each (default 3; the order inside each
 round alternates, pipe first then node first), so that load on a shared machine hits both
 alike; a lone pipe run followed by a lone node run measured the load, not the tail. Prints
@@ -26,10 +28,17 @@ The node runs in its **own process** (this script re-run with ``--serve``), as i
 ``scripts/bench/dispatch.py``. Only 127.0.0.1 is used.
 
     .venv/bin/python scripts/bench/tail.py [--bytes 200000000] [--rounds 3] [--seconds 3] [--floor]
+    .venv/bin/python scripts/bench/tail.py --before TREE [--runs 4] [--rounds 5 --floor ...]
 
 ``--floor`` adds a third run to each round: the same job with a subscriber of stdout only, to
 which the flood (on stderr) is never sent, i.e. the node's cost without the tail's frames (its
 CPU split the same way).
+
+``--before TREE`` compares two versions of the node in one session: this benchmark (the same
+script, so the same method) runs ``--runs`` times with TREE's ``fleet_trio`` first on the path
+(another checkout, e.g. the commit before a change) and as often with this tree's, each in a
+fresh interpreter, the order alternating run by run; it prints each run's lines with the load
+average it started at, then each tree's run medians and their median.
 
 Exit status: 0 whether or not the targets are met; 1 when the run is broken (the node does
 not start, a dispatch is refused, a job fails, a message is malformed, bytes are lost).
@@ -40,6 +49,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import resource
 import statistics
 import subprocess
@@ -165,6 +175,8 @@ class Tally:
         self.first: float | None = None  # perf_counter of the first output received
         self.last = 0.0  # ... and of the last
         self.node_faults = 0  # the node process's minor page faults during the run
+        self.end_at = 0.0  # perf_counter when the ``end`` frame arrived
+        self.closed_at = 0.0  # ... and when the closing handshake after it was done
 
 
 async def subscribe(
@@ -198,11 +210,13 @@ async def subscribe(
                 elif kind == "skipped":
                     tally.skipped += msg["bytes"]
                 elif kind == "end":
+                    tally.end_at = time.perf_counter()
                     tally.end = msg
                 elif kind == "error":
                     raise BrokenRun(f"tail of {job_id}: {msg}")
         except ConnectionClosed:
             pass
+    tally.closed_at = time.perf_counter()
     if tally.end is None:
         raise BrokenRun(f"tail of {job_id} closed before its end")
     if tally.end["state"] != "done":
@@ -223,7 +237,7 @@ async def through_node(
             t0, c0, (n0, j0) = time.perf_counter(), time.process_time(), cpu_seconds(node_pid)
             job_id = await dispatch(client, "flood", {"bytes": nbytes})
             await subscribe(ws_base(node_url), job_id, tally, streams="stdout" if floor else "")
-            elapsed = time.perf_counter() - t0
+            elapsed = tally.end_at - t0  # to the ``end`` frame, not the close handshake after it
             n1, j1 = cpu_seconds(node_pid)
             tally.node_faults = minor_faults(node_pid) - f0
             cpu = (n1 - n0, j1 - j0, time.process_time() - c0)
@@ -287,6 +301,62 @@ async def latency(node_url: str, seconds: float) -> Tally:
     return tally
 
 
+REPO = str(Path(__file__).resolve().parents[2])
+
+SUMMARY = {
+    "ratio": re.compile(r"ratio node/pipe ([0-9.]+)"),
+    "floor": re.compile(r"floor: .*? ratio ([0-9.]+)"),
+    "node CPU s": re.compile(r"CPU seconds per run .*? node ([0-9.]+)"),
+    "p99 ms": re.compile(r"p99 +([0-9.]+) ms"),
+}
+
+
+def one_run(tree: str, passed: list[str]) -> dict[str, float]:
+    """This benchmark once, in a fresh interpreter with ``tree``'s ``fleet_trio`` first on the
+    path; its output is printed; the figures of :data:`SUMMARY` it printed are returned."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [tree, env_path()])))
+    load = os.getloadavg()[0]
+    done = subprocess.run(
+        [sys.executable, os.path.abspath(__file__), *passed],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    text = done.stdout + done.stderr
+    print(f"   load average {load:.2f}", flush=True)
+    print(text, end="", flush=True)
+    if done.returncode != 0:
+        raise BrokenRun(f"a run with {tree}'s fleet_trio failed (status {done.returncode})")
+    found = {key: rx.search(text) for key, rx in SUMMARY.items()}
+    return {key: float(m.group(1)) for key, m in found.items() if m is not None}
+
+
+def env_path() -> str:
+    return os.environ.get("PYTHONPATH", "")
+
+
+def compare(before: str, runs: int, passed: list[str]) -> int:
+    """``--before``: the benchmark ``runs`` times per tree, alternating; each tree's medians."""
+    trees = {"before": os.path.abspath(before), "after": REPO}
+    seen: dict[str, list[dict[str, float]]] = {"before": [], "after": []}
+    try:
+        for i in range(runs):
+            for name in ["before", "after"] if i % 2 == 0 else ["after", "before"]:
+                print(f"-- {name} (run {i + 1})", flush=True)
+                seen[name].append(one_run(trees[name], passed))
+    except BrokenRun as exc:
+        print(f"broken run: {exc}", file=sys.stderr)
+        return 1
+    for name, results in seen.items():
+        for key in SUMMARY:
+            values = [r[key] for r in results if key in r]
+            if values:
+                shown = " ".join(f"{v:g}" for v in values)
+                print(f"{name:6s} {key}: {shown} (median {statistics.median(values):g})")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--bytes", type=int, default=200_000_000, help="part 1 (200000000)")
@@ -298,10 +368,27 @@ def main(argv: list[str] | None = None) -> int:
         help="part 1 also times the node with a subscriber of stdout only, to which the flood "
         "(on stderr) is never sent: the node's cost without the tail's frames",
     )
+    parser.add_argument(
+        "--before",
+        metavar="TREE",
+        help="run this benchmark --runs times with TREE's fleet_trio (another checkout) and as "
+        "often with this tree's, alternating, and print each tree's medians",
+    )
+    parser.add_argument("--runs", type=int, default=4, help="runs per tree with --before (4)")
     parser.add_argument("--serve", metavar="STATE", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.serve:
         return serve_main(Path(args.serve))
+    if args.before:
+        if args.runs < 1:
+            parser.error("--runs must be >= 1")
+        passed = [
+            f"--bytes={args.bytes}",
+            f"--rounds={args.rounds}",
+            f"--seconds={args.seconds}",
+            *(["--floor"] if args.floor else []),
+        ]
+        return compare(args.before, args.runs, passed)
     if args.bytes < 1 or args.seconds < 0.1 or args.rounds < 1:
         parser.error("--bytes and --rounds must be >= 1 and --seconds >= 0.1")
 
@@ -324,6 +411,7 @@ def main(argv: list[str] | None = None) -> int:
             floor_cpu: list[float] = []
             floor_parts: list[tuple[float, float, float]] = []
             faults: list[int] = []
+            closes: list[float] = []
             tally = Tally()
             for i in range(args.rounds):
                 if i % 2 == 0:
@@ -335,6 +423,7 @@ def main(argv: list[str] | None = None) -> int:
                 node_cpu.append(sum(cpu))
                 node_parts.append(cpu)
                 faults.append(tally.node_faults)
+                closes.append(tally.closed_at - tally.end_at)
                 if args.floor:
                     floor_s, cpu, _ = trio.run(through_node, node_url, args.bytes, proc.pid, True)
                     floor_runs.append(floor_s)
@@ -362,6 +451,10 @@ def main(argv: list[str] | None = None) -> int:
                 f"{statistics.median(node_cpu):.2f}   (medians; node: node process "
                 f"{parts[0]:.2f}, its job {parts[1]:.2f}, the client {parts[2]:.2f}; the node "
                 f"process's minor page faults {statistics.median(faults):.0f})"
+            )
+            print(
+                f"  closing handshake after the end (not timed): median "
+                f"{statistics.median(closes) * 1000:.1f} ms"
             )
             ratios = [p / n for p, n in zip(pipe_runs, node_runs, strict=True)]
             ratio = statistics.median(ratios)
