@@ -26,7 +26,8 @@ deadline is the earliest of: the stop tokens' deadlines (a pass budget handed do
 ``max_runtime`` counted from the spawn, and the idle limit counted from the last output byte.
 Output does not touch the scope: it only records the time (:meth:`Supervisor.touch`, one store
 per chunk); when the idle deadline is reached and output came meanwhile, the deadline moves on
-to the last output plus the idle limit and the wait goes on. Nothing polls: the main path wakes
+to the last output plus the idle limit and the wait goes on; bytes still unread in the output
+pipes, more than at the last look, count as output too. Nothing polls: the main path wakes
 at an end, a stop, or a deadline. Limits are strict (§7): a limit trips at the first instant
 *after* it, as :meth:`~fleet_trio.proc.watchdog.Watchdog.check` decides.
 
@@ -46,10 +47,13 @@ is set. Every wait in it is bounded by a cancel scope.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import logging
 import math
 import os
 import signal
+import struct
+import termios
 from collections.abc import Callable, Sequence
 
 import attrs
@@ -176,6 +180,8 @@ class Supervisor:
         self._open_pipes = 0
         self._pump_scopes: list[trio.CancelScope] = []
         self._inline: _Reader | None = None
+        self._pipes: list[trio.abc.ReceiveStream] = []
+        self._unread = 0
         self._wait_scope: trio.CancelScope | None = None
         self._links: list[StopToken] = []
         self._unstoppable = not stoppable and stop is None
@@ -239,6 +245,7 @@ class Supervisor:
         it to ``record``), then re-raises ``Cancelled``.
         """
         self._open_pipes = len(pumps)
+        self._pipes = [pump.stream for pump in pumps]
         shutdown: trio.Cancelled | None = None
         try:
             tasked = list(pumps)
@@ -320,12 +327,31 @@ class Supervisor:
                 return
             now = trio.current_time()
             reason = self.dog.check(now, self.last_output)
+            if (
+                reason is not None
+                and self.dog.check(now, now) is None
+                and self._unread_output_grew()
+            ):
+                self.last_output = now  # idle, but output the readers have not taken is output
+                continue
             if reason is not None:
                 self.trip_reason = reason
                 self.internal.set()
             elif now >= self._stop_deadline:
                 self.internal.set()  # a stop token's deadline (a budget) passed
             # else: output came since the idle deadline was set; the deadline moves on
+
+    def _unread_output_grew(self) -> bool:
+        """Whether the output pipes hold more unread bytes than at the last look (and some).
+
+        A limit that is due is checked against this first: a reader behind its pipe (a sink
+        applying back-pressure, an event loop starved of CPU) must not make a job that keeps
+        writing look idle. Bytes that wait and do not grow are no new output, so a job that
+        falls silent behind a stuck reader still trips."""
+        unread = sum(map(_unread_bytes, self._pipes))
+        grew = unread > 0 and unread != self._unread
+        self._unread = unread
+        return grew
 
     async def _until_completed(self) -> None:
         """Wait for the completion: the inline pipe (if any) at EOF, the leader reaped, then
@@ -566,6 +592,19 @@ class _Reader:
             # A broken sink must not strand the child on a full pipe: keep draining.
             log.exception("output sink failed; discarding the rest of this stream")
             self.broken_sink = True
+
+
+def _unread_bytes(stream: trio.abc.ReceiveStream) -> int:
+    """The bytes waiting in a pipe (``FIONREAD``); 0 for a closed one or a stream without a
+    file descriptor."""
+    fileno = getattr(stream, "fileno", None)
+    if fileno is None:
+        return 0
+    try:
+        out = fcntl.ioctl(fileno(), termios.FIONREAD, b"\0\0\0\0")
+    except (OSError, ValueError):
+        return 0
+    return int(struct.unpack("i", out)[0])
 
 
 async def read_some(stream: trio.abc.ReceiveStream, size: int) -> bytes | bytearray:
