@@ -103,12 +103,6 @@ class DeviceSet:
     def __len__(self) -> int:
         return len(self.devices)
 
-    def by_uuid(self, uuid: str) -> GpuDevice | None:
-        for device in self.devices:
-            if device.uuid == uuid:
-                return device
-        return None
-
     async def aclose(self) -> None:
         for device in self.devices:
             close = getattr(device.source, "aclose", None)

@@ -142,9 +142,6 @@ class FamilyRule:
     allowed: tuple[str, ...] = ()
 
 
-QUANT_SOURCES = ("family", "env.")
-
-
 @attrs.frozen
 class QuantRule:
     """``quant: {source: [family], starts_with: {hidream-o1: bf16}}``, or

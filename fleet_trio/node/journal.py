@@ -473,8 +473,6 @@ class JournalWriter:
         self._lot = trio.lowlevel.ParkingLot()
         self._limiter = trio.CapacityLimiter(1)
         self._closed = False
-        self.commits = 0
-        self.failed = 0
         self._failing = False
 
     def submit(self, records: Sequence[Record], callback: Callback | None = None) -> Ticket:
@@ -523,12 +521,10 @@ class JournalWriter:
 
     def _note(self, error: JournalError | None) -> None:
         if error is None:
-            self.commits += 1
             if self._failing:
                 self._failing = False
                 log.warning("journal: writes succeed again (%s)", self.journal.path)
             return
-        self.failed += 1
         if not self._failing:
             self._failing = True
             log.error("%s; new dispatches get 503 until a write succeeds", error)

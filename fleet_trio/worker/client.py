@@ -729,7 +729,6 @@ class LogShipper:
         self._lock = trio.Lock()
         self.dropped = 0
         self.sent_chunks = 0
-        self.lost_chunks = 0
 
     @property
     def pending_bytes(self) -> int:
@@ -786,8 +785,6 @@ class LogShipper:
                 self._pending -= len(chunk)
                 if ok:
                     self.sent_chunks += 1
-                else:
-                    self.lost_chunks += 1
 
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """The sender: one flush at a time, in order. Returns once closed and empty."""

@@ -409,10 +409,6 @@ class UnconfirmedTracker:
         self._unconfirmed: dict[str, list[str]] = {}
         self._in_pass = False
 
-    @property
-    def in_pass(self) -> bool:
-        return self._in_pass
-
     def begin_pass(self) -> None:
         self._next = {}
         self._unconfirmed = {}
