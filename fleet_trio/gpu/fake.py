@@ -50,7 +50,7 @@ import sys
 import tempfile
 import time
 import uuid as uuid_mod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
 import attrs
@@ -362,18 +362,16 @@ def _hold(directory: str, pid: int, nbytes: int, seconds: float | None) -> int:
         remove_holding(directory, pid)
 
 
-def _positive_seconds(text: str) -> float:
-    value = _finite_float(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be > 0 seconds, got {text}")
-    return value
+def _positive(unit: str) -> Callable[[str], float]:
+    """An argparse type: a finite number > 0 of ``unit``."""
 
+    def parse(text: str) -> float:
+        value = _finite_float(text)
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"must be > 0 {unit}, got {text}")
+        return value
 
-def _positive_gib(text: str) -> float:
-    value = _finite_float(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be > 0 GiB, got {text}")
-    return value
+    return parse
 
 
 def _finite_float(text: str) -> float:
@@ -395,7 +393,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m fleet_trio.gp
 
     hold = sub.add_parser("hold", help="hold SIZE until killed (or --for SECONDS)")
     hold.add_argument("size")
-    hold.add_argument("--for", dest="seconds", type=_positive_seconds, default=None)
+    hold.add_argument("--for", dest="seconds", type=_positive("seconds"), default=None)
     who = hold.add_mutually_exclusive_group()
     who.add_argument("--pid", type=int, default=None)
     who.add_argument("--parent", action="store_true")
@@ -409,7 +407,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m fleet_trio.gp
     add_dir(free)
     init = sub.add_parser("init", help="create the directory and device.json")
     init.add_argument("--name", default=DEFAULT_NAME)
-    init.add_argument("--total-gib", type=_positive_gib, default=DEFAULT_TOTAL_GIB)
+    init.add_argument("--total-gib", type=_positive("GiB"), default=DEFAULT_TOTAL_GIB)
     add_dir(init)
     fail = sub.add_parser("fail", help="make every snapshot fail")
     fail.add_argument("message", nargs="?", default="")

@@ -195,20 +195,14 @@ class Worker:
         self._register_lock = trio.Lock()
 
     # -- settings ------------------------------------------------------------------------------
-    @property
-    def heartbeat_interval(self) -> float:
-        t = self.timings.heartbeat_interval
-        return t if t is not None else self.config.heartbeat_interval / SECOND
+    def _seconds(self, name: str) -> float:
+        """Setting ``name`` in seconds: the timings' override, else the config's."""
+        t: float | None = getattr(self.timings, name)
+        return t if t is not None else float(getattr(self.config, name)) / SECOND
 
-    @property
-    def poll_wait(self) -> float:
-        t = self.timings.poll_wait
-        return t if t is not None else self.config.poll_wait / SECOND
-
-    @property
-    def probe_interval(self) -> float:
-        t = self.timings.probe_interval
-        return t if t is not None else self.config.probe_interval / SECOND
+    heartbeat_interval = property(functools.partial(_seconds, name="heartbeat_interval"))
+    poll_wait = property(functools.partial(_seconds, name="poll_wait"))
+    probe_interval = property(functools.partial(_seconds, name="probe_interval"))
 
     @property
     def client(self) -> ControllerClient:
