@@ -761,13 +761,6 @@ def _add_tail(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.set_defaults(handler=_cmd_tail)
 
 
-def tail_url(base: str, job_id: str, params: dict[str, str]) -> str:
-    """The tail websocket URL of ``job_id`` under the node's base URL."""
-    from fleet_trio.logbus.tail_client import tail_url as url
-
-    return url(base, job_id, params)
-
-
 def tail_exit_status(state: str, exit_code: int | None) -> int:
     """Our exit status for a job's end: its exit code; a failed job without one (or with 0): 1.
     Success is ``done`` (a node job) or ``succeeded`` (a worker job)."""
@@ -799,7 +792,7 @@ async def _tail(args: argparse.Namespace) -> int:
         parse_start,
         parse_streams,
     )
-    from fleet_trio.logbus.tail_client import LOST, connection_problem, follow
+    from fleet_trio.logbus.tail_client import LOST, connection_problem, follow, tail_url
 
     out = FdWriter(sys.stdout.fileno(), "stdout")
     err = FdWriter(sys.stderr.fileno(), "stderr")
@@ -1011,5 +1004,4 @@ __all__ = [
     "main",
     "parse_command_line",
     "tail_exit_status",
-    "tail_url",
 ]

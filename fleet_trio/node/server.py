@@ -33,7 +33,6 @@ from __future__ import annotations
 import functools
 import logging
 import math
-import os
 import signal
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
@@ -525,10 +524,6 @@ async def serve_node(
         await tree.wait_shutdown()
 
 
-def node_env_token() -> str | None:
-    return os.environ.get("FLEET_TRIO_TOKEN") or None
-
-
 __all__ = [
     "GpuServices",
     "NodeOptions",
@@ -536,7 +531,6 @@ __all__ = [
     "RunningNode",
     "hypercorn_config",
     "need_hook",
-    "node_env_token",
     "open_gpu",
     "open_journal",
     "serve_http",

@@ -135,11 +135,6 @@ def live_proc_exists(predicate: Predicate, scan: ScanFn = scan_live_procs) -> tu
     return bool(pids), scanned
 
 
-def live_proc_pids(predicate: Predicate, scan: ScanFn = scan_live_procs) -> tuple[list[int], bool]:
-    """``(pids, scanned)``: every live process matching ``predicate``."""
-    return scan(predicate, False)
-
-
 def env_marker_value(environ: bytes, key: bytes = JOB_ENV_KEY) -> str:
     """The first non-empty ``RC_JOB_ID=`` value in a NUL-separated environment block."""
     if key not in environ:
@@ -603,7 +598,6 @@ __all__ = [
     "job_env_id",
     "list_pids",
     "live_proc_exists",
-    "live_proc_pids",
     "parse_proc_stat",
     "pause_since",
     "pid_alive",
