@@ -98,9 +98,7 @@ def _split_host(host: str) -> tuple[str, int | None] | None:
         name, port_text = host.split(":")
         if not port_text:
             return None
-    elif ":" in host:  # a bare IPv6 address is not a valid Host, but keep it whole
-        name = host
-    else:
+    else:  # a bare IPv6 address (not a valid Host) is kept whole
         name = host
     if not name:
         return None
