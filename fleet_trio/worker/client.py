@@ -229,13 +229,6 @@ class StatusReport:
     reason: str = ""
 
 
-def _omit_empty(d: dict[str, Any], keys: Sequence[str]) -> dict[str, Any]:
-    for key in keys:
-        if key in d and not d[key]:
-            del d[key]
-    return d
-
-
 def register_hooks(conv: cattrs.Converter) -> None:
     """Teach ``conv`` the omitempty rules of §3 (unstructure) and lenient decoding (structure)."""
 
@@ -246,10 +239,9 @@ def register_hooks(conv: cattrs.Converter) -> None:
         if r.recovery:
             body["recovery"] = dict(r.recovery)
         body["devices"] = [
-            _omit_empty(
-                {"name": d.name, "max_runtime_seconds": d.max_runtime_seconds},
-                ["max_runtime_seconds"],
-            )
+            {"name": d.name, "max_runtime_seconds": d.max_runtime_seconds}
+            if d.max_runtime_seconds  # omitempty
+            else {"name": d.name}
             for d in r.devices
         ]
         body["labels"] = r.labels
