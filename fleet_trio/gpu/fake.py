@@ -387,33 +387,27 @@ def _finite_float(text: str) -> float:
 def main(argv: Sequence[str] | None = None, prog: str = "python -m fleet_trio.gpu.fake") -> int:
     parser = argparse.ArgumentParser(prog=prog)
     sub = parser.add_subparsers(dest="verb", required=True)
-
-    def add_dir(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--dir", default=default_fake_dir(), help=f"default: ${ENV_DIR}")
-
-    hold = sub.add_parser("hold", help="hold SIZE until killed (or --for SECONDS)")
+    with_dir = argparse.ArgumentParser(add_help=False)  # every verb takes --dir
+    with_dir.add_argument("--dir", default=default_fake_dir(), help=f"default: ${ENV_DIR}")
+    hold = sub.add_parser(
+        "hold", parents=[with_dir], help="hold SIZE until killed (or --for SECONDS)"
+    )
     hold.add_argument("size")
     hold.add_argument("--for", dest="seconds", type=_positive("seconds"), default=None)
     who = hold.add_mutually_exclusive_group()
     who.add_argument("--pid", type=int, default=None)
     who.add_argument("--parent", action="store_true")
-    add_dir(hold)
-    alloc = sub.add_parser("alloc", help="set PID's holding to SIZE and return")
+    alloc = sub.add_parser("alloc", parents=[with_dir], help="set PID's holding to SIZE and return")
     alloc.add_argument("size")
     alloc.add_argument("--pid", type=int, required=True)
-    add_dir(alloc)
-    free = sub.add_parser("free", help="drop PID's holding")
+    free = sub.add_parser("free", parents=[with_dir], help="drop PID's holding")
     free.add_argument("--pid", type=int, required=True)
-    add_dir(free)
-    init = sub.add_parser("init", help="create the directory and device.json")
+    init = sub.add_parser("init", parents=[with_dir], help="create the directory and device.json")
     init.add_argument("--name", default=DEFAULT_NAME)
     init.add_argument("--total-gib", type=_positive("GiB"), default=DEFAULT_TOTAL_GIB)
-    add_dir(init)
-    fail = sub.add_parser("fail", help="make every snapshot fail")
+    fail = sub.add_parser("fail", parents=[with_dir], help="make every snapshot fail")
     fail.add_argument("message", nargs="?", default="")
-    add_dir(fail)
-    recover = sub.add_parser("recover", help="undo fail")
-    add_dir(recover)
+    sub.add_parser("recover", parents=[with_dir], help="undo fail")
 
     args = parser.parse_args(argv)
     directory: str = args.dir
