@@ -80,13 +80,16 @@ _GPU_NAME = re.compile(r"gpu[0-9]+\Z")
 # ---------------------------------------------------------------------------------------------
 
 
-def _mem_total_bytes(meminfo: str) -> str | None:
+def _read_text(path: str) -> str | None:
     try:
-        with open(meminfo, encoding="utf-8", errors="replace") as f:
-            text = f.read()
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return f.read()
     except OSError:
         return None
-    for line in text.splitlines():
+
+
+def _mem_total_bytes(meminfo: str) -> str | None:
+    for line in (_read_text(meminfo) or "").splitlines():
         if line.startswith("MemTotal:"):
             fields = line.split()
             if len(fields) < 2:
@@ -100,12 +103,7 @@ def _mem_total_bytes(meminfo: str) -> str | None:
 
 
 def _kernel(osrelease: str) -> str | None:
-    try:
-        with open(osrelease, encoding="utf-8", errors="replace") as f:
-            text = f.read().strip()
-    except OSError:
-        return None
-    return text or None
+    return (_read_text(osrelease) or "").strip() or None
 
 
 def builtin_host_facts(
