@@ -154,19 +154,11 @@ def job_env_id(pid: int) -> tuple[str, OSError | None]:
     try:
         with open(f"{PROC}/{pid}/environ", "rb") as f:
             data = f.read()
-    except (FileNotFoundError, ProcessLookupError):
-        return "", None
     except OSError as exc:
         if exc.errno in (errno.ENOENT, errno.ESRCH):
             return "", None
         return "", exc
     return env_marker_value(data), None
-
-
-def has_job_env(pid: int) -> tuple[bool, OSError | None]:
-    """Whether the process carries a non-empty ``RC_JOB_ID`` (same error rule)."""
-    value, err = job_env_id(pid)
-    return bool(value), err
 
 
 def group_alive(pgid: int, scan: ScanFn = scan_live_procs) -> bool:
@@ -592,7 +584,6 @@ __all__ = [
     "forks_since_boot",
     "group_alive",
     "group_settling",
-    "has_job_env",
     "ident_alive",
     "idents_alive",
     "job_env_id",
