@@ -28,6 +28,7 @@ from fleet_trio.edge import is_loopback_host, split_host_port
 from fleet_trio.errors import ConfigError, DurationError
 from fleet_trio.inputs import first_control, id_problem, printable
 from fleet_trio.memory import DEFAULT_BUDGET, check_budget, parse_size
+from fleet_trio.node.wire import go_quote
 
 DEFAULT_LISTEN = "127.0.0.1:18811"
 FALLBACK_NODE_ID = "fleet-node"
@@ -507,10 +508,12 @@ def check_listen(addr: str, allow_non_local: bool) -> None:
     try:
         host, _port = split_host_port(addr)
     except ValueError as exc:
-        raise ListenRefused(f"cannot parse --listen {_q(addr)}: address {addr}: {exc}") from None
+        raise ListenRefused(
+            f"cannot parse --listen {go_quote(addr)}: address {addr}: {exc}"
+        ) from None
     if not is_loopback_host(host):
         raise ListenRefused(
-            f"refusing to bind --listen {_q(addr)}: the fleet endpoints have no "
+            f"refusing to bind --listen {go_quote(addr)}: the fleet endpoints have no "
             "authentication; use a loopback address (127.0.0.1, ::1, localhost) or pass "
             "--listen-trusted-network to bind a trusted network such as a tailnet address"
         )
@@ -520,10 +523,6 @@ TRUSTED_NETWORK_WARNING = (
     "WARNING: --listen-trusted-network: binding {addr} with no authentication on the fleet "
     "endpoints; any host that can reach this port can start jobs on this GPU"
 )
-
-
-def _q(text: str) -> str:
-    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 def journal_path(configured: str, node_id: str, footprints_path: str, base_dir: str = "") -> str:
