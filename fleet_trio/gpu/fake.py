@@ -57,7 +57,7 @@ import attrs
 import trio
 
 from fleet_trio.gpu.source import GIB, DeviceSet, GpuDevice, GpuError, VramSnapshot, check_memory
-from fleet_trio.proc.procfs import read_proc_stat
+from fleet_trio.proc.procfs import pid_alive
 
 ENV_DIR = "FLEET_TRIO_FAKE_GPU_DIR"
 DEVICE_FILE = "device.json"
@@ -138,11 +138,6 @@ def read_device(directory: str) -> FakeDevice:
     )
 
 
-def _alive(pid: int) -> bool:
-    st = read_proc_stat(pid)
-    return st is not None and st.state != "Z"
-
-
 def read_holdings(directory: str) -> dict[int, int]:
     """pid → bytes for every live holder; removes the files of dead pids (blocking)."""
     try:
@@ -155,7 +150,7 @@ def read_holdings(directory: str) -> dict[int, int]:
             continue
         pid = int(name)
         path = os.path.join(directory, name)
-        if pid <= 0 or not _alive(pid):
+        if pid <= 0 or not pid_alive(pid):
             with contextlib.suppress(OSError):
                 os.unlink(path)
             continue
