@@ -663,29 +663,22 @@ class Prober:
         source = os.path.join(self.probe_dir, outcome.name)
         if outcome.kind is ScriptKind.SKIPPED:
             return  # not executable: silently skipped, forgotten from memory
+        facts: dict[str, str] | None = None
         if outcome.kind is ScriptKind.STAT_ERROR:
-            log.warning("probe %s: %s", source, outcome.error, extra={"probe": source})
-            self._dropin_failed(source)
-            return
-        if outcome.kind is ScriptKind.FAILED:
-            log.warning(
-                "probe %s failed: %s", source, _probe_error(outcome), extra={"probe": source}
+            problem = f"probe {source}: {outcome.error}"
+        elif outcome.kind is ScriptKind.FAILED:
+            problem = f"probe {source} failed: {_probe_error(outcome)}"
+        elif outcome.stdout_truncated:
+            problem = (
+                f"probe {source} failed: stdout exceeded {OUTPUT_CAP} bytes; probe misbehaving"
             )
-            self._dropin_failed(source)
-            return
-        if outcome.stdout_truncated:
-            log.warning(
-                "probe %s failed: stdout exceeded %d bytes; probe misbehaving",
-                source,
-                OUTPUT_CAP,
-                extra={"probe": source},
-            )
-            self._dropin_failed(source)
-            return
-        try:
-            facts = parse_probe_output(outcome.stdout, source)
-        except ProbeOutputError as exc:
-            log.warning("probe %s failed: %s", source, exc, extra={"probe": source})
+        else:
+            try:
+                facts = parse_probe_output(outcome.stdout, source)
+            except ProbeOutputError as exc:
+                problem = f"probe {source} failed: {exc}"
+        if facts is None:
+            log.warning("%s", problem, extra={"probe": source})
             self._dropin_failed(source)
             return
         self.tracker.merge(source, merge_facts(source, facts, host, device))
