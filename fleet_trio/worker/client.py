@@ -735,10 +735,10 @@ class LogShipper:
             return
         room = self.limit - self.pending_bytes
         if room <= 0:
-            self._drop(len(data))
+            self.count_dropped(len(data))
             return
         if len(data) > room:
-            self._drop(len(data) - room)
+            self.count_dropped(len(data) - room)
             data = data[:room]
         if not self._buf:
             self._first_at = trio.current_time()
@@ -748,10 +748,7 @@ class LogShipper:
             self._seal()
 
     def count_dropped(self, n: int) -> None:
-        """``n`` bytes of output were lost before they reached the shipper."""
-        self._drop(n)
-
-    def _drop(self, n: int) -> None:
+        """``n`` bytes of output were lost: the outbox was full, or before they reached it."""
         if not self.dropped:
             log.error("%s: log outbox full (%d B kept): dropping output", self.label, self.limit)
         self.dropped += n
