@@ -28,7 +28,7 @@ dispatcher, ``curl`` and the ``fleet-trio tail`` client are not browsers: they s
 ``Origin`` nor fetch metadata, and only the Host rule applies to them (they send the address
 they connect to, which on a loopback listener is a loopback one).
 
-Then every path variable named ``job_id`` must be a valid id (:func:`fleet_trio.inputs.check_id`),
+Then every path variable named ``job_id`` must be a valid id (:func:`fleet_trio.inputs.id_problem`),
 else **400** ``invalid job_id: …``, before anything looks it up.
 
 The checks are pure functions of the request's headers (:class:`EdgeRequest`); the quart part is
