@@ -43,8 +43,6 @@ log = logging.getLogger(__name__)
 SCHEMA_VERSION = "1"
 DEFAULT_INLINE_MAX = 64 * 1024
 """Results larger than this (bytes) are kept in a file beside the journal, not in RAM."""
-JOURNAL_FILE = "journal-{node_id}.sqlite"
-"""The default file name, in the node's state directory (the footprint store's folder)."""
 SYNC_MODES = ("normal", "full")
 WORK_TAG = re.compile(r"[0-9a-f]{12}")
 """A node's work-dir tag (``meta.work_tag``): 12 hex digits, made when the journal is created.
@@ -532,7 +530,6 @@ class JournalWriter:
 
 __all__ = [
     "DEFAULT_INLINE_MAX",
-    "JOURNAL_FILE",
     "SYNC_MODES",
     "WORK_TAG",
     "Accept",

@@ -518,10 +518,6 @@ class ProbeResult:
         return frozenset(d for d in self.unconfirmed if not self.device.get(d))
 
 
-LabelPass = ProbeResult
-"""Alias: the result of :func:`gather_labels` / :meth:`Prober.run_pass`."""
-
-
 def labels_payload(result: ProbeResult) -> dict[str, dict[str, str]] | None:
     """The ``labels`` field of a registration or labels push (worker-protocol.md §9.1).
 
@@ -733,7 +729,6 @@ __all__ = [
     "NVIDIA_QUERY",
     "OUTPUT_CAP",
     "PASS_BUDGET",
-    "LabelPass",
     "NvidiaFacts",
     "ProbeOutputError",
     "ProbeResult",
