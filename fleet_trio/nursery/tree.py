@@ -39,10 +39,9 @@ shielded scope, and the body's exception is re-raised unchanged (not wrapped in 
 
 The bound: ``drain + interrupt_budget + kill_grace + SHUTDOWN_SLACK``, plus
 ``JOBS_CLOSED_BUDGET`` with ``on_jobs_closed``, plus ``linger`` with ``on_linger`` (see
-:attr:`TaskTree.shutdown_bound`). The
-tree cannot abandon a task (structured concurrency): when a scope overruns its allowance the
-tree logs which tasks are late and keeps waiting.
-The bound therefore holds when jobs bound their teardown by :attr:`TaskTree.kill_grace`, which
+:attr:`TaskTree.shutdown_bound`). The tree cannot abandon a task (structured concurrency):
+when a scope overruns its allowance the tree logs which tasks are late and keeps waiting. The
+bound therefore holds when jobs bound their teardown by :attr:`TaskTree.kill_grace`, which
 ``fleet_trio.proc.run`` does when a role passes ``grace_ceiling=tree.kill_grace``.
 
 The phase bookkeeping is :class:`ShutdownState`, a plain synchronous class with no I/O.
@@ -713,8 +712,6 @@ async def open_task_tree(
     first task of the services scope (cancelled last): from the moment the tree opens to the
     moment it closes, each of these signals is a :meth:`TaskTree.request_shutdown`. A process
     does all its work in the body, so no signal finds it outside the tree.
-
-    The body's exception, if any, is re-raised as it was, after steps 1, 3, 4 and 5.
 
     Cancellation: a cancel from outside ends the drain (step 2) early; steps 3–5 run shielded,
     each under its own deadline (``interrupt_budget``, ``kill_grace`` plus
