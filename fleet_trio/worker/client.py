@@ -387,6 +387,11 @@ class ControllerError(Exception):
         self.status = status
 
 
+def _http_error(what: str, response: httpx.Response) -> ControllerError:
+    text = printable(response.text.strip(), limit=200)
+    return ControllerError(f"{what}: HTTP {response.status_code}: {text}", response.status_code)
+
+
 def _ok(status: int | None) -> bool:
     return status is not None and 200 <= status < 300
 
@@ -507,11 +512,7 @@ class ControllerClient:
             "POST", "/v1/workers/register", content=encode(self.converter, registration)
         )
         if response.status_code != 200:
-            text = printable(response.text.strip(), limit=200)
-            raise ControllerError(
-                f"register: HTTP {response.status_code}: {text}",
-                response.status_code,
-            )
+            raise _http_error("register", response)
         try:
             body = loads_json(response.content, max_depth=ANSWER_MAX_DEPTH)
             worker_id = body["worker_id"]
@@ -569,10 +570,7 @@ class ControllerClient:
         if response.status_code == 204:
             return PollAnswer()
         if response.status_code != 200:
-            raise ControllerError(
-                f"poll: HTTP {response.status_code}: {printable(response.text.strip(), limit=200)}",
-                response.status_code,
-            )
+            raise _http_error("poll", response)
         try:
             return decode_answer(self.converter, response.content)
         except WireError as exc:
