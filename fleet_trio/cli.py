@@ -807,12 +807,8 @@ async def _tail(args: argparse.Namespace) -> int:
     redact_secrets(token)
     headers = [(b"Authorization", f"Bearer {token}".encode())] if token else []
     failures = 0
-    established = False
+    established = trio.Event()
     """A stream was open once: only then is a lost connection worth reconnecting."""
-
-    def opened() -> None:
-        nonlocal established
-        established = True
 
     async def on_message(text: str | bytes) -> int | None:
         nonlocal failures, position
@@ -844,7 +840,7 @@ async def _tail(args: argparse.Namespace) -> int:
                 max_message_size=TAIL_MAX_MESSAGE,
                 connect_timeout=TAIL_CONNECT_TIMEOUT,
                 disconnect_timeout=TAIL_DISCONNECT_TIMEOUT,
-                on_open=opened,
+                on_open=established.set,
             )
         except ConnectionRejected as exc:
             await say(f"error: {_rejection(exc)}")
@@ -854,7 +850,7 @@ async def _tail(args: argparse.Namespace) -> int:
             return EXIT_TAIL_FAILED
         except LOST as exc:
             problem = connection_problem(exc)
-        if not established:
+        if not established.is_set():
             base = tail_url(args.url, "", {}).split("/fleet/")[0]
             await say(f"error: cannot connect to {base}: {problem}")
             return EXIT_TAIL_FAILED
