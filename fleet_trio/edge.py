@@ -165,7 +165,12 @@ def is_loopback_name(host: str) -> bool:
     return split is not None and (split[0] == "localhost." or is_loopback_host(split[0]))
 
 
-def _origin(scheme: str, name: str, port: int | None) -> str:
+def _origin(scheme: str, host: str) -> str | None:
+    """The origin of a ``Host``/netloc value (default port left out); ``None`` if invalid."""
+    split = _split_host(host)
+    if split is None:
+        return None
+    name, port = split
     shown = f"[{name}]" if ":" in name else name
     if port is None or DEFAULT_PORTS.get(scheme) == port:
         return f"{scheme}://{shown}"
@@ -188,10 +193,7 @@ def parse_origin(text: str) -> str | None:
         return None
     if parts.path not in ("", "/") or parts.query or parts.fragment or "@" in parts.netloc:
         return None
-    split = _split_host(parts.netloc)
-    if split is None:
-        return None
-    return _origin(scheme, *split)
+    return _origin(scheme, parts.netloc)
 
 
 def own_origin(scheme: str, host: str | None) -> str | None:
@@ -202,10 +204,7 @@ def own_origin(scheme: str, host: str | None) -> str | None:
     scheme = {"ws": "http", "wss": "https"}.get(scheme.lower(), scheme.lower())
     if scheme not in DEFAULT_PORTS:
         return None
-    split = _split_host(host)
-    if split is None:
-        return None
-    return _origin(scheme, *split)
+    return _origin(scheme, host)
 
 
 def check_allowed_origin(text: str) -> str:
