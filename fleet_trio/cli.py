@@ -894,10 +894,7 @@ def _cmd_tail(args: argparse.Namespace) -> int:
     except ValueError as exc:  # TailProtocolError is one
         print(f"{PROG} tail: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    try:
-        return trio.run(_tail, args)
-    except KeyboardInterrupt:
-        return 130
+    return trio.run(_tail, args)  # ^C: run_handler's EXIT_INTERRUPTED (130)
 
 
 # -- end of fleet-trio tail ---------------------------------------------------------------------
