@@ -761,13 +761,6 @@ def _add_tail(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.set_defaults(handler=_cmd_tail)
 
 
-def tail_url(base: str, job_id: str, params: dict[str, str]) -> str:
-    """The tail websocket URL of ``job_id`` under the node's base URL."""
-    from fleet_trio.logbus.tail_client import tail_url as url
-
-    return url(base, job_id, params)
-
-
 def tail_exit_status(state: str, exit_code: int | None) -> int:
     """Our exit status for a job's end: its exit code; a failed job without one (or with 0): 1.
     Success is ``done`` (a node job) or ``succeeded`` (a worker job)."""
@@ -799,7 +792,7 @@ async def _tail(args: argparse.Namespace) -> int:
         parse_start,
         parse_streams,
     )
-    from fleet_trio.logbus.tail_client import LOST, connection_problem, follow
+    from fleet_trio.logbus.tail_client import LOST, connection_problem, follow, tail_url
 
     out = FdWriter(sys.stdout.fileno(), "stdout")
     err = FdWriter(sys.stderr.fileno(), "stderr")
@@ -814,12 +807,8 @@ async def _tail(args: argparse.Namespace) -> int:
     redact_secrets(token)
     headers = [(b"Authorization", f"Bearer {token}".encode())] if token else []
     failures = 0
-    established = False
+    established = trio.Event()
     """A stream was open once: only then is a lost connection worth reconnecting."""
-
-    def opened() -> None:
-        nonlocal established
-        established = True
 
     async def on_message(text: str | bytes) -> int | None:
         nonlocal failures, position
@@ -851,7 +840,7 @@ async def _tail(args: argparse.Namespace) -> int:
                 max_message_size=TAIL_MAX_MESSAGE,
                 connect_timeout=TAIL_CONNECT_TIMEOUT,
                 disconnect_timeout=TAIL_DISCONNECT_TIMEOUT,
-                on_open=opened,
+                on_open=established.set,
             )
         except ConnectionRejected as exc:
             await say(f"error: {_rejection(exc)}")
@@ -861,7 +850,7 @@ async def _tail(args: argparse.Namespace) -> int:
             return EXIT_TAIL_FAILED
         except LOST as exc:
             problem = connection_problem(exc)
-        if not established:
+        if not established.is_set():
             base = tail_url(args.url, "", {}).split("/fleet/")[0]
             await say(f"error: cannot connect to {base}: {problem}")
             return EXIT_TAIL_FAILED
@@ -905,10 +894,7 @@ def _cmd_tail(args: argparse.Namespace) -> int:
     except ValueError as exc:  # TailProtocolError is one
         print(f"{PROG} tail: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    try:
-        return trio.run(_tail, args)
-    except KeyboardInterrupt:
-        return 130
+    return trio.run(_tail, args)  # ^C: run_handler's EXIT_INTERRUPTED (130)
 
 
 # -- end of fleet-trio tail ---------------------------------------------------------------------
@@ -1011,5 +997,4 @@ __all__ = [
     "main",
     "parse_command_line",
     "tail_exit_status",
-    "tail_url",
 ]

@@ -28,7 +28,7 @@ dispatcher, ``curl`` and the ``fleet-trio tail`` client are not browsers: they s
 ``Origin`` nor fetch metadata, and only the Host rule applies to them (they send the address
 they connect to, which on a loopback listener is a loopback one).
 
-Then every path variable named ``job_id`` must be a valid id (:func:`fleet_trio.inputs.check_id`),
+Then every path variable named ``job_id`` must be a valid id (:func:`fleet_trio.inputs.id_problem`),
 else **400** ``invalid job_id: …``, before anything looks it up.
 
 The checks are pure functions of the request's headers (:class:`EdgeRequest`); the quart part is
@@ -98,9 +98,7 @@ def _split_host(host: str) -> tuple[str, int | None] | None:
         name, port_text = host.split(":")
         if not port_text:
             return None
-    elif ":" in host:  # a bare IPv6 address is not a valid Host, but keep it whole
-        name = host
-    else:
+    else:  # a bare IPv6 address (not a valid Host) is kept whole
         name = host
     if not name:
         return None
@@ -167,7 +165,12 @@ def is_loopback_name(host: str) -> bool:
     return split is not None and (split[0] == "localhost." or is_loopback_host(split[0]))
 
 
-def _origin(scheme: str, name: str, port: int | None) -> str:
+def _origin(scheme: str, host: str) -> str | None:
+    """The origin of a ``Host``/netloc value (default port left out); ``None`` if invalid."""
+    split = _split_host(host)
+    if split is None:
+        return None
+    name, port = split
     shown = f"[{name}]" if ":" in name else name
     if port is None or DEFAULT_PORTS.get(scheme) == port:
         return f"{scheme}://{shown}"
@@ -190,10 +193,7 @@ def parse_origin(text: str) -> str | None:
         return None
     if parts.path not in ("", "/") or parts.query or parts.fragment or "@" in parts.netloc:
         return None
-    split = _split_host(parts.netloc)
-    if split is None:
-        return None
-    return _origin(scheme, *split)
+    return _origin(scheme, parts.netloc)
 
 
 def own_origin(scheme: str, host: str | None) -> str | None:
@@ -204,10 +204,7 @@ def own_origin(scheme: str, host: str | None) -> str | None:
     scheme = {"ws": "http", "wss": "https"}.get(scheme.lower(), scheme.lower())
     if scheme not in DEFAULT_PORTS:
         return None
-    split = _split_host(host)
-    if split is None:
-        return None
-    return _origin(scheme, *split)
+    return _origin(scheme, host)
 
 
 def check_allowed_origin(text: str) -> str:

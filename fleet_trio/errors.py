@@ -37,10 +37,6 @@ class WireError(FleetTrioError):
         super().__init__(message)
 
 
-class SpawnError(FleetTrioError):
-    """A process could not be started."""
-
-
 def errno_text(err: int | None) -> str:
     """Go's lower-case errno text, e.g. ``permission denied``."""
     if err is None:
@@ -60,7 +56,6 @@ __all__ = [
     "ConfigError",
     "DurationError",
     "FleetTrioError",
-    "SpawnError",
     "WireError",
     "errno_text",
     "go_os_error",

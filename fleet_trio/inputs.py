@@ -3,7 +3,7 @@
 Every parser of outside input (dispatch bodies, the footprints file, controller answers, the
 tail's query and messages) decodes JSON through :func:`loads_json`, which bounds the nesting depth
 and refuses non-finite numbers, and every id that came from outside is checked with
-:func:`check_id` before anything is registered under it. Text from outside that reaches a log
+:func:`id_problem` before anything is registered under it. Text from outside that reaches a log
 line goes through :func:`printable` first, so it can neither forge a line nor hide in a terminal.
 
 These are pure functions with no I/O; both roles use them.
@@ -44,14 +44,6 @@ def id_problem(value: str, *, max_len: int = ID_MAX_LEN) -> str | None:
     if ID_PATTERN.fullmatch(value) is None:
         return f"must be {_DESCRIBE}"
     return None
-
-
-def check_id(value: str, *, what: str = "id", max_len: int = ID_MAX_LEN) -> str:
-    """Return ``value`` if it is a valid id, else raise :class:`InputError` naming ``what``."""
-    problem = id_problem(value, max_len=max_len)
-    if problem is not None:
-        raise InputError(f"invalid {what}: {problem}")
-    return value
 
 
 def _reject_constant(name: str) -> Any:
@@ -153,7 +145,6 @@ __all__ = [
     "ID_PATTERN",
     "JSON_MAX_DEPTH",
     "InputError",
-    "check_id",
     "finite_float",
     "id_problem",
     "loads_json",

@@ -108,9 +108,6 @@ class MemoryBudget:
         entry = self._entries.get(key)
         return entry is not None and entry.evicted
 
-    def running_bytes(self) -> int:
-        return sum(e.size for e in self._entries.values() if e.ended_seq is None)
-
     def retained(self) -> dict[str, int]:
         """Bytes charged now, by kind."""
         out = {"result": 0, "log": 0}

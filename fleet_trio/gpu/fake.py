@@ -50,14 +50,14 @@ import sys
 import tempfile
 import time
 import uuid as uuid_mod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
 import attrs
 import trio
 
 from fleet_trio.gpu.source import GIB, DeviceSet, GpuDevice, GpuError, VramSnapshot, check_memory
-from fleet_trio.proc.procfs import read_proc_stat
+from fleet_trio.proc.procfs import pid_alive
 
 ENV_DIR = "FLEET_TRIO_FAKE_GPU_DIR"
 DEVICE_FILE = "device.json"
@@ -138,11 +138,6 @@ def read_device(directory: str) -> FakeDevice:
     )
 
 
-def _alive(pid: int) -> bool:
-    st = read_proc_stat(pid)
-    return st is not None and st.state != "Z"
-
-
 def read_holdings(directory: str) -> dict[int, int]:
     """pid → bytes for every live holder; removes the files of dead pids (blocking)."""
     try:
@@ -155,7 +150,7 @@ def read_holdings(directory: str) -> dict[int, int]:
             continue
         pid = int(name)
         path = os.path.join(directory, name)
-        if pid <= 0 or not _alive(pid):
+        if pid <= 0 or not pid_alive(pid):
             with contextlib.suppress(OSError):
                 os.unlink(path)
             continue
@@ -362,18 +357,16 @@ def _hold(directory: str, pid: int, nbytes: int, seconds: float | None) -> int:
         remove_holding(directory, pid)
 
 
-def _positive_seconds(text: str) -> float:
-    value = _finite_float(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be > 0 seconds, got {text}")
-    return value
+def _positive(unit: str) -> Callable[[str], float]:
+    """An argparse type: a finite number > 0 of ``unit``."""
 
+    def parse(text: str) -> float:
+        value = _finite_float(text)
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"must be > 0 {unit}, got {text}")
+        return value
 
-def _positive_gib(text: str) -> float:
-    value = _finite_float(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be > 0 GiB, got {text}")
-    return value
+    return parse
 
 
 def _finite_float(text: str) -> float:
@@ -389,33 +382,27 @@ def _finite_float(text: str) -> float:
 def main(argv: Sequence[str] | None = None, prog: str = "python -m fleet_trio.gpu.fake") -> int:
     parser = argparse.ArgumentParser(prog=prog)
     sub = parser.add_subparsers(dest="verb", required=True)
-
-    def add_dir(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--dir", default=default_fake_dir(), help=f"default: ${ENV_DIR}")
-
-    hold = sub.add_parser("hold", help="hold SIZE until killed (or --for SECONDS)")
+    with_dir = argparse.ArgumentParser(add_help=False)  # every verb takes --dir
+    with_dir.add_argument("--dir", default=default_fake_dir(), help=f"default: ${ENV_DIR}")
+    hold = sub.add_parser(
+        "hold", parents=[with_dir], help="hold SIZE until killed (or --for SECONDS)"
+    )
     hold.add_argument("size")
-    hold.add_argument("--for", dest="seconds", type=_positive_seconds, default=None)
+    hold.add_argument("--for", dest="seconds", type=_positive("seconds"), default=None)
     who = hold.add_mutually_exclusive_group()
     who.add_argument("--pid", type=int, default=None)
     who.add_argument("--parent", action="store_true")
-    add_dir(hold)
-    alloc = sub.add_parser("alloc", help="set PID's holding to SIZE and return")
+    alloc = sub.add_parser("alloc", parents=[with_dir], help="set PID's holding to SIZE and return")
     alloc.add_argument("size")
     alloc.add_argument("--pid", type=int, required=True)
-    add_dir(alloc)
-    free = sub.add_parser("free", help="drop PID's holding")
+    free = sub.add_parser("free", parents=[with_dir], help="drop PID's holding")
     free.add_argument("--pid", type=int, required=True)
-    add_dir(free)
-    init = sub.add_parser("init", help="create the directory and device.json")
+    init = sub.add_parser("init", parents=[with_dir], help="create the directory and device.json")
     init.add_argument("--name", default=DEFAULT_NAME)
-    init.add_argument("--total-gib", type=_positive_gib, default=DEFAULT_TOTAL_GIB)
-    add_dir(init)
-    fail = sub.add_parser("fail", help="make every snapshot fail")
+    init.add_argument("--total-gib", type=_positive("GiB"), default=DEFAULT_TOTAL_GIB)
+    fail = sub.add_parser("fail", parents=[with_dir], help="make every snapshot fail")
     fail.add_argument("message", nargs="?", default="")
-    add_dir(fail)
-    recover = sub.add_parser("recover", help="undo fail")
-    add_dir(recover)
+    sub.add_parser("recover", parents=[with_dir], help="undo fail")
 
     args = parser.parse_args(argv)
     directory: str = args.dir

@@ -47,7 +47,6 @@ DEFAULT_MARGIN = 1.2
 FILE_NAME = "footprints.json"
 TEMP_PREFIX = ".footprints-"
 TEMP_SUFFIX = ".tmp"
-LOCK_POLL = 0.01
 MAX_FILE_BYTES = 4 << 20
 """The largest footprint file read (4 MiB, some 20,000 records); a larger one is corrupt."""
 MAX_GB = 1_000_000.0

@@ -39,17 +39,23 @@ def _text(value: Any) -> str:
 MIB = 1 << 20
 
 
+def _init(nvml: Any | None) -> Any:
+    """``nvml`` (the module when ``None``), initialised; :class:`GpuError` if it cannot be."""
+    lib = nvml if nvml is not None else _load_pynvml()
+    try:
+        lib.nvmlInit()
+    except Exception as exc:
+        raise GpuError(f"nvml: init failed: {exc}") from exc
+    return lib
+
+
 def gpu_rows_sync(nvml: Any | None = None) -> list[tuple[str, int, int, str]]:
     """Every GPU NVML sees, in index order: ``(name, total MiB, free MiB, driver version)`` —
     the rows of the worker's ``nvidia-smi --query-gpu=name,memory.total,memory.free,
     driver_version`` label query (worker-process.md §6.3), read from the driver library
     instead of a subprocess. :class:`GpuError` when NVML cannot be used. Blocking.
     """
-    lib = nvml if nvml is not None else _load_pynvml()
-    try:
-        lib.nvmlInit()
-    except Exception as exc:
-        raise GpuError(f"nvml: init failed: {exc}") from exc
+    lib = _init(nvml)
     try:
         driver = _text(lib.nvmlSystemGetDriverVersion()).strip()
         rows = []
@@ -106,11 +112,7 @@ class NvmlSource:
             raise GpuError("nvml: source is closed")
         if self._initialised:
             return
-        lib = self._nvml()
-        try:
-            lib.nvmlInit()
-        except Exception as exc:
-            raise GpuError(f"nvml: init failed: {exc}") from exc
+        lib = _init(self._nvml())
         try:
             handle = lib.nvmlDeviceGetHandleByIndex(self.index)
         except Exception as exc:
@@ -203,11 +205,7 @@ def open_nvml_devices(nvml: Any | None = None) -> DeviceSet:
     UUID or name cannot be read is left out with a warning; none left is a :class:`GpuError`.
     Blocking (``nvmlInit``).
     """
-    lib = nvml if nvml is not None else _load_pynvml()
-    try:
-        lib.nvmlInit()
-    except Exception as exc:
-        raise GpuError(f"nvml: init failed: {exc}") from exc
+    lib = _init(nvml)
     devices: list[GpuDevice] = []
     try:
         try:

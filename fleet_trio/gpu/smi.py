@@ -51,14 +51,13 @@ def parse_smi_memory(text: str) -> tuple[float, float]:
     fields = line.split(",")
     if len(fields) != 2:
         raise GpuError(f"nvidia-smi: expected 2 fields, got {len(fields)}: {line!r}")
-    try:
-        total = _float_field(fields[0])
-    except ValueError as exc:
-        raise GpuError(f"nvidia-smi: bad total {fields[0].strip()!r}") from exc
-    try:
-        used = _float_field(fields[1])
-    except ValueError as exc:
-        raise GpuError(f"nvidia-smi: bad used {fields[1].strip()!r}") from exc
+    values = []
+    for what, field in zip(("total", "used"), fields, strict=True):
+        try:
+            values.append(_float_field(field))
+        except ValueError as exc:
+            raise GpuError(f"nvidia-smi: bad {what} {field.strip()!r}") from exc
+    total, used = values
     if total <= 0:
         raise GpuError(f"nvidia-smi: non-positive total {fields[0].strip()!r}")
     if used < 0:

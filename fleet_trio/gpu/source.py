@@ -103,12 +103,6 @@ class DeviceSet:
     def __len__(self) -> int:
         return len(self.devices)
 
-    def by_uuid(self, uuid: str) -> GpuDevice | None:
-        for device in self.devices:
-            if device.uuid == uuid:
-                return device
-        return None
-
     async def aclose(self) -> None:
         for device in self.devices:
             close = getattr(device.source, "aclose", None)
@@ -153,14 +147,11 @@ async def open_devices(
     devices are ``fake_dir/gpu0`` … ``gpu{N-1}`` (made when missing, each with its own UUID).
     """
     if kind == "fake":
-        from fleet_trio.gpu.fake import default_fake_dir, open_fake_devices
+        from fleet_trio.gpu.fake import open_fake_devices
 
-        directory = fake_dir or default_fake_dir()
-        if not directory:
-            raise GpuError("fake gpu: no directory (pass fake_dir or set FLEET_TRIO_FAKE_GPU_DIR)")
         # abandon_on_cancel: a probe that never returns cannot hold a shutdown
         return await trio.to_thread.run_sync(
-            open_fake_devices, directory, fake_gpus, abandon_on_cancel=True
+            open_fake_devices, _fake_dir(fake_dir), fake_gpus, abandon_on_cancel=True
         )
     if kind == "smi":
         from fleet_trio.gpu.smi import open_smi_devices
@@ -174,15 +165,31 @@ async def open_devices(
         except GpuError as nvml_error:
             if kind == "nvml":
                 raise
-            from fleet_trio.gpu.smi import find_nvidia_smi, open_smi_devices
+            from fleet_trio.gpu.smi import open_smi_devices
 
-            if find_nvidia_smi() is None:
-                raise GpuError(
-                    f"no GPU source: NVML did not initialise ({nvml_error}) and nvidia-smi is "
-                    "not on PATH; install the NVIDIA driver, or use the fake GPU (--gpu fake)"
-                ) from nvml_error
+            _smi_fallback(nvml_error)
             return await open_smi_devices(smi_timeout=smi_timeout)
     raise GpuError(f"unknown gpu source {kind!r} (expected one of {', '.join(SOURCE_KINDS)})")
+
+
+def _fake_dir(fake_dir: str | None) -> str:
+    from fleet_trio.gpu.fake import default_fake_dir
+
+    directory = fake_dir or default_fake_dir()
+    if not directory:
+        raise GpuError("fake gpu: no directory (pass fake_dir or set FLEET_TRIO_FAKE_GPU_DIR)")
+    return directory
+
+
+def _smi_fallback(nvml_error: GpuError) -> None:
+    """``auto`` after NVML failed: nvidia-smi must be on ``PATH``, else :class:`GpuError`."""
+    from fleet_trio.gpu.smi import find_nvidia_smi
+
+    if find_nvidia_smi() is None:
+        raise GpuError(
+            f"no GPU source: NVML did not initialise ({nvml_error}) and nvidia-smi is not "
+            "on PATH; install the NVIDIA driver, or use the fake GPU (--gpu fake)"
+        ) from nvml_error
 
 
 def open_source(
@@ -204,36 +211,26 @@ def open_source(
     if index < 0:
         raise GpuError(f"gpu index must be >= 0, got {index}")
     if kind == "fake":
-        from fleet_trio.gpu.fake import FakeGpu, default_fake_dir
+        from fleet_trio.gpu.fake import FakeGpu
 
-        directory = fake_dir or default_fake_dir()
-        if not directory:
-            raise GpuError("fake gpu: no directory (pass fake_dir or set FLEET_TRIO_FAKE_GPU_DIR)")
-        return FakeGpu(directory)
+        return FakeGpu(_fake_dir(fake_dir))
     if kind == "smi":
         from fleet_trio.gpu.smi import SmiSource
 
         return SmiSource(index=index, timeout=smi_timeout)
-    if kind == "nvml":
+    if kind in ("nvml", "auto"):
         from fleet_trio.gpu.nvml import NvmlSource
-
-        nvml_source = NvmlSource(index=index)
-        nvml_source.init_sync()
-        return nvml_source
-    if kind == "auto":
-        from fleet_trio.gpu.nvml import NvmlSource
-        from fleet_trio.gpu.smi import SmiSource, find_nvidia_smi
 
         nvml_source = NvmlSource(index=index)
         try:
             nvml_source.init_sync()
         except GpuError as nvml_error:
-            if find_nvidia_smi() is not None:
-                return SmiSource(index=index, timeout=smi_timeout)
-            raise GpuError(
-                f"no GPU source: NVML did not initialise ({nvml_error}) and nvidia-smi is not "
-                "on PATH; install the NVIDIA driver, or use the fake GPU (--gpu fake)"
-            ) from nvml_error
+            if kind == "nvml":
+                raise
+            from fleet_trio.gpu.smi import SmiSource
+
+            _smi_fallback(nvml_error)
+            return SmiSource(index=index, timeout=smi_timeout)
         return nvml_source
     raise GpuError(f"unknown gpu source {kind!r} (expected one of {', '.join(SOURCE_KINDS)})")
 

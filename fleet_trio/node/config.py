@@ -28,6 +28,7 @@ from fleet_trio.edge import is_loopback_host, split_host_port
 from fleet_trio.errors import ConfigError, DurationError
 from fleet_trio.inputs import first_control, id_problem, printable
 from fleet_trio.memory import DEFAULT_BUDGET, check_budget, parse_size
+from fleet_trio.node.wire import go_quote
 
 DEFAULT_LISTEN = "127.0.0.1:18811"
 FALLBACK_NODE_ID = "fleet-node"
@@ -142,9 +143,6 @@ class FamilyRule:
     allowed: tuple[str, ...] = ()
 
 
-QUANT_SOURCES = ("family", "env.")
-
-
 @attrs.frozen
 class QuantRule:
     """``quant: {source: [family], starts_with: {hidream-o1: bf16}}``, or
@@ -232,28 +230,24 @@ def _structure_size(value: object, _: type) -> MemorySize:
         raise ValueError(str(exc)) from None
 
 
-def _strict_str(value: object, _: type) -> str:
-    if not isinstance(value, str):
-        raise ValueError(f"expected a string, got {value!r}")
-    return value
+_STRICT: dict[type, tuple[type | tuple[type, ...], str]] = {
+    str: (str, "a string"),
+    bool: (bool, "true or false"),
+    int: (int, "an integer"),
+    float: ((int, float), "a number"),
+}
+"""The scalar types taken as they are, never coerced: what each accepts and its name."""
 
 
-def _strict_bool(value: object, _: type) -> bool:
-    if not isinstance(value, bool):
-        raise ValueError(f"expected true or false, got {value!r}")
-    return value
+def _strict(kind: type) -> Callable[[object, type], object]:
+    accepted, name = _STRICT[kind]
 
+    def hook(value: object, _: type) -> object:
+        if (isinstance(value, bool) and kind is not bool) or not isinstance(value, accepted):
+            raise ValueError(f"expected {name}, got {value!r}")
+        return kind(value)
 
-def _strict_int(value: object, _: type) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"expected an integer, got {value!r}")
-    return value
-
-
-def _strict_float(value: object, _: type) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ValueError(f"expected a number, got {value!r}")
-    return float(value)
+    return hook
 
 
 def _name_or_rule(
@@ -275,10 +269,8 @@ def register_hooks(converter: cattrs.Converter) -> None:
     """The YAML config edge: Go durations, strict scalars, ``footprint: false``, families."""
     converter.register_structure_hook(Duration, _structure_duration)
     converter.register_structure_hook(MemorySize, _structure_size)
-    converter.register_structure_hook(str, _strict_str)
-    converter.register_structure_hook(bool, _strict_bool)
-    converter.register_structure_hook(int, _strict_int)
-    converter.register_structure_hook(float, _strict_float)
+    for kind in _STRICT:
+        converter.register_structure_hook(kind, _strict(kind))
 
     _name_or_rule(converter, FamilyRule, "a family name or a from_payload rule")
     _name_or_rule(converter, QuantRule, "a quant or a source rule")
@@ -339,31 +331,27 @@ def _check_family_rule(rule: FamilyRule, key: str) -> None:
             key,
         )
     for value in rule.allowed:
-        problem = id_problem(value)
-        if problem is not None:
-            raise _KeyedError(f"{printable(value, limit=64)!r} {problem}", f"{key}.allowed")
+        _check_id(value, f"{key}.allowed")
     for source, value in rule.map.items():
-        problem = id_problem(value)
-        if problem is not None:
-            raise _KeyedError(
-                f"{printable(value, limit=64)!r} {problem}", f"{key}.map.{printable(source)}"
-            )
+        _check_id(value, f"{key}.map.{printable(source)}")
     if rule.default:
-        problem = id_problem(rule.default)
-        if problem is not None:
-            raise _KeyedError(f"{printable(rule.default, limit=64)!r} {problem}", f"{key}.default")
+        _check_id(rule.default, f"{key}.default")
+
+
+def _check_id(value: str, where: str) -> None:
+    """Families reach {family}, FLEET_FAMILY, health and the footprint file: ids only."""
+    problem = id_problem(value)
+    if problem is not None:
+        raise _KeyedError(f"{printable(value, limit=64)!r} {problem}", where)
 
 
 def _check_task(task: TaskDef, key: str) -> None:
     family = task.footprint.family if task.footprint is not None else ""
     if isinstance(family, FamilyRule):
         _check_family_rule(family, key)
-    # plain families reach {family}, FLEET_FAMILY, health and the footprint file: ids only
     for value, where in ((task.family, f"{key}.family"), (family, f"{key}.footprint.family")):
         if isinstance(value, str) and value:
-            problem = id_problem(value)
-            if problem is not None:
-                raise _KeyedError(f"{printable(value, limit=64)!r} {problem}", where)
+            _check_id(value, where)
     for member, spec in task.payload.items():
         if spec.type not in FIELD_TYPES:
             raise _KeyedError(
@@ -495,10 +483,8 @@ def resolve_node_id(
     flag: str | None, configured: str, hostname: Callable[[], str] = os_hostname
 ) -> str:
     """``--node-id`` > config ``node_id`` > the OS hostname > ``"fleet-node"``."""
-    if flag:
-        return flag
-    if configured:
-        return configured
+    if flag or configured:
+        return flag or configured
     try:
         name = hostname()
     except Exception:
@@ -508,11 +494,7 @@ def resolve_node_id(
 
 def resolve_listen(flag: str | None, configured: str) -> str:
     """``--listen`` > config ``listen`` > ``127.0.0.1:18811``."""
-    if flag:
-        return flag
-    if configured:
-        return configured
-    return DEFAULT_LISTEN
+    return flag or configured or DEFAULT_LISTEN
 
 
 class ListenRefused(ConfigError):
@@ -526,10 +508,12 @@ def check_listen(addr: str, allow_non_local: bool) -> None:
     try:
         host, _port = split_host_port(addr)
     except ValueError as exc:
-        raise ListenRefused(f"cannot parse --listen {_q(addr)}: address {addr}: {exc}") from None
+        raise ListenRefused(
+            f"cannot parse --listen {go_quote(addr)}: address {addr}: {exc}"
+        ) from None
     if not is_loopback_host(host):
         raise ListenRefused(
-            f"refusing to bind --listen {_q(addr)}: the fleet endpoints have no "
+            f"refusing to bind --listen {go_quote(addr)}: the fleet endpoints have no "
             "authentication; use a loopback address (127.0.0.1, ::1, localhost) or pass "
             "--listen-trusted-network to bind a trusted network such as a tailnet address"
         )
@@ -539,10 +523,6 @@ TRUSTED_NETWORK_WARNING = (
     "WARNING: --listen-trusted-network: binding {addr} with no authentication on the fleet "
     "endpoints; any host that can reach this port can start jobs on this GPU"
 )
-
-
-def _q(text: str) -> str:
-    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 def journal_path(configured: str, node_id: str, footprints_path: str, base_dir: str = "") -> str:

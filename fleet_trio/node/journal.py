@@ -43,8 +43,6 @@ log = logging.getLogger(__name__)
 SCHEMA_VERSION = "1"
 DEFAULT_INLINE_MAX = 64 * 1024
 """Results larger than this (bytes) are kept in a file beside the journal, not in RAM."""
-JOURNAL_FILE = "journal-{node_id}.sqlite"
-"""The default file name, in the node's state directory (the footprint store's folder)."""
 SYNC_MODES = ("normal", "full")
 WORK_TAG = re.compile(r"[0-9a-f]{12}")
 """A node's work-dir tag (``meta.work_tag``): 12 hex digits, made when the journal is created.
@@ -473,8 +471,6 @@ class JournalWriter:
         self._lot = trio.lowlevel.ParkingLot()
         self._limiter = trio.CapacityLimiter(1)
         self._closed = False
-        self.commits = 0
-        self.failed = 0
         self._failing = False
 
     def submit(self, records: Sequence[Record], callback: Callback | None = None) -> Ticket:
@@ -523,12 +519,10 @@ class JournalWriter:
 
     def _note(self, error: JournalError | None) -> None:
         if error is None:
-            self.commits += 1
             if self._failing:
                 self._failing = False
                 log.warning("journal: writes succeed again (%s)", self.journal.path)
             return
-        self.failed += 1
         if not self._failing:
             self._failing = True
             log.error("%s; new dispatches get 503 until a write succeeds", error)
@@ -536,7 +530,6 @@ class JournalWriter:
 
 __all__ = [
     "DEFAULT_INLINE_MAX",
-    "JOURNAL_FILE",
     "SYNC_MODES",
     "WORK_TAG",
     "Accept",

@@ -33,7 +33,6 @@ from __future__ import annotations
 import functools
 import logging
 import math
-import os
 import signal
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
@@ -388,10 +387,8 @@ async def serve_node(
     Everything runs in the task tree, the GPU probe included: the tree (and its signal
     handling) opens first, so a signal at any moment, a hung probe included, is a shutdown.
 
-    Cancellation: a cancel (or a signal, or ``request_shutdown``) runs the tree's bounded
-    shutdown: 503 at once, the drain, survivors marked ``interrupted``, SIGTERM → ``kill_grace``
-    → SIGKILL, the tails' ``end`` (:data:`~fleet_trio.nursery.tree.JOBS_CLOSED_BUDGET`), then
-    the HTTP server is cancelled (writes to clients cut) and the services. Exits within
+    Cancellation: a cancel (or a signal, or ``request_shutdown``) runs the shutdown the module
+    docstring tells (the HTTP server's cancel cuts writes to clients); it exits within
     ``drain + 5 s + kill_grace + 3 s + 1.5 s`` whatever clients, jobs or the GPU do (see
     docs/node.md "Stopping").
     """
@@ -525,10 +522,6 @@ async def serve_node(
         await tree.wait_shutdown()
 
 
-def node_env_token() -> str | None:
-    return os.environ.get("FLEET_TRIO_TOKEN") or None
-
-
 __all__ = [
     "GpuServices",
     "NodeOptions",
@@ -536,7 +529,6 @@ __all__ = [
     "RunningNode",
     "hypercorn_config",
     "need_hook",
-    "node_env_token",
     "open_gpu",
     "open_journal",
     "serve_http",

@@ -440,29 +440,13 @@ def _structure_footprint(obj: Mapping[str, Any], _: type) -> FootprintWire:
 
 
 def _unstructure_health(h: Health) -> dict[str, Any]:
-    values: dict[str, Any] = {
-        "node_id": h.node_id,
-        "schema_version": h.schema_version,
-        "gpu_vendor": h.gpu_vendor,
-        "gpu_arch": h.gpu_arch,
-        "vram_total_gb": h.vram_total_gb,
-        "vram_free_gb": h.vram_free_gb,
-        "supported_task_types": list(h.supported_task_types),
-        "loadable_model_families": list(h.loadable_model_families),
-        "model_footprints": [_unstructure_footprint(f) for f in h.model_footprints],
-        "queue_depth": h.queue_depth,
-    }
-    out = {name: values[name] for name in HEALTH_FIELDS}
+    out: dict[str, Any] = {name: getattr(h, name) for name in HEALTH_FIELDS}  # upstream order
+    out["supported_task_types"] = list(h.supported_task_types)
+    out["loadable_model_families"] = list(h.loadable_model_families)
+    out["model_footprints"] = [_unstructure_footprint(f) for f in h.model_footprints]
     if h.gpu_devices is not None:  # multi-GPU only: after the v2 fields, additive
         out[GPU_DEVICES_FIELD] = [
-            {
-                "index": d.index,
-                "uuid": d.uuid,
-                "name": d.name,
-                "vram_total_gb": d.vram_total_gb,
-                "vram_free_gb": d.vram_free_gb,
-            }
-            for d in h.gpu_devices
+            {name: getattr(d, name) for name in GPU_DEVICE_FIELDS} for d in h.gpu_devices
         ]
     return out
 

@@ -39,10 +39,9 @@ shielded scope, and the body's exception is re-raised unchanged (not wrapped in 
 
 The bound: ``drain + interrupt_budget + kill_grace + SHUTDOWN_SLACK``, plus
 ``JOBS_CLOSED_BUDGET`` with ``on_jobs_closed``, plus ``linger`` with ``on_linger`` (see
-:attr:`TaskTree.shutdown_bound`). The
-tree cannot abandon a task (structured concurrency): when a scope overruns its allowance the
-tree logs which tasks are late and keeps waiting.
-The bound therefore holds when jobs bound their teardown by :attr:`TaskTree.kill_grace`, which
+:attr:`TaskTree.shutdown_bound`). The tree cannot abandon a task (structured concurrency):
+when a scope overruns its allowance the tree logs which tasks are late and keeps waiting. The
+bound therefore holds when jobs bound their teardown by :attr:`TaskTree.kill_grace`, which
 ``fleet_trio.proc.run`` does when a role passes ``grace_ceiling=tree.kill_grace``.
 
 The phase bookkeeping is :class:`ShutdownState`, a plain synchronous class with no I/O.
@@ -596,19 +595,28 @@ class TaskTree:
             self._state.finish()
             log.info("task tree closed")
 
+    async def _budgeted(
+        self, hook: Callable[[], Awaitable[None]], budget: float, failed: str
+    ) -> bool:
+        """Run a shutdown hook shielded, under ``budget`` (cut by a hurry); log its failure
+        as ``failed``. True when the budget cut it short."""
+        with trio.move_on_after(budget, shield=True) as scope:
+            forget = self.cut_on_hurry(scope)
+            try:
+                await hook()
+            except Exception:
+                log.exception(failed)
+            finally:
+                forget()
+        return scope.cancelled_caught
+
     async def _jobs_closed(self) -> None:
         if self._on_jobs_closed is None:
             return
-        with trio.move_on_after(self.jobs_closed_budget, shield=True) as budget:
-            forget = self.cut_on_hurry(budget)
-            try:
-                await self._on_jobs_closed()
-            except Exception:
-                log.exception("on_jobs_closed failed; closing the role scope")
-            finally:
-                forget()
-        if budget.cancelled_caught:
-            log.warning("on_jobs_closed cut short (budget %gs)", self.jobs_closed_budget)
+        budget = self.jobs_closed_budget
+        failed = "on_jobs_closed failed; closing the role scope"
+        if await self._budgeted(self._on_jobs_closed, budget, failed):
+            log.warning("on_jobs_closed cut short (budget %gs)", budget)
 
     async def _linger(self) -> None:
         """The linger step: ``on_linger`` for at most ``linger`` s; a new request ends it."""
@@ -638,18 +646,10 @@ class TaskTree:
         if self._on_interrupt is None:
             return
         log.info("interrupting %d live job(s) before the cancel", self._state.live)
-        with trio.move_on_after(self.interrupt_budget, shield=True) as budget:
-            forget = self.cut_on_hurry(budget)
-            try:
-                await self._on_interrupt()
-            except Exception:
-                log.exception("on_interrupt failed; cancelling the jobs anyway")
-            finally:
-                forget()
-        if budget.cancelled_caught:
-            log.error(
-                "on_interrupt cut short (budget %gs); cancelling the jobs", self.interrupt_budget
-            )
+        budget = self.interrupt_budget
+        failed = "on_interrupt failed; cancelling the jobs anyway"
+        if await self._budgeted(self._on_interrupt, budget, failed):
+            log.error("on_interrupt cut short (budget %gs); cancelling the jobs", budget)
 
     async def _close(self, scope: Scope, allowance: float) -> None:
         """Cancel one scope and wait for it to close. Called inside a shield."""
@@ -705,16 +705,13 @@ async def open_task_tree(
     them ``error:"interrupted"``; worker: log the abandoned ids); bounded by
     ``interrupt_budget`` and shielded.
     ``on_jobs_closed``: async, after step 4, before the role is cancelled; bounded by
-    :data:`JOBS_CLOSED_BUDGET` and shielded.
+    ``jobs_closed_budget`` (default :data:`JOBS_CLOSED_BUDGET`) and shielded.
     ``on_linger``: async, after ``on_jobs_closed``, before the role is cancelled; bounded by
     ``linger`` seconds (0: skipped) and shielded; a new shutdown request ends it.
-    ``jobs_closed_budget`` (default :data:`JOBS_CLOSED_BUDGET`) and shielded.
     ``signals``: served by :func:`~fleet_trio.nursery.signals.serve_shutdown_signals`, the
     first task of the services scope (cancelled last): from the moment the tree opens to the
     moment it closes, each of these signals is a :meth:`TaskTree.request_shutdown`. A process
     does all its work in the body, so no signal finds it outside the tree.
-
-    The body's exception, if any, is re-raised as it was, after steps 1, 3, 4 and 5.
 
     Cancellation: a cancel from outside ends the drain (step 2) early; steps 3–5 run shielded,
     each under its own deadline (``interrupt_budget``, ``kill_grace`` plus

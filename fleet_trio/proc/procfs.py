@@ -135,11 +135,6 @@ def live_proc_exists(predicate: Predicate, scan: ScanFn = scan_live_procs) -> tu
     return bool(pids), scanned
 
 
-def live_proc_pids(predicate: Predicate, scan: ScanFn = scan_live_procs) -> tuple[list[int], bool]:
-    """``(pids, scanned)``: every live process matching ``predicate``."""
-    return scan(predicate, False)
-
-
 def env_marker_value(environ: bytes, key: bytes = JOB_ENV_KEY) -> str:
     """The first non-empty ``RC_JOB_ID=`` value in a NUL-separated environment block."""
     if key not in environ:
@@ -159,19 +154,11 @@ def job_env_id(pid: int) -> tuple[str, OSError | None]:
     try:
         with open(f"{PROC}/{pid}/environ", "rb") as f:
             data = f.read()
-    except (FileNotFoundError, ProcessLookupError):
-        return "", None
     except OSError as exc:
         if exc.errno in (errno.ENOENT, errno.ESRCH):
             return "", None
         return "", exc
     return env_marker_value(data), None
-
-
-def has_job_env(pid: int) -> tuple[bool, OSError | None]:
-    """Whether the process carries a non-empty ``RC_JOB_ID`` (same error rule)."""
-    value, err = job_env_id(pid)
-    return bool(value), err
 
 
 def group_alive(pgid: int, scan: ScanFn = scan_live_procs) -> bool:
@@ -597,13 +584,11 @@ __all__ = [
     "forks_since_boot",
     "group_alive",
     "group_settling",
-    "has_job_env",
     "ident_alive",
     "idents_alive",
     "job_env_id",
     "list_pids",
     "live_proc_exists",
-    "live_proc_pids",
     "parse_proc_stat",
     "pause_since",
     "pid_alive",

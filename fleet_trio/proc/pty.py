@@ -47,16 +47,8 @@ leader's pid, zombies included (job control puts each background job in its own 
 the session). A process that ``setsid``\\ s away (tmux, screen) leaves the session; only the
 RC_JOB_ID sweep (``spec.sweep_job_id``) can catch it (§8.4 residual).
 
-Trio cancellation of :meth:`PtySession.wait` (program shutdown) runs the same teardown in a
-shielded scope, caches the ``Result`` for other callers, then re-raises ``Cancelled``.
-:meth:`PtySession.close` trips the session's internal stop, awaits :meth:`wait` (so the leader
-is reaped even if nobody called ``wait`` — closing the master alone would only SIGHUP the
-foreground group and leave a zombie, checklist 105), then closes the master. Use the session
-as an async context manager so it is always closed.
-
-A stop passed to :meth:`PtySession.wait` is linked to the supervisor (its setting trips the
-session's stop, its deadline joins the supervisor's scope deadline), so a follower's token
-stops the session too, and a trio cancellation of a follower ends only that call.
+Cancellation, stops passed to :meth:`PtySession.wait` and :meth:`PtySession.close`: see
+their docstrings. Use the session as an async context manager so it is always closed.
 
 Start failures raise :class:`PtyStartError` carrying the ``Result`` to report
 (``err="empty command"`` or ``"start pty: <detail>"``, §8.2); nothing is left running.
@@ -311,8 +303,9 @@ class PtySession(trio.abc.AsyncResource):
 
     # -- teardown ---------------------------------------------------------------------------
     async def close(self) -> None:
-        """Stop the session, reap everything in it (even without a prior :meth:`wait`), then
-        close the master (§8.3). Idempotent.
+        """Stop the session, reap everything in it (even without a prior :meth:`wait`: closing
+        the master alone would only SIGHUP the foreground group and leave a zombie, checklist
+        105), then close the master (§8.3). Idempotent.
 
         Cancellation: the teardown runs even if the caller is cancelled (see :meth:`wait`);
         closing the master is shielded and bounded by ``CLOSE_TIMEOUT``.

@@ -110,14 +110,6 @@ class ScriptPass:
         """The budget as Go renders it, e.g. ``2m0s``, ``500ms`` (``unbounded`` for no budget)."""
         return "unbounded" if math.isinf(self.budget) else go_duration_seconds(self.budget)
 
-    @property
-    def first_failure(self) -> ScriptOutcome | None:
-        """The first ``failed`` or ``stat_error`` outcome, in run order."""
-        for outcome in self.outcomes:
-            if outcome.kind in (ScriptKind.FAILED, ScriptKind.STAT_ERROR):
-                return outcome
-        return None
-
 
 # -- text helpers ---------------------------------------------------------------------------
 

@@ -27,14 +27,11 @@ Beyond rc (deliberate, changes no checklist item):
   ``found`` (rc's ``found`` is the initial scan only; without this a report could say
   ``found=[]`` for a sweep that killed something). Pids first seen *during* a phase are
   signalled but, as in rc, not added to ``found``.
-* Honest bookkeeping (issue 13): every process a scan ever matched is *attributed* to the job by
-  identity (pid + start time from ``/proc/PID/stat``), signalled at once and on every phase,
-  and counts as reaped only once an identity check has seen it gone (gone, a zombie, or its pid
-  now naming another process). A process that drops its marker (``unset RC_JOB_ID; exec …``)
-  after a scan saw it is still signalled and checked; if it outlives the phases it is
-  ``remaining`` and the report is not ``clean()``. rc signals only what the latest scan still
-  sees, and reports the rest as gone. Signals go through ``pidfd_open`` + a start-time check,
-  so a reused pid is never hit.
+* Honest bookkeeping (issue 13): every process a scan ever matched stays attributed to the job
+  until an identity check sees it gone (see :class:`SweepBook`, *Attribution*); one that
+  outlives the phases is ``remaining`` and the report is not ``clean()``. rc signals only what
+  the latest scan still sees, and reports the rest as gone. Signals go through ``pidfd_open`` +
+  a start-time check, so a reused pid is never hit.
 * "Could not look" is never turned into "found nothing": a phase scan that failed keeps the
   last known pids (rc would report them as gone), and a later pass that cannot list ``/proc``,
   or scans that never settle within the pass bound, set ``blind`` so the report is not

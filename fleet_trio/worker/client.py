@@ -229,13 +229,6 @@ class StatusReport:
     reason: str = ""
 
 
-def _omit_empty(d: dict[str, Any], keys: Sequence[str]) -> dict[str, Any]:
-    for key in keys:
-        if key in d and not d[key]:
-            del d[key]
-    return d
-
-
 def register_hooks(conv: cattrs.Converter) -> None:
     """Teach ``conv`` the omitempty rules of §3 (unstructure) and lenient decoding (structure)."""
 
@@ -246,10 +239,9 @@ def register_hooks(conv: cattrs.Converter) -> None:
         if r.recovery:
             body["recovery"] = dict(r.recovery)
         body["devices"] = [
-            _omit_empty(
-                {"name": d.name, "max_runtime_seconds": d.max_runtime_seconds},
-                ["max_runtime_seconds"],
-            )
+            {"name": d.name, "max_runtime_seconds": d.max_runtime_seconds}
+            if d.max_runtime_seconds  # omitempty
+            else {"name": d.name}
             for d in r.devices
         ]
         body["labels"] = r.labels
@@ -395,6 +387,11 @@ class ControllerError(Exception):
         self.status = status
 
 
+def _http_error(what: str, response: httpx.Response) -> ControllerError:
+    text = printable(response.text.strip(), limit=200)
+    return ControllerError(f"{what}: HTTP {response.status_code}: {text}", response.status_code)
+
+
 def _ok(status: int | None) -> bool:
     return status is not None and 200 <= status < 300
 
@@ -515,11 +512,7 @@ class ControllerClient:
             "POST", "/v1/workers/register", content=encode(self.converter, registration)
         )
         if response.status_code != 200:
-            text = printable(response.text.strip(), limit=200)
-            raise ControllerError(
-                f"register: HTTP {response.status_code}: {text}",
-                response.status_code,
-            )
+            raise _http_error("register", response)
         try:
             body = loads_json(response.content, max_depth=ANSWER_MAX_DEPTH)
             worker_id = body["worker_id"]
@@ -577,10 +570,7 @@ class ControllerClient:
         if response.status_code == 204:
             return PollAnswer()
         if response.status_code != 200:
-            raise ControllerError(
-                f"poll: HTTP {response.status_code}: {printable(response.text.strip(), limit=200)}",
-                response.status_code,
-            )
+            raise _http_error("poll", response)
         try:
             return decode_answer(self.converter, response.content)
         except WireError as exc:
@@ -729,7 +719,6 @@ class LogShipper:
         self._lock = trio.Lock()
         self.dropped = 0
         self.sent_chunks = 0
-        self.lost_chunks = 0
 
     @property
     def pending_bytes(self) -> int:
@@ -744,10 +733,10 @@ class LogShipper:
             return
         room = self.limit - self.pending_bytes
         if room <= 0:
-            self._drop(len(data))
+            self.count_dropped(len(data))
             return
         if len(data) > room:
-            self._drop(len(data) - room)
+            self.count_dropped(len(data) - room)
             data = data[:room]
         if not self._buf:
             self._first_at = trio.current_time()
@@ -757,10 +746,7 @@ class LogShipper:
             self._seal()
 
     def count_dropped(self, n: int) -> None:
-        """``n`` bytes of output were lost before they reached the shipper."""
-        self._drop(n)
-
-    def _drop(self, n: int) -> None:
+        """``n`` bytes of output were lost: the outbox was full, or before they reached it."""
         if not self.dropped:
             log.error("%s: log outbox full (%d B kept): dropping output", self.label, self.limit)
         self.dropped += n
@@ -786,8 +772,6 @@ class LogShipper:
                 self._pending -= len(chunk)
                 if ok:
                     self.sent_chunks += 1
-                else:
-                    self.lost_chunks += 1
 
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """The sender: one flush at a time, in order. Returns once closed and empty."""

@@ -5,13 +5,10 @@
 the worker's hook seams (``acquire`` / ``verify`` / ``release``) and three lifecycle pieces the
 worker calls at the points of worker-protocol.md §4.1 / §4.3:
 
-* ``serve`` — a service task: the release-linger timers. One task sleeps until the earliest due
-  release and fires it; each firing runs shielded (a release is never half-done by a cancel),
-  bounded by the device's hook timeout.
-* ``startup_pass`` — every device's ``on_release`` once, in declared order, ``RC_JOB_ID`` and
-  ``RC_SUBMITTER`` empty, the whole pass bounded by 2 min (§4.6). Before the first poll.
-* ``drain`` — at shutdown, after the jobs: every armed-but-unfired release now, one 20 s budget
-  for all devices together (§4.7).
+* ``serve`` — a service task: the release-linger timers, each firing shielded and bounded by
+  the device's hook timeout;
+* ``startup_pass`` — before the first poll: every ``on_release`` once, within 2 min (§4.6);
+* ``drain`` — at shutdown, after the jobs: the armed releases now, within 20 s (§4.7).
 
 All decisions live in the sans-IO book; this module only runs hooks (``run_hook``, §4.2, through
 :func:`fleet_trio.proc.run`: own process group, combined output, 10 s grace, no sweep) and holds

@@ -268,11 +268,6 @@ class DeviceLease:
         """True while a hook of this device runs (the device lock of §4.4 is taken)."""
         return self.running is not None
 
-    @property
-    def running_kind(self) -> Literal["acquire", "release", "startup"] | None:
-        """Which hook runs now, if any."""
-        return None if self.running is None else self.running.kind
-
 
 # -- the book ------------------------------------------------------------------------------------
 

@@ -80,13 +80,16 @@ _GPU_NAME = re.compile(r"gpu[0-9]+\Z")
 # ---------------------------------------------------------------------------------------------
 
 
-def _mem_total_bytes(meminfo: str) -> str | None:
+def _read_text(path: str) -> str | None:
     try:
-        with open(meminfo, encoding="utf-8", errors="replace") as f:
-            text = f.read()
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return f.read()
     except OSError:
         return None
-    for line in text.splitlines():
+
+
+def _mem_total_bytes(meminfo: str) -> str | None:
+    for line in (_read_text(meminfo) or "").splitlines():
         if line.startswith("MemTotal:"):
             fields = line.split()
             if len(fields) < 2:
@@ -100,12 +103,7 @@ def _mem_total_bytes(meminfo: str) -> str | None:
 
 
 def _kernel(osrelease: str) -> str | None:
-    try:
-        with open(osrelease, encoding="utf-8", errors="replace") as f:
-            text = f.read().strip()
-    except OSError:
-        return None
-    return text or None
+    return (_read_text(osrelease) or "").strip() or None
 
 
 def builtin_host_facts(
@@ -409,10 +407,6 @@ class UnconfirmedTracker:
         self._unconfirmed: dict[str, list[str]] = {}
         self._in_pass = False
 
-    @property
-    def in_pass(self) -> bool:
-        return self._in_pass
-
     def begin_pass(self) -> None:
         self._next = {}
         self._unconfirmed = {}
@@ -522,10 +516,6 @@ class ProbeResult:
     def omitted(self) -> frozenset[str]:
         """Devices the wire map leaves out: unconfirmed and without facts of their own."""
         return frozenset(d for d in self.unconfirmed if not self.device.get(d))
-
-
-LabelPass = ProbeResult
-"""Alias: the result of :func:`gather_labels` / :meth:`Prober.run_pass`."""
 
 
 def labels_payload(result: ProbeResult) -> dict[str, dict[str, str]] | None:
@@ -669,29 +659,22 @@ class Prober:
         source = os.path.join(self.probe_dir, outcome.name)
         if outcome.kind is ScriptKind.SKIPPED:
             return  # not executable: silently skipped, forgotten from memory
+        facts: dict[str, str] | None = None
         if outcome.kind is ScriptKind.STAT_ERROR:
-            log.warning("probe %s: %s", source, outcome.error, extra={"probe": source})
-            self._dropin_failed(source)
-            return
-        if outcome.kind is ScriptKind.FAILED:
-            log.warning(
-                "probe %s failed: %s", source, _probe_error(outcome), extra={"probe": source}
+            problem = f"probe {source}: {outcome.error}"
+        elif outcome.kind is ScriptKind.FAILED:
+            problem = f"probe {source} failed: {_probe_error(outcome)}"
+        elif outcome.stdout_truncated:
+            problem = (
+                f"probe {source} failed: stdout exceeded {OUTPUT_CAP} bytes; probe misbehaving"
             )
-            self._dropin_failed(source)
-            return
-        if outcome.stdout_truncated:
-            log.warning(
-                "probe %s failed: stdout exceeded %d bytes; probe misbehaving",
-                source,
-                OUTPUT_CAP,
-                extra={"probe": source},
-            )
-            self._dropin_failed(source)
-            return
-        try:
-            facts = parse_probe_output(outcome.stdout, source)
-        except ProbeOutputError as exc:
-            log.warning("probe %s failed: %s", source, exc, extra={"probe": source})
+        else:
+            try:
+                facts = parse_probe_output(outcome.stdout, source)
+            except ProbeOutputError as exc:
+                problem = f"probe {source} failed: {exc}"
+        if facts is None:
+            log.warning("%s", problem, extra={"probe": source})
             self._dropin_failed(source)
             return
         self.tracker.merge(source, merge_facts(source, facts, host, device))
@@ -746,7 +729,6 @@ __all__ = [
     "NVIDIA_QUERY",
     "OUTPUT_CAP",
     "PASS_BUDGET",
-    "LabelPass",
     "NvidiaFacts",
     "ProbeOutputError",
     "ProbeResult",

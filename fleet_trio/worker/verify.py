@@ -15,7 +15,7 @@ pass its *verify meaning*:
 
 * the environment (§4.3, ``hook_env("verify", …)``): ``RC_EVENT=verify``, ``RC_DEVICE``,
   ``RC_JOB_ID``, ``RC_SUBMITTER`` and the derived ``CUDA_VISIBLE_DEVICES`` on top of the worker's
-  own environment (:func:`verify_env`);
+  own environment (``CUDA_VISIBLE_DEVICES`` only when the device name yields an index);
 * the verdict (§5.1 steps 2, 5 and 6), first failure wins, every script still runs:
 
   - directory missing → pass (the feature is off);
@@ -77,21 +77,6 @@ class VerifyOutcome:
 PASSED = VerifyOutcome(ok=True)
 
 
-def verify_env(device_id: str, job_id: str, submitter: str) -> dict[str, str]:
-    """§4.3, verify column: what goes on top of the worker's environment.
-
-    ``CUDA_VISIBLE_DEVICES`` is set only when the device name yields an index
-    (:func:`~fleet_trio.worker.config.cuda_device_index`); otherwise it is left alone (and may be
-    inherited from the worker). Job id and submitter are untrusted text, passed only as values.
-    """
-    return hook_env("verify", device_id, job_id, submitter)
-
-
-def verify_config(cfg: WorkerConfig) -> tuple[str, float, float]:
-    """``(verify_dir, verify_timeout, verify_pass_budget)``, durations in float seconds."""
-    return cfg.verify_dir, cfg.verify_timeout / SECOND, cfg.verify_pass_budget / SECOND
-
-
 async def run_verify(
     directory: str,
     *,
@@ -111,21 +96,20 @@ async def run_verify(
         directory,
         max_runtime=timeout,
         budget=pass_budget,
-        env=verify_env(device_id, job_id, submitter),
+        env=hook_env("verify", device_id, job_id, submitter),
     )
     return judge(result)
 
 
 async def verify_assignment(cfg: WorkerConfig, job: Assignment) -> VerifyOutcome:
     """:func:`run_verify` for an ended assignment, with the configured dir/timeout/budget."""
-    directory, timeout, budget = verify_config(cfg)
     return await run_verify(
-        directory,
+        cfg.verify_dir,
         device_id=job.device_id,
         job_id=job.job_id,
         submitter=job.submitter,
-        timeout=timeout,
-        pass_budget=budget,
+        timeout=cfg.verify_timeout / SECOND,
+        pass_budget=cfg.verify_pass_budget / SECOND,
     )
 
 
@@ -213,6 +197,4 @@ __all__ = [
     "judge",
     "run_verify",
     "verify_assignment",
-    "verify_config",
-    "verify_env",
 ]

@@ -195,20 +195,14 @@ class Worker:
         self._register_lock = trio.Lock()
 
     # -- settings ------------------------------------------------------------------------------
-    @property
-    def heartbeat_interval(self) -> float:
-        t = self.timings.heartbeat_interval
-        return t if t is not None else self.config.heartbeat_interval / SECOND
+    def _seconds(self, name: str) -> float:
+        """Setting ``name`` in seconds: the timings' override, else the config's."""
+        t: float | None = getattr(self.timings, name)
+        return t if t is not None else float(getattr(self.config, name)) / SECOND
 
-    @property
-    def poll_wait(self) -> float:
-        t = self.timings.poll_wait
-        return t if t is not None else self.config.poll_wait / SECOND
-
-    @property
-    def probe_interval(self) -> float:
-        t = self.timings.probe_interval
-        return t if t is not None else self.config.probe_interval / SECOND
+    heartbeat_interval = property(functools.partial(_seconds, name="heartbeat_interval"))
+    poll_wait = property(functools.partial(_seconds, name="poll_wait"))
+    probe_interval = property(functools.partial(_seconds, name="probe_interval"))
 
     @property
     def client(self) -> ControllerClient:
@@ -581,20 +575,13 @@ async def serve_worker(
     task_status: trio.TaskStatus[Worker] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run ``worker`` until :meth:`Worker.request_shutdown`, one of ``signals``, or a cancel,
-    per §4.1 / §4.3.
+    per §4.1 / §4.3, in the task tree drawn in the module docstring (opened first, with its
+    signal handling). ``started`` (with the worker) once the startup registration succeeded
+    and the loops run.
 
-    ``started`` (with the worker) once the startup registration succeeded and the loops run.
-    Everything runs in one task tree, opened first (with its signal handling): the controller
-    client and the tail listener (services), the heartbeat, labels and poll loops (role), the
-    jobs, and, once the jobs have ended, the tails' ``end`` and the release drain (§4.7).
-
-    Cancellation: a cancel, a signal or :meth:`Worker.request_shutdown` runs the tree's
-    shutdown: polling stops and every job's stop token is set at once; the drain waits up to
-    ``shutdown_drain`` for the jobs' final reports; then every report still in flight gets
-    ``hurry_budget`` (a request after the drain cuts it), the jobs are cancelled (their
-    processes get the kill grace), the tails get their ``end``, the releases fire, and the
-    services close. The whole of it is bounded by :func:`shutdown_bound`, whatever the
-    controller, a tail client or a job does.
+    Cancellation: a cancel, a signal or :meth:`Worker.request_shutdown` runs the shutdown the
+    module docstring tells (a request after the drain cuts ``hurry_budget`` short), bounded by
+    :func:`shutdown_bound` whatever the controller, a tail client or a job does.
     """
     t = worker.timings
     check_tail_listen(worker.config, worker.tail_trusted_network)

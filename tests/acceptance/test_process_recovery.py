@@ -25,7 +25,6 @@ from fleet_trio.proc.procfs import (
     Predicate,
     ProcStat,
     ScanFn,
-    has_job_env,
     job_env_id,
     pid_alive,
     read_proc_stat,
@@ -126,7 +125,7 @@ async def test_process_121_empty_job_id_is_not_a_survivor() -> None:
         proc = await start_marked("")
         try:
             assert pid_alive(proc.pid)
-            assert has_job_env(proc.pid) == (False, None)
+            assert job_env_id(proc.pid) == ("", None)
             scan = FakeScan(ProcStat(pid=proc.pid))
             assert survivors_from_previous_run(os.getpid(), scan) == (True, False)
         finally:
@@ -137,7 +136,7 @@ async def test_process_122_exited_process_is_neither_survivor_nor_error() -> Non
     with trio.fail_after(10):
         proc = await trio.lowlevel.open_process(["true"], env=marked_env(DEAD_BEEF))
         await proc.wait()
-        assert has_job_env(proc.pid) == (False, None)
+        assert job_env_id(proc.pid) == ("", None)
 
 
 async def test_a_zombie_is_not_a_survivor() -> None:
@@ -254,7 +253,7 @@ async def test_survivor_check_waits_for_a_process_held_between_fork_and_exec(
                 assert chunk, "the holder exited before naming its child"
                 line += chunk
             child = int(line)
-            assert has_job_env(child) == (False, None)  # the parent's environment
+            assert job_env_id(child) == ("", None)  # the parent's environment
             stdin_fd = holder.stdin.fileno()
             released: list[float] = []
 

@@ -13,7 +13,7 @@ from trio_websocket import (
     ConnectionRejected,
 )
 
-from fleet_trio.cli import tail_exit_status, tail_url
+from fleet_trio.cli import tail_exit_status
 from fleet_trio.logbus.bus import End, Output, Skipped
 from fleet_trio.logbus.tail import (
     CLOSE_BAD_REQUEST,
@@ -28,6 +28,7 @@ from fleet_trio.logbus.tail import (
     loads,
     parse_query,
 )
+from fleet_trio.logbus.tail_client import tail_url
 from tests.helpers import LINES_SCRIPT, assert_contiguous, collect, run_tail_cli, scenario_pause
 from tests.node.conftest import PY
 from tests.node.harness import Harness, node_config, running_node

@@ -14,7 +14,6 @@ import pytest
 import trio
 from trio_websocket import ConnectionClosed, open_websocket_url
 
-from fleet_trio.cli import tail_url
 from fleet_trio.errors import WireError
 from fleet_trio.logbus.tail import (
     CLOSE_BAD_REQUEST,
@@ -24,6 +23,7 @@ from fleet_trio.logbus.tail import (
     parse_query,
     parse_start,
 )
+from fleet_trio.logbus.tail_client import tail_url
 from fleet_trio.logs import StderrHandler, setup_logging, teardown_logging
 from fleet_trio.node.wire import MAX_DEPTH, error_body, parse_dispatch
 from tests.node.harness import echo_task, node_config, running_node

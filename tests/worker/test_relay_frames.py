@@ -9,14 +9,20 @@ import pytest
 from fleet_trio.worker.relay import (
     MAX_FRAME_LINE,
     DataFrame,
+    Frame,
     FrameError,
     FrameReader,
     ResizeFrame,
     decode_frame,
     encode_data,
-    encode_frame,
     encode_resize,
 )
+
+
+def encode_frame(frame: Frame) -> bytes:
+    if isinstance(frame, DataFrame):
+        return encode_data(frame.data)
+    return encode_resize(frame.rows, frame.cols)
 
 
 def test_encode_data_frame_exact_bytes() -> None:

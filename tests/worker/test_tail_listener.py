@@ -17,7 +17,6 @@ import pytest
 import trio
 from trio_websocket import ConnectionRejected
 
-from fleet_trio.cli import tail_url
 from fleet_trio.errors import ConfigError
 from fleet_trio.logbus import End, JobLog, LogBus, Output
 from fleet_trio.logbus.tail import (
@@ -27,6 +26,7 @@ from fleet_trio.logbus.tail import (
     TailError,
     TailEvent,
 )
+from fleet_trio.logbus.tail_client import tail_url
 from fleet_trio.sim import serve_controller
 from fleet_trio.worker.config import WorkerConfig, check_tail_listen, load_worker_config
 from fleet_trio.worker.listener import TailListenError, serve_tail_listener

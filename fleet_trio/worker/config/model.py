@@ -7,7 +7,7 @@ built in code gets them too. The file's keys are these classes' fields (:func:`f
 from __future__ import annotations
 
 import socket
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from typing import Any, NewType
 
 import attrs
@@ -60,12 +60,14 @@ def file_fields(cls: type) -> dict[str, attrs.Attribute[Any]]:
     return {f.name: f for f in attrs.fields(cls) if not f.metadata.get(NOT_IN_FILE)}
 
 
-def _fill_defaults(obj: object, defaults: Mapping[str, object]) -> None:
-    """Replace a zero/negative duration or an empty string by its default (frozen-safe)."""
-    for name, default in defaults.items():
-        value = getattr(obj, name)
-        if (isinstance(value, str) and not value) or (isinstance(value, int) and value <= 0):
-            object.__setattr__(obj, name, default)
+def _fill_defaults(obj: Any) -> None:
+    """Replace a zero/negative duration or an empty string by the field's default, for the
+    fields whose default is not itself empty (frozen-safe)."""
+    for f in attrs.fields(type(obj)):
+        value = getattr(obj, f.name)
+        duration = f.metadata.get(FILE_TYPE) is GoDuration
+        if f.default and ((isinstance(value, str) and not value) or (duration and value <= 0)):
+            object.__setattr__(obj, f.name, f.default)
 
 
 @attrs.frozen
@@ -78,9 +80,7 @@ class HooksConfig:
     """How long a device stays held after a job before ``on_release`` runs, ns (30 s)."""
 
     def __attrs_post_init__(self) -> None:
-        _fill_defaults(
-            self, {"timeout": DEFAULT_HOOK_TIMEOUT, "release_linger": DEFAULT_RELEASE_LINGER}
-        )
+        _fill_defaults(self)
 
 
 @attrs.frozen
@@ -164,20 +164,7 @@ class WorkerConfig:
     """Keys in the file the worker does not read (dotted), in file order."""
 
     def __attrs_post_init__(self) -> None:
-        _fill_defaults(
-            self,
-            {
-                "heartbeat_interval": DEFAULT_HEARTBEAT_INTERVAL,
-                "poll_wait": DEFAULT_POLL_WAIT,
-                "probe_dir": DEFAULT_PROBE_DIR,
-                "probe_interval": DEFAULT_PROBE_INTERVAL,
-                "probe_timeout": DEFAULT_PROBE_TIMEOUT,
-                "verify_dir": DEFAULT_VERIFY_DIR,
-                "verify_timeout": DEFAULT_VERIFY_TIMEOUT,
-                "verify_pass_budget": DEFAULT_VERIFY_PASS_BUDGET,
-                "sheet_dir": DEFAULT_SHEET_DIR,
-            },
-        )
+        _fill_defaults(self)
         if not self.host:
             object.__setattr__(self, "host", _safe_hostname(socket.gethostname))
         resolved = tuple(

@@ -5,25 +5,9 @@ worker-process.md §8.1 and §8.5.
 
 Three layers, one module each (:mod:`.frames`, :mod:`.streams`, :mod:`.attached`):
 
-* **Frame codec** (§8.2 "Input frame format"). :func:`encode_data` / :func:`encode_resize`
-  write one NDJSON line (``{"t":"d","b":"bHM="}``, ``{"t":"r","rows":48,"cols":180}``; ``b``
-  omitted when empty, ``rows``/``cols`` omitted when 0). :class:`FrameReader` is incremental:
-  it reassembles lines split across reads, skips blank lines and frames of an unknown ``t``,
-  and raises :class:`FrameError` on malformed JSON, a wrongly typed field, bad base64, a
-  size outside 0–65535 or a line over 1 MiB.
-
-* **The two streams**, each an HTTP/1.1 exchange driven by h11 over a Trio stream (one
-  connection each, never reused). :func:`open_out_stream` (E8, ``POST /v1/jobs/{id}/tty/out``)
-  sends the request head with ``Transfer-Encoding: chunked`` and reads the response head
-  while the body is still open: the controller answers ``200`` before it reads the body (full
-  duplex; a client that finishes the body first would deadlock). Each
-  :meth:`OutStream.send` is one chunk, flushed at once; :meth:`OutStream.aclose` ends the body
-  (the terminating chunk tells the controller the session is over), waits (bounded) for the
-  end of the response, then closes the socket. :func:`open_in_stream` (E9,
-  ``GET /v1/jobs/{id}/tty/in``) returns an :class:`InStream`, a ``trio.abc.ReceiveStream``
-  over the response body; its end is an ordinary stdin EOF. Any answer but ``200`` (404
-  unknown job, 409 half already connected, 401/403/500) or a transport failure raises
-  :class:`RelayError`.
+* **Frame codec** (§8.2 "Input frame format"): :mod:`.frames` (its docstring has the format).
+* **The two streams** (E8 output, E9 input), each an HTTP/1.1 exchange over its own connection:
+  :mod:`.streams` (its docstring has the full-duplex rule and the errors).
 
 * :func:`run_attached`: open E8, then E9 (the reference's order), then run the job:
 

@@ -72,12 +72,6 @@ def encode_resize(rows: int, cols: int) -> bytes:
     return _dump(obj)
 
 
-def encode_frame(frame: Frame) -> bytes:
-    if isinstance(frame, DataFrame):
-        return encode_data(frame.data)
-    return encode_resize(frame.rows, frame.cols)
-
-
 def _dimension(obj: dict[str, object], key: str) -> int:
     value = obj.get(key)
     if value is None:
@@ -164,6 +158,5 @@ __all__ = [
     "ResizeFrame",
     "decode_frame",
     "encode_data",
-    "encode_frame",
     "encode_resize",
 ]
