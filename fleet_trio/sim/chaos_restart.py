@@ -26,7 +26,7 @@ from __future__ import annotations
 import contextlib
 import os
 import random
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import attrs
 import trio
@@ -265,16 +265,13 @@ class RestartLineage:
 
     async def start(self) -> None:
         await self.nursery.start(self.dispatcher.serve)
-        await self._start_node()
-
-    async def _start_node(self) -> None:
-        """Start the node and wait until the dispatcher's health probe sees it again."""
         await self.node.start()
+        await self._wait_healthy()
+
+    async def _wait_healthy(self) -> None:
+        """Until the dispatcher's health probe sees the node again."""
         url = self.node.url
         await self.dispatcher.wait_for(lambda: self.dispatcher.healthy(url), timeout=SETTLE_TIMEOUT)
-
-    async def stop(self) -> None:
-        await self.node.stop()
 
     async def _restart(self, step: RestartStep, before_kill: set[str], rec: RestartRecords) -> None:
         await self.node.kill()
@@ -287,8 +284,7 @@ class RestartLineage:
         ready = trio.current_time()
         found = await trio.to_thread.run_sync(scan_markers, before_kill)
         left = dead_dirs & await trio.to_thread.run_sync(work_dirs, self.node_dir)
-        url = self.node.url
-        await self.dispatcher.wait_for(lambda: self.dispatcher.healthy(url), timeout=SETTLE_TIMEOUT)
+        await self._wait_healthy()
         rec.leftovers += [Leftover(pid, job, ready) for pid, job in found]
         rec.leftover_dirs += sorted(left)
 
@@ -390,15 +386,6 @@ def restart_verdict(result: RestartResult) -> str:
     return "\n".join(lines)
 
 
-def summary(results: Sequence[RestartResult]) -> Mapping[str, int]:
-    return {
-        "seeds": len(results),
-        "failed": sum(1 for r in results if not r.ok),
-        "acked": sum(r.acked for r in results),
-        "restarts": sum(r.restarts for r in results),
-    }
-
-
 __all__ = [
     "Leftover",
     "RestartLineage",
@@ -413,5 +400,4 @@ __all__ = [
     "restart_verdict",
     "run_restart_seeds",
     "scan_markers",
-    "summary",
 ]

@@ -195,10 +195,7 @@ def cmd_controller(args: argparse.Namespace) -> int:
         try:
             return trio.run(_serve, args, host, port, root, config)
         except BaseExceptionGroup as group:  # raised inside the nursery: a group of one
-            leaf: BaseException = group
-            while isinstance(leaf, BaseExceptionGroup) and len(leaf.exceptions) == 1:
-                leaf = leaf.exceptions[0]
-            if isinstance(leaf, SimCliError):
+            if isinstance(leaf := _alone(group), SimCliError):
                 raise leaf from None
             raise
     except SimCliError as exc:
@@ -206,11 +203,11 @@ def cmd_controller(args: argparse.Namespace) -> int:
         return exc.status
 
 
-def _os_error(exc: BaseException) -> OSError | None:
-    """The ``OSError`` of a bind failure, bare or alone in (nested) groups."""
+def _alone(exc: BaseException) -> BaseException:
+    """``exc``, or the exception alone in (nested) groups of one."""
     while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
         exc = exc.exceptions[0]
-    return exc if isinstance(exc, OSError) else None
+    return exc
 
 
 async def _serve(args: argparse.Namespace, host: str, port: int, root: str, config: str) -> int:
@@ -232,8 +229,8 @@ async def _serve(args: argparse.Namespace, host: str, port: int, root: str, conf
                 )
             )
         except (OSError, BaseExceptionGroup) as exc:
-            bind_error = _os_error(exc)
-            if bind_error is None:
+            bind_error = _alone(exc)
+            if not isinstance(bind_error, OSError):
                 raise
             why = bind_error.strerror or str(bind_error)
             raise SimCliError(f"cannot listen on {args.listen}: {why}") from None

@@ -208,7 +208,6 @@ class SimDispatcher:
         self._changed = trio.Event()
         self._client: httpx.AsyncClient | None = None
         self._nursery: trio.Nursery | None = None
-        self._health_scopes: dict[str, trio.CancelScope] = {}
         self._polling: set[str] = set()
         for url in nodes:
             self.add_node(url)
@@ -228,16 +227,6 @@ class SimDispatcher:
         self._health[url] = _NodeHealth()
         if self._nursery is not None:
             self._start_health_loop(url)
-
-    def remove_node(self, url: str) -> None:
-        """Stop placing jobs on ``url``. Jobs it already acked keep being polled there."""
-        url = url.rstrip("/")
-        if url not in self._nodes:
-            raise KeyError(f"unknown node {url!r}")
-        self._nodes.remove(url)
-        scope = self._health_scopes.pop(url, None)
-        if scope is not None:
-            scope.cancel()
 
     def health(self, url: str) -> dict[str, Any] | None:
         """The last good health body seen from ``url`` (``None`` if none yet)."""
@@ -611,14 +600,7 @@ class SimDispatcher:
 
     def _start_health_loop(self, url: str, first_done: bool = False) -> None:
         assert self._nursery is not None
-        scope = trio.CancelScope()
-        self._health_scopes[url] = scope
-
-        async def run() -> None:
-            with scope:
-                await self._health_loop(url, first_done)
-
-        self._nursery.start_soon(run, name=f"health {url}")
+        self._nursery.start_soon(self._health_loop, url, first_done, name=f"health {url}")
 
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Run the health loops and the pollers until cancelled; ``started`` once the first
@@ -644,7 +626,6 @@ class SimDispatcher:
         finally:
             self._nursery = None
             self._client = None
-            self._health_scopes.clear()
             self._polling.clear()
 
 

@@ -164,7 +164,6 @@ class ManagedProcess:
         self.shutdowns = shutdowns
         self.proc: trio.Process | None = None
         self.output = bytearray()
-        self.starts = 0
         self._seen: trio.Event = trio.Event()
 
     @property
@@ -205,7 +204,6 @@ class ManagedProcess:
         if self.running:
             raise RuntimeError(f"{self.name} is already running")
         self.output.clear()
-        self.starts += 1
         self._before_start()
         self.proc = await trio.lowlevel.open_process(
             self.argv,
@@ -335,10 +333,6 @@ class WorkerProcess(ManagedProcess):
         self.devices = list(devices)
         self.ctrl = ctrl
         self._registered_before = 0
-
-    @property
-    def device_ids(self) -> list[str]:
-        return [f"{self.host}:{d}" for d in self.devices]
 
     def _registrations(self) -> int:
         return sum(

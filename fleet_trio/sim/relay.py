@@ -40,7 +40,7 @@ import trio
 from quart import Response, request
 from quart_trio import QuartTrio
 
-from fleet_trio.sim.rcwire import go_json
+from fleet_trio.sim.client_api import error_reply
 from fleet_trio.worker.relay import encode_data, encode_resize
 
 if TYPE_CHECKING:
@@ -201,14 +201,6 @@ def operator(ctrl: SimController, job_id: str) -> RelaySession:
     return relay_hub(ctrl).session(job_id)
 
 
-def _error(status: int, code: str, message: str) -> Response:
-    return Response(
-        go_json({"error": code, "message": message}),
-        status=status,
-        content_type="application/json",
-    )
-
-
 def mount_relay(app: QuartTrio, ctrl: SimController) -> None:
     """Add E8/E9 to the sim's app (``create_app`` calls this)."""
     hub = relay_hub(ctrl)
@@ -223,10 +215,10 @@ def mount_relay(app: QuartTrio, ctrl: SimController) -> None:
         if denied is not None:
             return denied
         if job_id not in ctrl._jobs:
-            return _error(404, "not_found", "job not found")
+            return error_reply(404, "not_found", "job not found")
         session = hub.session(job_id)
         if getattr(session, f"worker_{side}"):
-            return _error(409, "conflict", CONFLICT_MESSAGE)
+            return error_reply(409, "conflict", CONFLICT_MESSAGE)
         setattr(session, f"worker_{side}", True)
         count = f"{side}_connections"
         setattr(session, count, getattr(session, count) + 1)
