@@ -26,7 +26,6 @@ a few at a time (most of a seed is waiting).
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import random
 import signal
@@ -44,7 +43,7 @@ from fleet_trio.gpu.fake import HANG_FILE, init_device
 from fleet_trio.nursery.tree import DEFAULT_INTERRUPT_BUDGET, JOBS_CLOSED_BUDGET, SHUTDOWN_SLACK
 from fleet_trio.sim.chaos.checker import TERMINAL_NODE, TERMINAL_RC, MarkedProcess, Violation
 from fleet_trio.sim.chaos.runner import kill_pids, scan_markers
-from fleet_trio.sim.chaos.schedule import NODE_MARKER, RC_MARKER
+from fleet_trio.sim.chaos.schedule import NODE_MARKER, RC_MARKER, shell_tasks_yaml
 from fleet_trio.sim.controller import SimController, serve_controller
 from fleet_trio.sim.faults import FaultyLink, serve_link
 from fleet_trio.sim.fleet import ROLE_LAUNCHER, free_port, wait_exit, worker_yaml
@@ -333,22 +332,13 @@ async def play_node(plan: StopPlan, root: str, spawn: Spawner = spawn_fresh) -> 
     gpu = os.path.join(root, "gpu")
     await trio.to_thread.run_sync(init_device, gpu)
     tasks = {
-        kind: {"command": ["sh", "-c", script.replace(FLOOD, f"{FLOOD} {NODE_STDERR[kind]}")]}
+        kind: script.replace(FLOOD, f"{FLOOD} {NODE_STDERR[kind]}")
         for kind, script in JOB_SCRIPTS.items()
     }
     cfg = os.path.join(root, "node.yaml")
-    text = json.dumps(
-        {
-            "node": {
-                "timings": {
-                    "drain_timeout": f"{int(NODE_DRAIN * 1000)}ms",
-                    "kill_grace": f"{int(NODE_KILL_GRACE * 1000)}ms",
-                    "poll_linger": f"{int(NODE_LINGER * 1000)}ms",
-                }
-            },
-            "tasks": tasks,
-        }
-    )  # JSON is YAML
+    text = shell_tasks_yaml(
+        tasks, drain_ms=int(NODE_DRAIN * 1000), kill_grace_s=NODE_KILL_GRACE, linger_s=NODE_LINGER
+    )
     await trio.Path(cfg).write_text(text)
     port = listen_port()
     argv = [

@@ -152,14 +152,11 @@ class SimController:
             return False
         if job.state == "queued":
             self._finish(job, "killed", None, "cancelled")
-        elif self.retain_disconnected_jobs and self._disconnected(job.device_id):
-            # finalized on the spot, the device kept out of the pool, the kill flag kept for a
-            # returning worker (§5.5); a heartbeat that stops naming the job clears the flag
-            self._finish(job, "killed", None, "cancelled", free_device=False)
-            job.kill_flag = True
-            job.kill_delivered_at = None
-            self._poke(job.worker_id)
         else:
+            if self.retain_disconnected_jobs and self._disconnected(job.device_id):
+                # finalized on the spot, the device kept out of the pool, the kill flag kept for
+                # a returning worker (§5.5); a heartbeat that stops naming the job clears it
+                self._finish(job, "killed", None, "cancelled", free_device=False)
             job.kill_flag = True
             job.kill_delivered_at = None
             self._poke(job.worker_id)
