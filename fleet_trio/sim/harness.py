@@ -19,6 +19,7 @@ use them directly.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import json
@@ -470,18 +471,14 @@ async def open_node(
     (no drain: jobs still running end ``interrupted`` and are killed within ``kill_grace``).
     """
     cfg = await load_node_config(config, base_dir=base_dir)
-    async with _workdir(workdir, "fleet-node-") as root:
+    async with contextlib.AsyncExitStack() as stack:
+        root = await stack.enter_async_context(_workdir(workdir, "fleet-node-"))
         if fake_gpu is None:
-            async with (
-                open_fake_gpu(root / "fake-gpu", total_gib=total_gib, devices=fake_gpus) as gpu,
-                _serve_node(cfg, gpu, root, node_id, token, drain_on_exit, start_timeout) as h,
-            ):
-                yield h
-        else:
-            async with _serve_node(
-                cfg, fake_gpu, root, node_id, token, drain_on_exit, start_timeout
-            ) as h:
-                yield h
+            gpu = open_fake_gpu(root / "fake-gpu", total_gib=total_gib, devices=fake_gpus)
+            fake_gpu = await stack.enter_async_context(gpu)
+        yield await stack.enter_async_context(
+            _serve_node(cfg, fake_gpu, root, node_id, token, drain_on_exit, start_timeout)
+        )
 
 
 @asynccontextmanager
