@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import secrets
@@ -132,7 +133,9 @@ def add_to_sim(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         r = simsub.add_parser(name, help=text, description=f"{text[0].upper()}{text[1:]}.")
         r.add_argument("--json", action="store_true", help="print the controller's JSON")
         client_args(r)
-        r.set_defaults(handler=cmd_jobs if name == "jobs" else cmd_devices)
+        r.set_defaults(
+            handler=functools.partial(_run_client, _jobs if name == "jobs" else _devices)
+        )
 
 
 # -- sim controller -------------------------------------------------------------------------
@@ -446,14 +449,6 @@ async def _devices(args: argparse.Namespace) -> int:
         why = f" ({d['reason']})" if d.get("reason") else ""
         print(f"{d['id']:24}  {d['state']}{why}")
     return 0
-
-
-def cmd_jobs(args: argparse.Namespace) -> int:
-    return _run_client(_jobs, args)
-
-
-def cmd_devices(args: argparse.Namespace) -> int:
-    return _run_client(_devices, args)
 
 
 __all__ = ["DEFAULT_LISTEN", "WAIT_FOR_WORKER", "add_to_sim", "session_path", "worker_yaml"]

@@ -24,6 +24,7 @@ its background loops (health refresh per node, one poller per acked job) in one 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
@@ -328,32 +329,26 @@ class SimDispatcher:
         raise AssertionError("unreachable")
 
     async def _probe(self, client: httpx.AsyncClient, url: str) -> None:
-        state = self._health.get(url)
-        if state is None:
-            return
+        state = self._health[url]
         resp = await self._request(
             client, "GET", f"{url}/fleet/health", observe=(url, "health", None)
         )
         state.checked_at = trio.current_time()
+        status = None if isinstance(resp, str) else resp.status_code
+        body = None
         if isinstance(resp, str):
-            state.ok, state.reason = False, resp
-            self._observe(url, "health", None, resp)
-            return
-        if resp.status_code != 200:
-            state.ok, state.reason = False, f"{resp.status_code} {_error_text(resp)}"
-            self._observe(url, "health", resp.status_code, _error_text(resp))
-            return
-        try:
-            body = resp.json()
-        except ValueError:
-            body = None
-        problem = _health_problem(body)
-        if problem is not None:
-            state.ok, state.reason = False, problem
-            self._observe(url, "health", resp.status_code, problem)
-            return
-        state.body, state.ok, state.reason = body, True, "ok"
-        self._observe(url, "health", resp.status_code, "ok")
+            detail = state.reason = resp
+        elif status != 200:
+            detail = _error_text(resp)
+            state.reason = f"{status} {detail}"
+        else:
+            with contextlib.suppress(ValueError):
+                body = resp.json()
+            detail = state.reason = _health_problem(body) or "ok"
+        state.ok = status == 200 and detail == "ok"
+        if state.ok:
+            state.body = body
+        self._observe(url, "health", status, detail)
 
     # ------------------------------------------------------------------ submit
 
@@ -445,16 +440,12 @@ class SimDispatcher:
         refused: list[str] = []
         for url in candidates:
             resp = await self._request(client, "POST", f"{url}/fleet/dispatch", body)
-            if isinstance(resp, str):
-                rec.attempts.append((url, None, resp))
-                refused.append(f"{url} ({resp})")
-                self._observe(url, "dispatch", None, resp, rec.job_id)
-                continue
-            if resp.status_code != 202:
-                reason = _error_text(resp)
-                rec.attempts.append((url, resp.status_code, reason))
-                refused.append(f"{url} ({resp.status_code} {reason})")
-                self._observe(url, "dispatch", resp.status_code, reason, rec.job_id)
+            status = None if isinstance(resp, str) else resp.status_code
+            if status != 202:
+                reason = resp if isinstance(resp, str) else _error_text(resp)
+                rec.attempts.append((url, status, reason))
+                refused.append(f"{url} ({reason if status is None else f'{status} {reason}'})")
+                self._observe(url, "dispatch", status, reason, rec.job_id)
                 continue
             rec.attempts.append((url, 202, "accepted"))
             self._observe(url, "dispatch", 202, "accepted", rec.job_id)

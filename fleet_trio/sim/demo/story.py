@@ -10,8 +10,9 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from fleet_trio.gpu.fake import init_device
 from fleet_trio.sim.demo.console import TAIL_COLOURS, Console
-from fleet_trio.sim.demo.files import write_fake_gpu
+from fleet_trio.sim.demo.files import GPU_GIB
 from fleet_trio.sim.demo.model import LEAK_GIB, RUN_MARKER, TERMINAL_RC, Fleet, RcOutcome, Step
 from fleet_trio.sim.demo.report import _short, marked_processes, one_line
 from fleet_trio.sim.demo.tails import Tail, follow
@@ -364,7 +365,7 @@ class Story:
         f = self.fleet
         device = f.device("gpu1")
         await trio.to_thread.run_sync(
-            write_fake_gpu, f.files.fake_gpu("gpu1"), "Fake GPU 1 (demo worker)"
+            init_device, f.files.fake_gpu("gpu1"), "Fake GPU 1 (demo worker)", GPU_GIB
         )
         self.note(step, "operator freed the leaked memory, then ran `rc clear demo-box:gpu1`")
         try:
