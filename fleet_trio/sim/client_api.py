@@ -131,8 +131,7 @@ def mount_client(app: QuartTrio, ctrl: SimController) -> None:
         return devices[0].device_id
 
     async def submit() -> Response:
-        denied = check()
-        if denied is not None:
+        if denied := check():
             return denied
         try:
             body = decode_json(cast(bytes, await request.get_data(as_text=False)))
@@ -186,11 +185,8 @@ def mount_client(app: QuartTrio, ctrl: SimController) -> None:
 
     def find(job_id: str) -> Job | Response:
         """The job, or the refusal (401, 403, 404)."""
-        denied = check()
-        if denied is not None:
-            return denied
         job = ctrl._jobs.get(job_id)
-        return job if job is not None else error_reply(404, "not_found", "job not found")
+        return check() or job or error_reply(404, "not_found", "job not found")
 
     async def get_job(job_id: str) -> Response:
         job = find(job_id)
@@ -230,23 +226,12 @@ def mount_client(app: QuartTrio, ctrl: SimController) -> None:
         return _json(200, {"killed": ctrl.kill(job_id)})
 
     async def devices() -> Response:
-        denied = check()
-        if denied is not None:
-            return denied
-        return _json(200, {"devices": [device_json(d) for d in ctrl.devices()]})
+        return check() or _json(200, {"devices": [device_json(d) for d in ctrl.devices()]})
 
     async def state() -> Response:
-        denied = check()
-        if denied is not None:
-            return denied
-        jobs = sorted(ctrl._jobs.values(), key=lambda j: j.seq)
-        return _json(
-            200,
-            {
-                "devices": [device_json(d) for d in ctrl.devices()],
-                "jobs": [job_json(j) for j in jobs],
-            },
-        )
+        jobs = [job_json(j) for j in sorted(ctrl._jobs.values(), key=lambda j: j.seq)]
+        devices = [device_json(d) for d in ctrl.devices()]
+        return check() or _json(200, {"devices": devices, "jobs": jobs})
 
     app.add_url_rule("/v1/jobs", "client_submit", submit, methods=["POST"])
     app.add_url_rule("/v1/jobs/<job_id>", "client_job", get_job, methods=["GET"])

@@ -242,11 +242,7 @@ class ManagedProcess:
             return
         self._event("kill", sig.name)
         proc.send_signal(sig)
-        with trio.move_on_after(KILL_WAIT) as waited:
-            await proc.wait()
-        if waited.cancelled_caught:
-            proc.kill()
-            await proc.wait()
+        await wait_exit(proc, KILL_WAIT)  # past it, SIGKILL
 
     async def stop(self, bound: float | None = None) -> ShutdownRecord | None:
         """SIGTERM and time the exit against ``bound`` (default: the documented bound);
@@ -261,11 +257,6 @@ class ManagedProcess:
         record = ShutdownRecord(self.name, seconds, limit, code)
         self.shutdowns.append(record)
         return record
-
-    async def restart(self) -> None:
-        """Crash-free restart: stop (if running), then start."""
-        await self.stop()
-        await self.start()
 
 
 class NodeProcess(ManagedProcess):
