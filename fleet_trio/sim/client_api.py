@@ -107,14 +107,8 @@ def mount_client(app: QuartTrio, ctrl: SimController) -> None:
         return out
 
     def check() -> Response | None:
-        header = request.headers.get("Authorization", "")
-        token = header[7:] if header.startswith("Bearer ") else ""
-        role = ctrl.tokens.get(token) if token else None
-        if role is None:
-            return error_reply(401, "unauthorized", "unknown or missing token")
-        if role not in ("client", "admin"):
-            return error_reply(403, "forbidden", f"token role {role} may not call a client route")
-        return None
+        denied = ctrl._denial(request.headers.get("Authorization", ""), "client")
+        return None if denied is None else error_reply(*denied)
 
     def pick_device(body: dict[str, Any]) -> str | Response:
         device = body.get("device_id") or ""

@@ -4,17 +4,10 @@
 GPU plumbing; users import them from one place.)
 
 Everything here runs as trio tasks of the caller's ``trio.run`` on ``127.0.0.1`` port 0; jobs
-are real child processes. Each ``open_*`` manager yields a running instance and stops it on
-exit (a graceful shutdown: jobs drained, process groups killed and reaped).
-
-* :func:`open_fake_gpu` — a fake-GPU directory (``fleet_trio.gpu.fake``) per device;
-* :func:`open_controller` — a serving :class:`~fleet_trio.sim.controller.SimController`;
-* :func:`open_node` — ``fleet-trio node`` from a node YAML, on the fake GPU;
-* :func:`open_worker` — ``fleet-trio worker`` from a ``worker.yaml``, against a controller;
-* :func:`open_dispatcher` — a serving simulated Fleet Dispatcher pointed at nodes.
-
-The pytest fixtures of :mod:`fleet_trio.sim.pytest_plugin` wrap these; other test runners can
-use them directly.
+are real child processes. Each ``open_*`` manager (fake GPU, controller, node, worker,
+dispatcher) yields a running instance and stops it on exit (a graceful shutdown: jobs drained,
+process groups killed and reaped). The fixtures of :mod:`fleet_trio.sim.pytest_plugin` wrap
+these; other test runners can use them directly.
 """
 
 from __future__ import annotations

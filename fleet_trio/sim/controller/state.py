@@ -437,15 +437,15 @@ class SimController:
         self._requests[rec.seq] = attrs.evolve(rec, outcome=outcome)
         self._notify()
 
-    def _denial(self, authorization: str) -> tuple[int, str, str] | None:
-        """Why a worker route refuses this ``Authorization`` header: (status, code, message);
-        ``None`` when the token's role may call it."""
+    def _denial(self, authorization: str, route: str = "worker") -> tuple[int, str, str] | None:
+        """Why a ``route`` route (``worker`` or ``client``) refuses this ``Authorization``
+        header: (status, code, message); ``None`` when the token's role may call it."""
         token = authorization[7:] if authorization.startswith("Bearer ") else ""
         role = self.tokens.get(token) if token else None
         if role is None:
             return 401, "unauthorized", "unknown or missing token"
-        if role not in ("worker", "admin"):
-            return 403, "forbidden", f"token role {role} may not call a worker route"
+        if role not in (route, "admin"):
+            return 403, "forbidden", f"token role {role} may not call a {route} route"
         return None
 
 
