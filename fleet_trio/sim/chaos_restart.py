@@ -345,10 +345,8 @@ def _settled(r: DispatchRecord) -> bool:
 
 
 def _state(disp: SimDispatcher, job_id: str) -> str:
-    try:
-        return disp.record(job_id).state
-    except KeyError:
-        return "pending"  # its submit has not begun yet
+    rec = disp.find(job_id)
+    return "pending" if rec is None else rec.state  # pending: its submit has not begun yet
 
 
 async def run_restart_seeds(

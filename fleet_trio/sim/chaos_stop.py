@@ -33,7 +33,6 @@ import socket
 import subprocess
 import sys
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Protocol
 
 import attrs
 import httpx
@@ -46,7 +45,7 @@ from fleet_trio.sim.chaos.runner import kill_pids, scan_markers
 from fleet_trio.sim.chaos.schedule import NODE_MARKER, RC_MARKER, shell_tasks_yaml
 from fleet_trio.sim.controller import SimController, serve_controller
 from fleet_trio.sim.faults import FaultyLink, serve_link
-from fleet_trio.sim.fleet import ROLE_LAUNCHER, free_port, wait_exit, worker_yaml
+from fleet_trio.sim.fleet import ROLE_LAUNCHER, RoleProcess, free_port, wait_exit, worker_yaml
 from fleet_trio.sim.roles import worker_timings
 from fleet_trio.sim.stall import StalledTailClient, open_stalled_tail, wait_server_blocked
 from fleet_trio.sim.zygote import open_zygote
@@ -295,17 +294,6 @@ def _read_tail(path: str) -> str:
             return f.read().decode(errors="replace")
     except OSError:
         return ""
-
-
-class RoleProcess(Protocol):
-    @property
-    def pid(self) -> int: ...
-    @property
-    def returncode(self) -> int | None: ...
-
-    async def wait(self) -> int: ...
-    def send_signal(self, sig: int) -> None: ...
-    def kill(self) -> None: ...
 
 
 Spawner = Callable[[list[str], str], Awaitable[RoleProcess]]

@@ -247,6 +247,10 @@ class SimDispatcher:
         except KeyError:
             raise KeyError(f"unknown job {job_id!r}") from None
 
+    def find(self, job_id: str) -> DispatchRecord | None:
+        """The record of ``job_id``; ``None`` before its submit began."""
+        return self._records.get(job_id)
+
     def records(self) -> list[DispatchRecord]:
         return list(self._records.values())
 

@@ -116,12 +116,20 @@ def _write_files(files: Sequence[FileSpec]) -> None:
         os.chmod(path, mode)
 
 
-class Exiting(Protocol):
+class RoleProcess(Protocol):
+    """What the scenarios use of a role's process (a ``trio.Process``, or a zygote's child)."""
+
+    @property
+    def pid(self) -> int: ...
+    @property
+    def returncode(self) -> int | None: ...
+
     async def wait(self) -> int: ...
+    def send_signal(self, sig: int) -> None: ...
     def kill(self) -> None: ...
 
 
-async def wait_exit(proc: Exiting, limit: float) -> tuple[int | None, float]:
+async def wait_exit(proc: RoleProcess, limit: float) -> tuple[int | None, float]:
     """Wait up to ``limit`` seconds for ``proc`` to exit: its exit code (``None``: it was still
     running, and is SIGKILLed and reaped) and the seconds it took."""
     began = trio.current_time()

@@ -180,8 +180,7 @@ async def _settle(fleet: Fleet, play: _Play) -> None:
     node_ids = [job_id for job_id, _ in play.node_refs.values()]
 
     def node_done() -> bool:
-        recs = [fleet.dispatcher.record(j) for j in node_ids if _known(fleet, j)]
-        return all(r.terminal for r in recs)
+        return all(r.terminal for j in node_ids if (r := fleet.dispatcher.find(j)))
 
     rc_ids = [v[0] for v in play.rc_refs.values()]
 
@@ -199,14 +198,6 @@ async def _settle(fleet: Fleet, play: _Play) -> None:
     for j in rc_ids:
         if fleet.ctrl.job(j).state == "queued":
             fleet.ctrl.kill(j)  # its device is quarantined or busy: not assigned, not checked
-
-
-def _known(fleet: Fleet, job_id: str) -> bool:
-    try:
-        fleet.dispatcher.record(job_id)
-    except KeyError:
-        return False
-    return True
 
 
 def read_runs(node_dir: str) -> dict[str, int]:
@@ -239,9 +230,9 @@ def _collect(
     url_to_node = {fleet.node_links[n.name].url: n.name for n in fleet.nodes}
     node_jobs = []
     for ref, (job_id, kind) in sorted(play.node_refs.items()):
-        if not _known(fleet, job_id):
+        r = fleet.dispatcher.find(job_id)
+        if r is None:
             continue
-        r = fleet.dispatcher.record(job_id)
         node_jobs.append(
             NodeJobRecord(
                 ref=ref,
