@@ -296,6 +296,7 @@ class RestartLineage:
         started: dict[str, float] = {}
         restarts = 0
         t0 = trio.current_time()
+        ids = [s.job_id for s in steps if s.kind == "submit"]
 
         async def submit(task: str, job_id: str) -> None:
             started.setdefault(job_id, trio.current_time())
@@ -311,15 +312,13 @@ class RestartLineage:
                     restarts += 1
                     await self._restart(step, before, rec)
                 else:
-                    ids = [s.job_id for s in steps if s.kind == "submit"]
                     await disp.wait_for(
-                        lambda: all(_state(disp, j) != "pending" for j in ids),  # noqa: B023
+                        lambda: all(_state(disp, j) != "pending" for j in ids),
                         timeout=SETTLE_TIMEOUT,
                     )
                     for s in steps:
                         if s.kind == "submit" and _state(disp, s.job_id) == "unplaced":
                             nursery.start_soon(submit, s.task, s.job_id)
-        ids = [s.job_id for s in steps if s.kind == "submit"]
         notes: list[str] = []
         acked = [disp.record(j) for j in ids if disp.record(j).node is not None]
         try:

@@ -39,13 +39,19 @@ import httpx
 import trio
 
 from fleet_trio.gpu.fake import HANG_FILE, init_device
-from fleet_trio.nursery.tree import DEFAULT_INTERRUPT_BUDGET, JOBS_CLOSED_BUDGET, SHUTDOWN_SLACK
 from fleet_trio.sim.chaos.checker import TERMINAL_NODE, TERMINAL_RC, MarkedProcess, Violation
 from fleet_trio.sim.chaos.runner import kill_pids, scan_markers
 from fleet_trio.sim.chaos.schedule import NODE_MARKER, RC_MARKER, shell_tasks_yaml
 from fleet_trio.sim.controller import SimController, serve_controller
 from fleet_trio.sim.faults import FaultyLink, serve_link
-from fleet_trio.sim.fleet import ROLE_LAUNCHER, RoleProcess, free_port, wait_exit, worker_yaml
+from fleet_trio.sim.fleet import (
+    ROLE_LAUNCHER,
+    RoleProcess,
+    free_port,
+    node_stop_bound,
+    wait_exit,
+    worker_yaml,
+)
 from fleet_trio.sim.roles import worker_timings
 from fleet_trio.sim.stall import StalledTailClient, open_stalled_tail, wait_server_blocked
 from fleet_trio.sim.zygote import open_zygote
@@ -54,14 +60,7 @@ from fleet_trio.worker.worker import shutdown_bound
 NODE_DRAIN = 0.5
 NODE_KILL_GRACE = 1.0
 NODE_LINGER = 1.0
-NODE_BOUND = (
-    NODE_DRAIN
-    + DEFAULT_INTERRUPT_BUDGET
-    + NODE_KILL_GRACE
-    + SHUTDOWN_SLACK
-    + JOBS_CLOSED_BUDGET
-    + NODE_LINGER
-)
+NODE_BOUND = node_stop_bound(NODE_DRAIN, NODE_KILL_GRACE, NODE_LINGER)
 """docs/node.md "Stopping" for this scenario's node (drain 500ms, kill grace 1s, poll linger 1s:
 a poller sees the interrupted mark at least that long before the exit, a second SIGTERM or
 not)."""

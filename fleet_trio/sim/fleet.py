@@ -55,21 +55,19 @@ NODE_DRAIN = 0.5
 NODE_KILL_GRACE = 1.5
 NODE_POLL_LINGER = 5.0
 """The node's default ``poll_linger`` (docs/node.md "Linger")."""
-NODE_STOP_BOUND = (
-    NODE_DRAIN
-    + DEFAULT_INTERRUPT_BUDGET
-    + NODE_KILL_GRACE
-    + SHUTDOWN_SLACK
-    + JOBS_CLOSED_BUDGET
-    + NODE_POLL_LINGER
-)
-"""docs/node.md "Stopping": drain + 5 s interrupt budget + kill grace + 3 s slack + 1.5 s for
-the live tails' end + the poll linger."""
+
+
+def node_stop_bound(drain: float, kill_grace: float, linger: float) -> float:
+    """docs/node.md "Stopping": drain + 5 s interrupt budget + kill grace + 3 s slack + 1.5 s for
+    the live tails' end + the poll linger."""
+    slack = SHUTDOWN_SLACK + JOBS_CLOSED_BUDGET
+    return drain + DEFAULT_INTERRUPT_BUDGET + kill_grace + slack + linger
+
+
+NODE_STOP_BOUND = node_stop_bound(NODE_DRAIN, NODE_KILL_GRACE, NODE_POLL_LINGER)
 
 WORKER_STOP_BOUND = worker_shutdown_bound(WorkerTimings())
-"""docs/worker.md "Stopping": the 45 s drain, the interrupt budget (kill grace + 5 s), the
-kill grace, the tree's slack, the tails' end (1.5 s) and the release drain (20 s, plus a cut
-hook's grace)."""
+"""docs/worker.md "Stopping" for the production timings."""
 
 
 @attrs.frozen

@@ -455,9 +455,8 @@ async def open_node(
 
     The node listens on ``127.0.0.1`` port 0 and measures the fake GPU (``fake_gpu``, or a
     new one of ``fake_gpus`` devices of ``total_gib`` under ``workdir``); every task gets
-    ``FLEET_TRIO_FAKE_GPU_DIR``
-    in its environment. Job work directories and the footprint store live in ``workdir``
-    (default: a temporary directory). Signals are left alone.
+    ``FLEET_TRIO_FAKE_GPU_DIR`` in its environment. Job work directories and the footprint
+    store live in ``workdir`` (default: a temporary directory). Signals are left alone.
 
     On exit the node shuts down and the manager waits for it: with ``drain_on_exit`` as on
     SIGTERM (jobs get the configured ``drain_timeout``), by default as on a second SIGINT

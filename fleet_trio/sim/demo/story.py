@@ -86,8 +86,10 @@ class Story:
 
     def note(self, step: Step, text: str) -> None:
         """A line about what the step did or saw, printed now and kept on the step."""
-        text = one_line(text)
-        step.notes.append(text)
+        step.notes.append(one_line(text))
+        self.dim(step.notes[-1])
+
+    def dim(self, text: str) -> None:
         self.con.say(f"      {self.con.paint(text, 'dim')}")
 
     def _report(self, step: Step) -> None:
@@ -127,9 +129,7 @@ class Story:
             max_runtime_seconds=max_runtime,
             submitter="demo@fleet-trio",
         )
-        self.con.say(
-            f"      {self.con.paint(f'rc run -d on {f.device(device)}: job {job_id}', 'dim')}"
-        )
+        self.dim(f"rc run -d on {f.device(device)}: job {job_id}")
         tail = Tail(label, self.next_colour())
         try:
             with trio.fail_after(30):
@@ -189,7 +189,7 @@ class Story:
         if rec.state == "unplaced":
             tail.finished.set()
             return rec, tail
-        self.con.say("      " + self.con.paint(f"dispatched to {rec.node}: 202 accepted", "dim"))
+        self.dim(f"dispatched to {rec.node}: 202 accepted")
         f.nursery.start_soon(
             functools.partial(follow, self.con, tail, f.node.url, job_id, gone=f.node_done.is_set)
         )
