@@ -241,13 +241,33 @@ def check_stop(record: StopRecord) -> list[Violation]:
 # -- playing one seed --------------------------------------------------------------------------
 
 
-async def _leftovers(job_ids: Sequence[str], marker: str) -> tuple[MarkedProcess, ...]:
-    """Processes of the seed's jobs still alive after it (all SIGKILLed now); those carrying
-    ``marker`` (the role's own job marker)."""
-    marked = await trio.to_thread.run_sync(scan_markers, set(job_ids))
+async def _record(
+    plan: StopPlan,
+    marker: str,
+    log_path: str,
+    notes: list[str],
+    code: int | None,
+    took: float,
+    bound: float,
+    jobs: dict[str, tuple[str, ...]],
+    final: dict[str, str] | None = None,
+) -> StopRecord:
+    """The seed's record. Processes of its jobs still alive after it are SIGKILLed now; those
+    carrying ``marker`` (the role's own job marker) are kept in it."""
+    marked = await trio.to_thread.run_sync(scan_markers, set(jobs))
     if marked:
         kill_pids(p.pid for p in marked)
-    return tuple(p for p in marked if p.marker == marker)
+    return StopRecord(
+        plan=plan,
+        exit_code=code,
+        seconds=took,
+        bound=bound,
+        jobs=jobs,
+        marked=tuple(p for p in marked if p.marker == marker),
+        final=final or {},
+        notes=tuple(notes),
+        output_tail=_read_tail(log_path),
+    )
 
 
 def _exited(proc: RoleProcess) -> bool:
@@ -404,17 +424,8 @@ async def play_node(plan: StopPlan, root: str, spawn: Spawner = spawn_fresh) -> 
         await _stop_all(proc, stalled)
         with contextlib.suppress(OSError):
             os.unlink(os.path.join(gpu, HANG_FILE))
-    marked = await _leftovers(job_ids, NODE_MARKER)
-    return StopRecord(
-        plan=plan,
-        exit_code=code,
-        seconds=took,
-        bound=NODE_BOUND,
-        jobs={j: tuple(seen[j]) for j in job_ids},
-        marked=marked,
-        notes=tuple(notes),
-        output_tail=_read_tail(log_path),
-    )
+    jobs = {j: tuple(seen[j]) for j in job_ids}
+    return await _record(plan, NODE_MARKER, log_path, notes, code, took, NODE_BOUND, jobs)
 
 
 async def play_worker(plan: StopPlan, root: str, spawn: Spawner = spawn_fresh) -> StopRecord:
@@ -437,8 +448,6 @@ async def play_worker(plan: StopPlan, root: str, spawn: Spawner = spawn_fresh) -
     stalled: list[StalledTailClient] = []
     job_ids: list[str] = []
     bound = worker_bound()
-    code: int | None = None
-    took = 0.0
     async with trio.open_nursery() as nursery:
         url: str = await nursery.start(serve_controller, ctrl)
         ctrl_host, ctrl_port = url.rsplit("//", 1)[1].rsplit(":", 1)
@@ -453,9 +462,7 @@ async def play_worker(plan: StopPlan, root: str, spawn: Spawner = spawn_fresh) -
             verify_dir=os.path.join(root, "verify.d"),
         )
         await trio.Path(cfg).write_text(text + f"tail_listen: 127.0.0.1:{tail_port}\n")
-        argv = [*WORKER_LAUNCHER_ARGS, "--", "worker"]
-        argv += ["-c", cfg]
-        proc = await spawn(argv, log_path)
+        proc = await spawn([*WORKER_LAUNCHER_ARGS, "--", "worker", "-c", cfg], log_path)
         try:
 
             def registered() -> bool:
@@ -513,18 +520,7 @@ async def play_worker(plan: StopPlan, root: str, spawn: Spawner = spawn_fresh) -
         final[j] = ctrl.job(j).state
         if final[j] not in jobs[j]:
             notes.append(f"{j}: {final[j]} at the controller (reports: {list(jobs[j])})")
-    marked = await _leftovers(job_ids, RC_MARKER)
-    return StopRecord(
-        plan=plan,
-        exit_code=code,
-        seconds=took,
-        bound=bound,
-        jobs=jobs,
-        final=final,
-        marked=marked,
-        notes=tuple(notes),
-        output_tail=_read_tail(log_path),
-    )
+    return await _record(plan, RC_MARKER, log_path, notes, code, took, bound, jobs, final)
 
 
 async def play_stop_seed(plan: StopPlan, root: str, spawn: Spawner = spawn_fresh) -> StopRecord:

@@ -598,10 +598,10 @@ class WorkerHandle:
         """``rc run -d`` on one of this worker's devices (``gpu0`` or ``host:gpu0``); the job
         id. The fake GPU's ``FLEET_TRIO_FAKE_GPU_DIR`` is added to ``env``; ``options`` are
         :meth:`SimController.submit`'s (``kind``, ``max_runtime_seconds``, ``stdio``, …)."""
-        full_env = {**(self.fake_gpu.env if self.fake_gpu is not None else {}), **(env or {})}
-        if options.get("kind") == "hold":
-            return self.controller.submit(self.device_id(device), command, **options)
-        return self.controller.submit(self.device_id(device), command, env=full_env, **options)
+        if options.get("kind") != "hold":  # a hold takes no env
+            gpu_env = self.fake_gpu.env if self.fake_gpu is not None else {}
+            options["env"] = {**gpu_env, **(env or {})}
+        return self.controller.submit(self.device_id(device), command, **options)
 
     async def wait(self, job_id: str, timeout: float = 30.0) -> Job:  # noqa: ASYNC109
         """Wait until the controller has the job terminal; a copy of its record

@@ -176,13 +176,8 @@ async def run_demo(options: DemoOptions, files: DemoFiles, con: Console) -> int:
                 status = story_status(story.steps)
                 failed = [s.name for s in story.steps if s.status not in ("ok", "skipped")]
                 if failed:
-                    con.say(
-                        con.paint(
-                            f"{len(failed)} step(s) did not go as expected: {', '.join(failed)}",
-                            "red",
-                            "bold",
-                        )
-                    )
+                    text = f"{len(failed)} step(s) did not go as expected: {', '.join(failed)}"
+                    con.say(con.paint(text, "red", "bold"))
                 else:
                     con.say(con.paint("every step went as expected", "green", "bold"))
 
