@@ -492,12 +492,11 @@ class SimDispatcher:
             f"{rec.node}/fleet/jobs/{rec.job_id}",
             observe=(rec.node, "poll", rec.job_id),
         )
-        if isinstance(resp, str):
-            self._observe(rec.node, "poll", None, resp, rec.job_id)
-            return None
-        if resp.status_code != 200:
-            self._observe(rec.node, "poll", resp.status_code, _error_text(resp), rec.job_id)
-            return resp.status_code
+        if isinstance(resp, str) or resp.status_code != 200:
+            status = None if isinstance(resp, str) else resp.status_code
+            detail = resp if isinstance(resp, str) else _error_text(resp)
+            self._observe(rec.node, "poll", status, detail, rec.job_id)
+            return status
         try:
             body = resp.json()
         except ValueError:

@@ -448,10 +448,8 @@ async def open_fleet(
         startup_grace=0.0,
         kill_redelivery=1.0,
     )
-    base_env = dict(os.environ)
-    base_env.update(env or {})
     gpu_root = os.path.join(root, "gpu")
-    base_env[GPU_ROOT_ENV] = gpu_root
+    base_env = {**os.environ, **(env or {}), GPU_ROOT_ENV: gpu_root}
     files: list[FileSpec] = [(gpu_root, "", 0)]
     events: list[ProcessEvent] = []
     shutdowns: list[ShutdownRecord] = []
