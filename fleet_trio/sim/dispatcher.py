@@ -471,10 +471,7 @@ class SimDispatcher:
     # ------------------------------------------------------------------ polling
 
     def _terminal_event(self, job_id: str) -> trio.Event:
-        event = self._terminal_events.get(job_id)
-        if event is None:
-            event = self._terminal_events[job_id] = trio.Event()
-        return event
+        return self._terminal_events.setdefault(job_id, trio.Event())
 
     def _finish(self, rec: DispatchRecord, state: str, error: str | None, result: Any) -> None:
         if rec.terminal:

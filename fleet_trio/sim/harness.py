@@ -187,9 +187,7 @@ class FakeGpuDir:
         await trio.Path(path).write_text(message, encoding="utf-8")
 
     async def recover(self, *, device: int = 0) -> None:
-        path = trio.Path(self.device_dir(device) / fake.FAIL_FILE)
-        if await path.exists():
-            await path.unlink()
+        await trio.Path(self.device_dir(device) / fake.FAIL_FILE).unlink(missing_ok=True)
 
 
 def _init_fake_dirs(dirs: Sequence[Path], name: str, totals: Sequence[float]) -> None:

@@ -190,10 +190,7 @@ _HUBS: weakref.WeakKeyDictionary[SimController, RelayHub] = weakref.WeakKeyDicti
 
 
 def relay_hub(ctrl: SimController) -> RelayHub:
-    hub = _HUBS.get(ctrl)
-    if hub is None:
-        hub = _HUBS[ctrl] = RelayHub(ctrl)
-    return hub
+    return _HUBS.setdefault(ctrl, RelayHub(ctrl))
 
 
 def operator(ctrl: SimController, job_id: str) -> RelaySession:

@@ -364,10 +364,7 @@ class SimController:
             ev.set()
 
     def _poke_event(self, worker_id: str) -> trio.Event:
-        ev = self._pokes.get(worker_id)
-        if ev is None:
-            ev = self._pokes[worker_id] = trio.Event()
-        return ev
+        return self._pokes.setdefault(worker_id, trio.Event())
 
     def _leased(self, device_id: str) -> bool:
         return any(
