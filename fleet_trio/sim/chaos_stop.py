@@ -368,11 +368,9 @@ async def play_node(plan: StopPlan, root: str, spawn: Spawner = spawn_fresh) -> 
                         if "Address already in use" in output:
                             raise PortTaken(output)
                         raise RuntimeError(f"the node exited at start:\n{output}")
-                    try:
+                    with contextlib.suppress(httpx.TransportError):
                         if (await http.get("/fleet/health")).status_code == 200:
                             break
-                    except httpx.TransportError:
-                        pass
                     await trio.sleep(0.05)
             for i, kind in enumerate(plan.jobs):
                 job_id = f"stop{plan.seed}-{i}-{kind}"

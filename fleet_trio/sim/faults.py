@@ -200,11 +200,9 @@ def _abort(stream: trio.SocketStream) -> None:
 
 async def _discard(stream: trio.SocketStream) -> None:
     """Read and drop everything until the peer closes (or the scope is cancelled)."""
-    try:
+    with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError, OSError):
         async for _ in stream:
             pass
-    except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-        pass
 
 
 async def _canned(stream: trio.SocketStream, status: int) -> None:
