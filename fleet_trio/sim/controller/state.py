@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import trio
@@ -24,6 +24,9 @@ from fleet_trio.sim.controller.records import (
     Worker,
 )
 from fleet_trio.sim.rcwire import StatusReport, make_converter
+
+if TYPE_CHECKING:
+    from fleet_trio.sim.relay import RelaySession
 
 
 class SimController:
@@ -74,6 +77,8 @@ class SimController:
         self._events: list[Event] = []
         self._requests: list[RequestRecord] = []
         self.fault_plan = FaultPlan()
+        self.relay_sessions: dict[str, RelaySession] = {}
+        """The relay (E8/E9) sessions by job ID (:func:`fleet_trio.sim.relay.operator`)."""
         self._pokes: dict[str, trio.Event] = {}
         self._changed = trio.Event()
         self._conns: dict[int, trio.CancelScope] = {}
