@@ -2,8 +2,8 @@
 Dispatcher, faulty links, the pytest plugin's building blocks, chaos scenarios and the demo.
 
 Names are imported on first use (PEP 562), so importing ``fleet_trio.sim`` (the pytest plugin,
-the CLI) does not load the web stack until a simulated service is actually used. ``_EXPORTS``
-names each export's module, once; type checkers read the same modules' ``__all__``.
+the CLI) does not load the web stack until a simulated service is actually used. ``_MODULES``
+names each module's exports, once; type checkers read the same modules' ``__all__``.
 """
 
 from __future__ import annotations
@@ -11,27 +11,14 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-_EXPORTS = {
-    "ENDPOINTS": "controller",
-    "INSTANCE_HEADER": "controller",
-    "Device": "controller",
-    "Event": "controller",
-    "Job": "controller",
-    "RequestRecord": "controller",
-    "SimController": "controller",
-    "SimError": "controller",
-    "Worker": "controller",
-    "create_app": "controller",
-    "serve_controller": "controller",
-    "LOST_404": "dispatcher",
-    "DispatchRecord": "dispatcher",
-    "Observation": "dispatcher",
-    "SimDispatcher": "dispatcher",
-    "serve_dispatcher": "dispatcher",
-    "terminal_states": "dispatcher",
-    "FaultyLink": "faults",
-    "serve_link": "faults",
+_MODULES = {
+    "controller": "ENDPOINTS INSTANCE_HEADER Device Event Job RequestRecord SimController SimError "
+    "Worker create_app serve_controller",
+    "dispatcher": "LOST_404 DispatchRecord Observation SimDispatcher serve_dispatcher "
+    "terminal_states",
+    "faults": "FaultyLink serve_link",
 }
+_EXPORTS = {name: module for module, names in _MODULES.items() for name in names.split()}
 
 if TYPE_CHECKING:
     from fleet_trio.sim.controller import *  # noqa: F403

@@ -19,7 +19,6 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "sim",
         help="the simulation harness: a local rc controller to try the worker with "
         "(controller, worker, submit, jobs, devices) and chaos schedules against a fleet",
-        description="Simulation harness commands (see docs/chaos.md).",
     )
     simsub = sim.add_subparsers(dest="sim_command", metavar="COMMAND", title="commands")
     p = simsub.add_parser(

@@ -26,7 +26,7 @@ from __future__ import annotations
 import contextlib
 import os
 import random
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import attrs
 import trio
@@ -265,16 +265,13 @@ class RestartLineage:
 
     async def start(self) -> None:
         await self.nursery.start(self.dispatcher.serve)
-        await self._start_node()
-
-    async def _start_node(self) -> None:
-        """Start the node and wait until the dispatcher's health probe sees it again."""
         await self.node.start()
+        await self._wait_healthy()
+
+    async def _wait_healthy(self) -> None:
+        """Until the dispatcher's health probe sees the node again."""
         url = self.node.url
         await self.dispatcher.wait_for(lambda: self.dispatcher.healthy(url), timeout=SETTLE_TIMEOUT)
-
-    async def stop(self) -> None:
-        await self.node.stop()
 
     async def _restart(self, step: RestartStep, before_kill: set[str], rec: RestartRecords) -> None:
         await self.node.kill()
@@ -287,8 +284,7 @@ class RestartLineage:
         ready = trio.current_time()
         found = await trio.to_thread.run_sync(scan_markers, before_kill)
         left = dead_dirs & await trio.to_thread.run_sync(work_dirs, self.node_dir)
-        url = self.node.url
-        await self.dispatcher.wait_for(lambda: self.dispatcher.healthy(url), timeout=SETTLE_TIMEOUT)
+        await self._wait_healthy()
         rec.leftovers += [Leftover(pid, job, ready) for pid, job in found]
         rec.leftover_dirs += sorted(left)
 
@@ -300,6 +296,7 @@ class RestartLineage:
         started: dict[str, float] = {}
         restarts = 0
         t0 = trio.current_time()
+        ids = [s.job_id for s in steps if s.kind == "submit"]
 
         async def submit(task: str, job_id: str) -> None:
             started.setdefault(job_id, trio.current_time())
@@ -315,15 +312,13 @@ class RestartLineage:
                     restarts += 1
                     await self._restart(step, before, rec)
                 else:
-                    ids = [s.job_id for s in steps if s.kind == "submit"]
                     await disp.wait_for(
-                        lambda: all(_state(disp, j) != "pending" for j in ids),  # noqa: B023
+                        lambda: all(_state(disp, j) != "pending" for j in ids),
                         timeout=SETTLE_TIMEOUT,
                     )
                     for s in steps:
                         if s.kind == "submit" and _state(disp, s.job_id) == "unplaced":
                             nursery.start_soon(submit, s.task, s.job_id)
-        ids = [s.job_id for s in steps if s.kind == "submit"]
         notes: list[str] = []
         acked = [disp.record(j) for j in ids if disp.record(j).node is not None]
         try:
@@ -349,10 +344,8 @@ def _settled(r: DispatchRecord) -> bool:
 
 
 def _state(disp: SimDispatcher, job_id: str) -> str:
-    try:
-        return disp.record(job_id).state
-    except KeyError:
-        return "pending"  # its submit has not begun yet
+    rec = disp.find(job_id)
+    return "pending" if rec is None else rec.state  # pending: its submit has not begun yet
 
 
 async def run_restart_seeds(
@@ -390,15 +383,6 @@ def restart_verdict(result: RestartResult) -> str:
     return "\n".join(lines)
 
 
-def summary(results: Sequence[RestartResult]) -> Mapping[str, int]:
-    return {
-        "seeds": len(results),
-        "failed": sum(1 for r in results if not r.ok),
-        "acked": sum(r.acked for r in results),
-        "restarts": sum(r.restarts for r in results),
-    }
-
-
 __all__ = [
     "Leftover",
     "RestartLineage",
@@ -413,5 +397,4 @@ __all__ = [
     "restart_verdict",
     "run_restart_seeds",
     "scan_markers",
-    "summary",
 ]

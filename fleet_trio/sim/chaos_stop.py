@@ -26,7 +26,6 @@ a few at a time (most of a seed is waiting).
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import random
 import signal
@@ -34,20 +33,25 @@ import socket
 import subprocess
 import sys
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Protocol
 
 import attrs
 import httpx
 import trio
 
 from fleet_trio.gpu.fake import HANG_FILE, init_device
-from fleet_trio.nursery.tree import DEFAULT_INTERRUPT_BUDGET, JOBS_CLOSED_BUDGET, SHUTDOWN_SLACK
 from fleet_trio.sim.chaos.checker import TERMINAL_NODE, TERMINAL_RC, MarkedProcess, Violation
 from fleet_trio.sim.chaos.runner import kill_pids, scan_markers
-from fleet_trio.sim.chaos.schedule import NODE_MARKER, RC_MARKER
+from fleet_trio.sim.chaos.schedule import NODE_MARKER, RC_MARKER, shell_tasks_yaml
 from fleet_trio.sim.controller import SimController, serve_controller
 from fleet_trio.sim.faults import FaultyLink, serve_link
-from fleet_trio.sim.fleet import ROLE_LAUNCHER, free_port, wait_exit, worker_yaml
+from fleet_trio.sim.fleet import (
+    ROLE_LAUNCHER,
+    RoleProcess,
+    free_port,
+    node_stop_bound,
+    wait_exit,
+    worker_yaml,
+)
 from fleet_trio.sim.roles import worker_timings
 from fleet_trio.sim.stall import StalledTailClient, open_stalled_tail, wait_server_blocked
 from fleet_trio.sim.zygote import open_zygote
@@ -56,14 +60,7 @@ from fleet_trio.worker.worker import shutdown_bound
 NODE_DRAIN = 0.5
 NODE_KILL_GRACE = 1.0
 NODE_LINGER = 1.0
-NODE_BOUND = (
-    NODE_DRAIN
-    + DEFAULT_INTERRUPT_BUDGET
-    + NODE_KILL_GRACE
-    + SHUTDOWN_SLACK
-    + JOBS_CLOSED_BUDGET
-    + NODE_LINGER
-)
+NODE_BOUND = node_stop_bound(NODE_DRAIN, NODE_KILL_GRACE, NODE_LINGER)
 """docs/node.md "Stopping" for this scenario's node (drain 500ms, kill grace 1s, poll linger 1s:
 a poller sees the interrupted mark at least that long before the exit, a second SIGTERM or
 not)."""
@@ -244,13 +241,33 @@ def check_stop(record: StopRecord) -> list[Violation]:
 # -- playing one seed --------------------------------------------------------------------------
 
 
-async def _leftovers(job_ids: Sequence[str], marker: str) -> tuple[MarkedProcess, ...]:
-    """Processes of the seed's jobs still alive after it (all SIGKILLed now); those carrying
-    ``marker`` (the role's own job marker)."""
-    marked = await trio.to_thread.run_sync(scan_markers, set(job_ids))
+async def _record(
+    plan: StopPlan,
+    marker: str,
+    log_path: str,
+    notes: list[str],
+    code: int | None,
+    took: float,
+    bound: float,
+    jobs: dict[str, tuple[str, ...]],
+    final: dict[str, str] | None = None,
+) -> StopRecord:
+    """The seed's record. Processes of its jobs still alive after it are SIGKILLed now; those
+    carrying ``marker`` (the role's own job marker) are kept in it."""
+    marked = await trio.to_thread.run_sync(scan_markers, set(jobs))
     if marked:
         kill_pids(p.pid for p in marked)
-    return tuple(p for p in marked if p.marker == marker)
+    return StopRecord(
+        plan=plan,
+        exit_code=code,
+        seconds=took,
+        bound=bound,
+        jobs=jobs,
+        marked=tuple(p for p in marked if p.marker == marker),
+        final=final or {},
+        notes=tuple(notes),
+        output_tail=_read_tail(log_path),
+    )
 
 
 def _exited(proc: RoleProcess) -> bool:
@@ -298,17 +315,6 @@ def _read_tail(path: str) -> str:
         return ""
 
 
-class RoleProcess(Protocol):
-    @property
-    def pid(self) -> int: ...
-    @property
-    def returncode(self) -> int | None: ...
-
-    async def wait(self) -> int: ...
-    def send_signal(self, sig: int) -> None: ...
-    def kill(self) -> None: ...
-
-
 Spawner = Callable[[list[str], str], Awaitable[RoleProcess]]
 """``(launcher arguments, stderr log path) → a started role process``."""
 
@@ -333,22 +339,13 @@ async def play_node(plan: StopPlan, root: str, spawn: Spawner = spawn_fresh) -> 
     gpu = os.path.join(root, "gpu")
     await trio.to_thread.run_sync(init_device, gpu)
     tasks = {
-        kind: {"command": ["sh", "-c", script.replace(FLOOD, f"{FLOOD} {NODE_STDERR[kind]}")]}
+        kind: script.replace(FLOOD, f"{FLOOD} {NODE_STDERR[kind]}")
         for kind, script in JOB_SCRIPTS.items()
     }
     cfg = os.path.join(root, "node.yaml")
-    text = json.dumps(
-        {
-            "node": {
-                "timings": {
-                    "drain_timeout": f"{int(NODE_DRAIN * 1000)}ms",
-                    "kill_grace": f"{int(NODE_KILL_GRACE * 1000)}ms",
-                    "poll_linger": f"{int(NODE_LINGER * 1000)}ms",
-                }
-            },
-            "tasks": tasks,
-        }
-    )  # JSON is YAML
+    text = shell_tasks_yaml(
+        tasks, drain_ms=int(NODE_DRAIN * 1000), kill_grace_s=NODE_KILL_GRACE, linger_s=NODE_LINGER
+    )
     await trio.Path(cfg).write_text(text)
     port = listen_port()
     argv = [
@@ -371,11 +368,9 @@ async def play_node(plan: StopPlan, root: str, spawn: Spawner = spawn_fresh) -> 
                         if "Address already in use" in output:
                             raise PortTaken(output)
                         raise RuntimeError(f"the node exited at start:\n{output}")
-                    try:
+                    with contextlib.suppress(httpx.TransportError):
                         if (await http.get("/fleet/health")).status_code == 200:
                             break
-                    except httpx.TransportError:
-                        pass
                     await trio.sleep(0.05)
             for i, kind in enumerate(plan.jobs):
                 job_id = f"stop{plan.seed}-{i}-{kind}"
@@ -427,17 +422,8 @@ async def play_node(plan: StopPlan, root: str, spawn: Spawner = spawn_fresh) -> 
         await _stop_all(proc, stalled)
         with contextlib.suppress(OSError):
             os.unlink(os.path.join(gpu, HANG_FILE))
-    marked = await _leftovers(job_ids, NODE_MARKER)
-    return StopRecord(
-        plan=plan,
-        exit_code=code,
-        seconds=took,
-        bound=NODE_BOUND,
-        jobs={j: tuple(seen[j]) for j in job_ids},
-        marked=marked,
-        notes=tuple(notes),
-        output_tail=_read_tail(log_path),
-    )
+    jobs = {j: tuple(seen[j]) for j in job_ids}
+    return await _record(plan, NODE_MARKER, log_path, notes, code, took, NODE_BOUND, jobs)
 
 
 async def play_worker(plan: StopPlan, root: str, spawn: Spawner = spawn_fresh) -> StopRecord:
@@ -460,8 +446,6 @@ async def play_worker(plan: StopPlan, root: str, spawn: Spawner = spawn_fresh) -
     stalled: list[StalledTailClient] = []
     job_ids: list[str] = []
     bound = worker_bound()
-    code: int | None = None
-    took = 0.0
     async with trio.open_nursery() as nursery:
         url: str = await nursery.start(serve_controller, ctrl)
         ctrl_host, ctrl_port = url.rsplit("//", 1)[1].rsplit(":", 1)
@@ -476,9 +460,7 @@ async def play_worker(plan: StopPlan, root: str, spawn: Spawner = spawn_fresh) -
             verify_dir=os.path.join(root, "verify.d"),
         )
         await trio.Path(cfg).write_text(text + f"tail_listen: 127.0.0.1:{tail_port}\n")
-        argv = [*WORKER_LAUNCHER_ARGS, "--", "worker"]
-        argv += ["-c", cfg]
-        proc = await spawn(argv, log_path)
+        proc = await spawn([*WORKER_LAUNCHER_ARGS, "--", "worker", "-c", cfg], log_path)
         try:
 
             def registered() -> bool:
@@ -536,18 +518,7 @@ async def play_worker(plan: StopPlan, root: str, spawn: Spawner = spawn_fresh) -
         final[j] = ctrl.job(j).state
         if final[j] not in jobs[j]:
             notes.append(f"{j}: {final[j]} at the controller (reports: {list(jobs[j])})")
-    marked = await _leftovers(job_ids, RC_MARKER)
-    return StopRecord(
-        plan=plan,
-        exit_code=code,
-        seconds=took,
-        bound=bound,
-        jobs=jobs,
-        final=final,
-        marked=marked,
-        notes=tuple(notes),
-        output_tail=_read_tail(log_path),
-    )
+    return await _record(plan, RC_MARKER, log_path, notes, code, took, bound, jobs, final)
 
 
 async def play_stop_seed(plan: StopPlan, root: str, spawn: Spawner = spawn_fresh) -> StopRecord:

@@ -44,7 +44,8 @@ def _json(status: int, obj: Any) -> Response:
     return Response(go_json(obj), status=status, content_type="application/json")
 
 
-def _error(status: int, code: str, message: str) -> Response:
+def error_reply(status: int, code: str, message: str) -> Response:
+    """The rc error envelope ``{"error": code, "message": ...}`` (the relay routes use it too)."""
     return _json(status, {"error": code, "message": message})
 
 
@@ -106,39 +107,32 @@ def mount_client(app: QuartTrio, ctrl: SimController) -> None:
         return out
 
     def check() -> Response | None:
-        header = request.headers.get("Authorization", "")
-        token = header[7:] if header.startswith("Bearer ") else ""
-        role = ctrl.tokens.get(token) if token else None
-        if role is None:
-            return _error(401, "unauthorized", "unknown or missing token")
-        if role not in ("client", "admin"):
-            return _error(403, "forbidden", f"token role {role} may not call a client route")
-        return None
+        denied = ctrl._denial(request.headers.get("Authorization", ""), "client")
+        return None if denied is None else error_reply(*denied)
 
     def pick_device(body: dict[str, Any]) -> str | Response:
         device = body.get("device_id") or ""
         selector = body.get("selector") or ""
         if not isinstance(device, str) or not isinstance(selector, str):
-            return _error(400, "bad_request", "device_id and selector must be strings")
+            return error_reply(400, "bad_request", "device_id and selector must be strings")
         if device:
             return device
         if selector:
-            return _error(400, "bad_request", "selectors are not simulated: pass device_id")
+            return error_reply(400, "bad_request", "selectors are not simulated: pass device_id")
         devices = sorted(ctrl.devices(), key=lambda d: (d.state != "ready", d.device_id))
         if not devices:
-            return _error(409, "no_device", "no device registered yet: start a worker first")
+            return error_reply(409, "no_device", "no device registered yet: start a worker first")
         return devices[0].device_id
 
     async def submit() -> Response:
-        denied = check()
-        if denied is not None:
+        if denied := check():
             return denied
         try:
             body = decode_json(cast(bytes, await request.get_data(as_text=False)))
         except ValueError as exc:
-            return _error(400, "bad_request", f"malformed JSON: {exc}")
+            return error_reply(400, "bad_request", f"malformed JSON: {exc}")
         if not isinstance(body, dict):
-            return _error(400, "bad_request", "want a JSON object")
+            return error_reply(400, "bad_request", "want a JSON object")
         key = body.get("idempotency_key") or ""
         if isinstance(key, str) and key and key in by_key:
             return _json(201, job_json(ctrl.job(by_key[key])))
@@ -157,7 +151,7 @@ def mount_client(app: QuartTrio, ctrl: SimController) -> None:
             and not isinstance(runtime, bool)
         )
         if not ok:
-            return _error(400, "bad_request", "command: [str], env: {str: str}, runtime: int")
+            return error_reply(400, "bad_request", "command: [str], env: {str: str}, runtime: int")
         from fleet_trio.sim.controller import SimError
 
         try:
@@ -173,7 +167,7 @@ def mount_client(app: QuartTrio, ctrl: SimController) -> None:
             text = str(exc)
             status = 404 if text.startswith("device not found") else 400
             code = text.split(":", 1)[0] if text.startswith("runtime_above") else "bad_request"
-            return _error(status, "not_found" if status == 404 else code, text)
+            return error_reply(status, "not_found" if status == 404 else code, text)
         extra[job_id] = {
             "selector": body.get("selector") or "",
             "idempotency_key": key if isinstance(key, str) else "",
@@ -185,11 +179,8 @@ def mount_client(app: QuartTrio, ctrl: SimController) -> None:
 
     def find(job_id: str) -> Job | Response:
         """The job, or the refusal (401, 403, 404)."""
-        denied = check()
-        if denied is not None:
-            return denied
         job = ctrl._jobs.get(job_id)
-        return job if job is not None else _error(404, "not_found", "job not found")
+        return check() or job or error_reply(404, "not_found", "job not found")
 
     async def get_job(job_id: str) -> Response:
         job = find(job_id)
@@ -229,23 +220,12 @@ def mount_client(app: QuartTrio, ctrl: SimController) -> None:
         return _json(200, {"killed": ctrl.kill(job_id)})
 
     async def devices() -> Response:
-        denied = check()
-        if denied is not None:
-            return denied
-        return _json(200, {"devices": [device_json(d) for d in ctrl.devices()]})
+        return check() or _json(200, {"devices": [device_json(d) for d in ctrl.devices()]})
 
     async def state() -> Response:
-        denied = check()
-        if denied is not None:
-            return denied
-        jobs = sorted(ctrl._jobs.values(), key=lambda j: j.seq)
-        return _json(
-            200,
-            {
-                "devices": [device_json(d) for d in ctrl.devices()],
-                "jobs": [job_json(j) for j in jobs],
-            },
-        )
+        jobs = [job_json(j) for j in sorted(ctrl._jobs.values(), key=lambda j: j.seq)]
+        devices = [device_json(d) for d in ctrl.devices()]
+        return check() or _json(200, {"devices": devices, "jobs": jobs})
 
     app.add_url_rule("/v1/jobs", "client_submit", submit, methods=["POST"])
     app.add_url_rule("/v1/jobs/<job_id>", "client_job", get_job, methods=["GET"])

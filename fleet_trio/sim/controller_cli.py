@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import secrets
@@ -132,7 +133,9 @@ def add_to_sim(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         r = simsub.add_parser(name, help=text, description=f"{text[0].upper()}{text[1:]}.")
         r.add_argument("--json", action="store_true", help="print the controller's JSON")
         client_args(r)
-        r.set_defaults(handler=cmd_jobs if name == "jobs" else cmd_devices)
+        r.set_defaults(
+            handler=functools.partial(_run_client, _jobs if name == "jobs" else _devices)
+        )
 
 
 # -- sim controller -------------------------------------------------------------------------
@@ -195,10 +198,7 @@ def cmd_controller(args: argparse.Namespace) -> int:
         try:
             return trio.run(_serve, args, host, port, root, config)
         except BaseExceptionGroup as group:  # raised inside the nursery: a group of one
-            leaf: BaseException = group
-            while isinstance(leaf, BaseExceptionGroup) and len(leaf.exceptions) == 1:
-                leaf = leaf.exceptions[0]
-            if isinstance(leaf, SimCliError):
+            if isinstance(leaf := _alone(group), SimCliError):
                 raise leaf from None
             raise
     except SimCliError as exc:
@@ -206,11 +206,11 @@ def cmd_controller(args: argparse.Namespace) -> int:
         return exc.status
 
 
-def _os_error(exc: BaseException) -> OSError | None:
-    """The ``OSError`` of a bind failure, bare or alone in (nested) groups."""
+def _alone(exc: BaseException) -> BaseException:
+    """``exc``, or the exception alone in (nested) groups of one."""
     while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
         exc = exc.exceptions[0]
-    return exc if isinstance(exc, OSError) else None
+    return exc
 
 
 async def _serve(args: argparse.Namespace, host: str, port: int, root: str, config: str) -> int:
@@ -232,8 +232,8 @@ async def _serve(args: argparse.Namespace, host: str, port: int, root: str, conf
                 )
             )
         except (OSError, BaseExceptionGroup) as exc:
-            bind_error = _os_error(exc)
-            if bind_error is None:
+            bind_error = _alone(exc)
+            if not isinstance(bind_error, OSError):
                 raise
             why = bind_error.strerror or str(bind_error)
             raise SimCliError(f"cannot listen on {args.listen}: {why}") from None
@@ -449,14 +449,6 @@ async def _devices(args: argparse.Namespace) -> int:
         why = f" ({d['reason']})" if d.get("reason") else ""
         print(f"{d['id']:24}  {d['state']}{why}")
     return 0
-
-
-def cmd_jobs(args: argparse.Namespace) -> int:
-    return _run_client(_jobs, args)
-
-
-def cmd_devices(args: argparse.Namespace) -> int:
-    return _run_client(_devices, args)
 
 
 __all__ = ["DEFAULT_LISTEN", "WAIT_FOR_WORKER", "add_to_sim", "session_path", "worker_yaml"]

@@ -24,6 +24,7 @@ its background loops (health refresh per node, one poller per acked job) in one 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
@@ -208,7 +209,6 @@ class SimDispatcher:
         self._changed = trio.Event()
         self._client: httpx.AsyncClient | None = None
         self._nursery: trio.Nursery | None = None
-        self._health_scopes: dict[str, trio.CancelScope] = {}
         self._polling: set[str] = set()
         for url in nodes:
             self.add_node(url)
@@ -229,16 +229,6 @@ class SimDispatcher:
         if self._nursery is not None:
             self._start_health_loop(url)
 
-    def remove_node(self, url: str) -> None:
-        """Stop placing jobs on ``url``. Jobs it already acked keep being polled there."""
-        url = url.rstrip("/")
-        if url not in self._nodes:
-            raise KeyError(f"unknown node {url!r}")
-        self._nodes.remove(url)
-        scope = self._health_scopes.pop(url, None)
-        if scope is not None:
-            scope.cancel()
-
     def health(self, url: str) -> dict[str, Any] | None:
         """The last good health body seen from ``url`` (``None`` if none yet)."""
         state = self._health.get(url.rstrip("/"))
@@ -256,6 +246,10 @@ class SimDispatcher:
             return self._records[job_id]
         except KeyError:
             raise KeyError(f"unknown job {job_id!r}") from None
+
+    def find(self, job_id: str) -> DispatchRecord | None:
+        """The record of ``job_id``; ``None`` before its submit began."""
+        return self._records.get(job_id)
 
     def records(self) -> list[DispatchRecord]:
         return list(self._records.values())
@@ -339,32 +333,26 @@ class SimDispatcher:
         raise AssertionError("unreachable")
 
     async def _probe(self, client: httpx.AsyncClient, url: str) -> None:
-        state = self._health.get(url)
-        if state is None:
-            return
+        state = self._health[url]
         resp = await self._request(
             client, "GET", f"{url}/fleet/health", observe=(url, "health", None)
         )
         state.checked_at = trio.current_time()
+        status = None if isinstance(resp, str) else resp.status_code
+        body = None
         if isinstance(resp, str):
-            state.ok, state.reason = False, resp
-            self._observe(url, "health", None, resp)
-            return
-        if resp.status_code != 200:
-            state.ok, state.reason = False, f"{resp.status_code} {_error_text(resp)}"
-            self._observe(url, "health", resp.status_code, _error_text(resp))
-            return
-        try:
-            body = resp.json()
-        except ValueError:
-            body = None
-        problem = _health_problem(body)
-        if problem is not None:
-            state.ok, state.reason = False, problem
-            self._observe(url, "health", resp.status_code, problem)
-            return
-        state.body, state.ok, state.reason = body, True, "ok"
-        self._observe(url, "health", resp.status_code, "ok")
+            detail = state.reason = resp
+        elif status != 200:
+            detail = _error_text(resp)
+            state.reason = f"{status} {detail}"
+        else:
+            with contextlib.suppress(ValueError):
+                body = resp.json()
+            detail = state.reason = _health_problem(body) or "ok"
+        state.ok = status == 200 and detail == "ok"
+        if state.ok:
+            state.body = body
+        self._observe(url, "health", status, detail)
 
     # ------------------------------------------------------------------ submit
 
@@ -456,16 +444,12 @@ class SimDispatcher:
         refused: list[str] = []
         for url in candidates:
             resp = await self._request(client, "POST", f"{url}/fleet/dispatch", body)
-            if isinstance(resp, str):
-                rec.attempts.append((url, None, resp))
-                refused.append(f"{url} ({resp})")
-                self._observe(url, "dispatch", None, resp, rec.job_id)
-                continue
-            if resp.status_code != 202:
-                reason = _error_text(resp)
-                rec.attempts.append((url, resp.status_code, reason))
-                refused.append(f"{url} ({resp.status_code} {reason})")
-                self._observe(url, "dispatch", resp.status_code, reason, rec.job_id)
+            status = None if isinstance(resp, str) else resp.status_code
+            if status != 202:
+                reason = resp if isinstance(resp, str) else _error_text(resp)
+                rec.attempts.append((url, status, reason))
+                refused.append(f"{url} ({reason if status is None else f'{status} {reason}'})")
+                self._observe(url, "dispatch", status, reason, rec.job_id)
                 continue
             rec.attempts.append((url, 202, "accepted"))
             self._observe(url, "dispatch", 202, "accepted", rec.job_id)
@@ -487,10 +471,7 @@ class SimDispatcher:
     # ------------------------------------------------------------------ polling
 
     def _terminal_event(self, job_id: str) -> trio.Event:
-        event = self._terminal_events.get(job_id)
-        if event is None:
-            event = self._terminal_events[job_id] = trio.Event()
-        return event
+        return self._terminal_events.setdefault(job_id, trio.Event())
 
     def _finish(self, rec: DispatchRecord, state: str, error: str | None, result: Any) -> None:
         if rec.terminal:
@@ -508,12 +489,11 @@ class SimDispatcher:
             f"{rec.node}/fleet/jobs/{rec.job_id}",
             observe=(rec.node, "poll", rec.job_id),
         )
-        if isinstance(resp, str):
-            self._observe(rec.node, "poll", None, resp, rec.job_id)
-            return None
-        if resp.status_code != 200:
-            self._observe(rec.node, "poll", resp.status_code, _error_text(resp), rec.job_id)
-            return resp.status_code
+        if isinstance(resp, str) or resp.status_code != 200:
+            status = None if isinstance(resp, str) else resp.status_code
+            detail = resp if isinstance(resp, str) else _error_text(resp)
+            self._observe(rec.node, "poll", status, detail, rec.job_id)
+            return status
         try:
             body = resp.json()
         except ValueError:
@@ -611,14 +591,7 @@ class SimDispatcher:
 
     def _start_health_loop(self, url: str, first_done: bool = False) -> None:
         assert self._nursery is not None
-        scope = trio.CancelScope()
-        self._health_scopes[url] = scope
-
-        async def run() -> None:
-            with scope:
-                await self._health_loop(url, first_done)
-
-        self._nursery.start_soon(run, name=f"health {url}")
+        self._nursery.start_soon(self._health_loop, url, first_done, name=f"health {url}")
 
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Run the health loops and the pollers until cancelled; ``started`` once the first
@@ -644,7 +617,6 @@ class SimDispatcher:
         finally:
             self._nursery = None
             self._client = None
-            self._health_scopes.clear()
             self._polling.clear()
 
 

@@ -20,6 +20,7 @@ import http
 import json
 import socket
 import struct
+from collections.abc import Callable
 
 import attrs
 import trio
@@ -163,25 +164,32 @@ class FaultyLink:
             self._event(f"#{n} upstream {self.target_host}:{self.target_port} failed: {exc}")
             return
         self._event(f"#{n} forwarded to {self.target_host}:{self.target_port}")
-        async with upstream, trio.open_nursery() as nursery:
-            nursery.start_soon(self._pump, client, upstream, True, conn.scope)
-            nursery.start_soon(self._pump, upstream, client, False, conn.scope)
+        async with upstream:
+            await splice(client, upstream, conn.scope, lambda: self._latency)
 
-    async def _pump(
-        self,
-        src: trio.SocketStream,
-        dst: trio.SocketStream,
-        upstream: bool,
-        scope: trio.CancelScope,
-    ) -> None:
+
+async def splice(
+    client: trio.SocketStream,
+    upstream: trio.SocketStream,
+    scope: trio.CancelScope,
+    latency: Callable[[], float] = lambda: 0.0,
+) -> None:
+    """Pump bytes both ways, each direction until its EOF; a broken side cancels ``scope``
+    (the connection). Each chunk sent upstream waits ``latency()`` seconds first."""
+
+    async def pump(src: trio.SocketStream, dst: trio.SocketStream, up: bool) -> None:
         try:
             async for data in src:
-                if upstream and self._latency > 0:
-                    await trio.sleep(self._latency)
+                if up and latency() > 0:
+                    await trio.sleep(latency())
                 await dst.send_all(data)
             await dst.send_eof()
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
             scope.cancel()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(pump, client, upstream, True)
+        nursery.start_soon(pump, upstream, client, False)
 
 
 def _abort(stream: trio.SocketStream) -> None:
@@ -192,11 +200,9 @@ def _abort(stream: trio.SocketStream) -> None:
 
 async def _discard(stream: trio.SocketStream) -> None:
     """Read and drop everything until the peer closes (or the scope is cancelled)."""
-    try:
+    with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError, OSError):
         async for _ in stream:
             pass
-    except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-        pass
 
 
 async def _canned(stream: trio.SocketStream, status: int) -> None:

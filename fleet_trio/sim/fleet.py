@@ -55,21 +55,19 @@ NODE_DRAIN = 0.5
 NODE_KILL_GRACE = 1.5
 NODE_POLL_LINGER = 5.0
 """The node's default ``poll_linger`` (docs/node.md "Linger")."""
-NODE_STOP_BOUND = (
-    NODE_DRAIN
-    + DEFAULT_INTERRUPT_BUDGET
-    + NODE_KILL_GRACE
-    + SHUTDOWN_SLACK
-    + JOBS_CLOSED_BUDGET
-    + NODE_POLL_LINGER
-)
-"""docs/node.md "Stopping": drain + 5 s interrupt budget + kill grace + 3 s slack + 1.5 s for
-the live tails' end + the poll linger."""
+
+
+def node_stop_bound(drain: float, kill_grace: float, linger: float) -> float:
+    """docs/node.md "Stopping": drain + 5 s interrupt budget + kill grace + 3 s slack + 1.5 s for
+    the live tails' end + the poll linger."""
+    slack = SHUTDOWN_SLACK + JOBS_CLOSED_BUDGET
+    return drain + DEFAULT_INTERRUPT_BUDGET + kill_grace + slack + linger
+
+
+NODE_STOP_BOUND = node_stop_bound(NODE_DRAIN, NODE_KILL_GRACE, NODE_POLL_LINGER)
 
 WORKER_STOP_BOUND = worker_shutdown_bound(WorkerTimings())
-"""docs/worker.md "Stopping": the 45 s drain, the interrupt budget (kill grace + 5 s), the
-kill grace, the tree's slack, the tails' end (1.5 s) and the release drain (20 s, plus a cut
-hook's grace)."""
+"""docs/worker.md "Stopping" for the production timings."""
 
 
 @attrs.frozen
@@ -116,12 +114,20 @@ def _write_files(files: Sequence[FileSpec]) -> None:
         os.chmod(path, mode)
 
 
-class Exiting(Protocol):
+class RoleProcess(Protocol):
+    """What the scenarios use of a role's process (a ``trio.Process``, or a zygote's child)."""
+
+    @property
+    def pid(self) -> int: ...
+    @property
+    def returncode(self) -> int | None: ...
+
     async def wait(self) -> int: ...
+    def send_signal(self, sig: int) -> None: ...
     def kill(self) -> None: ...
 
 
-async def wait_exit(proc: Exiting, limit: float) -> tuple[int | None, float]:
+async def wait_exit(proc: RoleProcess, limit: float) -> tuple[int | None, float]:
     """Wait up to ``limit`` seconds for ``proc`` to exit: its exit code (``None``: it was still
     running, and is SIGKILLed and reaped) and the seconds it took."""
     began = trio.current_time()
@@ -164,7 +170,6 @@ class ManagedProcess:
         self.shutdowns = shutdowns
         self.proc: trio.Process | None = None
         self.output = bytearray()
-        self.starts = 0
         self._seen: trio.Event = trio.Event()
 
     @property
@@ -205,7 +210,6 @@ class ManagedProcess:
         if self.running:
             raise RuntimeError(f"{self.name} is already running")
         self.output.clear()
-        self.starts += 1
         self._before_start()
         self.proc = await trio.lowlevel.open_process(
             self.argv,
@@ -244,11 +248,7 @@ class ManagedProcess:
             return
         self._event("kill", sig.name)
         proc.send_signal(sig)
-        with trio.move_on_after(KILL_WAIT) as waited:
-            await proc.wait()
-        if waited.cancelled_caught:
-            proc.kill()
-            await proc.wait()
+        await wait_exit(proc, KILL_WAIT)  # past it, SIGKILL
 
     async def stop(self, bound: float | None = None) -> ShutdownRecord | None:
         """SIGTERM and time the exit against ``bound`` (default: the documented bound);
@@ -263,11 +263,6 @@ class ManagedProcess:
         record = ShutdownRecord(self.name, seconds, limit, code)
         self.shutdowns.append(record)
         return record
-
-    async def restart(self) -> None:
-        """Crash-free restart: stop (if running), then start."""
-        await self.stop()
-        await self.start()
 
 
 class NodeProcess(ManagedProcess):
@@ -335,10 +330,6 @@ class WorkerProcess(ManagedProcess):
         self.devices = list(devices)
         self.ctrl = ctrl
         self._registered_before = 0
-
-    @property
-    def device_ids(self) -> list[str]:
-        return [f"{self.host}:{d}" for d in self.devices]
 
     def _registrations(self) -> int:
         return sum(
@@ -457,10 +448,8 @@ async def open_fleet(
         startup_grace=0.0,
         kill_redelivery=1.0,
     )
-    base_env = dict(os.environ)
-    base_env.update(env or {})
     gpu_root = os.path.join(root, "gpu")
-    base_env[GPU_ROOT_ENV] = gpu_root
+    base_env = {**os.environ, **(env or {}), GPU_ROOT_ENV: gpu_root}
     files: list[FileSpec] = [(gpu_root, "", 0)]
     events: list[ProcessEvent] = []
     shutdowns: list[ShutdownRecord] = []

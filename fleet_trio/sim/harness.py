@@ -4,21 +4,15 @@
 GPU plumbing; users import them from one place.)
 
 Everything here runs as trio tasks of the caller's ``trio.run`` on ``127.0.0.1`` port 0; jobs
-are real child processes. Each ``open_*`` manager yields a running instance and stops it on
-exit (a graceful shutdown: jobs drained, process groups killed and reaped).
-
-* :func:`open_fake_gpu` — a fake-GPU directory (``fleet_trio.gpu.fake``) per device;
-* :func:`open_controller` — a serving :class:`~fleet_trio.sim.controller.SimController`;
-* :func:`open_node` — ``fleet-trio node`` from a node YAML, on the fake GPU;
-* :func:`open_worker` — ``fleet-trio worker`` from a ``worker.yaml``, against a controller;
-* :func:`open_dispatcher` — a serving simulated Fleet Dispatcher pointed at nodes.
-
-The pytest fixtures of :mod:`fleet_trio.sim.pytest_plugin` wrap these; other test runners can
-use them directly.
+are real child processes. Each ``open_*`` manager (fake GPU, controller, node, worker,
+dispatcher) yields a running instance and stops it on exit (a graceful shutdown: jobs drained,
+process groups killed and reaped). The fixtures of :mod:`fleet_trio.sim.pytest_plugin` wrap
+these; other test runners can use them directly.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import json
@@ -193,9 +187,7 @@ class FakeGpuDir:
         await trio.Path(path).write_text(message, encoding="utf-8")
 
     async def recover(self, *, device: int = 0) -> None:
-        path = trio.Path(self.device_dir(device) / fake.FAIL_FILE)
-        if await path.exists():
-            await path.unlink()
+        await trio.Path(self.device_dir(device) / fake.FAIL_FILE).unlink(missing_ok=True)
 
 
 def _init_fake_dirs(dirs: Sequence[Path], name: str, totals: Sequence[float]) -> None:
@@ -461,27 +453,22 @@ async def open_node(
 
     The node listens on ``127.0.0.1`` port 0 and measures the fake GPU (``fake_gpu``, or a
     new one of ``fake_gpus`` devices of ``total_gib`` under ``workdir``); every task gets
-    ``FLEET_TRIO_FAKE_GPU_DIR``
-    in its environment. Job work directories and the footprint store live in ``workdir``
-    (default: a temporary directory). Signals are left alone.
+    ``FLEET_TRIO_FAKE_GPU_DIR`` in its environment. Job work directories and the footprint
+    store live in ``workdir`` (default: a temporary directory). Signals are left alone.
 
     On exit the node shuts down and the manager waits for it: with ``drain_on_exit`` as on
     SIGTERM (jobs get the configured ``drain_timeout``), by default as on a second SIGINT
     (no drain: jobs still running end ``interrupted`` and are killed within ``kill_grace``).
     """
     cfg = await load_node_config(config, base_dir=base_dir)
-    async with _workdir(workdir, "fleet-node-") as root:
+    async with contextlib.AsyncExitStack() as stack:
+        root = await stack.enter_async_context(_workdir(workdir, "fleet-node-"))
         if fake_gpu is None:
-            async with (
-                open_fake_gpu(root / "fake-gpu", total_gib=total_gib, devices=fake_gpus) as gpu,
-                _serve_node(cfg, gpu, root, node_id, token, drain_on_exit, start_timeout) as h,
-            ):
-                yield h
-        else:
-            async with _serve_node(
-                cfg, fake_gpu, root, node_id, token, drain_on_exit, start_timeout
-            ) as h:
-                yield h
+            gpu = open_fake_gpu(root / "fake-gpu", total_gib=total_gib, devices=fake_gpus)
+            fake_gpu = await stack.enter_async_context(gpu)
+        yield await stack.enter_async_context(
+            _serve_node(cfg, fake_gpu, root, node_id, token, drain_on_exit, start_timeout)
+        )
 
 
 @asynccontextmanager
@@ -609,10 +596,10 @@ class WorkerHandle:
         """``rc run -d`` on one of this worker's devices (``gpu0`` or ``host:gpu0``); the job
         id. The fake GPU's ``FLEET_TRIO_FAKE_GPU_DIR`` is added to ``env``; ``options`` are
         :meth:`SimController.submit`'s (``kind``, ``max_runtime_seconds``, ``stdio``, …)."""
-        full_env = {**(self.fake_gpu.env if self.fake_gpu is not None else {}), **(env or {})}
-        if options.get("kind") == "hold":
-            return self.controller.submit(self.device_id(device), command, **options)
-        return self.controller.submit(self.device_id(device), command, env=full_env, **options)
+        if options.get("kind") != "hold":  # a hold takes no env
+            gpu_env = self.fake_gpu.env if self.fake_gpu is not None else {}
+            options["env"] = {**gpu_env, **(env or {})}
+        return self.controller.submit(self.device_id(device), command, **options)
 
     async def wait(self, job_id: str, timeout: float = 30.0) -> Job:  # noqa: ASYNC109
         """Wait until the controller has the job terminal; a copy of its record

@@ -1,17 +1,10 @@
 """pytest fixtures for testing task configs, hooks and verify scripts (docs/sim.md).
 
 Registered through the ``pytest11`` entry point ``fleet_trio``, so installing fleet-trio makes
-these fixtures available to every test session:
-
-* ``fake_gpu`` — a :class:`~fleet_trio.sim.harness.FakeGpuDir` under ``tmp_path``, of
-  ``fake_gpus`` devices (default 1; override the fixture for a multi-GPU node);
-* ``rc_controller`` — a serving simulated rc controller;
-* ``fleet_node`` — ``fleet-trio node`` configured by ``fleet_node_config``, on ``fake_gpu``;
-* ``fleet_worker`` — ``fleet-trio worker`` configured by ``fleet_worker_config``, registered
-  with ``rc_controller``;
-* ``dispatcher`` — a simulated Fleet Dispatcher pointed at ``fleet_node``;
-* ``fleet_node_config`` / ``fleet_worker_config`` — what to configure them from; override
-  them (conftest, module, class, or ``@pytest.mark.parametrize`` for one test).
+these fixtures available to every test session: ``fake_gpu``, ``rc_controller``,
+``fleet_node``, ``fleet_worker`` and ``dispatcher`` (each described below), configured by
+fixtures a test overrides (conftest, module, class, or ``@pytest.mark.parametrize``):
+``fake_gpus``, ``fleet_node_config``, ``fleet_worker_config``.
 
 The instance fixtures are ``async`` and need pytest-trio (``trio_mode = true`` or
 ``@pytest.mark.trio``). This module imports nothing but pytest at import time, so it costs

@@ -17,8 +17,8 @@ Both responses are streamed by async generators with the response timeout off
 (``Response.timeout = None``); quart-trio cancels the generator when the worker disconnects,
 which frees the half (a reconnect is then accepted, and input not yet sent is kept for it).
 
-Sessions are kept per job (:class:`RelayHub`, one per :class:`SimController`), created by
-whichever half (worker or operator) comes first. The operator is played from Python:
+Sessions are kept per job (``SimController.relay_sessions``), created by whichever half
+(worker or operator) comes first. The operator is played from Python:
 :func:`operator` (``operator(ctrl, job_id)``) returns the job's :class:`RelaySession`, with
 ``send``/``resize``/``close_input``/``output``/``wait_output``/``wait_ended``. Input is
 encoded per the job's ``stdio``: NDJSON frames for ``tty``, raw bytes for ``pipe`` (§8.2).
@@ -32,7 +32,6 @@ unsupported``; relay requests are recorded in ``ctrl.requests()`` as ``tty_out``
 from __future__ import annotations
 
 import re
-import weakref
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
@@ -40,7 +39,7 @@ import trio
 from quart import Response, request
 from quart_trio import QuartTrio
 
-from fleet_trio.sim.rcwire import go_json
+from fleet_trio.sim.client_api import error_reply
 from fleet_trio.worker.relay import encode_data, encode_resize
 
 if TYPE_CHECKING:
@@ -169,49 +168,18 @@ class RelaySession:
             self._notify()
 
 
-class RelayHub:
-    """The relay sessions of one sim controller, by job ID."""
-
-    def __init__(self, ctrl: SimController) -> None:
-        self._ctrl = weakref.ref(ctrl)
-        self.sessions: dict[str, RelaySession] = {}
-
-    def session(self, job_id: str) -> RelaySession:
-        """The job's session, created on first use (by either side)."""
-        found = self.sessions.get(job_id)
-        if found is None:
-            ctrl = self._ctrl()
-            job = ctrl._jobs.get(job_id) if ctrl is not None else None
-            found = self.sessions[job_id] = RelaySession(job_id, job.stdio if job else "")
-        return found
-
-
-_HUBS: weakref.WeakKeyDictionary[SimController, RelayHub] = weakref.WeakKeyDictionary()
-
-
-def relay_hub(ctrl: SimController) -> RelayHub:
-    hub = _HUBS.get(ctrl)
-    if hub is None:
-        hub = _HUBS[ctrl] = RelayHub(ctrl)
-    return hub
-
-
 def operator(ctrl: SimController, job_id: str) -> RelaySession:
-    """Play the operator of ``job_id``'s terminal (the session is created if needed)."""
-    return relay_hub(ctrl).session(job_id)
-
-
-def _error(status: int, code: str, message: str) -> Response:
-    return Response(
-        go_json({"error": code, "message": message}),
-        status=status,
-        content_type="application/json",
-    )
+    """Play the operator of ``job_id``'s terminal: its session, created on first use (by
+    either side)."""
+    session = ctrl.relay_sessions.get(job_id)
+    if session is None:
+        job = ctrl._jobs.get(job_id)
+        session = ctrl.relay_sessions[job_id] = RelaySession(job_id, job.stdio if job else "")
+    return session
 
 
 def mount_relay(app: QuartTrio, ctrl: SimController) -> None:
     """Add E8/E9 to the sim's app (``create_app`` calls this)."""
-    hub = relay_hub(ctrl)
 
     def claim(side: str, job_id: str) -> RelaySession | Response:
         """Record and authorize a ``tty_<side>`` request; the session, with the worker's
@@ -223,10 +191,10 @@ def mount_relay(app: QuartTrio, ctrl: SimController) -> None:
         if denied is not None:
             return denied
         if job_id not in ctrl._jobs:
-            return _error(404, "not_found", "job not found")
-        session = hub.session(job_id)
+            return error_reply(404, "not_found", "job not found")
+        session = operator(ctrl, job_id)
         if getattr(session, f"worker_{side}"):
-            return _error(409, "conflict", CONFLICT_MESSAGE)
+            return error_reply(409, "conflict", CONFLICT_MESSAGE)
         setattr(session, f"worker_{side}", True)
         count = f"{side}_connections"
         setattr(session, count, getattr(session, count) + 1)
@@ -259,9 +227,7 @@ def mount_relay(app: QuartTrio, ctrl: SimController) -> None:
 __all__ = [
     "CONFLICT_MESSAGE",
     "NDJSON",
-    "RelayHub",
     "RelaySession",
     "mount_relay",
     "operator",
-    "relay_hub",
 ]

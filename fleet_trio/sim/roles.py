@@ -100,15 +100,9 @@ def worker_timings(
     """The production timings with the given ones replaced."""
     from fleet_trio.worker.worker import WorkerTimings
 
-    t = WorkerTimings()
-    changes: dict[str, Any] = {}
-    if drain is not None:
-        changes["shutdown_drain"] = drain
-    if kill_grace is not None:
-        changes["kill_grace"] = kill_grace
-    if hurry is not None:
-        changes["hurry_budget"] = hurry
-    return attrs.evolve(t, **changes)
+    given = {"shutdown_drain": drain, "kill_grace": kill_grace, "hurry_budget": hurry}
+    changes: dict[str, Any] = {k: v for k, v in given.items() if v is not None}
+    return attrs.evolve(WorkerTimings(), **changes)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

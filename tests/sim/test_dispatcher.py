@@ -234,17 +234,11 @@ async def test_duplicate_job_id_is_refused() -> None:
         await disp.submit("gen", job_id="same")
 
 
-async def test_add_and_remove_nodes_while_serving(tmp_path: Path) -> None:
+async def test_add_a_node_while_serving(tmp_path: Path) -> None:
     async with nodes(tmp_path, a={}) as n, trio.open_nursery() as nursery:
         disp = SimDispatcher(**FAST)
         await nursery.start(serve_dispatcher, disp)
         disp.add_node(n["a"].node.url + "/")
         assert disp.nodes == [n["a"].node.url]
         await disp.wait_for(lambda: disp.healthy(n["a"].node.url), timeout=5)
-        disp.remove_node(n["a"].node.url)
-        seen = len(disp.observations())
-        await quiet_for(0.3, reason="a removed node's health loop stopped")
-        assert len(disp.observations()) == seen  # its health loop stopped
-        rec = await disp.submit("gen", job_id="none")
-        assert rec.state == "unplaced"
         nursery.cancel_scope.cancel()

@@ -146,10 +146,6 @@ def _first_after(
     return min(times) if times else None
 
 
-def _term_after(events: Iterable[ProcessEvent], process: str, since: float) -> float | None:
-    return _first_after(events, process, "term", since)
-
-
 def check_node_jobs(records: Records) -> list[Violation]:
     """Promise 1: every job acked by a node reaches exactly one terminal state that a poller
     can see, and is run at most once (by that node).
@@ -166,63 +162,49 @@ def check_node_jobs(records: Records) -> list[Violation]:
     events = records.process_events
     for job in records.node_jobs:
         subject = f"node job {job.ref} ({job.job_id})"
+
+        def bad(detail: str, promise: str = "terminal", subject: str = subject) -> None:
+            out.append(Violation(promise, subject, detail))
+
         for node, n in job.runs.items():
             if n > 1:
-                out.append(Violation("run-once", subject, f"ran {n} times on {node}"))
+                bad(f"ran {n} times on {node}", "run-once")
         if job.node is None:
             continue
         seen_terminal = [s for s in job.states_seen if s in TERMINAL_NODE]
         if len(seen_terminal) > 1:
-            out.append(
-                Violation(
-                    "terminal", subject, f"polls saw several terminal states {job.states_seen}"
-                )
-            )
+            bad(f"polls saw several terminal states {job.states_seen}")
         if seen_terminal and job.states_seen[-1] not in TERMINAL_NODE:
-            out.append(
-                Violation("terminal", subject, f"a state after the terminal one {job.states_seen}")
-            )
+            bad(f"a state after the terminal one {job.states_seen}")
         visible = bool(seen_terminal) and job.error != LOST_404
         until = job.terminal_at if visible else None
         since = job.sent_at if job.sent_at is not None else job.acked_at
         disrupted = _disrupted(events, job.node, since, until)
         if not disrupted and not visible:
-            out.append(
-                Violation(
-                    "terminal",
-                    subject,
-                    f"acked by {job.node} but no terminal state was visible to the poller "
-                    f"(record {job.state} {job.error or ''}, polls saw {list(job.states_seen)})",
-                )
+            bad(
+                f"acked by {job.node} but no terminal state was visible to the poller "
+                f"(record {job.state} {job.error or ''}, polls saw {list(job.states_seen)})"
             )
         if job.kind == "stubborn" and job.acked_at is not None and job.runs.get(job.node, 0):
-            stop = _term_after(events, job.node, job.acked_at)
+            stop = _first_after(events, job.node, "term", job.acked_at)
             would_end = job.acked_at + STUBBORN_SECONDS
             outlived = stop is not None and would_end > stop + NODE_DRAIN + TRAP_MARGIN
             if not outlived or stop is None:
                 continue
             if not (job.error or "").startswith("interrupted"):
-                out.append(
-                    Violation(
-                        "terminal",
-                        subject,
-                        f"in flight when {job.node} was stopped and outlived the drain, but "
-                        f'the poller never saw error "interrupted" (saw '
-                        f"{list(job.states_seen)}, record {job.state} {job.error or ''})",
-                    )
+                bad(
+                    f"in flight when {job.node} was stopped and outlived the drain, but "
+                    f'the poller never saw error "interrupted" (saw '
+                    f"{list(job.states_seen)}, record {job.state} {job.error or ''})"
                 )
                 continue
             seen_at = job.terminal_at
             if seen_at is not None and seen_at - stop > NODE_DRAIN + MARK_LEAD:
-                out.append(
-                    Violation(
-                        "terminal",
-                        subject,
-                        f'the poller saw error "interrupted" {seen_at - stop:.2f}s after '
-                        f"{job.node} was stopped: the mark must come when the "
-                        f"{NODE_DRAIN:g}s drain ends, before the {NODE_KILL_GRACE:g}s kill "
-                        "grace, not after the kill",
-                    )
+                bad(
+                    f'the poller saw error "interrupted" {seen_at - stop:.2f}s after '
+                    f"{job.node} was stopped: the mark must come when the "
+                    f"{NODE_DRAIN:g}s drain ends, before the {NODE_KILL_GRACE:g}s kill "
+                    "grace, not after the kill"
                 )
     return out
 
@@ -254,39 +236,30 @@ def check_rc_jobs(records: Records) -> list[Violation]:
     out: list[Violation] = []
     for job in records.rc_jobs:
         subject = f"rc job {job.ref} ({job.job_id} on {job.device})"
+
+        def bad(promise: str, detail: str, subject: str = subject) -> None:
+            out.append(Violation(promise, subject, detail))
+
         terminal = [r for r in job.reports if r[0] != "running"]
         if len({r for r in terminal}) > 1:
-            out.append(Violation("report", subject, f"different terminal reports {terminal}"))
+            bad("report", f"different terminal reports {terminal}")
         acknowledged = any(r[0] == "running" for r in job.reports)
         crashed = _disrupted(records.process_events, job.worker, job.started_at, None, ("kill",))
         if job.assigned and acknowledged and not terminal and not crashed:
-            out.append(
-                Violation(
-                    "report",
-                    subject,
-                    f"assigned and running, but no terminal report (controller: {job.state} "
-                    f"{job.reason!r})",
-                )
-            )
+            controller = f"controller: {job.state} {job.reason!r}"
+            bad("report", f"assigned and running, but no terminal report ({controller})")
         log, _ = normalized_log(job.log_chunks)
         expected = rc_expected_output(job.lines)
         if not expected.startswith(log):
-            out.append(
-                Violation("output", subject, f"log is not an in-order prefix: {log[-200:]!r}")
-            )
+            bad("output", f"log is not an in-order prefix: {log[-200:]!r}")
         elif (
             terminal
             and terminal[0][0] in ("succeeded", "failed")
             and terminal[0][1] in (0, 2)
             and log != expected
         ):
-            out.append(
-                Violation(
-                    "output",
-                    subject,
-                    f"ended {terminal[0][0]} but the log has {log.count(NL)} of {job.lines} lines",
-                )
-            )
+            lines = f"{log.count(NL)} of {job.lines} lines"
+            bad("output", f"ended {terminal[0][0]} but the log has {lines}")
     return out
 
 

@@ -14,7 +14,7 @@ import attrs
 import trio
 
 from fleet_trio.gpu.fake import read_holdings
-from fleet_trio.proc.procfs import list_pids, read_proc_file, read_proc_stat
+from fleet_trio.proc.procfs import env_marker_value, list_pids, read_proc_file, read_proc_stat
 from fleet_trio.sim.chaos.checker import (
     TERMINAL_RC,
     Holding,
@@ -60,41 +60,27 @@ class SeedResult:
         return not self.violations
 
 
+def _environ(pid: int) -> bytes:
+    """``pid``'s environment block (empty when it cannot be read)."""
+    try:
+        return read_proc_file(f"/proc/{pid}/environ")
+    except OSError:
+        return b""
+
+
 def scan_markers(job_ids: set[str]) -> list[MarkedProcess]:
     """Live processes whose environment carries one of ``job_ids`` (blocking /proc walk)."""
     found: list[MarkedProcess] = []
-    keys = (
-        (NODE_MARKER, b"FLEET_JOB_ID="),
-        (RC_MARKER, b"RC_JOB_ID="),
-        (LEAK_MARKER, b"FLEET_TRIO_SIM_LEAK_JOB="),
-    )
     for pid in list_pids() or []:
         st = read_proc_stat(pid)
         if st is None or st.state == "Z":
             continue
-        try:
-            environ = read_proc_file(f"/proc/{pid}/environ")
-        except OSError:
-            continue
-        for entry in environ.split(b"\0"):
-            for name, key in keys:
-                if entry.startswith(key):
-                    value = entry[len(key) :].decode(errors="replace")
-                    if value in job_ids:
-                        found.append(MarkedProcess(pid, name, value))
+        environ = _environ(pid)
+        for name in (NODE_MARKER, RC_MARKER, LEAK_MARKER):
+            value = env_marker_value(environ, f"{name}=".encode())
+            if value in job_ids:
+                found.append(MarkedProcess(pid, name, value))
     return found
-
-
-def _holder_job(pid: int) -> str:
-    try:
-        environ = read_proc_file(f"/proc/{pid}/environ")
-    except OSError:
-        return ""
-    key = LEAK_MARKER.encode() + b"="
-    for entry in environ.split(b"\0"):
-        if entry.startswith(key):
-            return entry[len(key) :].decode(errors="replace")
-    return ""
 
 
 def _holdings(gpu_dirs: Mapping[str, str]) -> list[Holding]:
@@ -105,7 +91,8 @@ def _holdings(gpu_dirs: Mapping[str, str]) -> list[Holding]:
         except Exception:
             continue
         for pid, nbytes in sorted(held.items()):
-            out.append(Holding(device, pid, nbytes, _holder_job(pid)))
+            job = env_marker_value(_environ(pid), f"{LEAK_MARKER}=".encode())
+            out.append(Holding(device, pid, nbytes, job))
     return out
 
 
@@ -193,8 +180,7 @@ async def _settle(fleet: Fleet, play: _Play) -> None:
     node_ids = [job_id for job_id, _ in play.node_refs.values()]
 
     def node_done() -> bool:
-        recs = [fleet.dispatcher.record(j) for j in node_ids if _known(fleet, j)]
-        return all(r.terminal for r in recs)
+        return all(r.terminal for j in node_ids if (r := fleet.dispatcher.find(j)))
 
     rc_ids = [v[0] for v in play.rc_refs.values()]
 
@@ -212,14 +198,6 @@ async def _settle(fleet: Fleet, play: _Play) -> None:
     for j in rc_ids:
         if fleet.ctrl.job(j).state == "queued":
             fleet.ctrl.kill(j)  # its device is quarantined or busy: not assigned, not checked
-
-
-def _known(fleet: Fleet, job_id: str) -> bool:
-    try:
-        fleet.dispatcher.record(job_id)
-    except KeyError:
-        return False
-    return True
 
 
 def read_runs(node_dir: str) -> dict[str, int]:
@@ -252,9 +230,9 @@ def _collect(
     url_to_node = {fleet.node_links[n.name].url: n.name for n in fleet.nodes}
     node_jobs = []
     for ref, (job_id, kind) in sorted(play.node_refs.items()):
-        if not _known(fleet, job_id):
+        r = fleet.dispatcher.find(job_id)
+        if r is None:
             continue
-        r = fleet.dispatcher.record(job_id)
         node_jobs.append(
             NodeJobRecord(
                 ref=ref,

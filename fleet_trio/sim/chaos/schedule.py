@@ -60,18 +60,26 @@ def node_yaml(*, escape_task: bool = True) -> str:
 
 
 def shell_tasks_yaml(
-    tasks: dict[str, str], *, drain_ms: int, kill_grace_s: float, node_lines: tuple[str, ...] = ()
+    tasks: dict[str, str],
+    *,
+    drain_ms: int,
+    kill_grace_s: float,
+    linger_s: float | None = None,
+    node_lines: tuple[str, ...] = (),
 ) -> str:
-    """A node config of ``sh -c`` tasks (name → script) with these timings; ``node_lines``
-    are more lines under ``node:`` (indented two spaces)."""
+    """A node config of ``sh -c`` tasks (name → script) with these timings (``linger_s``:
+    ``poll_linger``, else the default); ``node_lines`` are more lines under ``node:`` (indented
+    two spaces)."""
     lines = [
         "node:",
         *node_lines,
         "  timings:",
         f"    drain_timeout: {drain_ms}ms",
         f"    kill_grace: {int(kill_grace_s * 1000)}ms",
-        "tasks:",
     ]
+    if linger_s is not None:
+        lines.append(f"    poll_linger: {int(linger_s * 1000)}ms")
+    lines.append("tasks:")
     for name, script in tasks.items():
         lines += [f"  {name}:", f'    command: ["sh", "-c", {yaml_str(script)}]']
     return "\n".join(lines) + "\n"

@@ -6,11 +6,9 @@ Go's JSON encoding), applies the controller state changes of §3, §5–§7, §1
 tests a small Python API: submit and kill jobs, restart the controller, inject failures, and
 read back every request the worker sent. See docs/sim-controller.md.
 
-The package: :mod:`.records` (constants and records), :mod:`.state` (:class:`SimController`:
-the state and the test API), :mod:`.protocol` (the E1–E7 transitions, no HTTP),
-:mod:`.faults` (failure injection), :mod:`.app` (the quart-trio app and the byte pump in
-front of hypercorn: :func:`create_app`, :func:`serve_controller`). The public names are
-re-exported here: ``from fleet_trio.sim.controller import SimController`` keeps working.
+The package: :mod:`.records`, :mod:`.state` (the state and the test API), :mod:`.protocol` (the
+E1–E7 transitions, no HTTP), :mod:`.faults`, :mod:`.app` (quart-trio and the byte pump in front
+of hypercorn). The public names are re-exported here.
 """
 
 from __future__ import annotations

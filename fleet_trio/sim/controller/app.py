@@ -20,6 +20,7 @@ from fleet_trio.errors import WireError
 from fleet_trio.sim.controller import protocol
 from fleet_trio.sim.controller.records import INSTANCE_HEADER, MAX_WAIT, Reply, RequestRecord
 from fleet_trio.sim.controller.state import SimController
+from fleet_trio.sim.faults import splice
 from fleet_trio.sim.rcwire import MAX_LOG_CHUNK
 
 
@@ -154,15 +155,6 @@ def create_app(ctrl: SimController) -> QuartTrio:
     return app
 
 
-async def _pump(src: trio.SocketStream, dst: trio.SocketStream, scope: trio.CancelScope) -> None:
-    try:
-        async for data in src:
-            await dst.send_all(data)
-        await dst.send_eof()
-    except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-        scope.cancel()
-
-
 async def _proxy(ctrl: SimController, backend_port: int, client: trio.SocketStream) -> None:
     async with client:
         if trio.current_time() < ctrl._down_until:
@@ -176,9 +168,7 @@ async def _proxy(ctrl: SimController, backend_port: int, client: trio.SocketStre
             with trio.CancelScope() as scope:
                 ctrl._conns[port] = scope
                 try:
-                    async with trio.open_nursery() as nursery:
-                        nursery.start_soon(_pump, client, backend, scope)
-                        nursery.start_soon(_pump, backend, client, scope)
+                    await splice(client, backend, scope)
                 finally:
                     del ctrl._conns[port]
 

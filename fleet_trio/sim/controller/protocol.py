@@ -5,6 +5,7 @@ returns a :class:`~.records.Reply`. No HTTP here: :mod:`.app` reads requests and
 
 from __future__ import annotations
 
+import contextlib
 import re
 import uuid
 from collections.abc import Mapping
@@ -291,12 +292,10 @@ def take_work(ctrl: SimController, worker_id: str) -> Assignments | None:
 async def assignments(ctrl: SimController, worker_id: str, wait_text: str) -> Reply:
     """E4: hand out work and kills, or park the long poll up to ``wait`` (``wait_text``)."""
     wait = DEFAULT_WAIT
-    try:
+    with contextlib.suppress(DurationError):
         ns = parse_duration(wait_text)
         if 0 < ns <= MAX_WAIT * SECOND:
             wait = ns / SECOND
-    except DurationError:
-        pass
     deadline = trio.current_time() + wait
     with trio.CancelScope(deadline=deadline) as scope:
         ctrl._polls.add(scope)

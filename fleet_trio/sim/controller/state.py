@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import trio
@@ -24,6 +24,9 @@ from fleet_trio.sim.controller.records import (
     Worker,
 )
 from fleet_trio.sim.rcwire import StatusReport, make_converter
+
+if TYPE_CHECKING:
+    from fleet_trio.sim.relay import RelaySession
 
 
 class SimController:
@@ -74,6 +77,8 @@ class SimController:
         self._events: list[Event] = []
         self._requests: list[RequestRecord] = []
         self.fault_plan = FaultPlan()
+        self.relay_sessions: dict[str, RelaySession] = {}
+        """The relay (E8/E9) sessions by job ID (:func:`fleet_trio.sim.relay.operator`)."""
         self._pokes: dict[str, trio.Event] = {}
         self._changed = trio.Event()
         self._conns: dict[int, trio.CancelScope] = {}
@@ -152,14 +157,11 @@ class SimController:
             return False
         if job.state == "queued":
             self._finish(job, "killed", None, "cancelled")
-        elif self.retain_disconnected_jobs and self._disconnected(job.device_id):
-            # finalized on the spot, the device kept out of the pool, the kill flag kept for a
-            # returning worker (§5.5); a heartbeat that stops naming the job clears the flag
-            self._finish(job, "killed", None, "cancelled", free_device=False)
-            job.kill_flag = True
-            job.kill_delivered_at = None
-            self._poke(job.worker_id)
         else:
+            if self.retain_disconnected_jobs and self._disconnected(job.device_id):
+                # finalized on the spot, the device kept out of the pool, the kill flag kept for
+                # a returning worker (§5.5); a heartbeat that stops naming the job clears it
+                self._finish(job, "killed", None, "cancelled", free_device=False)
             job.kill_flag = True
             job.kill_delivered_at = None
             self._poke(job.worker_id)
@@ -367,10 +369,7 @@ class SimController:
             ev.set()
 
     def _poke_event(self, worker_id: str) -> trio.Event:
-        ev = self._pokes.get(worker_id)
-        if ev is None:
-            ev = self._pokes[worker_id] = trio.Event()
-        return ev
+        return self._pokes.setdefault(worker_id, trio.Event())
 
     def _leased(self, device_id: str) -> bool:
         return any(
@@ -440,15 +439,15 @@ class SimController:
         self._requests[rec.seq] = attrs.evolve(rec, outcome=outcome)
         self._notify()
 
-    def _denial(self, authorization: str) -> tuple[int, str, str] | None:
-        """Why a worker route refuses this ``Authorization`` header: (status, code, message);
-        ``None`` when the token's role may call it."""
+    def _denial(self, authorization: str, route: str = "worker") -> tuple[int, str, str] | None:
+        """Why a ``route`` route (``worker`` or ``client``) refuses this ``Authorization``
+        header: (status, code, message); ``None`` when the token's role may call it."""
         token = authorization[7:] if authorization.startswith("Bearer ") else ""
         role = self.tokens.get(token) if token else None
         if role is None:
             return 401, "unauthorized", "unknown or missing token"
-        if role not in ("worker", "admin"):
-            return 403, "forbidden", f"token role {role} may not call a worker route"
+        if role not in (route, "admin"):
+            return 403, "forbidden", f"token role {role} may not call a {route} route"
         return None
 
 

@@ -3,7 +3,6 @@ package data in ``jobs/``), the verify hook, the fake GPUs, the node and worker 
 
 from __future__ import annotations
 
-import json
 import os
 import secrets
 import shlex
@@ -17,6 +16,8 @@ from fleet_trio.sim.demo.model import HOST, NODE_GPUS, NODE_ID, RUN_MARKER, VERI
 
 JOB_SCRIPTS = ("count.py", "escape.py", "leak.py", "verify.py", "render.py", "train.py")
 """The files of ``fleet_trio/sim/demo/jobs/``, copied into the run's ``jobs/``."""
+GPU_GIB = 24.0
+"""Every fake GPU of the demo; (re)writing one clears its base use (the leak step's)."""
 
 
 class _Under:
@@ -59,15 +60,6 @@ def _write(path: str, text: str, mode: int = 0o644) -> None:
     with open(path, "w", encoding="utf-8") as f:
         f.write(text)
     os.chmod(path, mode)
-
-
-def write_fake_gpu(directory: str, name: str, total_gib: float = 24.0, uuid: str = "") -> None:
-    """(Re)create a fake GPU with nothing in use (blocking)."""
-    os.makedirs(directory, exist_ok=True)
-    device: dict[str, Any] = {"name": name, "total_gib": total_gib, "base_used_gib": 0.0}
-    if uuid:
-        device["uuid"] = uuid
-    _write(os.path.join(directory, "device.json"), json.dumps(device) + "\n")
 
 
 def node_yaml(files: DemoFiles) -> dict[str, Any]:
@@ -154,12 +146,12 @@ def prepare_files(root: str, python: str = sys.executable) -> DemoFiles:
     )
     os.makedirs(files.empty_dir, exist_ok=True)
     os.makedirs(files.work_root, exist_ok=True)
-    from fleet_trio.gpu.fake import device_dirs, fake_uuid
+    from fleet_trio.gpu.fake import device_dirs, fake_uuid, init_device
 
     for i, path in enumerate(device_dirs(files.fake_gpu("node"), NODE_GPUS)):
-        write_fake_gpu(path, f"Fake GPU {i} (demo node)", uuid=fake_uuid(path))
-    write_fake_gpu(files.fake_gpu("gpu0"), "Fake GPU 0 (demo worker)")
-    write_fake_gpu(files.fake_gpu("gpu1"), "Fake GPU 1 (demo worker)")
+        init_device(path, f"Fake GPU {i} (demo node)", GPU_GIB, uuid=fake_uuid(path))
+    for gpu in ("gpu0", "gpu1"):
+        init_device(files.fake_gpu(gpu), f"Fake GPU {gpu[-1]} (demo worker)", GPU_GIB)
     _dump_yaml(
         files.node_yaml, node_yaml(files), "# fleet-trio node config, written by fleet-trio demo\n"
     )

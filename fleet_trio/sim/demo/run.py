@@ -6,12 +6,13 @@ command's parser costs the CLI nothing."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import shutil
 import signal
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -39,42 +40,35 @@ if TYPE_CHECKING:
     from fleet_trio.worker.worker import Worker
 
 
-async def _run_node(
-    files: DemoFiles,
+async def _until_done(
+    serve: Callable[..., Awaitable[object]],
     done: trio.Event,
     *,
-    task_status: trio.TaskStatus[RunningNode] = trio.TASK_STATUS_IGNORED,
+    task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """``serve(task_status=...)``; ``done`` is set once it has returned or failed."""
+    try:
+        await serve(task_status=task_status)
+    finally:
+        done.set()
+
+
+async def _serve_node(
+    files: DemoFiles, *, task_status: trio.TaskStatus[RunningNode] = trio.TASK_STATUS_IGNORED
 ) -> None:
     from fleet_trio.node.config import load_config
     from fleet_trio.node.server import NodeOptions, serve_node
 
-    try:
-        config = await trio.to_thread.run_sync(load_config, files.node_yaml)
-        options = NodeOptions(gpu="fake", fake_gpu_dir=files.fake_gpu("node"), fake_gpus=NODE_GPUS)
-        await serve_node(
-            config,
-            options,
-            signals=(),
-            announce=lambda line: None,
-            work_root=files.work_root,
-            task_status=task_status,
-        )
-    finally:
-        done.set()
-
-
-async def _run_worker(
-    worker: Worker,
-    done: trio.Event,
-    *,
-    task_status: trio.TaskStatus[Worker] = trio.TASK_STATUS_IGNORED,
-) -> None:
-    from fleet_trio.worker.worker import serve_worker
-
-    try:
-        await serve_worker(worker, task_status=task_status)
-    finally:
-        done.set()
+    config = await trio.to_thread.run_sync(load_config, files.node_yaml)
+    options = NodeOptions(gpu="fake", fake_gpu_dir=files.fake_gpu("node"), fake_gpus=NODE_GPUS)
+    await serve_node(
+        config,
+        options,
+        signals=(),
+        announce=lambda line: None,
+        work_root=files.work_root,
+        task_status=task_status,
+    )
 
 
 def _make_worker(files: DemoFiles) -> Worker:
@@ -121,6 +115,7 @@ async def run_demo(options: DemoOptions, files: DemoFiles, con: Console) -> int:
     """Start the fleet, run the story, print the summary; returns the exit status."""
     from fleet_trio.sim.controller import SimController, serve_controller
     from fleet_trio.sim.dispatcher import SimDispatcher, serve_dispatcher
+    from fleet_trio.worker.worker import serve_worker
 
     con.say(con.paint("fleet-trio demo: a whole fleet on one box (no GPU, no config)", "bold"))
     con.say(con.paint(f"  generated files: {files.root}", "dim"))
@@ -151,7 +146,8 @@ async def run_demo(options: DemoOptions, files: DemoFiles, con: Console) -> int:
             con.say(f"  rc controller (simulated)   {ctrl_url}")
 
             node_done = trio.Event()
-            node: RunningNode = await infra.start(_run_node, files, node_done)
+            serve = functools.partial(_serve_node, files)
+            node: RunningNode = await infra.start(_until_done, serve, node_done)
             con.say(
                 f"  node {NODE_ID:<22} {node.url}  tasks: render, train "
                 f"({NODE_GPUS} fake GPUs, 24 GiB each)"
@@ -159,7 +155,7 @@ async def run_demo(options: DemoOptions, files: DemoFiles, con: Console) -> int:
 
             worker = await trio.to_thread.run_sync(_make_worker, files)
             worker_done = trio.Event()
-            await infra.start(_run_worker, worker, worker_done)
+            await infra.start(_until_done, functools.partial(serve_worker, worker), worker_done)
             con.say(
                 f"  worker {HOST:<20} devices {HOST}:gpu0, {HOST}:gpu1; live tail {worker.tail_url}"
             )
@@ -180,13 +176,8 @@ async def run_demo(options: DemoOptions, files: DemoFiles, con: Console) -> int:
                 status = story_status(story.steps)
                 failed = [s.name for s in story.steps if s.status not in ("ok", "skipped")]
                 if failed:
-                    con.say(
-                        con.paint(
-                            f"{len(failed)} step(s) did not go as expected: {', '.join(failed)}",
-                            "red",
-                            "bold",
-                        )
-                    )
+                    text = f"{len(failed)} step(s) did not go as expected: {', '.join(failed)}"
+                    con.say(con.paint(text, "red", "bold"))
                 else:
                     con.say(con.paint("every step went as expected", "green", "bold"))
 

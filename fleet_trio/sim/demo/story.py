@@ -10,8 +10,9 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from fleet_trio.gpu.fake import init_device
 from fleet_trio.sim.demo.console import TAIL_COLOURS, Console
-from fleet_trio.sim.demo.files import write_fake_gpu
+from fleet_trio.sim.demo.files import GPU_GIB
 from fleet_trio.sim.demo.model import LEAK_GIB, RUN_MARKER, TERMINAL_RC, Fleet, RcOutcome, Step
 from fleet_trio.sim.demo.report import _short, marked_processes, one_line
 from fleet_trio.sim.demo.tails import Tail, follow
@@ -20,53 +21,27 @@ if TYPE_CHECKING:
     from fleet_trio.sim.dispatcher import DispatchRecord
 
 
-PLAN = (
-    # name, where, what, expected; step_NAME (dashes as underscores) runs it
-    ("render-ok", "node", "a node job that succeeds", "done"),
-    (
-        "footprint",
-        "node",
-        "its measured VRAM peak is advertised in health",
-        "demo-diffusion >= 2 GiB",
-    ),
-    (
-        "two-gpus",
-        "node",
-        "two render jobs at once on the two-GPU node",
-        "both done, on 2 devices, at once",
-    ),
-    ("render-fail", "node", "a node job that fails", "error, exit status 2"),
-    ("train-ok", "worker gpu0", "an rc job that succeeds", "succeeded, exit 0"),
-    ("train-fail", "worker gpu1", "an rc job that fails", "failed, exit 3"),
-    ("kill", "worker gpu0", "an rc job killed by `rc kill`", "killed: cancelled"),
-    (
-        "timeout",
-        "worker gpu1",
-        "an rc job past its max_runtime of 2 s",
-        "killed: max_runtime exceeded",
-    ),
-    (
-        "escape",
-        "worker gpu0",
-        "an rc job whose helper escapes its process group",
-        "succeeded, escapee swept",
-    ),
-    (
-        "leak",
-        "worker gpu1",
-        "an rc job that leaks fake VRAM; verify fails",
-        "gpu1 unhealthy (fault)",
-    ),  # quarantined: the controller says unhealthy
-    (
-        "clear",
-        "worker gpu1",
-        "free the memory, `rc clear`, run a job again",
-        "gpu1 ready, job succeeded",
-    ),
-    ("drain", "node", "node shutdown with a job in flight", "error: interrupted"),
-    ("late-dispatch", "node", "a dispatch sent during that drain", "refused: 503 node draining"),
-    ("no-leftovers", "host", "no process of any demo job is left", "none"),
+PLAN = tuple(
+    tuple(cell.strip() for cell in row.split("|"))
+    for row in """
+render-ok | node | a node job that succeeds | done
+footprint | node | its measured VRAM peak is advertised in health | demo-diffusion >= 2 GiB
+two-gpus | node | two render jobs at once on the two-GPU node | both done, on 2 devices, at once
+render-fail | node | a node job that fails | error, exit status 2
+train-ok | worker gpu0 | an rc job that succeeds | succeeded, exit 0
+train-fail | worker gpu1 | an rc job that fails | failed, exit 3
+kill | worker gpu0 | an rc job killed by `rc kill` | killed: cancelled
+timeout | worker gpu1 | an rc job past its max_runtime of 2 s | killed: max_runtime exceeded
+escape | worker gpu0 | an rc job whose helper escapes its process group | succeeded, escapee swept
+leak | worker gpu1 | an rc job that leaks fake VRAM; verify fails | gpu1 unhealthy (fault)
+clear | worker gpu1 | free the memory, `rc clear`, run a job again | gpu1 ready, job succeeded
+drain | node | node shutdown with a job in flight | error: interrupted
+late-dispatch | node | a dispatch sent during that drain | refused: 503 node draining
+no-leftovers | host | no process of any demo job is left | none
+""".strip().splitlines()
 )
+"""name | where | what | expected, one step a row; ``step_NAME`` (dashes as underscores) runs
+it. The leak step's device is quarantined: the controller says unhealthy."""
 
 
 class Story:
@@ -78,9 +53,7 @@ class Story:
         self.keep_running = keep_running
         self._colour = 0
         self.steps = [Step(name, where, what, expected) for name, where, what, expected in PLAN]
-        self._drain_record: DispatchRecord | None = None
         self._late_record: DispatchRecord | None = None
-        self._drain_window = False
 
     def next_colour(self) -> str:
         self._colour += 1
@@ -113,8 +86,10 @@ class Story:
 
     def note(self, step: Step, text: str) -> None:
         """A line about what the step did or saw, printed now and kept on the step."""
-        text = one_line(text)
-        step.notes.append(text)
+        step.notes.append(one_line(text))
+        self.dim(step.notes[-1])
+
+    def dim(self, text: str) -> None:
         self.con.say(f"      {self.con.paint(text, 'dim')}")
 
     def _report(self, step: Step) -> None:
@@ -154,9 +129,7 @@ class Story:
             max_runtime_seconds=max_runtime,
             submitter="demo@fleet-trio",
         )
-        self.con.say(
-            f"      {self.con.paint(f'rc run -d on {f.device(device)}: job {job_id}', 'dim')}"
-        )
+        self.dim(f"rc run -d on {f.device(device)}: job {job_id}")
         tail = Tail(label, self.next_colour())
         try:
             with trio.fail_after(30):
@@ -216,7 +189,7 @@ class Story:
         if rec.state == "unplaced":
             tail.finished.set()
             return rec, tail
-        self.con.say("      " + self.con.paint(f"dispatched to {rec.node}: 202 accepted", "dim"))
+        self.dim(f"dispatched to {rec.node}: 202 accepted")
         f.nursery.start_soon(
             functools.partial(follow, self.con, tail, f.node.url, job_id, gone=f.node_done.is_set)
         )
@@ -392,7 +365,7 @@ class Story:
         f = self.fleet
         device = f.device("gpu1")
         await trio.to_thread.run_sync(
-            write_fake_gpu, f.files.fake_gpu("gpu1"), "Fake GPU 1 (demo worker)"
+            init_device, f.files.fake_gpu("gpu1"), "Fake GPU 1 (demo worker)", GPU_GIB
         )
         self.note(step, "operator freed the leaked memory, then ran `rc clear demo-box:gpu1`")
         try:
@@ -415,7 +388,6 @@ class Story:
             self.note(
                 step, "node shutdown requested while the job runs (drain_timeout 2s, kill_grace 2s)"
             )
-            self._drain_window = True
             f.node.request_shutdown("fleet-trio demo: node drain")
 
         rec, tail = await self.node_job(
@@ -426,7 +398,6 @@ class Story:
             during=drain_when_running,
             wait=False,
         )
-        self._drain_record = rec
         # the late dispatch belongs to the drain window: it runs right away, reported next
         self._late_record = await f.disp.submit(
             "render", model_family="demo-diffusion", payload={"steps": 1}, job_id="render-late"

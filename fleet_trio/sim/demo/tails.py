@@ -26,7 +26,6 @@ class Tail:
     label: str
     colour: str
     lines: list[str] = attrs.Factory(list)
-    end_state: str | None = None
     problem: str | None = None
     finished: trio.Event = attrs.Factory(trio.Event)
     _changed: trio.Event = attrs.Factory(trio.Event)
@@ -106,7 +105,6 @@ async def follow(
         elif isinstance(event, End):
             for stream in list(partial):
                 emit(partial.pop(stream), stream)
-            tail.end_state = event.state
             return 0
         elif event.message == MSG_UNKNOWN_JOB:
             problem = event.message  # not opened yet: try again shortly
