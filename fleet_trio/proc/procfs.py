@@ -135,6 +135,11 @@ def live_proc_exists(predicate: Predicate, scan: ScanFn = scan_live_procs) -> tu
     return bool(pids), scanned
 
 
+def live_proc_pids(predicate: Predicate, scan: ScanFn = scan_live_procs) -> tuple[list[int], bool]:
+    """``(pids, scanned)``: every live process matching ``predicate`` (worker-process.md §2.9)."""
+    return scan(predicate, False)
+
+
 def env_marker_value(environ: bytes, key: bytes = JOB_ENV_KEY) -> str:
     """The first non-empty ``RC_JOB_ID=`` value in a NUL-separated environment block."""
     if key not in environ:
@@ -159,6 +164,12 @@ def job_env_id(pid: int) -> tuple[str, OSError | None]:
             return "", None
         return "", exc
     return env_marker_value(data), None
+
+
+def has_job_env(pid: int) -> tuple[bool, OSError | None]:
+    """Whether the process carries a non-empty ``RC_JOB_ID`` (same error rule; §3.4)."""
+    value, err = job_env_id(pid)
+    return bool(value), err
 
 
 def group_alive(pgid: int, scan: ScanFn = scan_live_procs) -> bool:
@@ -584,11 +595,13 @@ __all__ = [
     "forks_since_boot",
     "group_alive",
     "group_settling",
+    "has_job_env",
     "ident_alive",
     "idents_alive",
     "job_env_id",
     "list_pids",
     "live_proc_exists",
+    "live_proc_pids",
     "parse_proc_stat",
     "pause_since",
     "pid_alive",

@@ -25,6 +25,7 @@ from fleet_trio.proc.procfs import (
     Predicate,
     ProcStat,
     ScanFn,
+    has_job_env,
     job_env_id,
     pid_alive,
     read_proc_stat,
@@ -125,7 +126,7 @@ async def test_process_121_empty_job_id_is_not_a_survivor() -> None:
         proc = await start_marked("")
         try:
             assert pid_alive(proc.pid)
-            assert job_env_id(proc.pid) == ("", None)
+            assert has_job_env(proc.pid) == (False, None)
             scan = FakeScan(ProcStat(pid=proc.pid))
             assert survivors_from_previous_run(os.getpid(), scan) == (True, False)
         finally:
@@ -136,7 +137,7 @@ async def test_process_122_exited_process_is_neither_survivor_nor_error() -> Non
     with trio.fail_after(10):
         proc = await trio.lowlevel.open_process(["true"], env=marked_env(DEAD_BEEF))
         await proc.wait()
-        assert job_env_id(proc.pid) == ("", None)
+        assert has_job_env(proc.pid) == (False, None)
 
 
 async def test_a_zombie_is_not_a_survivor() -> None:

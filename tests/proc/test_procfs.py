@@ -490,3 +490,20 @@ def test_an_empty_user_process_is_still_doubtful(
     calls = counting_listings(monkeypatch)
     assert scan_job_marker("job", proc=str(fake_proc), recheck=0) == MarkerScan(scanned=True)
     assert len(calls) == 2
+
+
+def test_live_proc_pids_is_the_full_scan_and_exists_stops_at_the_first() -> None:
+    """§2.9: ``live_proc_pids`` lists every live match (a full scan); ``live_proc_exists``
+    asks the scan to stop at the first."""
+    calls: list[bool] = []
+
+    def scan(predicate: procfs.Predicate, stop_at_first: bool) -> tuple[list[int], bool]:
+        calls.append(stop_at_first)
+        return [7, 9], True
+
+    assert procfs.live_proc_pids(lambda st: True, scan) == ([7, 9], True)
+    assert procfs.live_proc_exists(lambda st: True, scan) == (True, True)
+    assert calls == [False, True]
+    me = os.getpid()
+    pids, scanned = procfs.live_proc_pids(lambda st: st.pid == me)
+    assert (pids, scanned) == ([me], True)
