@@ -26,10 +26,10 @@ deadline is the earliest of: the stop tokens' deadlines (a pass budget handed do
 ``max_runtime`` counted from the spawn, and the idle limit counted from the last output byte.
 Output does not touch the scope: it only records the time (:meth:`Supervisor.touch`, one store
 per chunk); when the idle deadline is reached and output came meanwhile, the deadline moves on
-to the last output plus the idle limit and the wait goes on; bytes still unread in the output
-pipes, more than at the last look, count as output too. Nothing polls: the main path wakes
-at an end, a stop, or a deadline. Limits are strict (§7): a limit trips at the first instant
-*after* it, as :meth:`~fleet_trio.proc.watchdog.Watchdog.check` decides.
+to the last output plus the idle limit and the wait goes on; a reader with output waiting that
+only lacked a scheduler turn reads it first (:meth:`Supervisor._late_read`). Nothing polls: the
+main path wakes at an end, a stop, or a deadline. Limits are strict (§7): a limit trips at the
+first instant *after* it, as :meth:`~fleet_trio.proc.watchdog.Watchdog.check` decides.
 
 **A stop is a result, cancellation is shutdown.** A stop (the caller's :class:`StopToken`, a
 linked follower's token, a limit) takes the cancellation path and returns a ``Result`` with its
@@ -86,6 +86,8 @@ RACE_YIELDS = 200
 """Scheduler yields allowed for a completion to be observed before signalling."""
 READ_CHUNK = 65536
 """The most one pump read takes (the default pipe capacity)."""
+_LATE_TURNS = 8
+"""Scheduler turns an idle check gives a reader with output waiting before it judges."""
 
 REASON_CANCELLED = "cancelled"
 REASON_SURVIVORS = "cancelled; survivors remained after SIGKILL"
@@ -180,8 +182,7 @@ class Supervisor:
         self._open_pipes = 0
         self._pump_scopes: list[trio.CancelScope] = []
         self._inline: _Reader | None = None
-        self._pipes: list[trio.abc.ReceiveStream] = []
-        self._unread = 0
+        self._readers: list[_Reader] = []
         self._wait_scope: trio.CancelScope | None = None
         self._links: list[StopToken] = []
         self._unstoppable = not stoppable and stop is None
@@ -245,12 +246,12 @@ class Supervisor:
         it to ``record``), then re-raises ``Cancelled``.
         """
         self._open_pipes = len(pumps)
-        self._pipes = [pump.stream for pump in pumps]
         shutdown: trio.Cancelled | None = None
         try:
             tasked = list(pumps)
             if inline_pump(pumps, self.spec):
                 self._inline = _Reader(tasked.pop(), self._grow)
+                self._readers.append(self._inline)
             if not tasked and stdin is None:  # no helper task to run (a PTY session too)
                 shutdown = await self._main()
             else:
@@ -327,13 +328,8 @@ class Supervisor:
                 return
             now = trio.current_time()
             reason = self.dog.check(now, self.last_output)
-            if (
-                reason is not None
-                and self.dog.check(now, now) is None
-                and self._unread_output_grew()
-            ):
-                self.last_output = now  # idle, but output the readers have not taken is output
-                continue
+            if reason is not None and self.dog.check(now, now) is None and await self._late_read():
+                continue  # idle was due, but output waited for a reader's turn: not idle
             if reason is not None:
                 self.trip_reason = reason
                 self.internal.set()
@@ -341,17 +337,28 @@ class Supervisor:
                 self.internal.set()  # a stop token's deadline (a budget) passed
             # else: output came since the idle deadline was set; the deadline moves on
 
-    def _unread_output_grew(self) -> bool:
-        """Whether the output pipes hold more unread bytes than at the last look (and some).
+    async def _late_read(self) -> bool:
+        """The idle limit is due: let a reader that is behind only for want of a scheduler
+        turn take what waits in its pipe first; True if any output was read.
 
-        A limit that is due is checked against this first: a reader behind its pipe (a sink
-        applying back-pressure, an event loop starved of CPU) must not make a job that keeps
-        writing look idle. Bytes that wait and do not grow are no new output, so a job that
-        falls silent behind a stuck reader still trips."""
-        unread = sum(map(_unread_bytes, self._pipes))
-        grew = unread > 0 and unread != self._unread
-        self._unread = unread
-        return grew
+        On a starved event loop the deadline and the pipe's readiness come due together, and
+        the deadline can win: the job wrote in time, but nothing read it. A reader inside its
+        sink's ``write`` is not late but held (a sink applying back-pressure), and rc's idle
+        clock counts reads, not writes: that one still trips. Bounded: a few turns at most.
+
+        Cancellation: a checkpoint (a shutdown is handled by the caller, as for the wait)."""
+        before = self.last_output
+        for _ in range(_LATE_TURNS):
+            late = [r for r in self._readers if not r.eof and not r.writing and r.unread()]
+            if not late:
+                break
+            if self._inline is not None and self._inline in late:
+                await self._inline.read_ready(self)  # data waits: a read, never EOF
+            else:
+                await trio.lowlevel.checkpoint()
+            if self.last_output != before:
+                return True
+        return self.last_output != before
 
     async def _until_completed(self) -> None:
         """Wait for the completion: the inline pipe (if any) at EOF, the leader reaped, then
@@ -391,6 +398,7 @@ class Supervisor:
 
     async def _pump(self, pump: Pump) -> None:
         reader = _Reader(pump, self._grow)
+        self._readers.append(reader)
         with self.helpers.scope() as scope:
             self._pump_scopes.append(scope)
             await reader.drain(self)
@@ -547,6 +555,8 @@ class _Reader:
         self.grow = grow
         self.broken_sink = False
         self.eof = False
+        self.writing = False
+        """Inside the sink's ``write`` (a sink that applies back-pressure holds the reader)."""
 
     async def drain(self, sup: Supervisor) -> None:
         """Read until EOF (or until the stream is closed under us).
@@ -586,25 +596,23 @@ class _Reader:
         sup.last_output = trio.current_time()
         if self.broken_sink:
             return
+        self.writing = True
         try:
             await self.sink.write(chunk if isinstance(chunk, bytes) else bytes(chunk))
         except Exception:
             # A broken sink must not strand the child on a full pipe: keep draining.
             log.exception("output sink failed; discarding the rest of this stream")
             self.broken_sink = True
+        finally:
+            self.writing = False
 
-
-def _unread_bytes(stream: trio.abc.ReceiveStream) -> int:
-    """The bytes waiting in a pipe (``FIONREAD``); 0 for a closed one or a stream without a
-    file descriptor."""
-    fileno = getattr(stream, "fileno", None)
-    if fileno is None:
-        return 0
-    try:
-        out = fcntl.ioctl(fileno(), termios.FIONREAD, b"\0\0\0\0")
-    except (OSError, ValueError):
-        return 0
-    return int(struct.unpack("i", out)[0])
+    def unread(self) -> int:
+        """The bytes waiting in the pipe (``FIONREAD``); 0 once it is closed."""
+        try:
+            out = fcntl.ioctl(self.stream.fileno(), termios.FIONREAD, b"\0\0\0\0")  # type: ignore[attr-defined]
+        except (OSError, ValueError, AttributeError):
+            return 0
+        return int(struct.unpack("i", out)[0])
 
 
 async def read_some(stream: trio.abc.ReceiveStream, size: int) -> bytes | bytearray:
