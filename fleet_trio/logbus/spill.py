@@ -38,7 +38,7 @@ def spill_stem(job_id: str) -> str:
     if len(job_id) <= _STEM_MAX:
         return job_id
     digest = hashlib.sha256(job_id.encode("ascii")).hexdigest()[:32]
-    return f"{job_id[:_STEM_MAX - 20]}~{digest}"
+    return f"{job_id[: _STEM_MAX - 20]}~{digest}"
 
 
 def spill_path(spill_dir: str, job_id: str) -> str:

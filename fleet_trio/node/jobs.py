@@ -402,7 +402,6 @@ class JobStore:
         self._acks_settled = trio.lowlevel.ParkingLot()
         """Unparked whenever no ack is waiting for its commit (jobs yield to acks)."""
         self._read_limiter = trio.CapacityLimiter(2)
-        self.executions_started = 0
         self.on_evict: list[Callable[[list[JobView]], None]] = []
         self.on_published: list[Callable[[str], None]] = []
         """Called with each job id once its terminal state is visible to polls (the live log
@@ -479,7 +478,6 @@ class JobStore:
                 ack.done.set()
 
             journal.submit([Accept(job_id, time.time(), work_dir)], committed)
-        self.executions_started += 1
         try:
             self._spawn(self._execute, job_id, execution, discard, release, name=f"job {job_id}")
         except BaseException as exc:
