@@ -493,10 +493,6 @@ class JobLog:
         """The in-memory history (read-only use: tests, debugging)."""
         return self._history
 
-    @property
-    def spill_path(self) -> str | None:
-        return self._spill_path
-
     def info(self) -> JobInfo:
         return JobInfo(
             job_id=self.job_id,

@@ -30,10 +30,8 @@ Query parameters (:func:`parse_query`): ``from=start|now|<offset>`` (default ``s
 ``streams=stdout,stderr`` (comma-separated, default both). Anything else is ignored (the node
 reads ``token`` for browsers).
 
-:func:`serve_tail` is the server side, independent of any web framework: it gets a
-``send_text`` coroutine (one frame's text) and returns the close code to use. The frames it
-sends are :func:`dumps` of the messages above, byte for byte; an ``output`` frame's text is
-built by :func:`output_text` without going through the JSON encoder.
+:func:`serve_tail` is the server side, independent of any web framework. The frames it sends
+are :func:`dumps` of the messages above, byte for byte (:func:`output_text`).
 """
 
 from __future__ import annotations
@@ -196,16 +194,8 @@ def encode_event(event: TailEvent) -> list[dict[str, Any]]:
         ]
     if isinstance(event, Skipped):
         return [{"type": "skipped", "offset": event.offset, "bytes": event.nbytes}]
-    if isinstance(event, End):
-        return [
-            {
-                "type": "end",
-                "state": event.state,
-                "exit_code": event.exit_code,
-                "reason": event.reason,
-                "offset": event.offset,
-            }
-        ]
+    if isinstance(event, End):  # its fields are in wire order: state, exit_code, reason, offset
+        return [{"type": "end", **attrs.asdict(event)}]
     return [error_message(event.message)]
 
 
