@@ -217,11 +217,6 @@ class History:
         """Does a holder still need the oldest chunk (which ends at ``head_end``)?"""
         return any(c.pos < head_end and head_end > self.total - c.max_lag for c in self._holders)
 
-    def chunk_at(self, offset: int) -> tuple[int, _Chunk]:
-        """The retained chunk holding byte ``offset`` (``start <= offset < total``), with its
-        offset."""
-        return self.item(self.index_at(offset))
-
     def index_at(self, offset: int) -> int:
         """The internal index of the chunk holding byte ``offset`` (valid until the next
         ``append``)."""
@@ -292,11 +287,6 @@ class Cursor:
         if self.holding:
             self.holding = False
             self.history.release(self)
-
-    @property
-    def lag(self) -> int:
-        """Bytes written since the subscription that this cursor has not been handed yet."""
-        return self.history.total - max(self.pos, self.base)
 
     def poll(
         self, end: End | None, *, spill_upto: int = 0, spill_pending: bool = False
@@ -503,10 +493,6 @@ class JobLog:
         """The in-memory history (read-only use: tests, debugging)."""
         return self._history
 
-    @property
-    def spill_path(self) -> str | None:
-        return self._spill_path
-
     def info(self) -> JobInfo:
         return JobInfo(
             job_id=self.job_id,
@@ -664,18 +650,15 @@ class Subscription(trio.abc.AsyncResource):
         self._busy = True
         try:
             await trio.lowlevel.checkpoint_if_cancelled()
-            log = self._log
             while True:
-                ev = self._cursor.poll(
-                    log._end, spill_upto=log._spill_upto, spill_pending=log._spill_pending
-                )
+                ev = self._poll()
                 if ev is None:
-                    await log._wait_change()
+                    await self._log._wait_change()
                     if self._closed:
                         raise StopAsyncIteration
                     continue
                 if isinstance(ev, SpillRead):
-                    out = await log._read_spill(self._cursor, ev)
+                    out = await self._log._read_spill(self._cursor, ev)
                     if out is None:
                         continue
                     return self._seen(out)
@@ -683,6 +666,12 @@ class Subscription(trio.abc.AsyncResource):
                 return self._seen(ev)
         finally:
             self._busy = False
+
+    def _poll(self) -> Event | SpillRead | None:
+        log = self._log
+        return self._cursor.poll(
+            log._end, spill_upto=log._spill_upto, spill_pending=log._spill_pending
+        )
 
     def next_ready(self) -> Event | None:
         """The next event if it is available right now (``None`` when it would have to wait
@@ -692,10 +681,7 @@ class Subscription(trio.abc.AsyncResource):
             raise trio.BusyResourceError("another task is reading this subscription")
         if self._closed:
             return None
-        log = self._log
-        ev = self._cursor.poll(
-            log._end, spill_upto=log._spill_upto, spill_pending=log._spill_pending
-        )
+        ev = self._poll()
         if ev is None or isinstance(ev, SpillRead):  # a spill read is left to __anext__
             return None
         return self._seen(ev)
@@ -703,17 +689,9 @@ class Subscription(trio.abc.AsyncResource):
     def ready(self) -> list[Event]:
         """The events available right now, in order, without waiting: for a caller whose
         reading task has stopped. Stops before anything that needs the spill file."""
-        if self._busy:
-            raise trio.BusyResourceError("another task is reading this subscription")
-        log = self._log
         events: list[Event] = []
-        while not self._closed:
-            ev = self._cursor.poll(
-                log._end, spill_upto=log._spill_upto, spill_pending=log._spill_pending
-            )
-            if ev is None or isinstance(ev, SpillRead):
-                break
-            events.append(self._seen(ev))
+        while (ev := self.next_ready()) is not None:
+            events.append(ev)
         return events
 
     async def aclose(self) -> None:

@@ -29,21 +29,15 @@ def check_job_id(job_id: str) -> str:
     return job_id
 
 
-def spill_stem(job_id: str) -> str:
-    """The file name stem for ``job_id``: the id itself, or for a long id a cut and a digest.
-
-    A long id's stem is longer than any short id, so the two kinds never collide.
-    """
-    check_job_id(job_id)
-    if len(job_id) <= _STEM_MAX:
-        return job_id
-    digest = hashlib.sha256(job_id.encode("ascii")).hexdigest()[:32]
-    return f"{job_id[:_STEM_MAX - 20]}~{digest}"
-
-
 def spill_path(spill_dir: str, job_id: str) -> str:
-    """The spill file of ``job_id`` under ``spill_dir`` (the id is validated)."""
-    return os.path.join(spill_dir, spill_stem(job_id) + ".log")
+    """The spill file of ``job_id`` under ``spill_dir`` (the id is validated), named by the id
+    itself, or for a long id by a cut and a digest (longer than any short id, so the two kinds
+    never collide)."""
+    stem = check_job_id(job_id)
+    if len(job_id) > _STEM_MAX:
+        digest = hashlib.sha256(job_id.encode("ascii")).hexdigest()[:32]
+        stem = f"{job_id[: _STEM_MAX - 20]}~{digest}"
+    return os.path.join(spill_dir, stem + ".log")
 
 
 def append(path: str, data: bytes, truncate: bool) -> None:
@@ -59,4 +53,4 @@ def read_range(path: str, offset: int, nbytes: int) -> bytes:
         return f.read(nbytes)
 
 
-__all__ = ["append", "check_job_id", "read_range", "spill_path", "spill_stem"]
+__all__ = ["append", "check_job_id", "read_range", "spill_path"]

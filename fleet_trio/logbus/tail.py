@@ -30,10 +30,8 @@ Query parameters (:func:`parse_query`): ``from=start|now|<offset>`` (default ``s
 ``streams=stdout,stderr`` (comma-separated, default both). Anything else is ignored (the node
 reads ``token`` for browsers).
 
-:func:`serve_tail` is the server side, independent of any web framework: it gets a
-``send_text`` coroutine (one frame's text) and returns the close code to use. The frames it
-sends are :func:`dumps` of the messages above, byte for byte; an ``output`` frame's text is
-built by :func:`output_text` without going through the JSON encoder.
+:func:`serve_tail` is the server side, independent of any web framework. The frames it sends
+are :func:`dumps` of the messages above, byte for byte (:func:`output_text`).
 """
 
 from __future__ import annotations
@@ -196,16 +194,8 @@ def encode_event(event: TailEvent) -> list[dict[str, Any]]:
         ]
     if isinstance(event, Skipped):
         return [{"type": "skipped", "offset": event.offset, "bytes": event.nbytes}]
-    if isinstance(event, End):
-        return [
-            {
-                "type": "end",
-                "state": event.state,
-                "exit_code": event.exit_code,
-                "reason": event.reason,
-                "offset": event.offset,
-            }
-        ]
+    if isinstance(event, End):  # its fields are in wire order: state, exit_code, reason, offset
+        return [{"type": "end", **attrs.asdict(event)}]
     return [error_message(event.message)]
 
 
@@ -273,10 +263,8 @@ def _cut(value: object) -> str:
     return text if len(text) <= MAX_PARAM_LEN else text[:MAX_PARAM_LEN] + "…"
 
 
-def _int(msg: Mapping[str, Any], key: str, *, optional: bool = False) -> int | None:
+def _int(msg: Mapping[str, Any], key: str) -> int:
     value = msg.get(key)
-    if value is None and optional:
-        return None
     if not isinstance(value, int) or isinstance(value, bool) or (key != "exit_code" and value < 0):
         raise TailProtocolError(f"{_cut(msg.get('type'))} message: bad {key!r}: {_cut(value)}")
     return value
@@ -312,26 +300,15 @@ def decode_message(msg: Mapping[str, Any]) -> TailEvent:
         t = msg.get("t", 0.0)
         if not isinstance(t, int | float) or isinstance(t, bool) or not math.isfinite(t):
             raise TailProtocolError(f"output message: bad 't': {_cut(t)}")
-        offset = _int(msg, "offset")
-        assert offset is not None
-        return Output(
-            stream=stream,
-            offset=offset,
-            data=output_bytes(msg),
-            t=float(t),
-        )
+        return Output(stream, _int(msg, "offset"), output_bytes(msg), float(t))
     if kind == "skipped":
-        offset, nbytes = _int(msg, "offset"), _int(msg, "bytes")
-        assert offset is not None and nbytes is not None
-        return Skipped(offset=offset, nbytes=nbytes)
+        return Skipped(offset=_int(msg, "offset"), nbytes=_int(msg, "bytes"))
     if kind == "end":
-        offset = _int(msg, "offset")
-        assert offset is not None
         return End(
+            offset=_int(msg, "offset"),
             state=_str(msg, "state"),
-            exit_code=_int(msg, "exit_code", optional=True),
+            exit_code=None if msg.get("exit_code") is None else _int(msg, "exit_code"),
             reason=_str(msg, "reason", ""),
-            offset=offset,
         )
     if kind == "error":
         return TailError(_str(msg, "message", "error"))

@@ -113,13 +113,10 @@ async def follow(
         leaf = _leaf(group)
         if isinstance(leaf, trio.Cancelled):
             raise  # a cancellation from outside: not ours to handle
-        raise _translate(leaf)  # noqa: B904 (keeps its own __cause__: the reason)
-    except _LINK_ERRORS as exc:
-        if status is not None:
-            return status
-        raise TailLinkError(str(exc) or type(exc).__name__) from exc
-    if status is None:  # pragma: no cover - the loop only ends with a status
-        raise TailLinkError("connection ended without a status")
+        if isinstance(leaf, _LINK_ERRORS):
+            raise TailLinkError(str(leaf) or type(leaf).__name__)  # noqa: B904
+        raise leaf  # noqa: B904 (keeps its own __cause__: the reason)
+    assert status is not None  # the loop only ends with a status; a nursery raises groups
     return status
 
 
@@ -162,12 +159,6 @@ def connection_problem(exc: BaseException) -> str:
             todo.extend(seen.exceptions)
         todo.extend(e for e in (seen.__cause__, seen.__context__) if e is not None)
     return fallback or str(exc) or type(exc).__name__
-
-
-def _translate(exc: BaseException) -> BaseException:
-    if isinstance(exc, _LINK_ERRORS):
-        return TailLinkError(str(exc) or type(exc).__name__)
-    return exc
 
 
 __all__ = [

@@ -68,8 +68,7 @@ async def stream_tail(bus: LogBus, job_id: str) -> None:
     to a client that stopped reading is cut by the server (the client is dropped)."""
     await websocket.accept()
 
-    async def send_text(text: str) -> None:
-        await websocket.send(text)
+    send_text = websocket.send
 
     async def discard_incoming() -> None:
         # The client has nothing to say; reading keeps quart's inbound queue from filling.
@@ -115,11 +114,12 @@ def job_row(info: JobInfo) -> dict[str, Any]:
     }
 
 
-def token_ok(check_token: TokenCheck) -> bool:
-    """The current request's ``Authorization`` header, or its ``token`` query parameter."""
-    if check_token(request.headers.get("Authorization")):
+def token_ok(check_token: TokenCheck, source: Any = request) -> bool:
+    """The current request's (or websocket's) ``Authorization`` header, or its ``token`` query
+    parameter."""
+    if check_token(source.headers.get("Authorization")):
         return True
-    token = request.args.get("token")
+    token = source.args.get("token")
     return token is not None and check_token(f"Bearer {token}")
 
 

@@ -29,7 +29,7 @@ from fleet_trio.edge import EdgeGuard, EdgePolicy, error_response, unauthorized
 from fleet_trio.errors import WireError
 from fleet_trio.inputs import id_problem
 from fleet_trio.logbus.bus import LogBus
-from fleet_trio.logbus.ui import stream_tail
+from fleet_trio.logbus.ui import mount_ui, stream_tail, token_ok
 from fleet_trio.node.after_send import AfterSend, after_response
 from fleet_trio.node.jobs import MSG_JOURNAL_UNAVAILABLE, JobState, JobStore, Registration
 from fleet_trio.node.linger import PollLinger
@@ -130,20 +130,8 @@ class NodeContext:
             self.runner.metrics = self.metrics
 
 
-def _json(body: bytes, status: int, headers: Mapping[str, str] | None = None) -> Response:
-    return Response(
-        body, status=status, headers=dict(headers or {}), content_type="application/json"
-    )
-
-
-_error = error_response
-
-
-def _token_ok(ctx: NodeContext, header: str | None) -> bool:
-    return bearer_ok(ctx.token, header)
-
-
-_unauthorized = unauthorized
+def _json(body: bytes, status: int) -> Response:
+    return Response(body, status=status, headers={}, content_type="application/json")
 
 
 def snapshot_problem(
@@ -165,18 +153,15 @@ def snapshot_problem(
 
 async def health(ctx: NodeContext) -> Response:
     """§2.2: 503 unavailable / 503 stale / 200 with exactly the ten fields."""
-    if not _token_ok(ctx, request.headers.get("Authorization")):
-        return _unauthorized()
+    if not bearer_ok(ctx.token, request.headers.get("Authorization")):
+        return unauthorized()
     if ctx.linger.active:  # linger: polls only
-        return _error(MSG_DRAINING, 503)
+        return error_response(MSG_DRAINING, 503)
     now = trio.current_time()
-    snap: SnapshotLike | None = None
-    reason: str | None = None
-    if ctx.sampler is not None:
-        snap, reason = ctx.sampler.status(now)
+    snap, reason = ctx.sampler.status(now) if ctx.sampler is not None else (None, None)
     message = snapshot_problem(snap, reason, now, ctx.max_snapshot_age)
     if message is not None or snap is None:
-        return _error(message or MSG_SNAPSHOT_UNAVAILABLE, 503)
+        return error_response(message or MSG_SNAPSHOT_UNAVAILABLE, 503)
     footprints = []
     if ctx.footprints is not None:
         try:
@@ -205,9 +190,7 @@ def _gpu_devices(ctx: NodeContext, now: float) -> list[GpuDeviceWire] | None:
     """Multi-GPU: health's ``gpu_devices`` (``None``: absent, a single-device node)."""
     read = getattr(ctx.sampler, "gpu_devices", None)
     rows = read(now) if read is not None else None
-    if rows is None:
-        return None
-    return [GpuDeviceWire(**row) for row in rows]
+    return None if rows is None else [GpuDeviceWire(**row) for row in rows]
 
 
 async def _read_capped_body() -> bytes:
@@ -225,19 +208,16 @@ async def _read_capped_body() -> bytes:
 def _check_ids(job_id: str, task_type: str) -> None:
     """The documented id set (``fleet_trio.inputs``, docs/security.md) for the job id and a
     non-empty task type; an empty task type stays "unsupported" (§2.3). Raises a 400."""
-    problem = id_problem(job_id)
-    if problem is not None:
-        raise WireError(f"invalid job_id: {problem}")
-    if task_type:
-        problem = id_problem(task_type)
+    for name, value in (("job_id", job_id), ("task_type", task_type)):
+        problem = id_problem(value) if value or name == "job_id" else None
         if problem is not None:
-            raise WireError(f"invalid task_type: {problem}")
+            raise WireError(f"invalid {name}: {problem}")
 
 
 async def dispatch(ctx: NodeContext) -> Response:
     """§2.3, in its exact order."""
-    if not _token_ok(ctx, request.headers.get("Authorization")):
-        return _unauthorized()
+    if not bearer_ok(ctx.token, request.headers.get("Authorization")):
+        return unauthorized()
     try:
         check_content_type(request.headers.get("Content-Type"))  # 1
         try:
@@ -249,10 +229,10 @@ async def dispatch(ctx: NodeContext) -> Response:
         store = ctx.store
         if store.draining:  # 4: a known id re-acks through a drain; only a new one gets 503
             known = await _known_job(ctx, req.job_id)
-            return known if known is not None else _error(MSG_DRAINING, 503)
+            return known if known is not None else error_response(MSG_DRAINING, 503)
         prepared = ctx.registry.prepare(req.task_type, req.payload_raw, req.job_id)  # 5
     except WireError as exc:
-        return _error(str(exc), exc.status)
+        return error_response(str(exc), exc.status)
     # 6: no await between the lookup and the insert (exactly-once).
     release = trio.Event()
     outcome = store.register(
@@ -268,12 +248,12 @@ async def dispatch(ctx: NodeContext) -> Response:
         after_response(release.set)
         # with the journal: the ack is committed before the 202 (and before the job runs)
         if not await store.wait_recorded(req.job_id):
-            return _error(MSG_JOURNAL_UNAVAILABLE, 503)
+            return error_response(MSG_JOURNAL_UNAVAILABLE, 503)
         _open_job_log(ctx, prepared)  # live log tail: subscribable from the ack on
         return _json(ack_body(req.job_id), 202)
     prepared.cleanup()
     known = await _known_job(ctx, req.job_id)
-    return known if known is not None else _error(MSG_DRAINING, 503)  # drain began at 4–6
+    return known if known is not None else error_response(MSG_DRAINING, 503)  # drain began at 4–6
 
 
 async def _known_job(ctx: NodeContext, job_id: str) -> Response | None:
@@ -286,23 +266,23 @@ async def _known_job(ctx: NodeContext, job_id: str) -> Response | None:
     if existing is None:
         return None
     if existing.state is JobState.ERROR:
-        return _error(msg_previously_failed(existing.error or ""), 409)
+        return error_response(msg_previously_failed(existing.error or ""), 409)
     return _json(ack_body(job_id), 202)
 
 
 async def job_status(ctx: NodeContext, job_id: str) -> Response:
     """§2.4: 200 with ``state`` (+ ``data`` / ``error``), or 404 ``unknown job``."""
-    if not _token_ok(ctx, request.headers.get("Authorization")):
-        return _unauthorized()
+    if not bearer_ok(ctx.token, request.headers.get("Authorization")):
+        return unauthorized()
     view = ctx.store.get(job_id)
     if view is None:
-        return _error(MSG_UNKNOWN_JOB, 404)
+        return error_response(MSG_UNKNOWN_JOB, 404)
     data = view.data
     if view.data_file is not None:  # a large result, kept in a file beside the journal
         try:
             data = await ctx.store.read_data(view)
         except OSError:
-            return _error("internal error", 500)
+            return error_response("internal error", 500)
     if view.state.terminal:
         ctx.linger.polled_terminal(job_id)
     return _json(job_body(view.job_id, view.state.value, data=data, error=view.error), 200)
@@ -328,14 +308,6 @@ def _open_job_log(ctx: NodeContext, job: PreparedJob) -> None:
         log.exception("job %s: could not open its live log", job.job_id)
 
 
-def _tail_token_ok(ctx: NodeContext) -> bool:
-    """The bearer token from ``Authorization``, or (browsers) the ``token`` query parameter."""
-    if _token_ok(ctx, websocket.headers.get("Authorization")):
-        return True
-    token = websocket.args.get("token")
-    return token is not None and _token_ok(ctx, f"Bearer {token}")
-
-
 async def tail(ctx: NodeContext, job_id: str) -> Response | None:
     """``GET /fleet/jobs/<job_id>/tail`` (websocket): the job's log until its ``end``.
 
@@ -343,10 +315,11 @@ async def tail(ctx: NodeContext, job_id: str) -> Response | None:
     socket is accepted and :func:`~fleet_trio.logbus.tail.serve_tail` streams; the close code
     is its answer (1000 after ``end``, 4404 unknown job, 4400 bad query, 1011 internal).
     """
-    if not _tail_token_ok(ctx):
-        return _unauthorized()
+    # the bearer token from ``Authorization``, or (browsers) the ``token`` query parameter
+    if not token_ok(lambda header: bearer_ok(ctx.token, header), websocket):
+        return unauthorized()
     if ctx.linger.active:  # linger: polls only
-        return _error(MSG_DRAINING, 503)
+        return error_response(MSG_DRAINING, 503)
     await stream_tail(ctx.bus, job_id)
     return None
 
@@ -360,10 +333,10 @@ async def metrics_endpoint(ctx: NodeContext) -> Response:
     Behind the node's token like every other route when one is set (scrape with
     ``authorization: {credentials_file: ...}``); open when none is, as the whole node is.
     """
-    if not _token_ok(ctx, request.headers.get("Authorization")):
-        return _unauthorized()
+    if not bearer_ok(ctx.token, request.headers.get("Authorization")):
+        return unauthorized()
     if ctx.linger.active:  # linger: polls only
-        return _error(MSG_DRAINING, 503)
+        return error_response(MSG_DRAINING, 503)
     body, content_type = ctx.metrics.render(request.headers.get("Accept"))
     return Response(body, status=200, content_type=content_type)
 
@@ -379,35 +352,23 @@ def create_app(ctx: NodeContext) -> QuartTrio:
     # Origin/Host/path-id checks before every route, websockets and 404s included
     EdgeGuard(ctx.edge).install(app)
 
-    async def _health() -> Response:
-        return await health(ctx)
-
     async def _dispatch() -> Response:
         started = trio.current_time()
         response = await dispatch(ctx)
         ctx.metrics.dispatch_answered(response.status_code, trio.current_time() - started)
         return response
 
-    async def _job(job_id: str) -> Response:
-        return await job_status(ctx, job_id)
-
-    app.add_url_rule("/fleet/health", "health", _health, methods=["GET"])
+    get = ["GET"]
+    app.add_url_rule("/fleet/health", "health", functools.partial(health, ctx), methods=get)
     app.add_url_rule("/fleet/dispatch", "dispatch", _dispatch, methods=["POST"])
-    app.add_url_rule("/fleet/jobs/<job_id>", "job", _job, methods=["GET"])
+    app.add_url_rule("/fleet/jobs/<job_id>", "job", functools.partial(job_status, ctx), methods=get)
+    app.add_url_rule("/metrics", "metrics", functools.partial(metrics_endpoint, ctx), methods=get)
 
-    async def _metrics() -> Response:
-        return await metrics_endpoint(ctx)
-
-    app.add_url_rule("/metrics", "metrics", _metrics, methods=["GET"])
-
-    @app.websocket("/fleet/jobs/<job_id>/tail")  # live log tail (docs/tail.md)
-    async def _tail(job_id: str) -> Response | None:
-        return await tail(ctx, job_id)
+    # live log tail (docs/tail.md)
+    app.add_websocket("/fleet/jobs/<job_id>/tail", "_tail", functools.partial(tail, ctx))
 
     # -- browser page of the live tail (docs/tail.md, "Browser page") --------------------------
-    from fleet_trio.logbus.ui import mount_ui
-
-    mount_ui(app, lambda: ctx.bus, functools.partial(_token_ok, ctx), node_id=ctx.node_id)
+    mount_ui(app, lambda: ctx.bus, lambda h: bearer_ok(ctx.token, h), node_id=ctx.node_id)
     # -- end of the browser page block ---------------------------------------------------------
 
     async def _http_error(exc: HTTPException) -> Response:
@@ -417,11 +378,11 @@ def create_app(ctx: NodeContext) -> QuartTrio:
             if allow:
                 headers["Allow"] = ", ".join(allow)
         message = (exc.name or "error").lower()
-        return _error(message, exc.code or 500, headers)
+        return error_response(message, exc.code or 500, headers)
 
     async def _internal(exc: Exception) -> Response:
         log.exception("unhandled error in a handler", exc_info=exc)
-        return _error("internal error", 500)
+        return error_response("internal error", 500)
 
     app.register_error_handler(HTTPException, _http_error)
     app.register_error_handler(Exception, _internal)

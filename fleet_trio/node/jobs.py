@@ -19,12 +19,10 @@ passed in) and no I/O. It carries the invariants of §3:
   place), then written, then *published* (visible): an entry registered but not yet recorded
   reads as absent (:meth:`JobTable.get`), a claimed outcome is invisible until published.
 
-:class:`JobStore` is the trio shell: it launches one execution per registered job through a
-``spawn`` function (in ``fleet-trio node`` the task tree's ``start_job``, so every job lives in
-the jobs scope), journals every ack, state change and result before it is visible
-(:mod:`fleet_trio.node.journal`; optional), and runs the janitor. The drain itself is the task
-tree's (``fleet_trio.nursery.tree``): the node passes :meth:`JobStore.begin_drain` as its
-``on_stop_accepting`` and :meth:`JobStore.mark_interrupted` as its ``on_interrupt``.
+:class:`JobStore` is the trio shell (executions, journal, janitor; every job lives in the
+task tree's jobs scope). The drain itself is the task tree's (``fleet_trio.nursery.tree``): the
+node passes :meth:`JobStore.begin_drain` as its ``on_stop_accepting`` and
+:meth:`JobStore.mark_interrupted` as its ``on_interrupt``.
 """
 
 from __future__ import annotations
@@ -55,8 +53,6 @@ DEFAULT_TTL = 3600.0
 """Retention of a terminal job (§0: 1 h)."""
 DEFAULT_JANITOR_INTERVAL = 300.0
 """Sweep cadence (§0: 5 min)."""
-DEFAULT_DRAIN_TIMEOUT = 30.0
-DEFAULT_KILL_GRACE = 5.0
 
 RELEASE_BOUND = 1.0
 """Seconds a job waits for its dispatch's 202 to be written before it starts anyway (a client
@@ -266,9 +262,7 @@ class JobTable:
     def finish(self, job_id: str, outcome: Outcome, now: float) -> bool:
         """Record an outcome (claim + publish). Dropped (False) when the job is unknown,
         already terminal or already claimed."""
-        if not self.claim(job_id):
-            return False
-        return self.publish(job_id, outcome, now)
+        return self.claim(job_id) and self.publish(job_id, outcome, now)
 
     def begin_drain(self) -> bool:
         """Set draining (it never ends). True when this call set it."""
@@ -402,13 +396,12 @@ class JobStore:
         self._acks_settled = trio.lowlevel.ParkingLot()
         """Unparked whenever no ack is waiting for its commit (jobs yield to acks)."""
         self._read_limiter = trio.CapacityLimiter(2)
-        self.executions_started = 0
         self.on_evict: list[Callable[[list[JobView]], None]] = []
+        """Called with what each janitor sweep removed (memory accounting hooks)."""
         self.on_published: list[Callable[[str], None]] = []
         """Called with each job id once its terminal state is visible to polls (the live log
         tail ends a job's log only then, so a client that polls after the tail's ``end`` never
         reads ``running``)."""
-        """Called with what each janitor sweep removed (memory accounting hooks)."""
 
     # -- queries -------------------------------------------------------------------------------
     @property
@@ -479,7 +472,6 @@ class JobStore:
                 ack.done.set()
 
             journal.submit([Accept(job_id, time.time(), work_dir)], committed)
-        self.executions_started += 1
         try:
             self._spawn(self._execute, job_id, execution, discard, release, name=f"job {job_id}")
         except BaseException as exc:
@@ -561,30 +553,27 @@ class JobStore:
         """Write the claimed outcome of ``job_ids``, then make it visible. A failed write is
         logged and the outcome shown anyway (a poll must not hang on the disk); such a job
         reads ``interrupted`` after a restart."""
-        journal = self.journal
-        if journal is None:
-            now = trio.current_time()
-            for job_id in job_ids:
-                self.table.publish(job_id, outcome, now)
-            self._published(job_ids)
-            return
-        wall = time.time()
         files: dict[str, str | None] = {}
-        records: list[Record] = []
-        for job_id in job_ids:
-            big = isinstance(outcome, Done) and len(outcome.data) > journal.journal.inline_max
-            files[job_id] = journal.journal.result_file(job_id) if big else None
-            records.append(finish_record(job_id, outcome, wall, data_file=files[job_id]))
 
         def committed(error: JournalError | None) -> None:
             if error is not None:
                 log.error("jobs %s: outcome not recorded (%s)", ", ".join(job_ids), error)
             now = trio.current_time()
             for job_id in job_ids:
-                data_file = files[job_id] if error is None else None
+                data_file = files.get(job_id) if error is None else None
                 self.table.publish(job_id, outcome, now, data_file=data_file)
             self._published(job_ids)
 
+        journal = self.journal
+        if journal is None:
+            committed(None)
+            return
+        wall = time.time()
+        records: list[Record] = []
+        for job_id in job_ids:
+            big = isinstance(outcome, Done) and len(outcome.data) > journal.journal.inline_max
+            files[job_id] = journal.journal.result_file(job_id) if big else None
+            records.append(finish_record(job_id, outcome, wall, data_file=files[job_id]))
         await journal.submit(records, committed).wait()
 
     def _published(self, job_ids: list[str]) -> None:
@@ -637,9 +626,7 @@ class JobStore:
 
 __all__ = [
     "ACK_PRIORITY_BOUND",
-    "DEFAULT_DRAIN_TIMEOUT",
     "DEFAULT_JANITOR_INTERVAL",
-    "DEFAULT_KILL_GRACE",
     "DEFAULT_TTL",
     "DEFERRED",
     "INTERRUPTED",

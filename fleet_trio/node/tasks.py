@@ -269,12 +269,8 @@ class TaskRegistry:
                 continue
             self._tasks[task.name] = task
         self.supported: tuple[str, ...] = tuple(self._tasks)
-        families: list[str] = []
-        for task in self._tasks.values():
-            fam = advertised_family(task)
-            if fam and fam not in families:
-                families.append(fam)
-        self.families: tuple[str, ...] = tuple(families)
+        families = dict.fromkeys(map(advertised_family, self._tasks.values()))  # ordered, once
+        self.families: tuple[str, ...] = tuple(fam for fam in families if fam)
 
     def _resolve(self, path: str) -> str:
         return os.path.normpath(os.path.join(self.base_dir, path)) if self.base_dir else path
@@ -406,8 +402,8 @@ CLEANUP_BOUND = 10.0
 """Seconds a finished job's work-dir removal may hold up its terminal state."""
 
 PeakSampler = Callable[[PreparedJob, trio.Event, int], Awaitable[float | None]]
-"""``sample(job, stop, pgid)``: started as soon as the child is spawned (``pgid`` = its pid)."""
-"""Samples a job's VRAM peak until the event is set (the render-sampling hook, §5.3)."""
+"""``sample(job, stop, pgid)``: samples a job's VRAM peak until ``stop`` is set (the
+render-sampling hook, §5.3), started as soon as the child is spawned (``pgid`` = its pid)."""
 PeakRecorder = Callable[[PreparedJob, float], Awaitable[None]]
 """Records a successful job's peak in the footprint store."""
 
@@ -452,12 +448,10 @@ def outcome_of(task: TaskDef, result: Result, stdout: CappedBuffer, stderr: Tail
         return Failed("deferred")
     if task.expect_file:
         path = members.get(task.expect_file, (None, ""))[0]
-        ok = isinstance(path, str) and bool(path)
-        if ok:
-            try:
-                ok = os.path.getsize(str(path)) > 0
-            except OSError:
-                ok = False
+        try:
+            ok = isinstance(path, str) and bool(path) and os.path.getsize(path) > 0
+        except OSError:
+            ok = False
         if not ok:
             return Failed(
                 f"{name} failed: expected file {task.expect_file}={path!r} is missing or empty"
@@ -511,10 +505,9 @@ class JobTee:
             return cls(job.job_id, job_log)
         except ValueError as exc:  # an id the bus refuses (see fleet_trio.logbus.spill)
             log.info("job %s: no live log: %s", job.job_id, exc)
-            return None
         except Exception:
             log.exception("job %s: the live log is unavailable", job.job_id)
-            return None
+        return None
 
     def broke(self, what: str) -> None:
         if not self.broken:
@@ -577,6 +570,7 @@ def _is_cancel(exc: BaseException | None) -> bool:
 
 
 JOB_MARKER = "FLEET_JOB_ID"
+"""The environment variable that marks a job's processes (the per-job sampler reads it)."""
 
 SWEEP_MARKER = "FLEET_TRIO_SWEEP"
 """The environment variable the sweep finds a job's escaped processes by. Its value,
@@ -589,8 +583,6 @@ def sweep_value(scope: str, job_id: str) -> str:
     """``<scope>/<job_id>`` (``scope``: the node id), or the job id alone without a scope."""
     return f"{scope}/{job_id}" if scope else job_id
 
-
-"""The environment variable that marks a job's processes (the per-job sampler reads it)."""
 
 SPAWN_CONCURRENCY = 2
 """How many job spawns (and, separately, work-dir removals) run in threads at once."""
@@ -748,18 +740,12 @@ class TaskRunner:
             sweep_job_id=job.sweep_id or job.job_id,
             sweep_marker=SWEEP_MARKER if job.sweep_id else JOB_MARKER,
         )
-        sampling = self.sample_peak is not None and job.task.footprint is not None
+        sampler = self.sample_peak if job.task.footprint is not None else None
         peaks: list[float | None] = []
-        if not sampling or self.sample_peak is None:
-            result = await run(spec, out_sink, spawn_limiter=self.spawn_limiter)
-            _log_sweep(job, result)
-            if tee is not None:
-                tee.seen(result)
-            return outcome_of(job.task, result, stdout, stderr)
-        sampler = self.sample_peak
         stop = trio.Event()
 
         async def sample(pgid: int) -> None:
+            assert sampler is not None
             try:
                 peaks.append(await sampler(job, stop, pgid))
             except Exception:
@@ -769,17 +755,20 @@ class TaskRunner:
                     extra=job_context(job_id=job.job_id, task=job.task.name),
                 )
 
-        async with trio.open_nursery() as nursery:
-            try:
-                # the first sample is taken as soon as the child exists (§5.3)
-                result = await run(
-                    spec,
-                    out_sink,
-                    on_spawn=lambda pid: nursery.start_soon(sample, pid),
-                    spawn_limiter=self.spawn_limiter,
-                )
-            finally:
-                stop.set()
+        if sampler is None:
+            result = await run(spec, out_sink, spawn_limiter=self.spawn_limiter)
+        else:
+            async with trio.open_nursery() as nursery:
+                try:
+                    # the first sample is taken as soon as the child exists (§5.3)
+                    result = await run(
+                        spec,
+                        out_sink,
+                        on_spawn=lambda pid: nursery.start_soon(sample, pid),
+                        spawn_limiter=self.spawn_limiter,
+                    )
+                finally:
+                    stop.set()
         _log_sweep(job, result)
         if tee is not None:
             tee.seen(result)

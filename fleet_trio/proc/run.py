@@ -6,22 +6,19 @@ the one :class:`~fleet_trio.proc.supervisor.Supervisor` that PTY sessions use to
 request (the caller's :class:`StopToken`, or a limit reached: ``max_runtime``, idle) takes the
 cancellation path: SIGTERM the group, wait the grace, SIGKILL, reap stragglers. Every path ends
 in a ``Result``; nothing is ever left running on purpose. The limits are cancel-scope
-deadlines, not polled.
-
-Trio cancellation of the calling task (program shutdown, or a caller's budget scope) is turned
-into the same cancellation path, run inside a shielded scope; ``record`` receives the
-``Result`` and ``Cancelled`` is re-raised once the group is gone.
+deadlines, not polled. Trio cancellation takes the same path (see :func:`run`).
 
 Deliberate deviation (§15 Q1, option b): on the cancellation path, after SIGKILL the wait for
-pipe EOF is bounded by :data:`STRAGGLER_WAIT`; a ``setsid``'d process that still holds our
+pipe EOF is bounded by ``STRAGGLER_WAIT``; a ``setsid``'d process that still holds our
 stdout then no longer keeps ``run`` (and the device) forever: the read ends are closed, the
 straggler reap and the RC_JOB_ID sweep still run. The natural-exit path keeps waiting for EOF
 while anything in the job's own process group is alive.
 
 Second deliberate deviation, for swept jobs only (``sweep_job_id`` set): when the leader has
 exited and the group is empty but the pipes are still open, only escapees hold them; after
-:data:`ESCAPED_EOF_WAIT` the run lets the pipes go and completes, so the sweep can kill the
-escapees (rc would wait for them to exit on their own, and never sweep).
+``ESCAPED_EOF_WAIT`` the run lets the pipes go and completes, so the sweep can kill the
+escapees (rc would wait for them to exit on their own, and never sweep). Both waits are
+:mod:`~fleet_trio.proc.supervisor`'s.
 """
 
 from __future__ import annotations
@@ -41,26 +38,11 @@ from fleet_trio.proc.procfs import forks_since_boot
 from fleet_trio.proc.sinks import Sink
 from fleet_trio.proc.spec import JobSpec, Result
 from fleet_trio.proc.stop import StopToken
-from fleet_trio.proc.supervisor import (
-    ESCAPED_EOF_WAIT,
-    REASON_CANCELLED,
-    REASON_STRAGGLERS_REAPED,
-    REASON_STRAGGLERS_REMAINED,
-    REASON_SURVIVORS,
-    STRAGGLER_POLL,
-    STRAGGLER_WAIT,
-    HelperScopes,
-    Pump,
-    Supervisor,
-    finish,
-    reap_stragglers,
-)
+from fleet_trio.proc.supervisor import READ_CHUNK, Pump, Supervisor
 from fleet_trio.proc.target import GroupTarget
 
 log = logging.getLogger(__name__)
 
-READ_CHUNK = 65536
-"""The most one pump read takes (the default pipe capacity)."""
 PIPE_SIZE = 1 << 20
 """The capacity a pump asks for (Linux ``F_SETPIPE_SZ``) once a read finds its pipe full: a
 job writing faster than its output is consumed then fills a larger buffer, and each read
@@ -149,20 +131,19 @@ async def run(
     ``spawn_limiter`` bounds how many spawns (fork + exec, done in a worker thread) are in
     flight at once across the callers that share it; a burst of jobs then starts at the rate
     the machine forks instead of all at once, and the event loop stays free for its other
-    work (the node's acks). Only the spawn is limited, not the run. A trio cancellation that
-    arrives while the run waits for a slot raises ``Cancelled`` without spawning; a stop token
-    set meanwhile still spawns and stops the child (E8), as without a limiter.
+    work (the node's acks). Only the spawn is limited, not the run; a stop token set while
+    the run waits for a slot still spawns and stops the child (E8), as without a limiter.
 
     ``record(result)`` is called once with the ``Result`` on every path that has one (start
-    errors included; a cancellation before the spawn has none), a trio cancellation included,
-    so a caller that bounds ``run`` with a cancel scope (a pass budget:
+    errors included), so a caller that bounds ``run`` with a cancel scope (a pass budget:
     ``with trio.move_on_at(deadline)``) still learns how the child ended.
 
     Cancellation: a cancellation before the spawn (while waiting for a ``spawn_limiter``
-    slot) raises ``Cancelled`` with nothing spawned; the spawn itself is shielded; after it, a
-    cancellation tears the group down exactly like a stop (SIGTERM, grace, SIGKILL, straggler
-    reap, sweep; shielded, so bounded by the grace plus a few seconds, not by the canceller),
-    hands the ``Result`` to ``record`` and re-raises ``Cancelled``.
+    slot) raises ``Cancelled`` with nothing spawned (no ``Result``); the spawn itself is
+    shielded; after it, a cancellation tears the group down exactly like a stop (SIGTERM,
+    grace, SIGKILL, straggler reap, sweep; shielded, so bounded by the grace plus a few
+    seconds, not by the canceller), hands the ``Result`` to ``record`` and re-raises
+    ``Cancelled``.
     """
     if not spec.command:
         return _recorded(Result(exit_code=-1, err="empty command"), record)
@@ -171,13 +152,9 @@ async def run(
     argv, lookup_error = resolve_argv(spec.command, spec.env)
     if lookup_error is not None:
         return _recorded(Result(exit_code=-1, err=f"start: {lookup_error}"), record)
-    env: dict[str, str] | None = None
-    if spec.env:
-        env = dict(os.environ)
-        env.update(spec.env)
+    env = {**os.environ, **spec.env} if spec.env else None
     idle_from = trio.current_time()  # the idle clock starts just before the spawn
-    # Waiting for a spawn slot is not shielded: a run cancelled while queued never spawns
-    # (a node shutting down does not start the jobs it has already marked interrupted).
+    # Not shielded: a node shutting down does not start the jobs it has marked interrupted.
     if spawn_limiter is None:
         spawned = await _spawn(spec, argv, env)
     else:
@@ -258,17 +235,7 @@ def grow_pipe(stream: trio.abc.ReceiveStream) -> int:
 
 
 __all__ = [
-    "ESCAPED_EOF_WAIT",
-    "REASON_CANCELLED",
-    "REASON_STRAGGLERS_REAPED",
-    "REASON_STRAGGLERS_REMAINED",
-    "REASON_SURVIVORS",
-    "STRAGGLER_POLL",
-    "STRAGGLER_WAIT",
-    "HelperScopes",
-    "finish",
     "look_path",
-    "reap_stragglers",
     "resolve_argv",
     "run",
 ]

@@ -233,13 +233,8 @@ class Supervisor:
         record: Callable[[Result], None] | None = None,
     ) -> Result:
         """Supervise until the end and return the ``Result``; ``record`` (optional) gets it on
-        every path, a shutdown included.
-
-        The supervising task itself reaps the leader (no waiter task), and reads the last
-        pipe (stdout) too when :func:`inline_pump` says so (a sink that never blocks, no
-        sweep); every other pipe, and the stdin relay, gets a helper task. Without helper
-        tasks (stdout alone read inline, or a PTY session, which has no pipes) no nursery is
-        opened.
+        every path, a shutdown included. Which pipes get a helper task: the module's "One task
+        where one will do".
 
         Cancellation: a trio cancellation runs the teardown shielded (it is bounded: grace +
         the waits after SIGKILL + the sweep), keeps the ``Result`` in :attr:`result` (and hands
@@ -533,10 +528,9 @@ def never_blocks(sink: Sink) -> bool:
 
 def inline_pump(pumps: Sequence[Pump], spec: JobSpec) -> bool:
     """Is the last of ``pumps`` (a pipe job's stdout, stderr merged or not) read by the
-    supervising task itself rather than by a pump task? When it is a pipe stream (it has
-    ``fileno``) into a sink that never blocks (so a stop or a deadline never waits behind a
-    write, and no write is ever cut short), and the job is not swept (the sweep's escape
-    watch lets go of the pipes that escapees hold, which only pump tasks can)."""
+    supervising task itself (see the module)? When it is a pipe stream (it has ``fileno``)
+    into a sink that never blocks, and the job is not swept (the sweep's escape watch lets go
+    of the pipes that escapees hold, which only pump tasks can)."""
     return (
         bool(pumps)
         and not spec.sweep_job_id
@@ -620,10 +614,9 @@ async def read_some(stream: trio.abc.ReceiveStream, size: int) -> bytes | bytear
     pipe (a stream with ``fileno``): trio's ``receive_some`` yields before every read and
     again in the wait when the pipe is empty; here a read that had to wait returns without a
     further yield (the wait was one), and only a read that found data at once yields after it
-    (so a fast writer cannot starve the loop). A cancellation is seen before the read, never
-    after it, so no data is lost to one.
+    (so a fast writer cannot starve the loop).
 
-    Cancellation: raises ``Cancelled`` before reading; the read itself is kept.
+    Cancellation: seen before the read, never after it, so no data is lost to one.
     """
     fileno = getattr(stream, "fileno", None)
     if fileno is None:
@@ -673,20 +666,16 @@ async def reap_stragglers(target: Target) -> tuple[bool, bool]:
     Cancellation: cancellable at every check; supervisors call it shielded.
     """
     state = _look(target)
-    if state == "live":
-        with trio.move_on_after(STRAGGLER_SETTLE):
-            while state == "live":
-                await trio.sleep(STRAGGLER_SETTLE / 10)
+    for waiting, limit, poll in (
+        ("live", STRAGGLER_SETTLE, STRAGGLER_SETTLE / 10),
+        ("settling", STRAGGLER_WAIT, STRAGGLER_POLL),
+    ):
+        with trio.move_on_after(limit):
+            while state == waiting:
+                await trio.sleep(poll)
                 state = _look(target)
     if state == "gone":
         return False, True
-    if state == "settling":
-        with trio.move_on_after(STRAGGLER_WAIT):
-            while state == "settling":
-                await trio.sleep(STRAGGLER_POLL)
-                state = _look(target)
-        if state == "gone":
-            return False, True
     target.signal(signal.SIGKILL)
     with trio.move_on_after(STRAGGLER_WAIT):
         while True:

@@ -59,7 +59,7 @@ async def test_run_trio_cancellation_still_tears_the_group_down() -> None:
 
 
 def test_finish_maps_wait_statuses() -> None:
-    from fleet_trio.proc.run import finish
+    from fleet_trio.proc.supervisor import finish
 
     assert finish(0).killed is False
     assert finish(3).exit_code == 3
@@ -139,7 +139,7 @@ class _ExitingTarget:
 async def test_reap_stragglers_leaves_an_exiting_member_alone(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    from fleet_trio.proc.run import reap_stragglers
+    from fleet_trio.proc.supervisor import reap_stragglers
 
     exiting = _ExitingTarget(polls_until_gone=3, exiting=True)
     assert await reap_stragglers(exiting) == (False, True)
