@@ -23,7 +23,6 @@ What is checked (:func:`check_restart`, sans-IO over what was recorded):
 
 from __future__ import annotations
 
-import contextlib
 import os
 import random
 from collections.abc import Callable, Iterable, Sequence
@@ -365,9 +364,8 @@ async def run_restart_seeds(
                 await lineage.node.kill()
                 # what the last incarnation left: every job process with a marker
                 ids = {s.job_id for r in results for s in r.steps if s.kind == "submit"}
-                for pid, _job in await trio.to_thread.run_sync(scan_markers, ids):
-                    with contextlib.suppress(OSError):
-                        os.kill(pid, 9)
+                found = await trio.to_thread.run_sync(scan_markers, ids)
+                runner.kill_pids(pid for pid, _job in found)
             nursery.cancel_scope.cancel()
     return results
 
