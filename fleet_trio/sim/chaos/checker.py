@@ -17,12 +17,7 @@ from fleet_trio.sim.chaos.schedule import (
     rc_expected_output,
 )
 from fleet_trio.sim.dispatcher import LOST_404, NODE_TERMINAL
-from fleet_trio.sim.fleet import (
-    NODE_DRAIN,
-    NODE_KILL_GRACE,
-    ProcessEvent,
-    ShutdownRecord,
-)
+from fleet_trio.sim.fleet import NODE_DRAIN, NODE_KILL_GRACE, ProcessEvent, ShutdownRecord
 
 # -- records (plain values: the checker's input) ---------------------------------------------
 

@@ -37,9 +37,7 @@ from fleet_trio.sim.chaos.schedule import (
 )
 from fleet_trio.sim.controller import SimError
 from fleet_trio.sim.controller.records import TERMINAL
-from fleet_trio.sim.fleet import (
-    Fleet,
-)
+from fleet_trio.sim.fleet import Fleet
 
 # -- the runner --------------------------------------------------------------------------------
 
@@ -378,9 +376,4 @@ def verdict(result: SeedResult, duration: float) -> str:
     return "\n".join(lines)
 
 
-__all__ = [
-    "SeedResult",
-    "run_schedule",
-    "run_seed",
-    "verdict",
-]
+__all__ = ["SeedResult", "run_schedule", "run_seed", "verdict"]
