@@ -184,11 +184,6 @@ class FakeGpuDir:
         await trio.Path(self.device_dir(device) / fake.FAIL_FILE).unlink(missing_ok=True)
 
 
-def _init_fake_dirs(dirs: Sequence[Path], name: str, totals: Sequence[float]) -> None:
-    for d, total in zip(dirs, totals, strict=True):
-        fake.init_device(str(d), name, total)
-
-
 @asynccontextmanager
 async def open_fake_gpu(
     path: str | os.PathLike[str],
@@ -213,7 +208,8 @@ async def open_fake_gpu(
             raise HarnessError(f"total_gib must be > 0, got {total}")
     root = Path(path)
     dirs = tuple(root / f"gpu{i}" for i in range(devices))
-    await trio.to_thread.run_sync(_init_fake_dirs, dirs, name, totals)
+    for d, total in zip(dirs, totals, strict=True):
+        await trio.to_thread.run_sync(fake.init_device, str(d), name, total)
     gpu = FakeGpuDir(root=root, dirs=dirs, total_gib=max(totals))
     try:
         yield gpu
