@@ -23,7 +23,6 @@ What is checked (:func:`check_restart`, sans-IO over what was recorded):
 
 from __future__ import annotations
 
-import contextlib
 import os
 import random
 from collections.abc import Callable, Iterable, Sequence
@@ -33,7 +32,7 @@ import trio
 
 from fleet_trio.gpu.fake import init_device
 from fleet_trio.sim.chaos import runner, shell_tasks_yaml, yaml_str
-from fleet_trio.sim.chaos.schedule import NODE_MARKER
+from fleet_trio.sim.chaos.schedule import LOG_RUN, NODE_MARKER
 from fleet_trio.sim.dispatcher import DispatchRecord, Observation, SimDispatcher
 from fleet_trio.sim.fleet import NodeProcess, ProcessEvent, ShutdownRecord, free_port
 
@@ -48,16 +47,14 @@ CONFIRMATIONS = 3
 """Polls that must read the terminal state (the first and two more: it is kept)."""
 TASKS = ("quick", "fail", "short", "long")
 
-_RUN = 'echo "$FLEET_JOB_ID" >> "$FLEET_TRIO_SIM_NODE_DIR/runs"'
-
 
 def restart_node_yaml(journal: str) -> str:
     """The node's config: the journal at ``journal``, a short grace, four tasks."""
     tasks = {
-        "quick": f"{_RUN}; echo '{{\"ok\": true}}'",
-        "fail": f"{_RUN}; echo boom >&2; exit 3",
-        "short": f"{_RUN}; sleep 0.3; echo '{{\"slept\": 0.3}}'",
-        "long": f"{_RUN}; sleep {LONG_SECONDS}; echo '{{\"slept\": {LONG_SECONDS}}}'",
+        "quick": f"{LOG_RUN}; echo '{{\"ok\": true}}'",
+        "fail": f"{LOG_RUN}; echo boom >&2; exit 3",
+        "short": f"{LOG_RUN}; sleep 0.3; echo '{{\"slept\": 0.3}}'",
+        "long": f"{LOG_RUN}; sleep {LONG_SECONDS}; echo '{{\"slept\": {LONG_SECONDS}}}'",
     }
     return shell_tasks_yaml(
         tasks,
@@ -365,9 +362,8 @@ async def run_restart_seeds(
                 await lineage.node.kill()
                 # what the last incarnation left: every job process with a marker
                 ids = {s.job_id for r in results for s in r.steps if s.kind == "submit"}
-                for pid, _job in await trio.to_thread.run_sync(scan_markers, ids):
-                    with contextlib.suppress(OSError):
-                        os.kill(pid, 9)
+                found = await trio.to_thread.run_sync(scan_markers, ids)
+                runner.kill_pids(pid for pid, _job in found)
             nursery.cancel_scope.cancel()
     return results
 

@@ -39,10 +39,12 @@ import httpx
 import trio
 
 from fleet_trio.gpu.fake import HANG_FILE, init_device
-from fleet_trio.sim.chaos.checker import TERMINAL_NODE, TERMINAL_RC, MarkedProcess, Violation
+from fleet_trio.sim.chaos.checker import MarkedProcess, Violation
 from fleet_trio.sim.chaos.runner import kill_pids, scan_markers
 from fleet_trio.sim.chaos.schedule import NODE_MARKER, RC_MARKER, shell_tasks_yaml
 from fleet_trio.sim.controller import SimController, serve_controller
+from fleet_trio.sim.controller.records import TERMINAL
+from fleet_trio.sim.dispatcher import NODE_TERMINAL
 from fleet_trio.sim.faults import FaultyLink, serve_link
 from fleet_trio.sim.fleet import (
     ROLE_LAUNCHER,
@@ -229,7 +231,7 @@ def check_stop(record: StopRecord) -> list[Violation]:
             out.append(Violation("terminal", f"job {job_id}", f"terminal states {distinct}"))
         elif record.plan.role == "node" and not distinct:
             out.append(Violation("terminal", f"job {job_id}", "no terminal state seen"))
-        elif record.plan.role == "worker" and final not in TERMINAL_RC:
+        elif record.plan.role == "worker" and final not in TERMINAL:
             out.append(Violation("terminal", f"job {job_id}", f"ended {final!r} at the controller"))
     for p in record.marked:
         out.append(
@@ -391,7 +393,7 @@ async def play_node(plan: StopPlan, root: str, spawn: Spawner = spawn_fresh) -> 
                             continue
                         if r.status_code == 200:
                             state = r.json().get("state", "")
-                            if state in TERMINAL_NODE:
+                            if state in NODE_TERMINAL:
                                 error = r.json().get("error") or ""
                                 seen[job_id].append(f"{state}:{error}" if error else state)
                         await trio.sleep(POLL_INTERVAL)
@@ -474,8 +476,7 @@ async def play_worker(plan: StopPlan, root: str, spawn: Spawner = spawn_fresh) -
 
             def started() -> bool:
                 return all(
-                    "running" in ctrl.statuses(j) or ctrl.job(j).state in TERMINAL_RC
-                    for j in job_ids
+                    "running" in ctrl.statuses(j) or ctrl.job(j).state in TERMINAL for j in job_ids
                 )
 
             await ctrl.wait_for(started, timeout=READY_TIMEOUT)
@@ -506,7 +507,7 @@ async def play_worker(plan: StopPlan, root: str, spawn: Spawner = spawn_fresh) -
         link.heal()
 
         def settled() -> bool:
-            return all(ctrl.job(j).state in TERMINAL_RC for j in job_ids)
+            return all(ctrl.job(j).state in TERMINAL for j in job_ids)
 
         with trio.move_on_after(SETTLE_TIMEOUT):
             await ctrl.wait_for(settled, timeout=SETTLE_TIMEOUT)
@@ -514,7 +515,7 @@ async def play_worker(plan: StopPlan, root: str, spawn: Spawner = spawn_fresh) -
     jobs: dict[str, tuple[str, ...]] = {}
     final: dict[str, str] = {}
     for j in job_ids:
-        jobs[j] = tuple(s for s in ctrl.statuses(j) if s in TERMINAL_RC)
+        jobs[j] = tuple(s for s in ctrl.statuses(j) if s in TERMINAL)
         final[j] = ctrl.job(j).state
         if final[j] not in jobs[j]:
             notes.append(f"{j}: {final[j]} at the controller (reports: {list(jobs[j])})")

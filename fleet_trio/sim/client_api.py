@@ -32,12 +32,11 @@ import trio
 from quart import Response, request
 from quart_trio import QuartTrio
 
+from fleet_trio.sim.controller.records import TERMINAL
 from fleet_trio.sim.rcwire import decode_json, go_json
 
 if TYPE_CHECKING:
     from fleet_trio.sim.controller import Device, Job, SimController
-
-TERMINAL = frozenset({"succeeded", "failed", "killed", "lost"})
 
 
 def _json(status: int, obj: Any) -> Response:

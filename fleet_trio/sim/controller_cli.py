@@ -30,7 +30,6 @@ DEFAULT_LISTEN = "127.0.0.1:18810"
 SESSION_FILE = "sim-controller.json"
 EXIT_FAILED = 1
 EXIT_USAGE = 2
-TERMINAL = ("succeeded", "failed", "killed", "lost")
 WAIT_FOR_WORKER = 30.0
 """How long ``sim submit`` waits for a worker to register before giving up."""
 

@@ -23,7 +23,7 @@ import tempfile
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import attrs
 import httpx
@@ -36,20 +36,16 @@ from fleet_trio.gpu.source import GIB
 from fleet_trio.node.config import NodeConfig, config_from_mapping, load_config
 from fleet_trio.node.server import NodeOptions, RunningNode, serve_node
 from fleet_trio.sim.controller import Job, SimController, serve_controller
+from fleet_trio.sim.controller.records import TERMINAL
+from fleet_trio.sim.dispatcher import NODE_TERMINAL, SimDispatcher, serve_dispatcher
 from fleet_trio.worker.client import Timings
 from fleet_trio.worker.config import WorkerConfig, load_worker_config
 from fleet_trio.worker.config import config_from_mapping as worker_config_from_mapping
 from fleet_trio.worker.worker import Worker, WorkerHooks, WorkerTimings, serve_worker
 
-if TYPE_CHECKING:
-    from fleet_trio.sim.dispatcher import SimDispatcher
-
 ConfigSource = str | os.PathLike[str] | Mapping[str, Any] | None
 """A config as a test gives it: a YAML file, the parsed YAML as a mapping, or ``None`` for
 the built-in default."""
-
-TERMINAL_NODE_STATES = frozenset({"done", "error"})
-TERMINAL_RC_STATES = frozenset({"succeeded", "failed", "killed", "lost"})
 
 CONTROLLER_DEFAULTS: Mapping[str, Any] = {"reaper_interval": 0.05, "startup_grace": 0.0}
 """What :func:`open_controller` changes from the reference timers: the reaper sweeps every
@@ -103,9 +99,7 @@ class HarnessError(FleetTrioError):
     """A harness call could not do what it was asked (a refused dispatch, a bad argument)."""
 
 
-# --------------------------------------------------------------------------------------------
-# Fake GPU
-# --------------------------------------------------------------------------------------------
+# -- Fake GPU ----------------------------------------------------------------------------------
 
 
 @attrs.define
@@ -190,11 +184,6 @@ class FakeGpuDir:
         await trio.Path(self.device_dir(device) / fake.FAIL_FILE).unlink(missing_ok=True)
 
 
-def _init_fake_dirs(dirs: Sequence[Path], name: str, totals: Sequence[float]) -> None:
-    for d, total in zip(dirs, totals, strict=True):
-        fake.init_device(str(d), name, total)
-
-
 @asynccontextmanager
 async def open_fake_gpu(
     path: str | os.PathLike[str],
@@ -219,7 +208,8 @@ async def open_fake_gpu(
             raise HarnessError(f"total_gib must be > 0, got {total}")
     root = Path(path)
     dirs = tuple(root / f"gpu{i}" for i in range(devices))
-    await trio.to_thread.run_sync(_init_fake_dirs, dirs, name, totals)
+    for d, total in zip(dirs, totals, strict=True):
+        await trio.to_thread.run_sync(fake.init_device, str(d), name, total)
     gpu = FakeGpuDir(root=root, dirs=dirs, total_gib=max(totals))
     try:
         yield gpu
@@ -229,9 +219,7 @@ async def open_fake_gpu(
                 await gpu.free(device=i)
 
 
-# --------------------------------------------------------------------------------------------
-# Scratch directories
-# --------------------------------------------------------------------------------------------
+# -- Scratch directories -----------------------------------------------------------------------
 
 
 @asynccontextmanager
@@ -251,9 +239,7 @@ async def _workdir(path: str | os.PathLike[str] | None, prefix: str) -> AsyncIte
             )
 
 
-# --------------------------------------------------------------------------------------------
-# Controller
-# --------------------------------------------------------------------------------------------
+# -- Controller --------------------------------------------------------------------------------
 
 
 @asynccontextmanager
@@ -280,9 +266,7 @@ def worker_token(ctrl: SimController) -> str:
     raise HarnessError("the controller has no worker-role token")
 
 
-# --------------------------------------------------------------------------------------------
-# Node
-# --------------------------------------------------------------------------------------------
+# -- Node --------------------------------------------------------------------------------------
 
 
 def _stop(request_shutdown: Callable[[str], object], drain: bool, busy: bool) -> None:
@@ -407,7 +391,7 @@ class NodeHandle:
             while True:
                 r = await self.poll(job_id)
                 body: dict[str, Any] = r.json()
-                if r.status_code == 200 and body.get("state") in TERMINAL_NODE_STATES:
+                if r.status_code == 200 and body.get("state") in NODE_TERMINAL:
                     return body
                 await trio.sleep(interval)
 
@@ -515,9 +499,7 @@ async def _serve_node(
             _stop(running.request_shutdown, drain_on_exit, busy)
 
 
-# --------------------------------------------------------------------------------------------
-# Worker
-# --------------------------------------------------------------------------------------------
+# -- Worker ------------------------------------------------------------------------------------
 
 
 def _read_top_keys(path: str) -> set[str]:
@@ -605,7 +587,7 @@ class WorkerHandle:
         """Wait until the controller has the job terminal; a copy of its record
         (``state``, ``exit_code``, ``kill_reason``, …). ``trio.TooSlowError`` on timeout."""
         ctrl = self.controller
-        await ctrl.wait_for(lambda: ctrl.job(job_id).state in TERMINAL_RC_STATES, timeout)
+        await ctrl.wait_for(lambda: ctrl.job(job_id).state in TERMINAL, timeout)
         return ctrl.job(job_id)
 
     async def run(
@@ -666,9 +648,7 @@ async def open_worker(
                 _stop(worker.request_shutdown, drain_on_exit, busy)
 
 
-# --------------------------------------------------------------------------------------------
-# Dispatcher
-# --------------------------------------------------------------------------------------------
+# -- Dispatcher --------------------------------------------------------------------------------
 
 
 @asynccontextmanager
@@ -677,8 +657,6 @@ async def open_dispatcher(
 ) -> AsyncIterator[SimDispatcher]:
     """A serving simulated Fleet Dispatcher over ``nodes`` (base URLs); ``options`` are
     ``SimDispatcher``'s keywords. Yields once its first health round is done."""
-    from fleet_trio.sim.dispatcher import SimDispatcher, serve_dispatcher
-
     disp = SimDispatcher(list(nodes), **options)
     async with trio.open_nursery() as nursery:
         await nursery.start(functools.partial(serve_dispatcher, disp))

@@ -18,9 +18,7 @@ Both responses are streamed by async generators with the response timeout off
 which frees the half (a reconnect is then accepted, and input not yet sent is kept for it).
 
 Sessions are kept per job (``SimController.relay_sessions``), created by whichever half
-(worker or operator) comes first. The operator is played from Python:
-:func:`operator` (``operator(ctrl, job_id)``) returns the job's :class:`RelaySession`, with
-``send``/``resize``/``close_input``/``output``/``wait_output``/``wait_ended``. Input is
+(worker or operator) comes first; :func:`operator` plays the operator from Python. Input is
 encoded per the job's ``stdio``: NDJSON frames for ``tty``, raw bytes for ``pipe`` (§8.2).
 
 Not modelled: the client halves over HTTP (``GET …/tty/out``, ``POST …/tty/in``), the
@@ -224,10 +222,4 @@ def mount_relay(app: QuartTrio, ctrl: SimController) -> None:
     app.add_url_rule("/v1/jobs/<job_id>/tty/in", "tty_in", tty_in, methods=["GET"])
 
 
-__all__ = [
-    "CONFLICT_MESSAGE",
-    "NDJSON",
-    "RelaySession",
-    "mount_relay",
-    "operator",
-]
+__all__ = ["CONFLICT_MESSAGE", "NDJSON", "RelaySession", "mount_relay", "operator"]

@@ -1,9 +1,6 @@
-"""Chaos scenarios: seeded fault schedules against a real fleet, and the promise checker
-(docs/chaos.md). Three parts, one module each: :mod:`.schedule` (a pure function of the seed),
-:mod:`.runner` (plays it against a fleet, collects the records) and :mod:`.checker` (one pure
-function per promise). Every public name is re-exported here
-(``from fleet_trio.sim.chaos import run_schedule``).
-"""
+"""Chaos scenarios (docs/chaos.md): :mod:`.schedule`, :mod:`.runner` and :mod:`.checker`, one
+part each. Every public name is re-exported here (``from fleet_trio.sim.chaos import
+run_schedule``)."""
 
 from __future__ import annotations
 

@@ -16,13 +16,8 @@ from fleet_trio.sim.chaos.schedule import (
     TRAP_MARGIN,
     rc_expected_output,
 )
-from fleet_trio.sim.dispatcher import LOST_404
-from fleet_trio.sim.fleet import (
-    NODE_DRAIN,
-    NODE_KILL_GRACE,
-    ProcessEvent,
-    ShutdownRecord,
-)
+from fleet_trio.sim.dispatcher import LOST_404, NODE_TERMINAL
+from fleet_trio.sim.fleet import NODE_DRAIN, NODE_KILL_GRACE, ProcessEvent, ShutdownRecord
 
 # -- records (plain values: the checker's input) ---------------------------------------------
 
@@ -115,8 +110,6 @@ class Violation:
 # -- the checker ------------------------------------------------------------------------------
 
 NL = b"\n"
-TERMINAL_NODE = frozenset({"done", "error"})
-TERMINAL_RC = frozenset({"succeeded", "failed", "killed", "lost"})
 
 
 def _disrupted(
@@ -171,10 +164,10 @@ def check_node_jobs(records: Records) -> list[Violation]:
                 bad(f"ran {n} times on {node}", "run-once")
         if job.node is None:
             continue
-        seen_terminal = [s for s in job.states_seen if s in TERMINAL_NODE]
+        seen_terminal = [s for s in job.states_seen if s in NODE_TERMINAL]
         if len(seen_terminal) > 1:
             bad(f"polls saw several terminal states {job.states_seen}")
-        if seen_terminal and job.states_seen[-1] not in TERMINAL_NODE:
+        if seen_terminal and job.states_seen[-1] not in NODE_TERMINAL:
             bad(f"a state after the terminal one {job.states_seen}")
         visible = bool(seen_terminal) and job.error != LOST_404
         until = job.terminal_at if visible else None
@@ -269,7 +262,7 @@ def check_sweep(records: Records) -> list[Violation]:
     it). Survivors of a crashed supervisor are not covered (nobody is left to sweep)."""
     ended: set[str] = set()
     for job in records.node_jobs:
-        if job.state in TERMINAL_NODE and job.error != LOST_404:
+        if job.state in NODE_TERMINAL and job.error != LOST_404:
             ended.add(job.job_id)
     for rc in records.rc_jobs:
         if any(r[0] != "running" for r in rc.reports):

@@ -16,7 +16,6 @@ import trio
 from fleet_trio.gpu.fake import read_holdings
 from fleet_trio.proc.procfs import env_marker_value, list_pids, read_proc_file, read_proc_stat
 from fleet_trio.sim.chaos.checker import (
-    TERMINAL_RC,
     Holding,
     MarkedProcess,
     NodeJobRecord,
@@ -37,9 +36,8 @@ from fleet_trio.sim.chaos.schedule import (
     rc_command,
 )
 from fleet_trio.sim.controller import SimError
-from fleet_trio.sim.fleet import (
-    Fleet,
-)
+from fleet_trio.sim.controller.records import TERMINAL
+from fleet_trio.sim.fleet import Fleet
 
 # -- the runner --------------------------------------------------------------------------------
 
@@ -186,7 +184,7 @@ async def _settle(fleet: Fleet, play: _Play) -> None:
 
     def rc_done() -> bool:
         return all(
-            fleet.ctrl.job(j).state in TERMINAL_RC or fleet.ctrl.job(j).state == "queued"
+            fleet.ctrl.job(j).state in TERMINAL or fleet.ctrl.job(j).state == "queued"
             for j in rc_ids
         )
 
@@ -378,9 +376,4 @@ def verdict(result: SeedResult, duration: float) -> str:
     return "\n".join(lines)
 
 
-__all__ = [
-    "SeedResult",
-    "run_schedule",
-    "run_seed",
-    "verdict",
-]
+__all__ = ["SeedResult", "run_schedule", "run_seed", "verdict"]

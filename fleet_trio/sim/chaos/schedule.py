@@ -9,11 +9,7 @@ from collections.abc import Mapping, Sequence
 
 import attrs
 
-from fleet_trio.sim.fleet import (
-    GPU_ROOT_ENV,
-    NODE_DRAIN,
-    NODE_KILL_GRACE,
-)
+from fleet_trio.sim.fleet import GPU_ROOT_ENV, NODE_DRAIN, NODE_KILL_GRACE
 
 # -- the job kinds --------------------------------------------------------------------------
 
@@ -40,21 +36,21 @@ LINK_FAULT_WINDOW = 1.0
 PROCESS_FAULTS = ("node_crash", "node_stop", "worker_crash", "worker_stop", "controller_restart")
 LINK_FAULTS = ("latency", "fail_http", "drop", "half_open")
 
-_RUN = 'echo "$FLEET_JOB_ID" >> "$FLEET_TRIO_SIM_NODE_DIR/runs"'
+LOG_RUN = 'echo "$FLEET_JOB_ID" >> "$FLEET_TRIO_SIM_NODE_DIR/runs"'
 
 
 def node_yaml(*, escape_task: bool = True) -> str:
     """The chaos node's config: short drain and grace, one task per node kind. Each run
     appends its job id to ``runs`` in the node's folder (the run counter)."""
     tasks = {
-        "quick": f"{_RUN}; echo '{{\"ok\": true}}'",
-        "fail": f"{_RUN}; echo boom >&2; exit 3",
-        "sleeper": f"{_RUN}; sleep {SLEEPER_SECONDS}; echo '{{\"slept\": true}}'",
-        "stubborn": f"trap '' TERM; {_RUN}; sleep {STUBBORN_SECONDS}; echo '{{\"late\": true}}'",
+        "quick": f"{LOG_RUN}; echo '{{\"ok\": true}}'",
+        "fail": f"{LOG_RUN}; echo boom >&2; exit 3",
+        "sleeper": f"{LOG_RUN}; sleep {SLEEPER_SECONDS}; echo '{{\"slept\": true}}'",
+        "stubborn": f"trap '' TERM; {LOG_RUN}; sleep {STUBBORN_SECONDS}; echo '{{\"late\": true}}'",
     }
     if escape_task:
         tasks["escape"] = (
-            f"{_RUN}; setsid sleep 300 </dev/null >/dev/null 2>&1 & echo '{{\"escaped\": true}}'"
+            f"{LOG_RUN}; setsid sleep 300 </dev/null >/dev/null 2>&1 & echo '{{\"escaped\": true}}'"
         )
     return shell_tasks_yaml(tasks, drain_ms=int(NODE_DRAIN * 1000), kill_grace_s=NODE_KILL_GRACE)
 

@@ -6,9 +6,8 @@ Go's JSON encoding), applies the controller state changes of §3, §5–§7, §1
 tests a small Python API: submit and kill jobs, restart the controller, inject failures, and
 read back every request the worker sent. See docs/sim-controller.md.
 
-The package: :mod:`.records`, :mod:`.state` (the state and the test API), :mod:`.protocol` (the
-E1–E7 transitions, no HTTP), :mod:`.faults`, :mod:`.app` (quart-trio and the byte pump in front
-of hypercorn). The public names are re-exported here.
+Its modules (records, state, protocol, faults, app) each say what they hold; the public names
+are re-exported here.
 """
 
 from __future__ import annotations

@@ -126,13 +126,10 @@ def create_app(ctrl: SimController) -> QuartTrio:
 
         app.add_url_rule(rule, name, view, methods=[method])
 
-    # --- relay E8/E9 (tty/pipe jobs): routes and per-job sessions live in sim/relay.py ---
-    from fleet_trio.sim.relay import mount_relay
+    from fleet_trio.sim.client_api import mount_client  # POST /v1/jobs & co. (rc run's side)
+    from fleet_trio.sim.relay import mount_relay  # E8/E9 (tty/pipe jobs) and their sessions
 
     mount_relay(app, ctrl)
-    # --- end relay ---------------------------------------------------------------------
-    from fleet_trio.sim.client_api import mount_client  # POST /v1/jobs & co. (rc run's side)
-
     mount_client(app, ctrl)
 
     @app.after_request
@@ -207,7 +204,4 @@ async def serve_controller(
         task_status.started(ctrl.base_url)
 
 
-__all__ = [
-    "create_app",
-    "serve_controller",
-]
+__all__ = ["create_app", "serve_controller"]

@@ -1,7 +1,6 @@
-"""The simulated controller's state and its test API (:class:`SimController`): submit and
-kill jobs, restart, inject failures, read back every request; the reaper of §6.3. It never
-sees HTTP: the worker routes' transitions are in :mod:`.protocol`, the serving in :mod:`.app`.
-"""
+"""The simulated controller's state, its test API (:class:`SimController`) and the reaper of
+§6.3. It never sees HTTP: the worker routes' transitions are in :mod:`.protocol`, the serving
+in :mod:`.app`."""
 
 from __future__ import annotations
 
@@ -451,6 +450,4 @@ class SimController:
         return None
 
 
-__all__ = [
-    "SimController",
-]
+__all__ = ["SimController"]

@@ -11,8 +11,6 @@ what actually happened (through the controller's records, the dispatcher's polls
 job table or ``/proc``) and the demo exits 1 when any observation differs. Live output of
 every job is followed over the real websocket tails and printed with the job's name in front.
 
-The package: :mod:`~.model` (names and records), :mod:`~.files` (what is generated),
-:mod:`~.console` (the terminal), :mod:`~.tails` (live tails), :mod:`~.story` (the steps),
-:mod:`~.report` (the summary), :mod:`~.run` (the fleet and :func:`main`), :mod:`~.command`
-(the parser, light: the CLI imports it alone, and nothing is re-exported here).
+Each module's docstring says what it holds. :mod:`~.command` (the parser) is light: the CLI
+imports it alone, and nothing is re-exported here.
 """

@@ -32,7 +32,6 @@ SHUTDOWN_BOUND = 30.0
 """Seconds the whole fleet gets to shut down at the end (node drain + worker drain)."""
 NODE_GPUS = 2
 """The demo node is a multi-GPU node: two fake devices, one pinned GPU job on each."""
-TERMINAL_RC = ("succeeded", "failed", "killed", "lost")
 
 
 @attrs.define

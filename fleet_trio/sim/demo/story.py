@@ -11,9 +11,10 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from fleet_trio.gpu.fake import init_device
+from fleet_trio.sim.controller.records import TERMINAL
 from fleet_trio.sim.demo.console import TAIL_COLOURS, Console
 from fleet_trio.sim.demo.files import GPU_GIB
-from fleet_trio.sim.demo.model import LEAK_GIB, RUN_MARKER, TERMINAL_RC, Fleet, RcOutcome, Step
+from fleet_trio.sim.demo.model import LEAK_GIB, RUN_MARKER, Fleet, RcOutcome, Step
 from fleet_trio.sim.demo.report import _short, marked_processes, one_line
 from fleet_trio.sim.demo.tails import Tail, follow
 
@@ -151,7 +152,7 @@ class Story:
                     if during is not None:
                         nursery.start_soon(during, job_id, tail)
                     await f.ctrl.wait_for(
-                        lambda: any(s in TERMINAL_RC for s in f.ctrl.statuses(job_id)),
+                        lambda: any(s in TERMINAL for s in f.ctrl.statuses(job_id)),
                         timeout=25,
                     )
                     with trio.move_on_after(5):
