@@ -175,9 +175,10 @@ class DeviceSampler:
             async with trio.open_nursery() as nursery:
                 for sampler in self.samplers:
                     nursery.start_soon(sampler.sample_once)
-        self._notify()
+        self.notify()
 
-    def _notify(self) -> None:
+    def notify(self) -> None:
+        """Hand every device's view as of now (fresh snapshot or ``None``) to the listeners."""
         now = trio.current_time()
         for device, snap in self.device_status(now):
             for listener in self.listeners:

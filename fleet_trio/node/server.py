@@ -203,6 +203,7 @@ async def open_gpu(config: NodeConfig, options: NodeOptions) -> GpuServices:
         except ValueError as exc:  # AllocationError: two devices with one UUID
             raise NodeStartError(f"GPU probe failed: {exc}") from exc
         sampler.listeners.append(placement.update)
+        placement.refresh = sampler.notify
     primary = next((d for d in devices if d.uuid == node.gpu.primary_gpu_uuid), devices[0])
     source = primary.source
     arch = node.gpu.arch
@@ -273,6 +274,7 @@ async def start_journal(
     if registry is not None:
         registry.work_tag = journal.work_tag
         work_root = registry.work_dir_root
+        scope = registry.sweep_scope  # the journal's tag: the same markers as before the crash
     try:
         report = await recover(
             journal, store.table, kill_grace=kill_grace, scope=scope, work_root=work_root
@@ -454,7 +456,7 @@ async def serve_node(
             if gpu is None:
                 gpu = await open_gpu(config, options)
             registry = TaskRegistry(
-                config.tasks, base_dir=config.base_dir, work_root=work_root, sweep_scope=node_id
+                config.tasks, base_dir=config.base_dir, work_root=work_root, node_id=node_id
             )
             if gpu.placement is not None:  # multi-GPU: a task that can never be placed, said once
                 for name in registry.supported:

@@ -244,7 +244,7 @@ class TaskRegistry:
         base_dir: str = "",
         work_root: str | None = None,
         check_executables: bool = True,
-        sweep_scope: str = "",
+        node_id: str = "",
         work_tag: str = "",
     ) -> None:
         self.base_dir = base_dir
@@ -252,11 +252,7 @@ class TaskRegistry:
         self.work_tag = work_tag or secrets.token_hex(6)
         """Work dirs are ``fleet-job-<work_tag>-…`` (:func:`work_dir_prefix`). With a journal,
         its tag (set before the node serves); without one, a tag of this registry's own."""
-        self.sweep_scope = sweep_scope or f"run-{secrets.token_hex(6)}"
-        """The node's part of each job's sweep marker (:func:`sweep_value`): its node id, so a
-        restarted node finds its predecessor's jobs; without one, a value of this registry's
-        own, so two registries in one host (tests, ``measure``) never sweep each other's jobs
-        that share an id."""
+        self.node_id = node_id
         self._tasks: dict[str, TaskDef] = {}
         for task in tasks:
             if not task.enabled:
@@ -271,6 +267,15 @@ class TaskRegistry:
         self.supported: tuple[str, ...] = tuple(self._tasks)
         families = dict.fromkeys(map(advertised_family, self._tasks.values()))  # ordered, once
         self.families: tuple[str, ...] = tuple(fam for fam in families if fam)
+
+    @property
+    def sweep_scope(self) -> str:
+        """The node's part of each job's sweep marker (:func:`sweep_value`):
+        ``<node id>.<work tag>``. With a journal the tag is the journal's, so a restarted node
+        finds its predecessor's jobs; without one it is this registry's own. Either way two
+        nodes on one host never sweep each other's jobs that share an id, even under one
+        node id (the hostname is the default, and tests run nodes side by side)."""
+        return f"{self.node_id or 'run'}.{self.work_tag}"
 
     def _resolve(self, path: str) -> str:
         return os.path.normpath(os.path.join(self.base_dir, path)) if self.base_dir else path
