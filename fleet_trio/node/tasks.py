@@ -19,11 +19,11 @@ stdin and prints one JSON object on stdout, which becomes the job's ``data``.
   ``CUDA_VISIBLE_DEVICES``), maps the result to a job
   :data:`~fleet_trio.node.jobs.Outcome`, and removes the work dir whatever happens.
 
-The child's environment gains ``FLEET_JOB_ID`` (the job's marker), ``FLEET_TASK_TYPE``,
-``FLEET_WORK_DIR``, ``FLEET_FAMILY``, ``FLEET_QUANT`` and ``FLEET_FILE_<NAME>``. When a job
-ends, the sweep of ``fleet_trio.proc`` finds and kills the processes that left its process
-group (``setsid``, daemons) by that ``FLEET_JOB_ID`` marker, as the worker does by
-``RC_JOB_ID``; the outcome ignores what it found (it is logged).
+The child's environment gains ``FLEET_JOB_ID``, ``FLEET_TASK_TYPE``, ``FLEET_WORK_DIR``,
+``FLEET_FAMILY``, ``FLEET_QUANT``, ``FLEET_FILE_<NAME>`` and the sweep marker
+``FLEET_TRIO_SWEEP`` (:func:`sweep_value`). When a job ends, the sweep of ``fleet_trio.proc``
+finds and kills the processes that left its process group (``setsid``, daemons) by that
+marker, as the worker does by ``RC_JOB_ID``; the outcome ignores what it found (it is logged).
 """
 
 from __future__ import annotations
