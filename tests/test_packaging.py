@@ -28,7 +28,7 @@ import fleet_trio
 from fleet_trio.cli import build_parser
 from fleet_trio.node.config import Timings
 from fleet_trio.nursery.tree import DEFAULT_INTERRUPT_BUDGET, JOBS_CLOSED_BUDGET, SHUTDOWN_SLACK
-from fleet_trio.proc.run import ESCAPED_EOF_WAIT, STRAGGLER_WAIT
+from fleet_trio.proc.supervisor import ESCAPED_EOF_WAIT, STRAGGLER_WAIT
 from fleet_trio.worker.hooks import DRAIN_BUDGET, HOOK_GRACE
 from fleet_trio.worker.worker import (
     CLIENT_CLOSE_BOUND,

@@ -175,10 +175,9 @@ class DeviceSampler:
             async with trio.open_nursery() as nursery:
                 for sampler in self.samplers:
                     nursery.start_soon(sampler.sample_once)
-        self.notify()
+        self._notify()
 
-    def notify(self) -> None:
-        """Hand every device's view as of now (fresh snapshot or ``None``) to the listeners."""
+    def _notify(self) -> None:
         now = trio.current_time()
         for device, snap in self.device_status(now):
             for listener in self.listeners:

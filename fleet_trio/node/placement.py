@@ -47,10 +47,6 @@ class Placement:
         self.allocator = DeviceAllocator(uuids)
         self.knows_vram = knows_vram
         self._events: dict[int, trio.Event] = {}
-        self.refresh: Callable[[], None] | None = None
-        """Re-reads every device's view now (the sampler's ``notify``); called before each
-        request, so a device whose snapshot went stale since the last sampling round (a round
-        late on a busy machine) is not handed out while health already leaves it out."""
 
     @classmethod
     def single(cls) -> Placement:
@@ -96,8 +92,6 @@ class Placement:
         """
         if not self.knows_vram:
             need_gb = None
-        if self.refresh is not None:
-            self.refresh()
         ticket = self.allocator.request(count, need_gb)
         self._wake()
         try:

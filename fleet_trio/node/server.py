@@ -203,7 +203,6 @@ async def open_gpu(config: NodeConfig, options: NodeOptions) -> GpuServices:
         except ValueError as exc:  # AllocationError: two devices with one UUID
             raise NodeStartError(f"GPU probe failed: {exc}") from exc
         sampler.listeners.append(placement.update)
-        placement.refresh = sampler.notify
     primary = next((d for d in devices if d.uuid == node.gpu.primary_gpu_uuid), devices[0])
     source = primary.source
     arch = node.gpu.arch

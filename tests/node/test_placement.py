@@ -153,30 +153,6 @@ async def test_a_stale_device_is_skipped(tmp_path: Path) -> None:
     assert json.loads(outcome.data)["CUDA_VISIBLE_DEVICES"] == "GPU-b"
 
 
-async def test_a_device_gone_stale_since_the_last_round_is_not_handed_out(
-    tmp_path: Path,
-) -> None:
-    """The last sampling round saw both devices fresh; GPU-a's snapshot has aged past its
-    limit since (the next round is late on a busy machine, while health already leaves GPU-a
-    out): the request re-reads the views first and the job goes to GPU-b."""
-    a, b = Dev("GPU-a"), Dev("GPU-b")
-    placement = Placement([a.uuid, b.uuid])
-    placement.update(a, Snap(80, 70))
-    placement.update(b, Snap(80, 70))
-    now: dict[Dev, Snap | None] = {a: None, b: Snap(80, 70)}
-
-    def refresh() -> None:
-        for device, snap in now.items():
-            placement.update(device, snap)
-
-    placement.refresh = refresh
-    runner = TaskRunner(kill_grace=1, placement=placement)
-    with trio.fail_after(10):
-        outcome = await runner.execute(_registry(tmp_path).prepare("t", "{}", "j"))
-    assert isinstance(outcome, Done)
-    assert json.loads(outcome.data)["CUDA_VISIBLE_DEVICES"] == "GPU-b"
-
-
 @attrs.frozen
 class Entry:
     wire: dict[str, Any]
