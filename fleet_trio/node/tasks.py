@@ -455,7 +455,7 @@ def outcome_of(task: TaskDef, result: Result, stdout: CappedBuffer, stderr: Tail
         path = members.get(task.expect_file, (None, ""))[0]
         try:
             ok = isinstance(path, str) and bool(path) and os.path.getsize(path) > 0
-        except OSError:
+        except (OSError, ValueError):  # the job's own text: a NUL in it is a ValueError
             ok = False
         if not ok:
             return Failed(

@@ -174,3 +174,19 @@ async def test_an_escaped_process_is_swept_by_its_job_marker(
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     assert state in ("", "Z"), state
     assert any("outlived the group" in r.getMessage() for r in caplog.records)
+
+
+async def test_expect_file_path_with_nul_is_a_failed_job_not_a_crash(tmp_path: Path) -> None:
+    # The path comes from the job's own result (its stdout), so it is job output: a NUL in it
+    # (or a path too long for the OS) fails that job with the usual message.
+    reg = registry(tmp_path, t=echo_task(timeout="60s", expect_file="out"))
+    runner = TaskRunner(kill_grace=0.5)
+    cases = {
+        "a\u0000b": "t failed: expected file out='a\\x00b' is missing or empty",
+        "x" * 5000: f"t failed: expected file out={'x' * 5000!r} is missing or empty",
+    }
+    with trio.fail_after(20):
+        for path, message in cases.items():
+            raw = json.dumps({"result": {"out": path}})
+            outcome = await runner.execute(reg.prepare("t", raw, "j"))
+            assert outcome == Failed(message)
