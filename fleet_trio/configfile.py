@@ -137,9 +137,15 @@ def number_problem(value: object) -> str | None:
     return None
 
 
-def find_bad_number(value: object, key: str = "") -> tuple[str, str] | None:
-    """``(dotted key, problem)`` of the first non-finite or out-of-range number in a parsed
-    tree (iterative; every node visited once, so shared alias targets cost nothing more)."""
+NUL_PROBLEM = "must not contain a control character (found U+0000)"
+"""A string with a NUL in it (YAML's ``"\\0"`` escape) can be no path, command, environment
+value or name: refused at load, naming its key, rather than failing in the OS layer later."""
+
+
+def find_bad_value(value: object, key: str = "") -> tuple[str, str] | None:
+    """``(dotted key, problem)`` of the first non-finite or out-of-range number, or string or
+    key with a NUL byte, in a parsed tree (iterative; every node visited once, so shared alias
+    targets cost nothing more)."""
     seen: set[int] = set()
     todo: list[tuple[object, str]] = [(value, key)]
     while todo:
@@ -149,11 +155,14 @@ def find_bad_number(value: object, key: str = "") -> tuple[str, str] | None:
                 continue
             seen.add(id(item))
             if isinstance(item, Mapping):
+                for k in item:
+                    if isinstance(k, str) and "\0" in k:
+                        return where, NUL_PROBLEM
                 todo.extend((v, f"{where}.{k}" if where else str(k)) for k, v in item.items())
             else:
                 todo.extend((v, f"{where}[{i}]") for i, v in enumerate(item))
             continue
-        problem = number_problem(item)
+        problem = NUL_PROBLEM if isinstance(item, str) and "\0" in item else number_problem(item)
         if problem is not None:
             return where, problem
     return None
@@ -162,10 +171,11 @@ def find_bad_number(value: object, key: str = "") -> tuple[str, str] | None:
 __all__ = [
     "INT64_MAX",
     "MAX_CONFIG_BYTES",
+    "NUL_PROBLEM",
     "YAML_MAX_DEPTH",
     "YAML_MAX_NODES",
     "check_yaml_shape",
-    "find_bad_number",
+    "find_bad_value",
     "number_problem",
     "read_config_bytes",
     "yaml_shape_problem",

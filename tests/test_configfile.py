@@ -186,3 +186,42 @@ def test_a_section_that_is_not_a_mapping_is_one_config_error(tmp_path: Path, tex
         load_config(str(path))
     assert str(path) in str(info.value)
     assert "expected a mapping" in str(info.value)
+
+
+# A raw NUL byte is refused by the YAML reader itself ("NUL byte" above); the escape "\0" in a
+# double-quoted scalar is valid YAML and gave a string with a NUL in it, which reached a path
+# (a ValueError from the OS layer: an internal error instead of a config error).
+NUL_ESCAPES = {
+    "node footprints path": (
+        "node",
+        'node:\n  footprints:\n    path: "a\\0b"\n',
+        "node.footprints.path",
+    ),
+    "node journal path": ("node", 'node:\n  journal:\n    path: "a\\0b"\n', "node.journal.path"),
+    "node task cwd": (
+        "node",
+        'tasks:\n  t:\n    command: ["true"]\n    cwd: "a\\0b"\n',
+        "tasks.t.cwd",
+    ),
+    "node key": ("node", 'tasks:\n  "t\\0":\n    command: ["true"]\n', "tasks"),
+    "worker probe_dir": ("worker", WORKER_OK + 'probe_dir: "a\\0b"\n', "probe_dir"),
+    "worker verify_dir": ("worker", WORKER_OK + 'verify_dir: "a\\0b"\n', "verify_dir"),
+    "worker device hook": (
+        "worker",
+        WORKER_OK + '    on_acquire: "/bin/tr\\0ue"\n',
+        "devices[0].on_acquire",
+    ),
+    "worker label key": ("worker", WORKER_OK + '    labels: {"r\\0": x}\n', "devices[0].labels"),
+}
+
+
+@pytest.mark.parametrize("case", NUL_ESCAPES.values(), ids=NUL_ESCAPES.keys())
+def test_a_nul_escape_anywhere_is_a_config_error_naming_the_key(
+    tmp_path: Path, case: tuple[str, str, str]
+) -> None:
+    role, text, key = case
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as info:
+        LOADERS[role](path)
+    message = str(info.value)
+    assert message.startswith(f"{path}: {key}") and "(found U+0000)" in message, message

@@ -20,7 +20,7 @@ import attrs
 import cattrs
 import yaml
 
-from fleet_trio.configfile import check_yaml_shape, find_bad_number, read_config_bytes
+from fleet_trio.configfile import check_yaml_shape, find_bad_value, read_config_bytes
 from fleet_trio.confighints import KeyedError as _KeyedError
 from fleet_trio.confighints import structure as _structure
 from fleet_trio.durations import parse_duration_seconds
@@ -395,7 +395,7 @@ def config_from_mapping(raw: object, *, path: str = "", base_dir: str = "") -> N
             raw = {}
         if not isinstance(raw, Mapping):
             raise _KeyedError("the file must hold a mapping with node: and tasks:", "")
-        bad = find_bad_number(raw)
+        bad = find_bad_value(raw)
         if bad is not None:
             raise _KeyedError(bad[1], bad[0])
         extra = sorted(set(raw) - {"node", "tasks"})

@@ -684,7 +684,8 @@ def test_cuda_device_index(device_id: str, expected: str | None) -> None:
 @pytest.mark.parametrize(
     ("text", "key"),
     [
-        ('controller_url: http://ctl:8080\ndevices: ["gpu\\0"]\n', "devices[0].name"),
+        # the short form's string is the name; a NUL is refused where it stands in the file
+        ('controller_url: http://ctl:8080\ndevices: ["gpu\\0"]\n', "devices[0]"),
         ('controller_url: http://ctl:8080\ndevices: [{name: "a\\nb"}]\n', "devices[0].name"),
         (BASE + 'token: "ab\\0cd"\n', "token"),
         (BASE + 'token: "ab\\r\\nX-Injected: 1"\n', "token"),
