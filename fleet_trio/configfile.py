@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import stat
 from collections.abc import Mapping
 from typing import Any
@@ -138,14 +139,26 @@ def number_problem(value: object) -> str | None:
 
 
 NUL_PROBLEM = "must not contain a control character (found U+0000)"
-"""A string with a NUL in it (YAML's ``"\\0"`` escape) can be no path, command, environment
-value or name: refused at load, naming its key, rather than failing in the OS layer later."""
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def text_problem(text: str) -> str | None:
+    """Why a config string (or key) is refused: a NUL byte or a lone surrogate (YAML's
+    ``"\\0"`` and ``"\\ud800"`` escapes). Such text can be no path, command, environment
+    value or name: refused at load, naming its key, rather than an error of the OS layer later
+    (``embedded null byte``, ``surrogates not allowed``)."""
+    if "\0" in text:
+        return NUL_PROBLEM
+    found = _SURROGATE.search(text)
+    if found is not None:
+        return f"must not contain a lone surrogate (found U+{ord(found.group()):04X})"
+    return None
 
 
 def find_bad_value(value: object, key: str = "") -> tuple[str, str] | None:
     """``(dotted key, problem)`` of the first non-finite or out-of-range number, or string or
-    key with a NUL byte, in a parsed tree (iterative; every node visited once, so shared alias
-    targets cost nothing more)."""
+    key refused by :func:`text_problem`, in a parsed tree (iterative; every node visited once,
+    so shared alias targets cost nothing more)."""
     seen: set[int] = set()
     todo: list[tuple[object, str]] = [(value, key)]
     while todo:
@@ -156,13 +169,13 @@ def find_bad_value(value: object, key: str = "") -> tuple[str, str] | None:
             seen.add(id(item))
             if isinstance(item, Mapping):
                 for k in item:
-                    if isinstance(k, str) and "\0" in k:
-                        return where, NUL_PROBLEM
+                    if isinstance(k, str) and (problem := text_problem(k)) is not None:
+                        return where, problem
                 todo.extend((v, f"{where}.{k}" if where else str(k)) for k, v in item.items())
             else:
                 todo.extend((v, f"{where}[{i}]") for i, v in enumerate(item))
             continue
-        problem = NUL_PROBLEM if isinstance(item, str) and "\0" in item else number_problem(item)
+        problem = text_problem(item) if isinstance(item, str) else number_problem(item)
         if problem is not None:
             return where, problem
     return None
@@ -178,5 +191,6 @@ __all__ = [
     "find_bad_value",
     "number_problem",
     "read_config_bytes",
+    "text_problem",
     "yaml_shape_problem",
 ]

@@ -83,11 +83,30 @@ def _max_depth(text: str, limit: int) -> int:
     return deepest
 
 
-def loads_json(data: str | bytes, *, max_depth: int = JSON_MAX_DEPTH) -> Any:
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def go_strings(value: Any) -> Any:
+    """Decoded JSON with every lone surrogate in its strings and keys (from an escape such as
+    ``"\\ud800"``: the bytes were valid UTF-8) replaced by U+FFFD, as Go's decoder does.
+    Python keeps them, and no file name, argv, environment or UTF-8 encoder takes them."""
+    if isinstance(value, str):
+        return _LONE_SURROGATE.sub("\ufffd", value)
+    if isinstance(value, list):
+        return [go_strings(v) for v in value]
+    if isinstance(value, dict):
+        return {go_strings(k): go_strings(v) for k, v in value.items()}
+    return value
+
+
+def loads_json(
+    data: str | bytes, *, max_depth: int = JSON_MAX_DEPTH, go_text: bool = False
+) -> Any:
     """Decode JSON from outside: depth-bounded, finite numbers only, any failure an InputError.
 
     ``NaN``, ``Infinity`` and numbers that overflow a float (``1e400``) are refused, as are
     documents nested deeper than ``max_depth`` and integers too long for Python to convert.
+    ``go_text``: strings as a Go peer's decoder reads them (:func:`go_strings`).
     """
     try:
         text = data.decode("utf-8") if isinstance(data, bytes) else data
@@ -97,7 +116,7 @@ def loads_json(data: str | bytes, *, max_depth: int = JSON_MAX_DEPTH) -> Any:
     if text.count("[") + text.count("{") > max_depth and _max_depth(text, max_depth) > max_depth:
         raise InputError(f"nested deeper than {max_depth} levels")
     try:
-        return json.loads(text, parse_constant=_reject_constant, parse_float=finite_float)
+        value = json.loads(text, parse_constant=_reject_constant, parse_float=finite_float)
     except InputError:
         raise
     except RecursionError:  # the decoder's own bound, below a generous max_depth
@@ -107,6 +126,8 @@ def loads_json(data: str | bytes, *, max_depth: int = JSON_MAX_DEPTH) -> Any:
         raise InputError(f"invalid JSON: {exc.msg} at {where}") from None
     except ValueError as exc:  # e.g. an integer with too many digits
         raise InputError(f"invalid JSON: {exc}") from None
+    # a lone surrogate can only come from an escape, and every escape has a backslash
+    return go_strings(value) if go_text and "\\" in text else value
 
 
 def printable(text: str, *, limit: int | None = None) -> str:
@@ -146,6 +167,7 @@ __all__ = [
     "JSON_MAX_DEPTH",
     "InputError",
     "finite_float",
+    "go_strings",
     "id_problem",
     "loads_json",
     "printable",

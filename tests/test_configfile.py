@@ -213,6 +213,16 @@ NUL_ESCAPES = {
     ),
     "worker label key": ("worker", WORKER_OK + '    labels: {"r\\0": x}\n', "devices[0].labels"),
 }
+SURROGATE_ESCAPES = {
+    "node journal path": ("node", 'node:\n  journal:\n    path: "\\ud800"\n', "node.journal.path"),
+    "node key": ("node", 'tasks:\n  "t\\udc80":\n    command: ["true"]\n', "tasks"),
+    "worker verify_dir": ("worker", WORKER_OK + 'verify_dir: "\\udc80"\n', "verify_dir"),
+    "worker device hook": (
+        "worker",
+        WORKER_OK + '    on_acquire: "/bin/tr\\ud800ue"\n',
+        "devices[0].on_acquire",
+    ),
+}
 
 
 @pytest.mark.parametrize("case", NUL_ESCAPES.values(), ids=NUL_ESCAPES.keys())
@@ -225,3 +235,15 @@ def test_a_nul_escape_anywhere_is_a_config_error_naming_the_key(
         LOADERS[role](path)
     message = str(info.value)
     assert message.startswith(f"{path}: {key}") and "(found U+0000)" in message, message
+
+
+@pytest.mark.parametrize("case", SURROGATE_ESCAPES.values(), ids=SURROGATE_ESCAPES.keys())
+def test_a_lone_surrogate_anywhere_is_a_config_error_naming_the_key(
+    tmp_path: Path, case: tuple[str, str, str]
+) -> None:
+    role, text, key = case
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as info:
+        LOADERS[role](path)
+    message = str(info.value)
+    assert message.startswith(f"{path}: {key}") and "lone surrogate (found U+D" in message

@@ -15,6 +15,7 @@ converter set-up mirror theirs in shape, that is the same wire declared a second
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from typing import Any, TypeVar
 
@@ -198,8 +199,10 @@ def make_converter() -> cattrs.Converter:
 
 
 def go_json(obj: Any) -> bytes:
-    """Encode like Go's ``json.NewEncoder(w).Encode(v)`` (HTML-safe, trailing newline)."""
+    """Encode like Go's ``json.NewEncoder(w).Encode(v)`` (HTML-safe, trailing newline; a
+    string Go could not hold, with a lone surrogate, is sent with U+FFFD in its place)."""
     text = json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
+    text = re.sub("[\ud800-\udfff]", "\ufffd", text)
     text = (
         text.replace("<", "\\u003c")
         .replace(">", "\\u003e")

@@ -352,7 +352,7 @@ def decode_answer(conv: cattrs.Converter, content: bytes) -> PollAnswer:
     """An E4 answer body → :class:`PollAnswer`; any problem is a :class:`WireError` whose
     message is safe to log (depth-bounded, finite numbers only, strict types, checked ids)."""
     try:
-        data = loads_json(content, max_depth=ANSWER_MAX_DEPTH)
+        data = loads_json(content, max_depth=ANSWER_MAX_DEPTH, go_text=True)
     except InputError as exc:
         raise WireError(str(exc)) from None
     try:
@@ -514,7 +514,7 @@ class ControllerClient:
         if response.status_code != 200:
             raise _http_error("register", response)
         try:
-            body = loads_json(response.content, max_depth=ANSWER_MAX_DEPTH)
+            body = loads_json(response.content, max_depth=ANSWER_MAX_DEPTH, go_text=True)
             worker_id = body["worker_id"]
         except (InputError, KeyError, TypeError) as exc:
             text = printable(str(exc), limit=200)

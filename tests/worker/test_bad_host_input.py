@@ -70,3 +70,30 @@ async def test_unreadable_verify_dir_fails_closed_and_keeps_serving(
             assert fault.startswith("verify failed: ") and str(not_a_dir) in fault
             assert str(not_a_dir) in caplog.text
             await succeeded(ctrl, dev("gpu1"))
+
+
+async def test_lone_surrogates_from_the_controller_are_replaced_as_go_does(
+    tmp_path: Path,
+) -> None:
+    """A job submitted with a lone surrogate in its command, environment or working directory
+    reaches the worker with U+FFFD in its place (Go's encoder in the controller; a raw
+    ``"\\ud800"`` escape is read the same way by the worker: test_hostile_answers.py): an
+    ordinary start error or run, not an encoding error of the sim's or the worker's own."""
+    seen = tmp_path / "seen"
+    with trio.fail_after(30):
+        async with running() as (ctrl, _):
+            job = ctrl.submit(dev("gpu0"), ["tr\ud800ue"])
+            assert await until_terminal(ctrl, job) == ["running", "failed"]
+            reason = ctrl.status_reports(job)[-1].reason
+            assert reason == 'start: exec: "tr\ufffdue": executable file not found in $PATH'
+            job = ctrl.submit(
+                dev("gpu0"),
+                ["sh", "-c", f'printf %s "$A" > {seen}'],
+                env={"A": "x\udc80y"},
+            )
+            assert await until_terminal(ctrl, job) == ["running", "succeeded"]
+            assert seen.read_text(encoding="utf-8") == "x\ufffdy"
+            job = ctrl.submit(dev("gpu0"), ["true"], cwd=str(tmp_path / "d\ud800"))
+            assert await until_terminal(ctrl, job) == ["running", "failed"]
+            assert "d\ufffd" in ctrl.status_reports(job)[-1].reason
+            await succeeded(ctrl, dev("gpu1"))

@@ -83,6 +83,23 @@ def test_a_hostile_answer_is_a_wire_error_with_a_safe_message(raw: bytes) -> Non
     assert len(message) < 400
 
 
+def test_lone_surrogates_in_an_answer_become_u_fffd_as_in_go() -> None:
+    """Valid UTF-8 can still escape a lone surrogate (``"\\ud800"``); Go's decoder makes it
+    U+FFFD, Python keeps it, and no argv, environment or path takes it (``surrogates not
+    allowed`` from the OS layer): the worker reads such strings as Go does."""
+    raw = (
+        b'{"assignments": [{"job_id": "j-1", "device_id": "gpubox:gpu0", '
+        b'"command": ["tr\\ud800ue", "\\ud83d\\ude00"], "env": {"K\\udc80": "v\\uDFFF"}, '
+        b'"cwd": "/d\\ud800"}]}'
+    )
+    (a,) = decode_answer(CONV, raw).assignments
+    assert a.command == ("tr\ufffdue", "\U0001f600")  # a real pair stays one character
+    assert a.env == {"K\ufffd": "v\ufffd"}
+    assert a.cwd == "/d\ufffd"
+    with pytest.raises(FrameError, match="not base64"):  # a relay frame: refused, no traceback
+        decode_frame(b'{"t": "d", "b": "\\ud800"}')
+
+
 def test_a_good_answer_decodes() -> None:
     answer = decode_answer(
         CONV,

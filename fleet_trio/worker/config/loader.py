@@ -37,7 +37,7 @@ import cattrs
 import yaml
 from cattrs.gen import make_dict_structure_fn, override
 
-from fleet_trio.configfile import NUL_PROBLEM, check_yaml_shape, read_config_bytes
+from fleet_trio.configfile import check_yaml_shape, read_config_bytes, text_problem
 from fleet_trio.confighints import KeyedError as _KeyedError
 from fleet_trio.confighints import structure as _structure
 from fleet_trio.durations import SECOND, go_duration, parse_duration
@@ -114,8 +114,8 @@ def _from_node(node: yaml.Node, where: str, seen: tuple[int, ...] = ()) -> objec
         raise _KeyedError("recursive alias", where)
     seen = (*seen, id(node))
     if isinstance(node, yaml.ScalarNode):
-        if "\0" in node.value:
-            raise _KeyedError(NUL_PROBLEM, where)
+        if (problem := text_problem(node.value)) is not None:
+            raise _KeyedError(problem, where)
         kind = _scalar_kind(node)
         return None if kind is None else _Scalar(node.value, kind)
     if isinstance(node, yaml.SequenceNode):
@@ -141,8 +141,8 @@ def _from_node(node: yaml.Node, where: str, seen: tuple[int, ...] = ()) -> objec
                 kind = "a list" if isinstance(key_node, yaml.SequenceNode) else "a mapping"
                 raise _KeyedError(f"line {line}: a key must be a plain name, got {kind}", where)
             key = key_node.value
-            if "\0" in key:
-                raise _KeyedError(NUL_PROBLEM, where)
+            if (problem := text_problem(key)) is not None:
+                raise _KeyedError(problem, where)
             if key in explicit:
                 raise _KeyedError(
                     f"key defined twice (lines {lines[key]} and {line})", _join(where, key)

@@ -89,7 +89,8 @@ def decode_frame(line: bytes) -> Frame | None:
     if not text:
         return None
     try:
-        obj = loads_json(text, max_depth=8)  # controller input: depth-bounded, finite numbers
+        # controller input: depth-bounded, finite numbers, strings as Go reads them
+        obj = loads_json(text, max_depth=8, go_text=True)
     except InputError as exc:
         raise FrameError(f"malformed frame: {exc}") from None
     if not isinstance(obj, dict):

@@ -117,7 +117,7 @@ async def _error_detail(conn: _Conn, response: h11.Response) -> str:
             pass
     text = bytes(body[:MAX_ERROR_BODY]).decode("utf-8", errors="replace").strip()
     try:
-        obj = loads_json(text, max_depth=8)
+        obj = loads_json(text, max_depth=8, go_text=True)
     except InputError:
         obj = None
     if isinstance(obj, dict) and isinstance(obj.get("message"), str):
