@@ -94,14 +94,24 @@ def resolve_argv(
 def nul_error(spec: JobSpec) -> str | None:
     """Go's start error for a NUL byte in the command, the environment or the working
     directory (``fork/exec NAME: invalid argument``; the kernel cannot take such a string);
-    ``None`` when there is none. Checked before any lookup or spawn: Python raises
-    ``ValueError`` there instead of an ``OSError``."""
+    ``None`` when there is none. The same for text no file-system encoding takes (a lone
+    surrogate that is not ``surrogateescape``'s; a Go string cannot hold one). Checked before
+    any lookup or spawn: Python raises ``ValueError`` there instead of an ``OSError``."""
     texts = [*spec.command, *(spec.env or {}).keys(), *(spec.env or {}).values(), spec.cwd or ""]
-    if any("\0" in text for text in texts):
+    if any("\0" in text or not _encodable(text) for text in texts):
         name = spec.command[0]
-        shown = repr(name) if "\0" in name else name  # never a raw NUL in a log or a report
+        # never a raw NUL or an unencodable character in a log or a report
+        shown = repr(name) if "\0" in name else name if _encodable(name) else ascii(name)
         return f"fork/exec {shown}: {errno_text(errno.EINVAL)}"
     return None
+
+
+def _encodable(text: str) -> bool:
+    try:
+        os.fsencode(text)
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def spawn_error_text(exc: OSError, argv0: str, cwd: str) -> str:

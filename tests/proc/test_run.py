@@ -272,6 +272,38 @@ async def test_a_nul_byte_is_a_start_error_not_a_traceback(spec: JobSpec) -> Non
     assert result.err == "start: fork/exec echo: invalid argument"
 
 
+@pytest.mark.parametrize(
+    ("spec", "name"),
+    [
+        (JobSpec(command=("echo", "a\ud800")), "echo"),
+        (JobSpec(command=("echo", "x"), env={"X": "a\udfff"}), "echo"),
+        (JobSpec(command=("echo", "x"), env={"A\ud800": "1"}), "echo"),
+        (JobSpec(command=("echo", "x"), cwd="/tmp/\ud800"), "echo"),
+        (JobSpec(command=("ec\ud800ho",)), "'ec\\ud800ho'"),
+    ],
+    ids=["argv", "env-value", "env-key", "cwd", "name"],
+)
+async def test_an_unencodable_string_is_a_start_error_not_a_traceback(
+    spec: JobSpec, name: str
+) -> None:
+    """A lone surrogate (not ``surrogateescape``'s) cannot be encoded for the kernel; Python
+    raised UnicodeEncodeError from the spawn. A Go string cannot hold one at all: the nearest
+    is the NUL case's start error."""
+    with trio.fail_after(10):
+        result = await run(spec, BufferSink())
+    assert result.exit_code == -1
+    assert result.err == f"start: fork/exec {name}: invalid argument"
+
+
+async def test_surrogateescaped_bytes_still_run(tmp_path: Path) -> None:
+    """A file name that is not UTF-8 comes from the OS as ``surrogateescape`` text: still a
+    valid argument."""
+    name = os.fsdecode(b"f\xff")
+    with trio.fail_after(10):
+        result = await run(JobSpec(command=("touch", name), cwd=str(tmp_path)), BufferSink())
+    assert result.exit_code == 0 and (tmp_path / name).exists()
+
+
 def test_a_command_found_through_a_relative_path_entry_is_refused_as_go_does(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
