@@ -168,5 +168,7 @@ def test_a_plain_family_outside_the_id_set_is_a_config_error(where: str) -> None
         task["family"] = bad
     else:
         task["footprint"] = {"family": bad}
-    with pytest.raises(ConfigError, match=r"tasks\.t\.(footprint\.)?family: .*must be 1-256"):
+    with pytest.raises(
+        ConfigError, match=r"tasks\.t\.(footprint\.)?family: .*(must be 1-256|lone surrogate)"
+    ):
         config_from_mapping({"tasks": {"t": task}}, path="node.yaml", base_dir=".")
