@@ -367,6 +367,12 @@ def _check_task(task: TaskDef, key: str) -> None:
                 )
     if task.gpus < 0:
         raise _KeyedError(f"must be >= 0, got {task.gpus}", f"{key}.gpus")
+    for name in task.env:
+        if not name or "=" in name:  # no process could get it: every job would fail to start
+            raise _KeyedError(
+                f"an environment name must be non-empty and without '=', got {name!r}",
+                f"{key}.env",
+            )
     for name, filename in task.materialize.items():
         if not filename or "/" in filename or filename in (".", ".."):
             raise _KeyedError(

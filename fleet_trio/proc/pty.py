@@ -66,7 +66,7 @@ import termios
 
 import trio
 
-from fleet_trio.proc.run import nul_error, resolve_argv, spawn_error_text
+from fleet_trio.proc.run import argument_error, resolve_argv, spawn_error_text
 from fleet_trio.proc.spec import JobSpec, Result
 from fleet_trio.proc.stop import StopToken
 from fleet_trio.proc.supervisor import Supervisor
@@ -120,7 +120,7 @@ async def start_pty(
     """
     if not spec.command:
         raise PtyStartError(Result(exit_code=-1, err="empty command"))
-    if (bad := nul_error(spec)) is not None:
+    if (bad := argument_error(spec)) is not None:
         raise PtyStartError(Result(exit_code=-1, err=f"start pty: {bad}"))
     argv, lookup_error = resolve_argv(spec.command, spec.env)
     if lookup_error is not None:

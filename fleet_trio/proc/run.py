@@ -91,14 +91,17 @@ def resolve_argv(
     return argv, None
 
 
-def nul_error(spec: JobSpec) -> str | None:
-    """Go's start error for a NUL byte in the command, the environment or the working
-    directory (``fork/exec NAME: invalid argument``; the kernel cannot take such a string);
-    ``None`` when there is none. The same for text no file-system encoding takes (a lone
-    surrogate that is not ``surrogateescape``'s; a Go string cannot hold one). Checked before
-    any lookup or spawn: Python raises ``ValueError`` there instead of an ``OSError``."""
-    texts = [*spec.command, *(spec.env or {}).keys(), *(spec.env or {}).values(), spec.cwd or ""]
-    if any("\0" in text or not _encodable(text) for text in texts):
+def argument_error(spec: JobSpec) -> str | None:
+    """Go's start error for text the kernel cannot take in the command, the environment or the
+    working directory (``fork/exec NAME: invalid argument``), ``None`` when there is none: a
+    NUL byte, text no file-system encoding takes (a lone surrogate outside
+    ``surrogateescape``'s range; a Go string cannot hold one), or an environment name with
+    ``=`` in it (Go would pass ``A=B=x`` on, which the child reads as ``A``; Python refuses
+    the name). Checked before any lookup or spawn: Python raises ``ValueError`` there
+    instead of an ``OSError``."""
+    env = spec.env or {}
+    texts = [*spec.command, *env.keys(), *env.values(), spec.cwd or ""]
+    if any("\0" in text or not _encodable(text) for text in texts) or any("=" in k for k in env):
         name = spec.command[0]
         # never a raw NUL or an unencodable character in a log or a report
         shown = repr(name) if "\0" in name else name if _encodable(name) else ascii(name)
@@ -157,7 +160,7 @@ async def run(
     """
     if not spec.command:
         return _recorded(Result(exit_code=-1, err="empty command"), record)
-    if (bad := nul_error(spec)) is not None:
+    if (bad := argument_error(spec)) is not None:
         return _recorded(Result(exit_code=-1, err=f"start: {bad}"), record)
     argv, lookup_error = resolve_argv(spec.command, spec.env)
     if lookup_error is not None:

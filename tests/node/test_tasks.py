@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from fleet_trio.errors import WireError
+from fleet_trio.errors import ConfigError, WireError
 from fleet_trio.node.config import config_from_mapping
 from fleet_trio.node.jobs import Done, Failed
 from fleet_trio.node.tasks import TaskRegistry, TaskRunner
@@ -190,3 +190,17 @@ async def test_expect_file_path_with_nul_is_a_failed_job_not_a_crash(tmp_path: P
             raw = json.dumps({"result": {"out": path}})
             outcome = await runner.execute(reg.prepare("t", raw, "j"))
             assert outcome == Failed(message)
+
+
+@pytest.mark.parametrize("name", ["A=B", ""])
+def test_an_environment_name_no_process_can_get_is_a_config_error(
+    tmp_path: Path, name: str
+) -> None:
+    """Python refuses ``A=B`` as an environment name (and ``""`` is none): every job of the
+    task would fail to start; the config names the key instead."""
+    with pytest.raises(ConfigError, match=r"tasks\.t\.env: an environment name must be"):
+        config_from_mapping(
+            {"tasks": {"t": {"command": ["true"], "env": {name: "x"}}}},
+            path=str(tmp_path / "n.yaml"),
+            base_dir=str(tmp_path),
+        )

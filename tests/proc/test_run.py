@@ -280,15 +280,17 @@ async def test_a_nul_byte_is_a_start_error_not_a_traceback(spec: JobSpec) -> Non
         (JobSpec(command=("echo", "x"), env={"A\ud800": "1"}), "echo"),
         (JobSpec(command=("echo", "x"), cwd="/tmp/\ud800"), "echo"),
         (JobSpec(command=("ec\ud800ho",)), "'ec\\ud800ho'"),
+        (JobSpec(command=("echo", "x"), env={"A=B": "x"}), "echo"),
     ],
-    ids=["argv", "env-value", "env-key", "cwd", "name"],
+    ids=["argv", "env-value", "env-key", "cwd", "name", "env-key-with-equals"],
 )
-async def test_an_unencodable_string_is_a_start_error_not_a_traceback(
+async def test_text_the_kernel_cannot_take_is_a_start_error_not_a_traceback(
     spec: JobSpec, name: str
 ) -> None:
-    """A lone surrogate (not ``surrogateescape``'s) cannot be encoded for the kernel; Python
-    raised UnicodeEncodeError from the spawn. A Go string cannot hold one at all: the nearest
-    is the NUL case's start error."""
+    """A lone surrogate (not ``surrogateescape``'s) cannot be encoded for the kernel, and Python
+    refuses an environment name with ``=``: both raised from the spawn (UnicodeEncodeError,
+    ValueError). A Go string cannot hold the one and Go passes the other on mangled: the
+    nearest is the NUL case's start error."""
     with trio.fail_after(10):
         result = await run(spec, BufferSink())
     assert result.exit_code == -1
