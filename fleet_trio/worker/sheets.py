@@ -3,7 +3,10 @@
 
 from __future__ import annotations
 
+import errno
 import logging
+import os
+import stat
 
 import trio
 
@@ -31,25 +34,43 @@ def truncate_sheet(data: bytes) -> str:
     return encoded[:cut].decode("utf-8") + SHEET_MARKER
 
 
+def read_sheet_head(path: str) -> bytes:
+    """The first ``MAX_SHEET + 4`` bytes of the regular file at ``path``: all that can reach
+    the sent sheet (every byte read is at least one byte sent). A FIFO, a device or a directory
+    is an ``OSError`` at once (opened without blocking, checked before any read), so neither
+    a FIFO without a writer nor ``/dev/zero`` can hang or fill the worker."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file")
+        chunks: list[bytes] = []
+        left = MAX_SHEET + 4
+        while left > 0 and (chunk := os.read(fd, left)):
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
 async def read_sheets(cfg: WorkerConfig) -> tuple[str | None, dict[str, str]]:
     """``host.md`` (missing ⇒ ``""``, unreadable ⇒ ``None``) and ``host.d/<dev>.md``.
 
-    Cancellation: safe at any point (file reads in worker threads)."""
+    Cancellation: safe at any point (file reads in worker threads, each bounded)."""
 
-    async def one(path: trio.Path) -> str | None:
+    async def one(path: str) -> str | None:
         try:
-            return truncate_sheet(await path.read_bytes())
+            return truncate_sheet(await trio.to_thread.run_sync(read_sheet_head, path))
         except FileNotFoundError:
             return ""
         except OSError as exc:
-            log.warning("usage sheet %s unreadable: %s", path, exc)
+            log.warning("usage sheet %s unreadable: %s", path, exc.strerror or exc)
             return None
 
-    base = trio.Path(cfg.sheet_dir)
-    sheet = await one(base / "host.md")
+    sheet = await one(os.path.join(cfg.sheet_dir, "host.md"))
     devices: dict[str, str] = {}
     for d in cfg.devices:
-        text = await one(base / "host.d" / f"{d.name}.md")
+        text = await one(os.path.join(cfg.sheet_dir, "host.d", f"{d.name}.md"))
         if text is not None:
             devices[d.name] = text
     return sheet, devices
