@@ -124,6 +124,7 @@ def survivors_from_previous_run(self_pid: int, scan: ScanFn = scan_live_procs) -
         saw. (The first walk cannot tell: a process gone before its ``stat`` was read is passed
         over silently.) Not settled after :data:`RECOVERY_MAX_LISTINGS` listings."""
         doubt = True
+        zombies: set[tuple[int, int]] = set()
         for _ in range(RECOVERY_MAX_LISTINGS):
             if not doubt:
                 return [], True
@@ -136,8 +137,16 @@ def survivors_from_previous_run(self_pid: int, scan: ScanFn = scan_live_procs) -
                 if pid == self_pid:
                     continue
                 st = read_proc_stat(pid)
-                if st is None or st.state == "Z":
+                if st is None:
                     doubt = True
+                    continue
+                if st.state == "Z":
+                    # exited: not a survivor. A child it forked before it exited is in the
+                    # next listing, so one more listing after a new zombie settles it; one
+                    # nobody reaps is not doubt again (it kept every check from settling)
+                    if (pid, st.start) not in zombies:
+                        zombies.add((pid, st.start))
+                        doubt = True
                     continue
                 if (pid, st.start) in judged:
                     continue
