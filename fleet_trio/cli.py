@@ -715,9 +715,9 @@ def _add_tail(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
             "Follow the live output of JOB_ID on a fleet-trio node or a worker's tail_listen "
             "listener (websocket GET /fleet/jobs/JOB_ID/tail): its stdout goes to our stdout "
             "and its stderr to our stderr, as raw bytes, as they arrive. If the connection "
-            "drops, reconnect from the "
-            f"last offset received (up to --retries attempts in a row, backing off 0.5 s to "
-            f"{TAIL_BACKOFF_MAX:g} s). Exit status: the job's exit code once it ends (a failed "
+            "drops, reconnect from the last offset received (up to --retries attempts in a "
+            f"row without progress, backing off 0.5 s to {TAIL_BACKOFF_MAX:g} s). Exit status: "
+            "the job's exit code once it ends (a failed "
             "job without one: 1; its reason is printed on stderr); 2 when the tail itself "
             "fails (refused, unknown job, bad arguments, connection lost for good)."
         ),
@@ -755,7 +755,8 @@ def _add_tail(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         metavar="N",
         type=int,
         default=TAIL_RETRIES,
-        help=f"reconnection attempts in a row before giving up (default {TAIL_RETRIES})",
+        help=f"reconnection attempts in a row without progress before giving up (default "
+        f"{TAIL_RETRIES})",
     )
     p.add_argument("job_id", metavar="JOB_ID", help="the job to follow")
     p.set_defaults(handler=_cmd_tail)
@@ -784,6 +785,7 @@ def _rejection(exc: Exception) -> str:
 async def _tail(args: argparse.Namespace) -> int:
     from trio_websocket import ConnectionRejected
 
+    from fleet_trio.inputs import printable
     from fleet_trio.logbus.bus import End, Output, Skipped
     from fleet_trio.logbus.tail import (
         TailProtocolError,
@@ -813,7 +815,7 @@ async def _tail(args: argparse.Namespace) -> int:
     async def on_message(text: str | bytes) -> int | None:
         nonlocal failures, position
         event = loads(text)
-        failures = 0
+        before = position
         if isinstance(event, Output):
             await (out if event.stream == "stdout" else err).write(event.data)
             position = event.offset + len(event.data)
@@ -822,12 +824,15 @@ async def _tail(args: argparse.Namespace) -> int:
             await say(f"{event.nbytes} byte(s) skipped at offset {event.offset}")
         elif isinstance(event, End):
             if event.reason or event.state != "done":
-                why = f": {event.reason}" if event.reason else ""
-                await say(f"job {args.job_id} ended {event.state}{why}")
+                # the server's text (a worker's reason may hold hook output): one line, escaped
+                why = f": {printable(event.reason)}" if event.reason else ""
+                await say(f"job {args.job_id} ended {printable(event.state)}{why}")
             return tail_exit_status(event.state, event.exit_code)
         else:
-            await say(f"error: {event.message}")
+            await say(f"error: {printable(event.message)}")
             return EXIT_TAIL_FAILED
+        if not isinstance(before, int) or position > before:
+            failures = 0  # progress: a server that sends nothing new cannot keep us forever
         return None
 
     while True:

@@ -99,9 +99,7 @@ def go_strings(value: Any) -> Any:
     return value
 
 
-def loads_json(
-    data: str | bytes, *, max_depth: int = JSON_MAX_DEPTH, go_text: bool = False
-) -> Any:
+def loads_json(data: str | bytes, *, max_depth: int = JSON_MAX_DEPTH, go_text: bool = False) -> Any:
     """Decode JSON from outside: depth-bounded, finite numbers only, any failure an InputError.
 
     ``NaN``, ``Infinity`` and numbers that overflow a float (``1e400``) are refused, as are

@@ -26,8 +26,19 @@ def test_hostile_ids_are_refused_with_a_reason(bad: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "text", ["[" * 5000 + "]" * 5000, '{"a":' * 100 + "1" + "}" * 100, "1e400", "NaN",
-             "-Infinity", '{"samples": 1e400}', "1" * 5000, "\"\\ud800", "{", b"\xff"]
+    "text",
+    [
+        "[" * 5000 + "]" * 5000,
+        '{"a":' * 100 + "1" + "}" * 100,
+        "1e400",
+        "NaN",
+        "-Infinity",
+        '{"samples": 1e400}',
+        "1" * 5000,
+        '"\\ud800',
+        "{",
+        b"\xff",
+    ],
 )
 def test_hostile_json_is_an_input_error(text: str | bytes) -> None:
     with pytest.raises(InputError):
@@ -39,10 +50,17 @@ def test_brackets_inside_strings_do_not_count_as_depth() -> None:
     assert loads_json(text) == {"s": "[" * 500 + "{" * 500}
 
 
-@given(st.recursive(st.none() | st.booleans() | st.integers() | st.text()
-                    | st.floats(allow_nan=False, allow_infinity=False),
-                    lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(), c, max_size=3),
-                    max_leaves=20))
+@given(
+    st.recursive(
+        st.none()
+        | st.booleans()
+        | st.integers()
+        | st.text()
+        | st.floats(allow_nan=False, allow_infinity=False),
+        lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(), c, max_size=3),
+        max_leaves=20,
+    )
+)
 def test_ordinary_json_round_trips(value: object) -> None:
     assert loads_json(json.dumps(value)) == value
 

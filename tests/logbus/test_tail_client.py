@@ -229,3 +229,44 @@ async def test_ctrl_c_while_following_is_130_without_traceback() -> None:
         nursery.cancel_scope.cancel()
     assert code == 130, err
     assert b"Traceback" not in err
+
+
+async def test_a_server_that_sends_nothing_new_before_dropping_is_given_up_on() -> None:
+    """Only progress (the offset moved on) resets the reconnection count: a server that sends
+    one message with nothing new (a zero-byte ``skipped``) and drops the connection, every
+    time, was reconnected to forever."""
+    connections: list[int] = []
+
+    async def handler(request: WebSocketRequest) -> None:
+        connections.append(1)
+        ws = await request.accept()
+        await ws.send_message(json.dumps({"type": "skipped", "offset": 0, "bytes": 0}))
+        await ws.aclose(1001)
+
+    async with trio.open_nursery() as nursery:
+        server = await nursery.start(serve_websocket, handler, "127.0.0.1", 0, None)
+        r = await run_tail_cli("--retries", "2", "--url", f"ws://127.0.0.1:{server.port}", "j")
+        nursery.cancel_scope.cancel()
+    assert r.returncode == 2, r.stderr
+    assert len(connections) == 3  # the first, then two reconnection attempts
+    assert b"giving up after 2 reconnection attempt(s)" in r.stderr
+
+
+async def test_the_end_reason_and_error_messages_cannot_drive_the_terminal() -> None:
+    """A reason or an error message is text from the server (a worker's reason may hold hook
+    output): escape sequences and newlines are shown escaped, on one line."""
+    reason = "acquire hook failed: exit status 1\n\x1b[2Jforged line"
+
+    async def handler(request: WebSocketRequest) -> None:
+        ws = await request.accept()
+        for msg in encode_event(End("error", 1, reason, 0)):
+            await ws.send_message(dumps(msg))
+        await ws.aclose()
+
+    async with trio.open_nursery() as nursery:
+        server = await nursery.start(serve_websocket, handler, "127.0.0.1", 0, None)
+        r = await run_tail_cli("--url", f"ws://127.0.0.1:{server.port}", "j")
+        nursery.cancel_scope.cancel()
+    assert r.returncode == 1, r.stderr
+    assert b"\x1b" not in r.stderr and r.stderr.count(b"\n") == 1
+    assert b"ended error: acquire hook failed: exit status 1\\n\\x1b[2Jforged line" in r.stderr
