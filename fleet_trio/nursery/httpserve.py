@@ -127,6 +127,16 @@ class BoundedConnection(TCPServer):
         Cancellation: a write is shielded (a frame is never cut by an outside cancel and
         then continued) but never outlives its deadline, which the server's cancel moves to
         now: the client is then dropped."""
+        if isinstance(event, Closed):
+            # The close comes from the request's task when the client asked for it
+            # (``Connection: close``, HTTP/1.0), and the app cancels that task as it finishes:
+            # unshielded, hypercorn's ``send_eof`` took the cancel and the socket stayed open
+            # until the read timeout. Shielded, and bounded by the write deadline.
+            with trio.CancelScope(shield=True, deadline=self.connections.write_deadline()):
+                await super().protocol_send(event)
+            with trio.CancelScope(shield=True):
+                await self.stream.aclose()  # at once when the deadline cut the close short
+            return
         if not isinstance(event, RawData):
             await super().protocol_send(event)
             return

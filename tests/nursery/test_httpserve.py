@@ -107,3 +107,44 @@ async def test_a_write_racing_the_close_is_a_closed_connection_not_an_error() ->
     with trio.fail_after(5):
         await conn.protocol_send(RawData(data=b"\x88\x02\x03\xe8"))
     assert [type(e) for e in protocol.events] == [Closed]
+
+
+async def _read_to_eof(port: int, request: bytes) -> tuple[bytes, float]:
+    """Send ``request`` on a fresh connection, read until the server closes; the answer and how
+    long the close took after the answer began."""
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    async with stream:
+        await stream.send_all(request)
+        data = b""
+        first = None
+        while chunk := await stream.receive_some(65536):
+            data += chunk
+            if first is None:
+                first = trio.current_time()
+        assert first is not None
+        return data, trio.current_time() - first
+
+
+async def test_connection_close_and_http_1_0_are_closed_after_the_answer() -> None:
+    """A request with ``Connection: close`` (or HTTP/1.0) got its answer, then the connection
+    stayed open until the 120 s read timeout: the close ran in the request's task, which the
+    app cancels, so ``send_eof`` raised ``Cancelled`` and the socket was never closed (a
+    client reading to EOF hung, and each such client held a descriptor for two minutes)."""
+    app = QuartTrio(__name__)
+
+    @app.route("/ping")
+    async def ping() -> str:
+        return "pong"
+
+    with trio.fail_after(20):
+        async with trio.open_nursery() as nursery:
+            urls = await nursery.start(functools.partial(serve_http_bounded, app, _config()))
+            port = int(urls[0].rsplit(":", 1)[1])
+            for request in (
+                b"GET /ping HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n",
+                b"GET /ping HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n",
+            ):
+                data, close_after = await _read_to_eof(port, request)
+                assert data.startswith(b"HTTP/1.1 200") and data.endswith(b"pong"), data
+                assert close_after < 5.0, close_after
+            nursery.cancel_scope.cancel()
