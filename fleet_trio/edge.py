@@ -269,12 +269,23 @@ class EdgeRequest:
             path=path,
             method=method.upper(),
             scheme=scheme,
-            host=headers.get("Host"),
-            origin=headers.get("Origin"),
+            host=_single(headers, "Host"),
+            origin=_single(headers, "Origin"),
             sec_fetch_site=headers.get("Sec-Fetch-Site"),
             sec_fetch_mode=headers.get("Sec-Fetch-Mode"),
             websocket=websocket,
         )
+
+
+def _single(headers: HeaderLookup, name: str) -> str | None:
+    """The header's value; a repeated header's values joined with ``", "`` (no host or origin
+    then matches: a request naming two is refused, whichever a check would have looked at)."""
+    getlist = getattr(headers, "getlist", None)
+    if getlist is not None:
+        values = getlist(name)
+        if len(values) > 1:
+            return ", ".join(values)
+    return headers.get(name)
 
 
 def refusal(req: EdgeRequest, policy: EdgePolicy) -> tuple[str, str] | None:

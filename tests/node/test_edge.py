@@ -470,3 +470,24 @@ def test_cli_allow_origin(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     node_args = ["node", "--gpu", "fake", "--fake-gpu-dir", str(tmp_path), "--allow-origin", "x"]
     assert main(node_args) == 1
     assert "error: --allow-origin: 'x' is not an origin" in capsys.readouterr().err
+
+
+async def test_a_repeated_origin_or_host_header_is_refused(tmp_path: Path) -> None:
+    """Only the first of two ``Origin`` (or ``Host``) headers was checked: the node's own
+    origin first and another after it passed. A repeated one is refused whatever it holds."""
+    async with running_node(tmp_path, echo_config(tmp_path)) as h:
+        own = h.node.url
+        host = own.split("://", 1)[1]
+        for headers in ([("Origin", own), ("Origin", EVIL)], [("Origin", own), ("Origin", own)]):
+            r = await h.client.get("/fleet/health", headers=headers)
+            assert r.status_code == 403, (headers, r.text)
+        # two Host headers: the HTTP parser refuses them before the edge looks (raw: no
+        # client library sends such a request)
+        port = int(host.rsplit(":", 1)[1])
+        with trio.fail_after(10):
+            stream = await trio.open_tcp_stream("127.0.0.1", port)
+            async with stream:
+                request = f"GET /fleet/health HTTP/1.1\r\nHost: {host}\r\nHost: evil.example\r\n"
+                await stream.send_all(request.encode() + b"\r\n")
+                head = await read_head(stream)
+        assert head.split(b" ", 2)[1] in (b"400", b"403"), head
