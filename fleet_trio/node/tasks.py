@@ -45,6 +45,7 @@ import trio
 from fleet_trio.durations import go_duration_seconds
 from fleet_trio.errors import WireError
 from fleet_trio.logs import job_context
+from fleet_trio.memory import format_size
 from fleet_trio.node.config import FamilyRule, FieldSpec, QuantRule, TaskDef, task_gpus
 from fleet_trio.node.jobs import Done, Failed, Outcome
 from fleet_trio.node.placement import AllocationError, Placement, pin_env
@@ -433,10 +434,13 @@ def outcome_of(task: TaskDef, result: Result, stdout: CappedBuffer, stderr: Tail
         what = result.reason if result.reason.startswith("signal") else None
         what = what or f"exit status {result.exit_code}"
         return Failed(_with_tail(f"{name} failed: {what}", err_tail))
+    if stdout.truncated:  # what the tail would show is the cut, not why
+        cap = format_size(stdout.cap)
+        return Failed(f"{name} failed: result is not a JSON object (stdout over the {cap} cap)")
     raw = stdout.getvalue()
     try:
         text = raw.decode("utf-8").strip(" \t\r\n")
-        members = None if stdout.truncated else scan_object(text)
+        members = scan_object(text)
     except (UnicodeDecodeError, JsonSyntaxError):
         members = None
     if members is None:

@@ -204,3 +204,16 @@ def test_an_environment_name_no_process_can_get_is_a_config_error(
             path=str(tmp_path / "n.yaml"),
             base_dir=str(tmp_path),
         )
+
+
+async def test_a_result_over_the_cap_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """stdout over RESULT_CAP was reported with only its last bytes (or nothing, when they were
+    whitespace): the message now names the cap."""
+    monkeypatch.setattr("fleet_trio.node.tasks.RESULT_CAP", 1024)  # the job prints 2 KiB
+    reg = registry(tmp_path, t=echo_task(timeout="60s"))
+    runner = TaskRunner(kill_grace=0.5)
+    with trio.fail_after(20):
+        outcome = await runner.execute(reg.prepare("t", json.dumps({"stdout": " " * 2048}), "j"))
+    assert outcome == Failed("t failed: result is not a JSON object (stdout over the 1KiB cap)")
