@@ -8,11 +8,14 @@ and headers (``Authorization: Bearer``, ``Content-Type: application/json`` every
 segments unescaped), the ``Rc-Controller-Instance`` tracking of every exchange
 (:class:`ContactTracker`, a plain synchronous class), the retry rules, and the log batching.
 
-One deliberate difference from the reference: terminal reports and log chunks are *kept*
-through a controller outage and delivered, in order, once it answers again
-(:meth:`ControllerClient.deliver`), unless the controller has meanwhile written the worker
-off (no contact for ``Timings.patience``, the controller's 5-minute ``worker_lost`` horizon,
-after which it has declared the job ``lost``). The reference gives up after 5 tries × 5 s.
+One deliberate difference from the reference: terminal reports, log chunks and the worker's
+own fault reports (``report_fault(..., keep=True)``) are *kept* through a controller outage
+and delivered, in order, once it answers again (:meth:`ControllerClient.deliver`), unless the
+controller has meanwhile written the worker off (no contact for ``Timings.patience``, the
+controller's 5-minute ``worker_lost`` horizon, after which it has declared the job ``lost``).
+The reference gives up after 5 tries × 5 s. A log chunk given up takes its job's backlog with
+it (:class:`LogShipper`), and from the shutdown on chunks get one attempt
+(:meth:`ControllerClient.stop_log_retries`), as in the reference.
 
 cattrs is used only at the wire edge (:data:`converter`, :func:`register_hooks`); the worker
 never imports ``fleet_trio.sim``: these are its own wire types.

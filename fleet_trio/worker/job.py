@@ -354,12 +354,10 @@ async def _conclude(
     (the hurry deadline still ends it); the report and the release in an ordinary one."""
     client = worker.client
     job = worker.jobs.get(a.job_id)
-    cleared = False
+    faulted = False
     with worker.finish_scope(job, "verify pass and its fault report", cut=False):
         failure = await verify.outcome()
-        if failure is None:
-            cleared = True
-        else:
+        if failure is not None:
             log.error(
                 "job %s: %s; quarantining device %s",
                 a.job_id,
@@ -367,7 +365,9 @@ async def _conclude(
                 a.device_id,
                 extra=worker.log_context(a),
             )
-            cleared = await client.report_fault(a.device_id, failure, keep=True)
+            faulted = await client.report_fault(a.device_id, failure, keep=True)
+    # (read from the pass itself: a scope cut after it ended must not count as a failure)
+    cleared = verify.finished.is_set() and (verify.failure is None or faulted)
     with worker.finish_scope(job):
         await _report(worker, a, result, joblog=joblog, cleared=cleared)
         await worker.hooks.release(a.device_id, a)
