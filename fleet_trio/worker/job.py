@@ -355,18 +355,20 @@ async def _conclude(
     client = worker.client
     job = worker.jobs.get(a.job_id)
     faulted = False
-    with worker.finish_scope(job, "verify pass and its fault report", cut=False):
-        failure = await verify.outcome()
-        if failure is not None:
-            log.error(
-                "job %s: %s; quarantining device %s",
-                a.job_id,
-                failure,
-                a.device_id,
-                extra=worker.log_context(a),
-            )
-            faulted = await client.report_fault(a.device_id, failure, keep=True)
-    # (read from the pass itself: a scope cut after it ended must not count as a failure)
+    passed = verify.finished.is_set() and verify.failure is None
+    if not passed:  # (a pass that has passed needs no scope: nothing to cut)
+        with worker.finish_scope(job, "verify pass and its fault report", cut=False):
+            failure = await verify.outcome()
+            if failure is not None:
+                log.error(
+                    "job %s: %s; quarantining device %s",
+                    a.job_id,
+                    failure,
+                    a.device_id,
+                    extra=worker.log_context(a),
+                )
+                faulted = await client.report_fault(a.device_id, failure, keep=True)
+    # read from the pass itself: a scope cut after the pass ended is not a failure
     cleared = verify.finished.is_set() and (verify.failure is None or faulted)
     with worker.finish_scope(job):
         await _report(worker, a, result, joblog=joblog, cleared=cleared)
