@@ -84,7 +84,8 @@ class Timings:
     """A message answered with a 5xx this many times is given up: the controller is up, so this
     is not an outage (e.g. 500 ``log_error`` for a job id it cannot store)."""
     fault_attempts: int = 5
-    """Fault reports: at most this many attempts; only transport errors and 5xx retry."""
+    """Plain fault reports (``report_fault`` without ``keep``): at most this many attempts;
+    only transport errors and 5xx retry. The worker's own faults are kept (:meth:`deliver`)."""
     patience: float = 300.0
     """No contact for this long ⇒ the controller has written us off (jobs ``lost``): drop
     what is kept for delivery."""
