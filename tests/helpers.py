@@ -510,11 +510,13 @@ class FakeHooks:
 
 
 @asynccontextmanager
-async def running_with_hooks(hooks: FakeHooks) -> AsyncIterator[tuple[SimController, Worker]]:
+async def running_with_hooks(
+    hooks: FakeHooks, *, timings: WorkerTimings = FAST, client_timings: Timings = FAST_CLIENT
+) -> AsyncIterator[tuple[SimController, Worker]]:
     ctrl = sim()
     async with trio.open_nursery() as nursery:
         url = await nursery.start(serve_controller, ctrl)
-        worker = Worker(config(url), timings=FAST, client_timings=FAST_CLIENT, hooks=hooks)
+        worker = Worker(config(url), timings=timings, client_timings=client_timings, hooks=hooks)
         nursery.start_soon(serve_worker, worker)
         await ctrl.wait_for(lambda: worker.registrations >= 1)
         yield ctrl, worker

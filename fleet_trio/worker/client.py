@@ -8,11 +8,14 @@ and headers (``Authorization: Bearer``, ``Content-Type: application/json`` every
 segments unescaped), the ``Rc-Controller-Instance`` tracking of every exchange
 (:class:`ContactTracker`, a plain synchronous class), the retry rules, and the log batching.
 
-One deliberate difference from the reference: terminal reports and log chunks are *kept*
-through a controller outage and delivered, in order, once it answers again
-(:meth:`ControllerClient.deliver`), unless the controller has meanwhile written the worker
-off (no contact for ``Timings.patience``, the controller's 5-minute ``worker_lost`` horizon,
-after which it has declared the job ``lost``). The reference gives up after 5 tries × 5 s.
+One deliberate difference from the reference: terminal reports, log chunks and the worker's
+own fault reports (``report_fault(..., keep=True)``) are *kept* through a controller outage
+and delivered, in order, once it answers again (:meth:`ControllerClient.deliver`), unless the
+controller has meanwhile written the worker off (no contact for ``Timings.patience``, the
+controller's 5-minute ``worker_lost`` horizon, after which it has declared the job ``lost``).
+The reference gives up after 5 tries × 5 s. A log chunk given up takes its job's backlog with
+it (:class:`LogShipper`), and from the shutdown on chunks get one attempt
+(:meth:`ControllerClient.stop_log_retries`), as in the reference.
 
 cattrs is used only at the wire edge (:data:`converter`, :func:`register_hooks`); the worker
 never imports ``fleet_trio.sim``: these are its own wire types.
@@ -81,7 +84,8 @@ class Timings:
     """A message answered with a 5xx this many times is given up: the controller is up, so this
     is not an outage (e.g. 500 ``log_error`` for a job id it cannot store)."""
     fault_attempts: int = 5
-    """Fault reports: at most this many attempts; only transport errors and 5xx retry."""
+    """Plain fault reports (``report_fault`` without ``keep``): at most this many attempts;
+    only transport errors and 5xx retry. The worker's own faults are kept (:meth:`deliver`)."""
     patience: float = 300.0
     """No contact for this long ⇒ the controller has written us off (jobs ``lost``): drop
     what is kept for delivery."""
@@ -424,6 +428,8 @@ class ControllerClient:
         """``trio.current_time()`` past which no report or chunk attempt runs (the worker
         sets it to its shutdown's hurry deadline, :meth:`cut_attempts_at`)."""
         self._attempts: set[trio.CancelScope] = set()
+        self.log_retries = True
+        """False once the shutdown's drain has begun (:meth:`stop_log_retries`)."""
         self._http = httpx.AsyncClient(
             transport=transport,
             timeout=httpx.Timeout(self.timings.request_timeout),
@@ -598,47 +604,87 @@ class ControllerClient:
             f"job {job_id} {report.state} report", "POST", f"/v1/jobs/{job_id}/status", body
         )
 
-    async def send_log_chunk(self, job_id: str, chunk: bytes) -> bool:
-        """E6, one chunk (≤ 1 MiB), kept until delivered (see :meth:`deliver`)."""
+    async def send_log_chunk(self, job_id: str, chunk: bytes, *, once: bool = False) -> bool:
+        """E6, one chunk (≤ 1 MiB), kept until delivered (see :meth:`deliver`). ``once``, or
+        once :meth:`stop_log_retries` was called: one attempt, no retry (the reference's rule)."""
         if len(chunk) > MAX_LOG_CHUNK:
             raise ValueError("log chunk over 1 MiB")
         return await self.deliver(
-            f"job {job_id} log chunk ({len(chunk)} B)", "POST", f"/v1/jobs/{job_id}/logs", chunk
+            f"job {job_id} log chunk ({len(chunk)} B)",
+            "POST",
+            f"/v1/jobs/{job_id}/logs",
+            chunk,
+            once=(lambda: True) if once else (lambda: not self.log_retries),
         )
 
-    async def report_fault(self, device_id: str, reason: str) -> bool:
-        """E7: up to ``fault_attempts``; only transport errors and 5xx are retried (§3.7)."""
+    def stop_log_retries(self) -> None:
+        """The shutdown's drain has begun: from now on a log chunk gets one attempt, and a
+        chunk being retried stops after its attempt in flight (the reference's rule), so the
+        final flushes cannot eat the drain that the verify passes, faults and terminal reports
+        need."""
+        self.log_retries = False
+
+    async def report_fault(self, device_id: str, reason: str, *, keep: bool = False) -> bool:
+        """E7. Only transport errors and 5xx are retried; a 4xx is final at once (§3.7).
+
+        Plain: up to ``fault_attempts`` (the reference's rule). ``keep``: kept and retried
+        through an outage under :meth:`deliver`'s give-up rule, like the terminal report that
+        follows it: the worker's own faults (a failed verify pass, a failed acquire hook) are
+        at least as durable as that report, so an outage cannot deliver the report that frees
+        the device while losing the fault that should have quarantined it first."""
         body = json.dumps({"reason": reason}, separators=(",", ":")).encode()
+        path = f"/v1/devices/{device_id}/fault"
         status: int | None = None
-        for attempt in range(self.timings.fault_attempts):
-            if attempt:
-                await trio.sleep(self._backoff(attempt - 1))
-            status = await self._attempt(
-                "POST", f"/v1/devices/{device_id}/fault", body, self.timings.report_attempt_timeout
+        limit = self.timings.report_attempt_timeout
+        if keep:
+            ok = await self.deliver(f"fault report for {device_id}", "POST", path, body, refusals=1)
+        else:
+            ok = False
+            for attempt in range(self.timings.fault_attempts):
+                if attempt:
+                    await trio.sleep(self._backoff(attempt - 1))
+                status = await self._attempt("POST", path, body, limit)
+                if _ok(status):
+                    ok = True
+                    break
+                if status is not None and 400 <= status < 500:
+                    break
+        if ok:
+            log.warning("fault reported for %s: %s", device_id, reason)
+            return True
+        if keep:  # deliver() has logged why
+            log.error("fault report for %s NOT delivered: %s", device_id, reason)
+        else:
+            log.error(
+                "fault report for %s NOT delivered (last status %s): %s", device_id, status, reason
             )
-            if _ok(status):
-                log.warning("fault reported for %s: %s", device_id, reason)
-                return True
-            if status is not None and 400 <= status < 500:
-                break
-        log.error(
-            "fault report for %s NOT delivered (last status %s): %s", device_id, status, reason
-        )
         return False
 
     def _backoff(self, index: int) -> float:
         return Backoff(self.timings.report_backoff).delay(index)
 
-    async def deliver(self, what: str, method: str, path: str, body: bytes) -> bool:
+    async def deliver(
+        self,
+        what: str,
+        method: str,
+        path: str,
+        body: bytes,
+        *,
+        refusals: int | None = None,
+        once: Callable[[], bool] | None = None,
+    ) -> bool:
         """Send until a 2xx, keeping the message through an outage.
 
-        Gives up when: a 4xx came back ``report_attempts_4xx`` times (the controller refuses
-        it for good), or a 5xx ``report_attempts_5xx`` times; or nothing answered for
-        ``patience`` (the controller has written this worker off and declared its jobs lost);
-        or the message is older than ``outbox_max_age``. Between attempts it backs off 200,
+        Gives up when: a 4xx came back ``refusals`` times (default ``report_attempts_4xx``: the
+        controller refuses it for good), or a 5xx ``report_attempts_5xx`` times; or nothing
+        answered for ``patience`` (the controller has written this worker off and declared its
+        jobs lost); or the message is older than ``outbox_max_age``; or, with ``once``, after
+        any failed attempt made while ``once()`` is true (checked after every attempt: an
+        attempt in flight when it turns true is the last). Between attempts it backs off 200,
         400, 800, 1600 ms, … (the last value repeats).
         """
         t = self.timings
+        refusals = t.report_attempts_4xx if refusals is None else refusals
         first = trio.current_time()
         refused = 0
         errors = 0
@@ -652,7 +698,7 @@ class ControllerClient:
             now = trio.current_time()
             if status is not None and 400 <= status < 500:
                 refused += 1
-                if refused >= t.report_attempts_4xx:
+                if refused >= refusals:
                     log.error("%s refused (HTTP %d) %d times: giving up", what, status, refused)
                     return False
             elif status is not None:
@@ -674,6 +720,9 @@ class ControllerClient:
             if now - first >= t.outbox_max_age:
                 log.error("%s: still undelivered after %.0fs: giving up", what, now - first)
                 return False
+            if once is not None and once():
+                log.error("%s not accepted (%s); no retry: giving up", what, status)
+                return False
             if attempt == 0:
                 log.warning("%s not accepted (%s); keeping it and retrying", what, status)
             await trio.sleep(self._backoff(attempt))
@@ -690,23 +739,35 @@ SendChunk = Callable[[bytes], Awaitable[bool]]
 class LogShipper:
     """The job's output sink: batches, then ships chunks in order through ``send``.
 
-    Flush when the buffer reaches ``flush_bytes`` or ``flush_delay`` after the first unflushed
-    byte; every chunk ≤ 1 MiB. Writes never block on the network: sealed chunks wait in an
-    ordered outbox (at most ``limit`` bytes; output beyond it is dropped and counted).
-    ``serve`` is the sender task; ``close`` seals the rest and waits until the outbox is empty.
+    Flush when the buffer reaches ``flush_bytes`` (a chunk of exactly ``flush_bytes``; the
+    rest stays batched) or ``flush_delay`` after the first unflushed byte; no chunk is larger
+    than ``flush_bytes`` (64 KiB, the reference's flush size: a proxy body limit that passes
+    the reference's chunks passes ours). Writes never block on the network: sealed chunks
+    wait in an ordered outbox (at most ``limit`` bytes; output beyond it is dropped and
+    counted). ``serve`` is the sender task; ``close`` seals the rest and waits until the
+    outbox is empty.
+
+    A chunk that ``send`` gives up on (the controller refused it, or answered 5xx, too many
+    times; or was silent past its patience) takes the whole backlog with it: every chunk
+    still queued and the unflushed buffer are dropped at once (logged once, with the byte
+    count), so a failing log endpoint costs the terminal report at most one chunk's retry
+    budget. Until a chunk is accepted again, later output is shipped through ``send_once``
+    (one attempt, no retry; ``send`` when not given) and dropped the same way on a failure.
     """
 
     def __init__(
         self,
         send: SendChunk,
         *,
+        send_once: SendChunk | None = None,
         flush_bytes: int = LOG_FLUSH_BYTES,
         flush_delay: float = 1.0,
         limit: int = 16 << 20,
         label: str = "job",
     ) -> None:
         self._send = send
-        self.flush_bytes = min(flush_bytes, MAX_LOG_CHUNK)
+        self._send_once = send_once if send_once is not None else send
+        self.flush_bytes = max(1, min(flush_bytes, MAX_LOG_CHUNK))
         self.flush_delay = flush_delay
         self.limit = limit
         self.label = label
@@ -718,6 +779,11 @@ class LogShipper:
         self._closing = False
         self._lock = trio.Lock()
         self.dropped = 0
+        """Bytes lost because the outbox was full (or the live log skipped them)."""
+        self.given_up = 0
+        """Bytes of output dropped because a chunk was given up (that chunk included)."""
+        self.failing = False
+        """A chunk was given up and none accepted since: chunks get one attempt each."""
         self.sent_chunks = 0
 
     @property
@@ -743,7 +809,7 @@ class LogShipper:
             self._poke()
         self._buf += data
         if len(self._buf) >= self.flush_bytes:
-            self._seal()
+            self._seal(full_only=True)
 
     def count_dropped(self, n: int) -> None:
         """``n`` bytes of output were lost: the outbox was full, or before they reached it."""
@@ -754,24 +820,50 @@ class LogShipper:
     def _poke(self) -> None:
         self._wake.set()
 
-    def _seal(self) -> None:
-        while self._buf:
-            chunk = bytes(self._buf[:MAX_LOG_CHUNK])
-            del self._buf[:MAX_LOG_CHUNK]
+    def _seal(self, *, full_only: bool = False) -> None:
+        """Move the buffer into the outbox as chunks of ``flush_bytes``; ``full_only``: only
+        whole chunks (the rest stays batched, its timer restarted)."""
+        size = self.flush_bytes
+        while len(self._buf) >= size or (self._buf and not full_only):
+            chunk = bytes(self._buf[:size])
+            del self._buf[:size]
             self._outbox.append(chunk)
             self._pending += len(chunk)
-        self._first_at = None
+        self._first_at = trio.current_time() if self._buf else None
         self._poke()
+
+    def _give_up(self, chunk: bytes) -> None:
+        """``chunk`` was given up: drop the backlog with it (its first byte was popped)."""
+        backlog = self._pending + len(self._buf)
+        self._outbox.clear()
+        self._pending = 0
+        self._buf.clear()
+        self._first_at = None
+        if not self.given_up:
+            log.error(
+                "%s: a log chunk (%d B) was given up: dropping the %d B of output still "
+                "queued behind it, so the terminal report does not wait for them; later "
+                "output gets one attempt per chunk until one is accepted",
+                self.label,
+                len(chunk),
+                backlog,
+            )
+        self.given_up += len(chunk) + backlog
+        self.failing = True
 
     async def _ship_ready(self) -> None:
         async with self._lock:
             while self._outbox:
                 chunk = self._outbox[0]
-                ok = await self._send(chunk)
+                send = self._send_once if self.failing else self._send
+                ok = await send(chunk)
                 self._outbox.popleft()
                 self._pending -= len(chunk)
                 if ok:
                     self.sent_chunks += 1
+                    self.failing = False
+                else:
+                    self._give_up(chunk)
 
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """The sender: one flush at a time, in order. Returns once closed and empty."""

@@ -33,6 +33,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("fleet_trio.worker.worker")
 """The job's log lines keep the worker's logger name (operators filter on it)."""
 
+VERIFY_CUT_SHORT = "verify failed: cut short by the shutdown"
+"""The verify failure of a pass the shutdown cut short: the device was not proven clean, so
+it is quarantined like a failed pass (a recovery proof never clears a ``fault``)."""
+
 HOLD_COMMAND = ("sleep", "2147483647")
 """§7.4: what a hold runs (the assignment's ``["hold"]`` is never executed)."""
 PRE_KILLED_REASON = "killed before this worker started it"
@@ -167,7 +171,9 @@ class _RunningReport:
 
 class _Verify:
     """The verify pass of one job, started as soon as its process tree is gone; shielded and
-    bounded like the terminal report (detached from the shutdown, §7.3 step 8)."""
+    bounded like the terminal report (detached from the shutdown, §7.3 step 8), but it ends
+    :meth:`fault_reserve` seconds before the hurry deadline, and a pass that is cut short
+    fails (:data:`VERIFY_CUT_SHORT`), so its fault report still has room to go out."""
 
     def __init__(self, worker: Worker, job: Job) -> None:
         self.worker = worker
@@ -176,14 +182,30 @@ class _Verify:
         self.finished = trio.Event()
         self.failure: str | None = None
 
+    def fault_reserve(self) -> float:
+        """One fault attempt, at most half the hurry budget."""
+        attempt = self.worker.client_timings.report_attempt_timeout
+        return max(0.0, min(attempt, self.worker.timings.hurry_budget / 2))
+
     async def run(self) -> None:
         self.started = True
         a = self.job.assignment
         try:
-            with self.worker.finish_scope(self.job, "verify pass"):
+            with self.worker.finish_scope(
+                self.job, "verify pass", reserve=self.fault_reserve()
+            ) as scope:
                 self.failure = await self.worker.hooks.verify(a.device_id, a)
+            if scope.cancelled_caught:
+                self.failure = VERIFY_CUT_SHORT
         finally:
             self.finished.set()
+
+    async def outcome(self) -> str | None:
+        """Run the pass if nothing started it yet; its failure once it has ended."""
+        if not self.started:
+            await self.run()
+        await self.finished.wait()
+        return self.failure
 
 
 async def _serve_after(
@@ -222,11 +244,12 @@ async def run_job(worker: Worker, a: Assignment) -> None:
                 await client.report_terminal(
                     a.job_id, StatusReport(worker.worker_id, state, None, reason)
                 )
-                if state == "failed":
-                    await client.report_fault(a.device_id, reason)
+                if state == "failed":  # kept like the report before it (docs/worker.md)
+                    await client.report_fault(a.device_id, reason, keep=True)
             return
         shipper = LogShipper(
             lambda chunk: client.send_log_chunk(a.job_id, chunk),
+            send_once=lambda chunk: client.send_log_chunk(a.job_id, chunk, once=True),
             flush_bytes=worker.client_timings.log_flush_bytes,
             flush_delay=worker.client_timings.log_flush_delay,
             limit=worker.client_timings.log_outbox_limit,
@@ -272,9 +295,9 @@ async def run_job(worker: Worker, a: Assignment) -> None:
             with worker.finish_scope(job):
                 await running.done.wait()
                 await shipper.close()
-                if result is None:
-                    result = proc.Result(exit_code=-1, killed=True, reason="cancelled")
-                await _conclude(worker, a, result, joblog=joblog, verify=verify)
+            if result is None:
+                result = proc.Result(exit_code=-1, killed=True, reason="cancelled")
+            await _conclude(worker, a, result, joblog=joblog, verify=verify)
     finally:
         job.process_done.set()
         worker.jobs.pop(a.job_id, None)
@@ -317,26 +340,51 @@ async def _conclude(
     a: Assignment,
     result: proc.Result,
     *,
-    joblog: JobLog | None = None,
-    verify: _Verify | None = None,
+    joblog: JobLog | None,
+    verify: _Verify,
 ) -> None:
     """Steps 8–10: verify (fault first), terminal report, release. The live log ends
-    with the report's state, exit code and reason just before the report goes out."""
+    with the report's state, exit code and reason just before the report goes out.
+
+    The terminal report frees the device, so it goes out only once the device is known
+    clean or quarantined: the pass passed, or its fault was delivered (kept through an
+    outage like the report itself). Otherwise it is withheld (logged): the controller
+    reconciles a job that never reports as ``lost``, which quarantines its device. The wait
+    for the pass and its fault run in a scope that a request after the drain does not cut
+    (the hurry deadline still ends it); the report and the release in an ordinary one."""
     client = worker.client
-    if verify is not None and verify.started:
-        await verify.finished.wait()
-        failure = verify.failure
-    else:
-        failure = await worker.hooks.verify(a.device_id, a)
-    if failure is not None:
-        log.error(
-            "job %s: %s; quarantining device %s",
-            a.job_id,
-            failure,
-            a.device_id,
-            extra=worker.log_context(a),
-        )
-        await client.report_fault(a.device_id, failure)
+    job = worker.jobs.get(a.job_id)
+    faulted = False
+    passed = verify.finished.is_set() and verify.failure is None
+    if not passed:  # (a pass that has passed needs no scope: nothing to cut)
+        with worker.finish_scope(job, "verify pass and its fault report", cut=False):
+            failure = await verify.outcome()
+            if failure is not None:
+                log.error(
+                    "job %s: %s; quarantining device %s",
+                    a.job_id,
+                    failure,
+                    a.device_id,
+                    extra=worker.log_context(a),
+                )
+                faulted = await client.report_fault(a.device_id, failure, keep=True)
+    # read from the pass itself: a scope cut after the pass ended is not a failure
+    cleared = verify.finished.is_set() and (verify.failure is None or faulted)
+    with worker.finish_scope(job):
+        await _report(worker, a, result, joblog=joblog, cleared=cleared)
+        await worker.hooks.release(a.device_id, a)
+
+
+async def _report(
+    worker: Worker,
+    a: Assignment,
+    result: proc.Result,
+    *,
+    joblog: JobLog | None,
+    cleared: bool,
+) -> None:
+    """Step 9: the terminal report, withheld unless ``cleared`` (see :func:`_conclude`)."""
+    client = worker.client
     report = terminal_report(worker.worker_id, result)
     job = worker.jobs.get(a.job_id)
     worker.metrics.job_finished(
@@ -367,13 +415,24 @@ async def _conclude(
         extra=worker.log_context(a),
     )
     _end_log(joblog, report.state, report.exit_code, report.reason)
+    if not cleared:
+        log.error(
+            "job %s: terminal report %s WITHHELD: device %s failed its verify pass (or the "
+            "pass did not end) and no fault was delivered, so the report would free a dirty "
+            "device; the controller will reconcile the job as lost and quarantine the device",
+            a.job_id,
+            report.state,
+            a.device_id,
+            extra=worker.log_context(a),
+        )
+        return
     await client.report_terminal(a.job_id, report)
-    await worker.hooks.release(a.device_id, a)
 
 
 __all__ = [
     "HOLD_COMMAND",
     "PRE_KILLED_REASON",
+    "VERIFY_CUT_SHORT",
     "Job",
     "effective_max_runtime",
     "job_environment",

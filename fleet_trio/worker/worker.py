@@ -186,7 +186,7 @@ class Worker:
         self._hurry = False
         self._hurry_deadline = math.inf
         """Once the drain is over: when every final flush and report must be done."""
-        self._finish_scopes: set[trio.CancelScope] = set()
+        self._finish_scopes: dict[trio.CancelScope, float] = {}
         """Every final flush / terminal report scope in progress (shielded; bounded once the
         drain is over, cut by a request after it)."""
         self._early_shutdown: str | None = None
@@ -400,23 +400,27 @@ class Worker:
 
     @contextlib.contextmanager
     def finish_scope(
-        self, job: Job | None, what: str = "final report"
+        self, job: Job | None, what: str = "final report", *, reserve: float = 0.0, cut: bool = True
     ) -> Iterator[trio.CancelScope]:
         """A job's final flush and terminal report: shielded from the tree's cancel (the report
         must go out), and bounded: once the drain is over every such scope, whatever job it
         belongs to (a pre-killed one too), ends within ``hurry_budget``, and a shutdown request
-        after the drain cuts it at once (:meth:`TaskTree.cut_on_hurry`)."""
-        scope = trio.CancelScope(shield=True, deadline=self._hurry_deadline)
+        after the drain cuts it at once (:meth:`TaskTree.cut_on_hurry`).
+
+        ``reserve``: end that many seconds before the others (the verify pass leaves its fault
+        report room to go out). ``cut=False``: a request after the drain does not cut it (the
+        verify fault: only the hurry deadline ends it)."""
+        scope = trio.CancelScope(shield=True, deadline=self._hurry_deadline - reserve)
         if job is not None:
             job.finish_scope = scope
         tree = self._tree
-        forget = tree.cut_on_hurry(scope) if tree is not None else None
-        self._finish_scopes.add(scope)
+        forget = tree.cut_on_hurry(scope) if tree is not None and cut else None
+        self._finish_scopes[scope] = reserve
         try:
             with scope:
                 yield scope
         finally:
-            self._finish_scopes.discard(scope)
+            self._finish_scopes.pop(scope, None)
             if forget is not None:
                 forget()
             if scope.cancelled_caught:
@@ -463,6 +467,8 @@ class Worker:
         """Shutdown step 1 (the poll loop's scope is cancelled by the tree): stop every job."""
         for job in self.jobs.values():
             job.stop.set()
+        if self._client is not None:  # the drain is for reports: log chunks get one attempt
+            self._client.stop_log_retries()
 
     async def interrupt(self) -> None:
         """After the drain: hurry the final reports, wait (bounded) for the processes."""
@@ -474,8 +480,8 @@ class Worker:
             self._client.cut_attempts_at(deadline)
         for job in list(self.jobs.values()):
             job.stop.set()
-        for scope in list(self._finish_scopes):  # pre-killed jobs' reports included
-            scope.deadline = min(scope.deadline, deadline)
+        for scope, reserve in list(self._finish_scopes.items()):  # pre-killed ones included
+            scope.deadline = min(scope.deadline, deadline - reserve)
         for job in list(self.jobs.values()):
             await job.process_done.wait()
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import json
 import random
+from collections.abc import Awaitable, Callable
 
 import pytest
 import trio
@@ -15,6 +16,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from fleet_trio.worker.client import (
     INSTANCE_HEADER,
+    LOG_FLUSH_BYTES,
     MAX_LOG_CHUNK,
     ContactTracker,
     ControllerClient,
@@ -214,19 +216,22 @@ async def test_log_batching_by_size_and_delay() -> None:
             shipper = LogShipper(lambda c: client.send_log_chunk("j1", c), flush_delay=0.2)
             async with trio.open_nursery() as nursery:
                 await nursery.start(shipper.serve)
-                await shipper.write(b"x" * 70000)  # over 64 KiB: flushed at once
+                t0 = trio.current_time()
+                await shipper.write(b"x" * 70000)  # 64 KiB flushed at once, the rest batched
                 await ctrl.wait_for(lambda: ctrl.log_chunks("j1"), timeout=2)
-                assert [len(c) for c in ctrl.log_chunks("j1")] == [70000]
+                await ctrl.wait_for(lambda: len(ctrl.log_chunks("j1")) == 2, timeout=2)
+                assert [len(c) for c in ctrl.log_chunks("j1")] == [65536, 70000 - 65536]
+                assert trio.current_time() - t0 >= 0.19  # the rest waited for the delay
                 t0 = trio.current_time()
                 await shipper.write(b"a")
                 await shipper.write(b"b")
-                await ctrl.wait_for(lambda: len(ctrl.log_chunks("j1")) == 2, timeout=2)
+                await ctrl.wait_for(lambda: len(ctrl.log_chunks("j1")) == 3, timeout=2)
                 assert trio.current_time() - t0 >= 0.19
                 await shipper.write(b"c" * (3 * MAX_LOG_CHUNK))
                 await shipper.close()
             chunks = ctrl.log_chunks("j1")
-            assert chunks[1] == b"ab"
-            assert all(len(c) <= MAX_LOG_CHUNK for c in chunks)
+            assert chunks[2] == b"ab"
+            assert all(len(c) <= LOG_FLUSH_BYTES for c in chunks)
             assert ctrl.logs("j1") == b"x" * 70000 + b"ab" + b"c" * (3 * MAX_LOG_CHUNK)
 
 
@@ -267,6 +272,83 @@ async def test_outbox_limit_drops_excess() -> None:
     await shipper.close()
     assert b"".join(sent) == b"0123456789"
     assert shipper.dropped == 3
+
+
+async def test_a_given_up_chunk_drops_the_backlog_and_later_output_gets_one_attempt() -> None:
+    """``send`` gives up on the first chunk: every chunk queued behind it and the unflushed
+    buffer go with it; output written after that goes through ``send_once``, and the first
+    chunk accepted ends that."""
+    calls: list[tuple[str, bytes]] = []
+    answers = {"kept": [False], "once": [False]}
+
+    def sender(kind: str) -> Callable[[bytes], Awaitable[bool]]:
+        async def send(chunk: bytes) -> bool:
+            await trio.lowlevel.checkpoint()
+            calls.append((kind, chunk))
+            return answers[kind].pop(0) if answers[kind] else True
+
+        return send
+
+    shipper = LogShipper(sender("kept"), send_once=sender("once"), flush_bytes=4)
+    await shipper.write(b"aaaabbbbccccdd")
+    await shipper.close()
+    assert calls == [("kept", b"aaaa")]
+    assert shipper.given_up == 14 and shipper.failing
+    shipper._closing = False  # (a test reuses the closed shipper as if the job went on)
+    await shipper.write(b"eeeeff")  # "ff" stays batched, and goes with "eeee"
+    await shipper.close()
+    assert calls[1:] == [("once", b"eeee")]
+    assert shipper.given_up == 20 and shipper.failing
+    shipper._closing = False
+    await shipper.write(b"gggg")
+    await shipper.close()
+    assert calls[-1] == ("once", b"gggg")
+    assert not shipper.failing  # accepted: the normal rule is back
+    shipper._closing = False
+    await shipper.write(b"hhhh")
+    await shipper.close()
+    assert calls[-1] == ("kept", b"hhhh")
+
+
+async def test_no_chunk_exceeds_the_flush_size_whatever_one_write_holds() -> None:
+    """The reference flushes at 64 KiB; one large write (a pump reads up to 1 MiB) is cut
+    into 64 KiB chunks, so a proxy that passes the reference's chunks passes ours."""
+    sent: list[bytes] = []
+
+    async def send(chunk: bytes) -> bool:
+        sent.append(chunk)
+        return True
+
+    shipper = LogShipper(send)
+    await shipper.write(b"z" * (3 * LOG_FLUSH_BYTES + 100))
+    await shipper.write(b"y" * (MAX_LOG_CHUNK + 7))
+    await shipper.close()
+    assert max(len(c) for c in sent) == LOG_FLUSH_BYTES
+    assert b"".join(sent) == b"z" * (3 * LOG_FLUSH_BYTES + 100) + b"y" * (MAX_LOG_CHUNK + 7)
+
+
+async def test_a_kept_fault_survives_more_5xx_than_the_reference_tries() -> None:
+    """``keep=True``: a fault answered 503 more often than ``fault_attempts`` is still
+    delivered; a 4xx stays final after one attempt (§3.7)."""
+    with trio.fail_after(10):
+        async with controller() as (ctrl, client):
+            await client.register(REG)
+            ctrl.fail_next("fault", status=503, count=FAST.fault_attempts + 2)
+            assert not await client.report_fault(f"{HOST}:gpu0", "verify failed: x")
+            assert await client.report_fault(f"{HOST}:gpu0", "verify failed: x", keep=True)
+            assert ctrl.faults(f"{HOST}:gpu0") == ["verify failed: x"]
+            ctrl.fail_next("fault", status=404, count=1)
+            assert not await client.report_fault(f"{HOST}:gpu1", "verify failed: y", keep=True)
+            assert [r.outcome for r in ctrl.requests("fault")][-1] == "injected"
+
+
+async def test_log_chunks_get_one_attempt_once_log_retries_are_stopped() -> None:
+    with trio.fail_after(10):
+        async with controller() as (ctrl, client):
+            ctrl.fail_next("logs", status=500, count=100)
+            client.stop_log_retries()
+            assert not await client.send_log_chunk("j1", b"x")
+            assert len(ctrl.requests("logs")) == 1
 
 
 def test_instance_header_name() -> None:
