@@ -24,8 +24,9 @@ import json
 import logging
 import math
 import random
+import zlib
 from collections import deque
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -458,6 +459,21 @@ def _body_excerpt(answer: Answer, limit: int = 200) -> str:
     return text + (" [cut]" if answer.cut and len(text) < limit else "")
 
 
+async def _aiter_once(data: bytes) -> AsyncIterator[bytes]:
+    yield data
+
+
+def _inflater(encoding: str) -> zlib._Decompress | None:
+    """The decoder of an answer's ``Content-Encoding`` (``None``: the body is as sent). Only
+    ``gzip`` is asked for (the reference's ``Accept-Encoding``); anything else is refused."""
+    name = encoding.strip().lower()
+    if name in ("", "identity"):
+        return None
+    if name in ("gzip", "x-gzip"):
+        return zlib.decompressobj(16 + zlib.MAX_WBITS)
+    raise httpx.DecodingError(f"unsupported Content-Encoding {printable(encoding, limit=40)!r}")
+
+
 def _http_error(what: str, response: Answer) -> ControllerError:
     return ControllerError(
         f"{what}: HTTP {response.status_code}: {_body_excerpt(response)}", response.status_code
@@ -507,7 +523,11 @@ class ControllerClient:
         self._http = httpx.AsyncClient(
             transport=transport,
             timeout=httpx.Timeout(self.timings.request_timeout),
-            headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+            headers={
+                "Authorization": f"Bearer {token}",
+                "Content-Type": "application/json",
+                "Accept-Encoding": "gzip",  # the reference's; decoded here, within the cap
+            },
         )
 
     async def __aenter__(self) -> ControllerClient:
@@ -585,10 +605,20 @@ class ControllerClient:
         ) as response:
             status = response.status_code
             cap = answer_limit if 200 <= status < 300 else min(answer_limit, MAX_ERROR_BODY)
+            if response.is_stream_consumed:  # read in full before it reached us (an
+                inflate = None  # in-memory transport, as in tests), and decoded already
+                raws: AsyncIterator[bytes] = _aiter_once(response.content)
+            else:
+                inflate = _inflater(response.headers.get("Content-Encoding", ""))
+                raws = response.aiter_raw()
             body = bytearray()
             cut = False
-            async for chunk in response.aiter_bytes():
+            async for raw in raws:
                 room = cap - len(body)
+                try:  # never more than the room left (+1 to see there is more): no zip bomb
+                    chunk = raw if inflate is None else inflate.decompress(raw, room + 1)
+                except zlib.error as exc:
+                    raise httpx.DecodingError(f"bad gzip body: {exc}") from None
                 if len(chunk) > room:
                     body += chunk[:room]
                     cut = True

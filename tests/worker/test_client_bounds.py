@@ -8,7 +8,9 @@ servers on 127.0.0.1 speaking just enough HTTP/1.1.
 
 from __future__ import annotations
 
+import gzip
 import logging
+import tracemalloc
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
@@ -256,3 +258,63 @@ async def test_a_cut_answer_is_logged_at_debug(caplog: pytest.LogCaptureFixture)
     async with ControllerClient("http://ctrl", "t", transport=transport) as client:
         assert await client.heartbeat("w1", [])
     assert any("longer than the cap" in r.getMessage() for r in caplog.records)
+
+
+# --- compressed answers: decoded within the cap -----------------------------------------------
+
+
+def _gzip_answer(payload: bytes, encoding: str = "gzip") -> httpx.MockTransport:
+    """A 200 whose body is ``payload`` gzipped, streamed in 64 KiB reads as from a socket."""
+    packed = gzip.compress(payload)
+
+    async def pieces() -> AsyncIterator[bytes]:
+        for at in range(0, len(packed), 65536):
+            yield packed[at : at + 65536]
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        assert request.headers["Accept-Encoding"] == "gzip"  # the reference's header
+        return httpx.Response(200, content=pieces(), headers={"Content-Encoding": encoding})
+
+    return httpx.MockTransport(handler)
+
+
+async def test_a_gzip_answer_is_decoded() -> None:
+    transport = _gzip_answer(b'{"worker_id":"w1"}')
+    async with ControllerClient("http://ctrl", "t", transport=transport) as client:
+        assert await client.register(Registration("h")) == "w1"
+
+
+async def test_a_gzip_bomb_is_cut_at_the_cap_without_inflating_it() -> None:
+    """200 MiB of zeros packed into some 200 KiB: refused once 4 MiB are out, and the decoder
+    never holds more than that (a whole 64 KiB read of a bomb inflates to ~64 MiB)."""
+    transport = _gzip_answer(bytes(200 << 20))
+    async with ControllerClient("http://ctrl", "t", transport=transport) as client:
+        tracemalloc.start()
+        try:
+            with pytest.raises(ControllerError, match="longer than 4 MiB"):
+                await client.poll("w1", 0.1)
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+    assert peak < 4 * MAX_ANSWER_BYTES  # the body, its copy, one read: not 64 MiB
+
+
+@pytest.mark.parametrize("encoding", ["br", "deflate", "zstd", "gzip, gzip"])
+async def test_an_encoding_not_asked_for_is_refused(encoding: str) -> None:
+    transport = _gzip_answer(b'{"worker_id":"w1"}', encoding)
+    async with ControllerClient("http://ctrl", "t", transport=transport) as client:
+        with pytest.raises(ControllerError, match="DecodingError: unsupported Content-Encoding"):
+            await client.register(Registration("h"))
+
+
+async def test_a_broken_gzip_body_is_a_controller_error() -> None:
+    async def body() -> AsyncIterator[bytes]:
+        yield b"not gzip"
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, content=body(), headers={"Content-Encoding": "gzip"})
+
+    transport = httpx.MockTransport(handler)
+    async with ControllerClient("http://ctrl", "t", transport=transport) as client:
+        with pytest.raises(ControllerError, match="DecodingError: bad gzip body"):
+            await client.register(Registration("h"))
