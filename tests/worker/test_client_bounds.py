@@ -14,6 +14,7 @@ import tracemalloc
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
+import attrs
 import httpx
 import pytest
 import trio
@@ -27,7 +28,8 @@ from fleet_trio.worker.client import (
     Registration,
     Timings,
 )
-from tests.helpers import read_head
+from fleet_trio.worker.worker import Worker, serve_worker
+from tests.helpers import FAST, FAST_CLIENT, config, read_head, wait_until
 
 Handler = Callable[[trio.SocketStream, bytes], Awaitable[None]]
 
@@ -58,19 +60,22 @@ class Flood:
             self.hung_up.set()
 
 
-@asynccontextmanager
-async def raw_controller(
-    handler: Handler, timings: Timings | None = None
-) -> AsyncIterator[ControllerClient]:
-    """A client on a raw server that hands every request (its head) to ``handler``."""
-
+def _serving(handler: Handler) -> Callable[[trio.SocketStream], Awaitable[None]]:
     async def serve(stream: trio.SocketStream) -> None:
         async with stream:
             head = await read_head(stream)
             await handler(stream, head)
 
+    return serve
+
+
+@asynccontextmanager
+async def raw_controller(
+    handler: Handler, timings: Timings | None = None
+) -> AsyncIterator[ControllerClient]:
+    """A client on a raw server that hands every request (its head) to ``handler``."""
     async with trio.open_nursery() as nursery:
-        listeners = await nursery.start(trio.serve_tcp, serve, 0)
+        listeners = await nursery.start(trio.serve_tcp, _serving(handler), 0)
         port = listeners[0].socket.getsockname()[1]
         client = ControllerClient(f"http://127.0.0.1:{port}", "t", timings=timings)
         async with client:
@@ -318,3 +323,39 @@ async def test_a_broken_gzip_body_is_a_controller_error() -> None:
     async with ControllerClient("http://ctrl", "t", transport=transport) as client:
         with pytest.raises(ControllerError, match="DecodingError: bad gzip body"):
             await client.register(Registration("h"))
+
+
+async def test_the_worker_logs_a_trickled_registration_and_retries(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The review's case end to end: before, registration hung (4+ minutes, no log line)."""
+    attempts = 0
+
+    async def handler(stream: trio.SocketStream, head: bytes) -> None:
+        nonlocal attempts
+        attempts += 1
+        await trickle(stream, head)
+
+    timings = attrs.evolve(FAST_CLIENT, request_timeout=0.5)
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            listeners = await nursery.start(trio.serve_tcp, _serving(handler), 0)
+            port = listeners[0].socket.getsockname()[1]
+            cfg = config(f"http://127.0.0.1:{port}", manual_clear=True)
+            worker = Worker(cfg, timings=FAST, client_timings=timings)
+            stopped = trio.Event()
+
+            async def run() -> None:
+                await serve_worker(worker)
+                stopped.set()
+
+            nursery.start_soon(run)
+            await wait_until(lambda: attempts >= 2, timeout=20)
+            worker.request_shutdown("test over")  # a registration in flight cannot hold it
+            await stopped.wait()
+            assert worker.registrations == 0
+            nursery.cancel_scope.cancel()
+    failed = [r.getMessage() for r in caplog.records if "registration with" in r.getMessage()]
+    assert failed
+    assert "(POST /v1/workers/register: no complete answer within 500ms)" in failed[0]
+    assert "retrying in" in failed[0]
