@@ -624,6 +624,8 @@ class ControllerClient:
                     cut = True
                     break
                 body += chunk
+            if inflate is not None and not cut and not inflate.eof:
+                raise httpx.DecodingError("bad gzip body: it ends before the gzip stream does")
             return Answer(status, response.headers, bytes(body), cut)
 
     async def _attempt(

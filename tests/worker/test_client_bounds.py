@@ -312,9 +312,12 @@ async def test_an_encoding_not_asked_for_is_refused(encoding: str) -> None:
             await client.register(Registration("h"))
 
 
-async def test_a_broken_gzip_body_is_a_controller_error() -> None:
+@pytest.mark.parametrize(
+    "sent", [b"not gzip", gzip.compress(b'{"worker_id":"w1"}')[:-9]], ids=["garbage", "truncated"]
+)
+async def test_a_broken_gzip_body_is_a_controller_error(sent: bytes) -> None:
     async def body() -> AsyncIterator[bytes]:
-        yield b"not gzip"
+        yield sent
 
     def handler(request: httpx.Request) -> httpx.Response:
         return httpx.Response(200, content=body(), headers={"Content-Encoding": "gzip"})
