@@ -77,7 +77,8 @@ class Timings:
     """Client-side constants of worker-protocol.md §13, in float seconds."""
 
     request_timeout: float = 120.0
-    """Request/response calls (the long poll adds its own wait on top)."""
+    """Request/response calls, the whole exchange (connect, send, the full answer), as Go's
+    ``Client.Timeout``; the long poll adds its own wait on top."""
     report_attempt_timeout: float = 5.0
     """One attempt of a terminal report, fault report or log chunk."""
     report_backoff: tuple[float, ...] = (0.2, 0.4, 0.8, 1.6)
