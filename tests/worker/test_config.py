@@ -251,6 +251,7 @@ def test_controller_url_required(tmp_path: Path, text: str) -> None:
         ("http://ctl:8080/?x=1", "must not hold a query (?) or fragment (#)"),
         ("http://ctl:8080#top", "must not hold a query (?) or fragment (#)"),
         ("http://ctl 8080", "must not contain a space"),
+        ("http://u:secret@ctl/rc", "must not hold a user or password"),  # Basic, not Bearer
     ],
 )
 def test_controller_url_must_be_an_http_url(tmp_path: Path, url: str, says: str) -> None:
@@ -260,7 +261,7 @@ def test_controller_url_must_be_an_http_url(tmp_path: Path, url: str, says: str)
 
 
 @pytest.mark.parametrize(
-    "url", ["https://ctl", "HTTP://CTL:8080/", "http://[::1]:8080", "http://u:p@ctl/rc/"]
+    "url", ["https://ctl", "HTTP://CTL:8080/", "http://[::1]:8080", "http://10.0.0.7:18930/rc/"]
 )
 def test_controller_url_forms_that_load(tmp_path: Path, url: str) -> None:
     cfg = _load(tmp_path, f"controller_url: {json.dumps(url)}\ndevices: [gpu0]\n")

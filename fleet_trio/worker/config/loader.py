@@ -520,7 +520,8 @@ URL_EXAMPLE = "e.g. http://controller:8080"
 def controller_url_problem(url: str) -> str | None:
     """Why ``url`` cannot be the controller's base URL (``None``: it can), checked with the
     parser the worker's HTTP client uses: an absolute ``http`` or ``https`` URL with a host
-    and a port in range, no space, no query or fragment (the worker appends ``/v1/...``)."""
+    and a port in range, no user or password, no space, no query or fragment (the worker
+    appends ``/v1/...``)."""
     shown = printable(url, limit=120)
     if any(c.isspace() for c in url):
         return f"must not contain a space: {shown!r} ({URL_EXAMPLE})"
@@ -533,6 +534,11 @@ def controller_url_problem(url: str) -> str | None:
         return f"must start with http:// or https://, got {shown!r} ({URL_EXAMPLE})"
     if not parsed.host:
         return f"names no host: {shown!r} ({URL_EXAMPLE})"
+    if parsed.userinfo:
+        return (
+            "must not hold a user or password (user@host): the worker authenticates with its "
+            "token, and the HTTP client would send Basic credentials in its place"
+        )
     if port is not None and not 1 <= port <= 65535:
         return f"port {port} out of range (1 to 65535): {shown!r}"
     if parsed.query or parsed.fragment or "?" in url or "#" in url:
