@@ -25,6 +25,7 @@ from fleet_trio.worker.client import (
     decode_answer,
     make_converter,
 )
+from fleet_trio.worker.job import PRE_KILLED_REASON
 from fleet_trio.worker.relay import FrameError, decode_frame
 from tests.helpers import PY, dev, json_values, running, started, until_terminal
 
@@ -234,6 +235,17 @@ async def test_one_bad_assignment_does_not_cost_the_kills_or_the_other_jobs(
     lines = [r.getMessage() for r in caplog.records]
     assert any(m.startswith("poll answer: assignment skipped: assignment " + j_long) for m in lines)
     assert not any(m.startswith("poll failed: ") for m in lines)
+
+
+async def test_a_refused_assignment_killed_in_the_same_answer_is_reported_killed() -> None:
+    with trio.fail_after(30):
+        async with running(devices=("gpu0",)) as (ctrl, _):
+            job = ctrl.submit(dev("gpu0"), ["true"], max_runtime_seconds=3_600_000_000)
+            ctrl.kill(job)  # no checkpoint since the submit: one answer holds both
+            assert await until_terminal(ctrl, job) == ["killed"]
+            (report,) = ctrl.status_reports(job)
+            assert report.reason == PRE_KILLED_REASON
+            await ctrl.wait_for(lambda: ctrl.device(dev("gpu0")).state == "ready")
 
 
 # --- fuzz -------------------------------------------------------------------------------------
