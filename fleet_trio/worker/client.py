@@ -27,8 +27,9 @@ import json
 import logging
 import math
 import random
+import zlib
 from collections import deque
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -59,6 +60,12 @@ MAX_ANSWER_SECONDS = (1 << 31) - 1
 """The largest ``max_runtime_seconds`` / ``idle_timeout_seconds`` accepted (some 68 years)."""
 ANSWER_MAX_DEPTH = 8
 """A poll answer is nested 4 deep (answer, assignments, assignment, env); deeper is refused."""
+MAX_ANSWER_BYTES = 4 << 20
+"""A register or poll answer (2xx) longer than this is refused: the request fails and the
+connection is closed (a real answer is a few KiB; 4 MiB holds thousands of assignments)."""
+MAX_ERROR_BODY = 64 * 1024
+"""Of any other answer body (an error's, or a 2xx nobody reads) at most this much is read;
+the rest is left unread and the connection closed."""
 
 Labels = dict[str, dict[str, str]]
 
@@ -73,7 +80,8 @@ class Timings:
     """Client-side constants of worker-protocol.md §13, in float seconds."""
 
     request_timeout: float = 120.0
-    """Request/response calls (the long poll adds its own wait on top)."""
+    """Request/response calls, the whole exchange (connect, send, the full answer), as Go's
+    ``Client.Timeout``; the long poll adds its own wait on top."""
     report_attempt_timeout: float = 5.0
     """One attempt of a terminal report, fault report or log chunk."""
     report_backoff: tuple[float, ...] = (0.2, 0.4, 0.8, 1.6)
@@ -216,11 +224,27 @@ class Assignment:
 
 
 @attrs.frozen
+class Refused:
+    """One assignment of a poll answer that could not be taken (a member of the wrong type
+    or out of range, an invalid id). ``job_id``: its id when that much was usable (the worker
+    then reports the job ``failed`` with ``reason``), else ``None``."""
+
+    reason: str
+    """Why, safe for a log line (escaped, bounded)."""
+    job_id: str | None = None
+
+
+@attrs.frozen
 class PollAnswer:
-    """An E4 answer; a 204 is the empty answer."""
+    """An E4 answer; a 204 is the empty answer.
+
+    Decoded item by item: ``refused`` holds the assignments that could not be taken and
+    ``bad_kills`` the reasons kill ids were skipped; the rest of the answer stands."""
 
     assignments: tuple[Assignment, ...] = ()
     kills: tuple[str, ...] = ()
+    refused: tuple[Refused, ...] = ()
+    bad_kills: tuple[str, ...] = ()
 
 
 @attrs.frozen
@@ -292,24 +316,50 @@ def register_hooks(conv: cattrs.Converter) -> None:
         )
 
     def structure_poll(data: Any, _: type) -> PollAnswer:
+        """Item by item: a bad assignment or kill id is set aside alone (the rest of the answer
+        stands); only an answer that is not an object, or whose ``assignments`` / ``kills``
+        are not arrays, is refused whole."""
         if not isinstance(data, Mapping):
             raise WireError("poll answer is not an object")
         raw = data.get("assignments") or []
-        kills = data.get("kills") or []
-        if not isinstance(raw, list) or not isinstance(kills, list):
-            raise WireError("poll answer has the wrong shape")
-        for k in kills:
+        raw_kills = data.get("kills") or []
+        if not isinstance(raw, list) or not isinstance(raw_kills, list):
+            raise WireError("poll answer has the wrong shape (assignments/kills not arrays)")
+        kills: list[str] = []
+        bad_kills: list[str] = []
+        for k in raw_kills:
             if not isinstance(k, str) or id_problem(k) is not None:
-                raise WireError(f"kills: invalid job id {_shown(k)}")
+                bad_kills.append(f"kills: invalid job id {_shown(k)}")
+            else:
+                kills.append(k)
+        assignments: list[Assignment] = []
+        refused: list[Refused] = []
+        for a in raw:
+            try:
+                assignments.append(conv.structure(a, Assignment))
+            except (WireError, ValueError, TypeError) as exc:
+                refused.append(Refused(printable(str(exc), limit=300), _usable_id(a)))
         return PollAnswer(
-            assignments=tuple(conv.structure(a, Assignment) for a in raw),
+            assignments=tuple(assignments),
             kills=tuple(kills),
+            refused=tuple(refused),
+            bad_kills=tuple(bad_kills),
         )
 
     conv.register_unstructure_hook(Registration, unstructure_registration)
     conv.register_unstructure_hook(StatusReport, unstructure_status)
     conv.register_structure_hook(Assignment, structure_assignment)
     conv.register_structure_hook(PollAnswer, structure_poll)
+
+
+def _usable_id(data: object) -> str | None:
+    """The ``job_id`` of a refused assignment when it is itself valid, else ``None``."""
+    if not isinstance(data, Mapping):
+        return None
+    value = data.get("job_id")
+    if isinstance(value, str) and id_problem(value) is None:
+        return value
+    return None
 
 
 def _shown(value: object) -> str:
@@ -391,9 +441,56 @@ class ControllerError(Exception):
         self.status = status
 
 
-def _http_error(what: str, response: httpx.Response) -> ControllerError:
-    text = printable(response.text.strip(), limit=200)
-    return ControllerError(f"{what}: HTTP {response.status_code}: {text}", response.status_code)
+@attrs.frozen
+class Answer:
+    """One controller answer, read with a size cap (:meth:`ControllerClient.request`)."""
+
+    status_code: int
+    headers: httpx.Headers
+    content: bytes
+    """At most the cap; ``cut``: there was more (left unread, the connection closed)."""
+    cut: bool = False
+
+    @property
+    def text(self) -> str:
+        return self.content.decode("utf-8", errors="replace")
+
+
+def _body_excerpt(answer: Answer, limit: int = 200) -> str:
+    """The start of an answer's body for a log line: escaped, at most ``limit`` characters."""
+    text = printable(
+        answer.content[: limit * 4].decode("utf-8", errors="replace").strip(), limit=limit
+    )
+    return text + (" [cut]" if answer.cut and len(text) < limit else "")
+
+
+async def _aiter_once(data: bytes) -> AsyncIterator[bytes]:
+    yield data
+
+
+def _inflater(encoding: str) -> zlib._Decompress | None:
+    """The decoder of an answer's ``Content-Encoding`` (``None``: the body is as sent). Only
+    ``gzip`` is asked for (the reference's ``Accept-Encoding``); anything else is refused."""
+    name = encoding.strip().lower()
+    if name in ("", "identity"):
+        return None
+    if name in ("gzip", "x-gzip"):
+        return zlib.decompressobj(16 + zlib.MAX_WBITS)
+    raise httpx.DecodingError(f"unsupported Content-Encoding {printable(encoding, limit=40)!r}")
+
+
+def _http_error(what: str, response: Answer) -> ControllerError:
+    return ControllerError(
+        f"{what}: HTTP {response.status_code}: {_body_excerpt(response)}", response.status_code
+    )
+
+
+def _too_long(what: str, response: Answer, limit: int) -> ControllerError:
+    return ControllerError(
+        f"{what}: answer (HTTP {response.status_code}) longer than {limit >> 20} MiB: refused, "
+        "connection closed",
+        response.status_code,
+    )
 
 
 def _ok(status: int | None) -> bool:
@@ -433,7 +530,11 @@ class ControllerClient:
         self._http = httpx.AsyncClient(
             transport=transport,
             timeout=httpx.Timeout(self.timings.request_timeout),
-            headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+            headers={
+                "Authorization": f"Bearer {token}",
+                "Content-Type": "application/json",
+                "Accept-Encoding": "gzip",  # the reference's; decoded here, within the cap
+            },
         )
 
     async def __aenter__(self) -> ControllerClient:
@@ -455,28 +556,84 @@ class ControllerClient:
         content: bytes | None = None,
         params: Mapping[str, str] | None = None,
         http_timeout: float | None = None,
-    ) -> httpx.Response:
-        """One exchange. Raises :class:`ControllerError` on a transport failure only."""
+        answer_limit: int = MAX_ERROR_BODY,
+    ) -> Answer:
+        """One exchange. Raises :class:`ControllerError` on a transport failure only.
+
+        The whole exchange (connect, send, headers, the full body) is bounded by
+        ``http_timeout`` (default ``Timings.request_timeout``), as Go's ``Client.Timeout``
+        bounds it: a controller that trickles its answer is a timeout, not a hang. The body
+        is read streamed: of a 2xx at most ``answer_limit`` bytes, of any other at most
+        :data:`MAX_ERROR_BODY`; the rest is left unread and the connection closed
+        (``Answer.cut``). Callers that need the whole body check ``cut``."""
         url = self.base_url + path
+        limit = http_timeout if http_timeout is not None else self.timings.request_timeout
         started = trio.current_time()  # metrics
-        try:
-            response = await self._http.request(
-                method,
-                url,
-                content=content,
-                params=params,
-                timeout=http_timeout if http_timeout is not None else self.timings.request_timeout,
-            )
-        except httpx.HTTPError as exc:
+        answer: Answer | None = None
+        failure: BaseException | None = None
+        with trio.move_on_after(limit):
+            try:
+                answer = await self._exchange(method, url, content, params, limit, answer_limit)
+            except (httpx.HTTPError, httpx.InvalidURL, httpx.StreamError) as exc:
+                failure = exc
+        if answer is None:
             if self.metrics is not None:
                 self.metrics.controller_request(path, None, trio.current_time() - started)
-            raise ControllerError(f"{method} {path}: {type(exc).__name__}: {exc}") from exc
+            if failure is None:
+                why = f"no complete answer within {go_duration_seconds(limit)}"
+            else:
+                why = f"{type(failure).__name__}: {printable(str(failure), limit=300)}"
+            raise ControllerError(f"{method} {path}: {why}") from failure
         if self.metrics is not None:
-            self.metrics.controller_request(
-                path, response.status_code, trio.current_time() - started
+            self.metrics.controller_request(path, answer.status_code, trio.current_time() - started)
+        self.tracker.observe(trio.current_time(), answer.headers.get(INSTANCE_HEADER))
+        if answer.cut:
+            log.debug(
+                "%s %s: HTTP %d answer longer than the cap: cut, connection closed",
+                method,
+                path,
+                answer.status_code,
             )
-        self.tracker.observe(trio.current_time(), response.headers.get(INSTANCE_HEADER))
-        return response
+        return answer
+
+    async def _exchange(
+        self,
+        method: str,
+        url: str,
+        content: bytes | None,
+        params: Mapping[str, str] | None,
+        limit: float,
+        answer_limit: int,
+    ) -> Answer:
+        """Send, then read the body up to its cap (leaving the stream closes the connection
+        when the body was not read to its end)."""
+        async with self._http.stream(
+            method, url, content=content, params=params, timeout=limit
+        ) as response:
+            status = response.status_code
+            cap = answer_limit if 200 <= status < 300 else min(answer_limit, MAX_ERROR_BODY)
+            if response.is_stream_consumed:  # read in full before it reached us (an
+                inflate = None  # in-memory transport, as in tests), and decoded already
+                raws: AsyncIterator[bytes] = _aiter_once(response.content)
+            else:
+                inflate = _inflater(response.headers.get("Content-Encoding", ""))
+                raws = response.aiter_raw()
+            body = bytearray()
+            cut = False
+            async for raw in raws:
+                room = cap - len(body)
+                try:  # never more than the room left (+1 to see there is more): no zip bomb
+                    chunk = raw if inflate is None else inflate.decompress(raw, room + 1)
+                except zlib.error as exc:
+                    raise httpx.DecodingError(f"bad gzip body: {exc}") from None
+                if len(chunk) > room:
+                    body += chunk[:room]
+                    cut = True
+                    break
+                body += chunk
+            if inflate is not None and not cut and not inflate.eof:
+                raise httpx.DecodingError("bad gzip body: it ends before the gzip stream does")
+            return Answer(status, response.headers, bytes(body), cut)
 
     async def _attempt(
         self, method: str, path: str, content: bytes | None, limit: float
@@ -515,10 +672,15 @@ class ControllerClient:
     async def register(self, registration: Registration) -> str:
         """E1. Returns the worker id; raises :class:`ControllerError` on any non-200."""
         response = await self.request(
-            "POST", "/v1/workers/register", content=encode(self.converter, registration)
+            "POST",
+            "/v1/workers/register",
+            content=encode(self.converter, registration),
+            answer_limit=MAX_ANSWER_BYTES,
         )
         if response.status_code != 200:
             raise _http_error("register", response)
+        if response.cut:
+            raise _too_long("register", response, MAX_ANSWER_BYTES)
         try:
             body = loads_json(response.content, max_depth=ANSWER_MAX_DEPTH, go_text=True)
             worker_id = body["worker_id"]
@@ -544,7 +706,7 @@ class ControllerClient:
         if response is None:
             return False
         if not _ok(response.status_code):
-            log.warning("labels push: HTTP %d %s", response.status_code, response.text.strip())
+            log.warning("labels push: HTTP %d %s", response.status_code, _body_excerpt(response))
             return False
         return True
 
@@ -556,7 +718,7 @@ class ControllerClient:
         response = await self._post_or_warn(f"/v1/workers/{worker_id}/heartbeat", body, "heartbeat")
         return response is not None and _ok(response.status_code)
 
-    async def _post_or_warn(self, path: str, body: object, what: str) -> httpx.Response | None:
+    async def _post_or_warn(self, path: str, body: object, what: str) -> Answer | None:
         """POST ``body`` as compact JSON; ``None`` when no answer came (logged as ``what``)."""
         try:
             content = json.dumps(body, separators=(",", ":")).encode()
@@ -572,11 +734,14 @@ class ControllerClient:
             f"/v1/workers/{worker_id}/assignments",
             params={"wait": go_duration_seconds(wait)},
             http_timeout=self.timings.request_timeout + wait,
+            answer_limit=MAX_ANSWER_BYTES,
         )
         if response.status_code == 204:
             return PollAnswer()
         if response.status_code != 200:
             raise _http_error("poll", response)
+        if response.cut:
+            raise _too_long("poll", response, MAX_ANSWER_BYTES)
         try:
             return decode_answer(self.converter, response.content)
         except WireError as exc:
@@ -897,7 +1062,10 @@ class LogShipper:
 __all__ = [
     "INSTANCE_HEADER",
     "LOG_FLUSH_BYTES",
+    "MAX_ANSWER_BYTES",
+    "MAX_ERROR_BODY",
     "MAX_LOG_CHUNK",
+    "Answer",
     "Assignment",
     "ContactTracker",
     "ControllerClient",
@@ -905,6 +1073,7 @@ __all__ = [
     "DeviceDecl",
     "LogShipper",
     "PollAnswer",
+    "Refused",
     "Registration",
     "StatusReport",
     "Timings",

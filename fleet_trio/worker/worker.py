@@ -58,7 +58,9 @@ from fleet_trio.worker.client import (
     ControllerError,
     DeviceDecl,
     PollAnswer,
+    Refused,
     Registration,
+    StatusReport,
     Timings,
 )
 from fleet_trio.worker.config import WorkerConfig, check_tail_listen
@@ -367,13 +369,20 @@ class Worker:
             await trio.sleep(self.timings.idle_poll_floor)
 
     def handle_answer(self, answer: PollAnswer) -> bool:
-        """Kills first, then assignments (§3.4). Returns True when a job was started."""
+        """Kills first, then assignments (§3.4). Returns True when a job was started.
+
+        What the decoder set aside (a kill id outside the id set, an assignment it could not
+        take) is logged and skipped alone; the rest of the answer is honoured."""
         kills = set(answer.kills)
+        for problem in answer.bad_kills:
+            log.warning("poll answer: %s: skipped", problem)
         for job_id in answer.kills:
             job = self.jobs.get(job_id)
             if job is not None and not job.stop.was_set:
                 log.info("job %s: kill received", job_id)
                 job.stop.set()
+        for refused in answer.refused:
+            self._refuse(refused, killed=refused.job_id in kills)
         started = False
         for a in answer.assignments:
             if a.job_id in self.started or a.job_id in self.jobs:
@@ -393,6 +402,33 @@ class Worker:
                 self.jobs.pop(a.job_id, None)
                 log.warning("job %s arrived during shutdown: not started", a.job_id)
         return started
+
+    def _refuse(self, refused: Refused, *, killed: bool) -> None:
+        """An assignment the worker cannot take (a member of the wrong type or out of range):
+        logged and skipped. When its job id is usable the job is reported ``failed`` with the
+        reason (``killed`` when the same answer kills it), so the controller, which counts a
+        handed-out job as running, ends it now instead of letting its lease run out (the job
+        ``lost``, the device quarantined ``lease_expired``)."""
+        job_id = refused.job_id
+        log.warning("poll answer: assignment skipped: %s", refused.reason)
+        if job_id is None or job_id in self.started or job_id in self.jobs:
+            return
+        self.started.add(job_id)
+        if killed:
+            report = StatusReport(self.worker_id, "killed", None, job_lifecycle.PRE_KILLED_REASON)
+        else:
+            reason = f"assignment refused by the worker: {refused.reason}"
+            report = StatusReport(self.worker_id, "failed", None, reason)
+        tree = self._tree
+        assert tree is not None
+        try:
+            tree.start_job(self._report_refused, job_id, report, name=f"job {job_id} (refused)")
+        except TaskTreeClosed:
+            log.warning("job %s refused during shutdown: not reported", job_id)
+
+    async def _report_refused(self, job_id: str, report: StatusReport) -> None:
+        with self.finish_scope(None):
+            await self.client.report_terminal(job_id, report)
 
     # -- one job ---------------------------------------------------------------------------------
     async def _pre_killed(self, a: Assignment) -> None:

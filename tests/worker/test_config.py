@@ -238,6 +238,36 @@ def test_controller_url_required(tmp_path: Path, text: str) -> None:
     _refuses(tmp_path, text, "controller_url", "required")
 
 
+@pytest.mark.parametrize(
+    ("url", "says"),
+    [
+        ("http://[::1", "not a valid URL"),  # was an internal error (httpx.InvalidURL)
+        ("ftp://x", "must start with http:// or https://"),  # was retried forever
+        ("127.0.0.1:18930", "must start with http:// or https://"),  # no scheme
+        ("localhost:8080", "must start with http:// or https://"),
+        ("http://", "names no host"),
+        ("http:///rc", "names no host"),
+        ("http://ctl:99999", "port 99999 out of range"),
+        ("http://ctl:8080/?x=1", "must not hold a query (?) or fragment (#)"),
+        ("http://ctl:8080#top", "must not hold a query (?) or fragment (#)"),
+        ("http://ctl 8080", "must not contain a space"),
+        ("http://u:secret@ctl/rc", "must not hold a user or password"),  # Basic, not Bearer
+    ],
+)
+def test_controller_url_must_be_an_http_url(tmp_path: Path, url: str, says: str) -> None:
+    _refuses(
+        tmp_path, f"controller_url: {json.dumps(url)}\ndevices: [gpu0]\n", "controller_url", says
+    )
+
+
+@pytest.mark.parametrize(
+    "url", ["https://ctl", "HTTP://CTL:8080/", "http://[::1]:8080", "http://10.0.0.7:18930/rc/"]
+)
+def test_controller_url_forms_that_load(tmp_path: Path, url: str) -> None:
+    cfg = _load(tmp_path, f"controller_url: {json.dumps(url)}\ndevices: [gpu0]\n")
+    assert cfg.controller_url == url.rstrip("/")
+
+
 # --- devices ----------------------------------------------------------------------------------
 
 

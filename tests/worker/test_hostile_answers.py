@@ -1,6 +1,7 @@
-"""Controller answers are outside input (issue 14, items 4 and 6): a hostile poll answer is a
-logged, skipped answer (the worker polls again), never an exit or a traceback; the ids it
-carries are checked before use."""
+"""Controller answers are outside input: a hostile poll answer is never an exit or a
+traceback, and the ids it carries are checked before use. An answer that is not JSON, or not
+an object with arrays, is skipped whole (the worker polls again); otherwise it is decoded item
+by item: a bad assignment or kill id is logged and skipped alone, the rest is honoured."""
 
 from __future__ import annotations
 
@@ -19,12 +20,14 @@ from fleet_trio.worker.client import (
     MAX_ANSWER_SECONDS,
     ControllerClient,
     ControllerError,
+    Refused,
     Registration,
     decode_answer,
     make_converter,
 )
+from fleet_trio.worker.job import PRE_KILLED_REASON
 from fleet_trio.worker.relay import FrameError, decode_frame
-from tests.helpers import PY, dev, json_values, running, until_terminal
+from tests.helpers import PY, dev, json_values, running, started, until_terminal
 
 CONV = make_converter()
 
@@ -37,17 +40,11 @@ def body(*assignments: dict[str, Any], **extra: Any) -> bytes:
     return json.dumps({"assignments": list(assignments), **extra}).encode()
 
 
-HOSTILE: dict[str, bytes] = {
+WHOLE: dict[str, bytes] = {
     "max_runtime 1e400": b'{"assignments": [{"job_id": "j", "device_id": "h:g", '
     b'"command": ["true"], "max_runtime_seconds": 1e400}]}',
     "idle NaN": b'{"assignments": [{"job_id": "j", "device_id": "h:g", "idle_timeout_seconds": '
     b"NaN}]}",
-    "max_runtime huge int": body(assignment(max_runtime_seconds=10**30)),
-    "max_runtime negative": body(assignment(max_runtime_seconds=-1)),
-    "max_runtime over the cap": body(assignment(max_runtime_seconds=MAX_ANSWER_SECONDS + 1)),
-    "max_runtime float": body(assignment(max_runtime_seconds=1.5)),
-    "max_runtime string": body(assignment(max_runtime_seconds="5")),
-    "max_runtime bool": body(assignment(max_runtime_seconds=True)),
     "5000-digit int": b'{"assignments": [{"job_id": "j", "device_id": "h:g", '
     b'"max_runtime_seconds": ' + b"9" * 5000 + b"}]}",
     "env 3000 deep": b'{"assignments": [{"job_id": "j", "device_id": "h:g", "env": '
@@ -55,6 +52,20 @@ HOSTILE: dict[str, bytes] = {
     + b"1"
     + b"}" * 3000
     + b"}]}",
+    "not utf-8": b'{"assignments": [{"job_id": "\xff"}]}',
+    "not an object": b"[1, 2]",
+    "assignments not an array": b'{"assignments": {"job_id": "j"}}',
+    "kills not an array": b'{"kills": "j-1"}',
+}
+"""Answers refused whole: not JSON (or past the decoder's bounds), or not the answer's shape."""
+
+ITEMS: dict[str, bytes] = {
+    "max_runtime huge int": body(assignment(max_runtime_seconds=10**30)),
+    "max_runtime negative": body(assignment(max_runtime_seconds=-1)),
+    "max_runtime over the cap": body(assignment(max_runtime_seconds=MAX_ANSWER_SECONDS + 1)),
+    "max_runtime float": body(assignment(max_runtime_seconds=1.5)),
+    "max_runtime string": body(assignment(max_runtime_seconds="5")),
+    "max_runtime bool": body(assignment(max_runtime_seconds=True)),
     "env value object": body(assignment(env={"A": {"b": "c"}})),
     "env value number": body(assignment(env={"A": 1})),
     "command not strings": body(assignment(command=["echo", 3])),
@@ -70,17 +81,51 @@ HOSTILE: dict[str, bytes] = {
     "kill id newline": body(kills=["k\nx"]),
     "kill id number": body(kills=[3]),
     "cwd number": body(assignment(cwd=3)),
-    "not utf-8": b'{"assignments": [{"job_id": "\xff"}]}',
+    "assignment not an object": body("j-1"),  # type: ignore[arg-type]
 }
+"""Answers with one bad item (an assignment or a kill id): that item is set aside alone."""
+
+HOSTILE = {**WHOLE, **ITEMS}
 
 
-@pytest.mark.parametrize("raw", HOSTILE.values(), ids=HOSTILE.keys())
+@pytest.mark.parametrize("raw", WHOLE.values(), ids=WHOLE.keys())
 def test_a_hostile_answer_is_a_wire_error_with_a_safe_message(raw: bytes) -> None:
     with pytest.raises(WireError) as info:
         decode_answer(CONV, raw)
     message = str(info.value)
     assert message and message.isprintable()
     assert len(message) < 400
+
+
+@pytest.mark.parametrize("raw", ITEMS.values(), ids=ITEMS.keys())
+def test_a_hostile_item_is_set_aside_with_a_safe_message(raw: bytes) -> None:
+    answer = decode_answer(CONV, raw)
+    assert answer.assignments == () and answer.kills == ()
+    reasons = [r.reason for r in answer.refused] + list(answer.bad_kills)
+    assert len(reasons) == 1
+    assert all(r and r.isprintable() and len(r) < 400 for r in reasons)
+    for r in answer.refused:  # a job id is kept only when it is itself valid
+        assert r.job_id in (None, "j-1", "j")
+
+
+def test_one_bad_assignment_leaves_the_rest_of_the_answer_standing() -> None:
+    """The review's answer: one assignment out of range, one valid, a kill; before, the whole
+    answer was dropped (the kill lost, the valid job never run and later ``lost``)."""
+    raw = body(
+        assignment(job_id="j-long", max_runtime_seconds=3_600_000_000),
+        assignment(job_id="j-other"),
+        {"device_id": "h:g"},
+        kills=["j-run", "bad\nid", 7, "j-long"],
+    )
+    answer = decode_answer(CONV, raw)
+    assert [a.job_id for a in answer.assignments] == ["j-other"]
+    assert answer.kills == ("j-run", "j-long")
+    assert [r.job_id for r in answer.refused] == ["j-long", None]
+    assert "max_runtime_seconds out of range" in answer.refused[0].reason
+    assert "job_id must be a string" in answer.refused[1].reason
+    assert len(answer.bad_kills) == 2
+    assert all(k.startswith("kills: invalid job id ") for k in answer.bad_kills)
+    assert isinstance(answer.refused[0], Refused)
 
 
 def test_lone_surrogates_in_an_answer_become_u_fffd_as_in_go() -> None:
@@ -122,7 +167,7 @@ def test_a_good_answer_decodes() -> None:
 
 
 async def test_the_client_turns_it_into_a_controller_error() -> None:
-    answers = iter(HOSTILE.values())
+    answers = iter(WHOLE.values())
 
     def handler(request: httpx.Request) -> httpx.Response:
         if request.url.path.endswith("/register"):
@@ -135,7 +180,7 @@ async def test_the_client_turns_it_into_a_controller_error() -> None:
         with pytest.raises(ControllerError) as info:
             await client.register(Registration("h"))
         assert "invalid worker_id" in str(info.value) and "\n" not in str(info.value)
-        for _ in HOSTILE:
+        for _ in WHOLE:
             with pytest.raises(ControllerError) as info:
                 await client.poll("w1", 0.01)
             assert str(info.value).startswith("poll: undecodable answer: ")
@@ -155,10 +200,52 @@ async def test_the_worker_skips_hostile_answers_and_keeps_working(
             job = ctrl.submit(dev("gpu0"), [PY, "-c", "print('still here')"])
             assert await until_terminal(ctrl, job) == ["running", "succeeded"]
             await ctrl.wait_for(lambda: worker.supervised() == [], timeout=5)
-    skipped = [r for r in caplog.records if r.getMessage().startswith("poll failed: ")]
+    skipped = [
+        r for r in caplog.records if r.getMessage().startswith(("poll failed: ", "poll answer: "))
+    ]
     assert len(skipped) >= len(HOSTILE)
     assert all(r.exc_info is None for r in caplog.records)
     assert all(r.getMessage().isprintable() for r in skipped)  # no forged line, no escape
+
+
+async def test_one_bad_assignment_does_not_cost_the_kills_or_the_other_jobs(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The review's case against a controller: one answer kills a running job and hands out
+    one assignment out of range and one valid. The kill is honoured, the valid job runs, and
+    the refused one is reported ``failed`` with the reason, so its device stays ``ready``
+    instead of waiting for the lease to expire (job ``lost``, device ``lease_expired``)."""
+    caplog.set_level(logging.INFO)
+    with trio.fail_after(40):
+        async with running(devices=("gpu0", "gpu1", "gpu2")) as (ctrl, _):
+            j_run = await started(ctrl, dev("gpu0"), ["sleep", "30"])
+            # no checkpoint between these: the sim puts all three in one poll answer
+            ctrl.kill(j_run)
+            j_long = ctrl.submit(dev("gpu1"), ["true"], max_runtime_seconds=3_600_000_000)
+            j_other = ctrl.submit(dev("gpu2"), [PY, "-c", "print('ran')"])
+            assert await until_terminal(ctrl, j_run) == ["running", "killed"]
+            assert await until_terminal(ctrl, j_other) == ["running", "succeeded"]
+            assert await until_terminal(ctrl, j_long) == ["failed"]
+            (report,) = ctrl.status_reports(j_long)
+            assert report.reason.startswith("assignment refused by the worker: assignment ")
+            assert "max_runtime_seconds out of range (0 to 2147483647)" in report.reason
+            await ctrl.wait_for(lambda: ctrl.device(dev("gpu1")).state == "ready")
+            j_next = ctrl.submit(dev("gpu1"), [PY, "-c", "pass"])
+            assert await until_terminal(ctrl, j_next) == ["running", "succeeded"]
+    lines = [r.getMessage() for r in caplog.records]
+    assert any(m.startswith("poll answer: assignment skipped: assignment " + j_long) for m in lines)
+    assert not any(m.startswith("poll failed: ") for m in lines)
+
+
+async def test_a_refused_assignment_killed_in_the_same_answer_is_reported_killed() -> None:
+    with trio.fail_after(30):
+        async with running(devices=("gpu0",)) as (ctrl, _):
+            job = ctrl.submit(dev("gpu0"), ["true"], max_runtime_seconds=3_600_000_000)
+            ctrl.kill(job)  # no checkpoint since the submit: one answer holds both
+            assert await until_terminal(ctrl, job) == ["killed"]
+            (report,) = ctrl.status_reports(job)
+            assert report.reason == PRE_KILLED_REASON
+            await ctrl.wait_for(lambda: ctrl.device(dev("gpu0")).state == "ready")
 
 
 # --- fuzz -------------------------------------------------------------------------------------

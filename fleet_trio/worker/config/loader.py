@@ -34,6 +34,7 @@ from typing import Any
 
 import attrs
 import cattrs
+import httpx
 import yaml
 from cattrs.gen import make_dict_structure_fn, override
 
@@ -42,7 +43,7 @@ from fleet_trio.confighints import KeyedError as _KeyedError
 from fleet_trio.confighints import structure as _structure
 from fleet_trio.durations import SECOND, go_duration, parse_duration
 from fleet_trio.errors import ConfigError, DurationError
-from fleet_trio.inputs import first_control, token_problem
+from fleet_trio.inputs import first_control, printable, token_problem
 from fleet_trio.memory import DEFAULT_BUDGET, check_budget, parse_size
 from fleet_trio.worker.config.model import (
     CONTROLLER_MAX_POLL_WAIT,
@@ -489,6 +490,8 @@ def _build(
             )
 
     _refuse_controls(values, token, host)
+    if problem := controller_url_problem(values["controller_url"]):
+        raise _KeyedError(problem, "controller_url")
     for key in ignored:  # a typo must not pass silently (rc worker ignores them too)
         log.warning("%s: unknown key %s ignored%s", path or "config", key, _key_hint(key))
     names = [d.name for d in values["devices"]]
@@ -509,6 +512,41 @@ def _build(
             go_duration(CONTROLLER_MAX_POLL_WAIT),
         )
     return cfg
+
+
+URL_EXAMPLE = "e.g. http://controller:8080"
+
+
+def controller_url_problem(url: str) -> str | None:
+    """Why ``url`` cannot be the controller's base URL (``None``: it can), checked with the
+    parser the worker's HTTP client uses: an absolute ``http`` or ``https`` URL with a host
+    and a port in range, no user or password, no space, no query or fragment (the worker
+    appends ``/v1/...``)."""
+    shown = printable(url, limit=120)
+    if any(c.isspace() for c in url):
+        return f"must not contain a space: {shown!r} ({URL_EXAMPLE})"
+    try:
+        parsed = httpx.URL(url)
+        port = parsed.port
+    except (httpx.InvalidURL, ValueError, TypeError) as exc:
+        return f"not a valid URL: {shown!r} ({printable(str(exc), limit=120)}; {URL_EXAMPLE})"
+    if parsed.scheme not in ("http", "https"):
+        return f"must start with http:// or https://, got {shown!r} ({URL_EXAMPLE})"
+    if not parsed.host:
+        return f"names no host: {shown!r} ({URL_EXAMPLE})"
+    if parsed.userinfo:
+        return (
+            "must not hold a user or password (user@host): the worker authenticates with its "
+            "token, and the HTTP client would send Basic credentials in its place"
+        )
+    if port is not None and not 1 <= port <= 65535:
+        return f"port {port} out of range (1 to 65535): {shown!r}"
+    if parsed.query or parsed.fragment or "?" in url or "#" in url:
+        return (
+            f"must not hold a query (?) or fragment (#): the worker appends /v1/... to it, "
+            f"got {shown!r}"
+        )
+    return None
 
 
 def config_from_mapping(
@@ -574,6 +612,7 @@ def load_worker_config(
 
 __all__ = [
     "config_from_mapping",
+    "controller_url_problem",
     "file_type",
     "load_worker_config",
     "make_converter",
