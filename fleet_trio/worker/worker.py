@@ -388,6 +388,12 @@ class Worker:
             if a.job_id in self.started or a.job_id in self.jobs:
                 log.debug("job %s: delivered again, ignored", a.job_id)
                 continue
+            if self.config.device_by_id(a.device_id) is None:
+                # the controller hands out only the devices this worker registered: another
+                # host's device (its CUDA index taken from the name) is never run here
+                why = f"device {a.device_id} is not one of this worker's devices"
+                self._refuse(Refused(why, a.job_id), killed=a.job_id in kills)
+                continue
             self.started.add(a.job_id)
             tree = self._tree
             assert tree is not None

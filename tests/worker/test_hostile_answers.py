@@ -321,3 +321,34 @@ def test_a_hostile_relay_frame_is_a_frame_error(line: bytes) -> None:
     with pytest.raises(FrameError) as info:
         decode_frame(line)
     assert str(info.value).startswith(("malformed frame", "frame field"))
+
+
+async def test_an_assignment_for_a_device_this_worker_does_not_have_is_refused(
+    tmp_path: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The controller hands out only the devices a worker registered; an assignment for
+    another (``otherhost:gpu7``) ran here, with ``CUDA_VISIBLE_DEVICES=7``. It is refused: never
+    run, reported ``failed`` with the reason."""
+    caplog.set_level(logging.INFO)
+    ran = tmp_path / "ran"
+    raw = body(
+        assignment(job_id="j-other-host", device_id="otherhost:gpu7", command=["touch", str(ran)])
+    )
+    with trio.fail_after(30):
+        async with running(devices=("gpu0",)) as (ctrl, worker):
+            ctrl.fail_next("assignments", status=200, body=raw)
+            await ctrl.wait_for(
+                lambda: any("j-other-host" in r.path for r in ctrl.requests("status")),
+                timeout=20,
+            )
+            (request,) = [r for r in ctrl.requests("status") if "j-other-host" in r.path][:1]
+            sent = json.loads(request.body)
+            assert sent["state"] == "failed"
+            assert sent["reason"] == (
+                "assignment refused by the worker: device otherhost:gpu7 is not one of this "
+                "worker's devices"
+            )
+            assert "j-other-host" not in worker.jobs
+            job = ctrl.submit(dev("gpu0"), [PY, "-c", "pass"])
+            assert await until_terminal(ctrl, job) == ["running", "succeeded"]
+    assert not ran.exists()
