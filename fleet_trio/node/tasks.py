@@ -44,7 +44,7 @@ import trio
 
 from fleet_trio.durations import go_duration_seconds
 from fleet_trio.errors import WireError
-from fleet_trio.logs import job_context
+from fleet_trio.logs import ENV_SECRETS, job_context
 from fleet_trio.memory import format_size
 from fleet_trio.node.config import FamilyRule, FieldSpec, QuantRule, TaskDef, task_gpus
 from fleet_trio.node.jobs import Done, Failed, Outcome
@@ -748,6 +748,7 @@ class TaskRunner:
             # process of another node or user that merely carries the same FLEET_JOB_ID
             sweep_job_id=job.sweep_id or job.job_id,
             sweep_marker=SWEEP_MARKER if job.sweep_id else JOB_MARKER,
+            env_unset=ENV_SECRETS,  # the node's token is not the job's
         )
         sampler = self.sample_peak if job.task.footprint is not None else None
         peaks: list[float | None] = []

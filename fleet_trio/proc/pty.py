@@ -127,10 +127,7 @@ async def start_pty(
         raise PtyStartError(Result(exit_code=-1, err=f"start pty: {lookup_error}"))
     if rows <= 0 or cols <= 0:
         rows, cols = DEFAULT_ROWS, DEFAULT_COLS
-    env: dict[str, str] | None = None
-    if spec.env:
-        env = dict(os.environ)
-        env.update(spec.env)
+    env = spec.environment()
     created = trio.current_time()  # the idle clock starts at session creation (§8.2)
     if spawn_limiter is not None:
         await spawn_limiter.acquire()

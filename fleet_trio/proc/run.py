@@ -165,7 +165,7 @@ async def run(
     argv, lookup_error = resolve_argv(spec.command, spec.env)
     if lookup_error is not None:
         return _recorded(Result(exit_code=-1, err=f"start: {lookup_error}"), record)
-    env = {**os.environ, **spec.env} if spec.env else None
+    env = spec.environment()
     idle_from = trio.current_time()  # the idle clock starts just before the spawn
     # Not shielded: a node shutting down does not start the jobs it has marked interrupted.
     if spawn_limiter is None:

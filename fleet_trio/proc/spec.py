@@ -6,6 +6,7 @@ Durations here are float seconds (trio's unit). Reason strings render them with
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -41,6 +42,17 @@ class JobSpec:
     sweep_job_id: str = ""
     sweep_marker: str = "RC_JOB_ID"
     """The environment variable the sweep matches ``sweep_job_id`` against."""
+    env_unset: tuple[str, ...] = attrs.field(default=(), converter=_to_tuple)
+    """Variables of the parent's environment not passed on (``env`` may still set them): the
+    parent's own secrets, such as the token it authenticates with."""
+
+    def environment(self) -> dict[str, str] | None:
+        """The child's environment: the parent's less ``env_unset``, overlaid with ``env``;
+        ``None`` (the parent's, as it is) when neither is set."""
+        if not self.env and not self.env_unset:
+            return None
+        inherited = {k: v for k, v in os.environ.items() if k not in self.env_unset}
+        return {**inherited, **self.env}
 
     @property
     def grace(self) -> float:

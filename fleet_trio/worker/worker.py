@@ -45,7 +45,7 @@ from fleet_trio import proc
 from fleet_trio.backoff import Backoff
 from fleet_trio.durations import SECOND
 from fleet_trio.logbus import JobLog, LogBus
-from fleet_trio.logs import console, job_context
+from fleet_trio.logs import ENV_SECRETS, console, job_context
 from fleet_trio.memory import MemoryBudget
 from fleet_trio.nursery import TaskTree, TaskTreeClosed, open_task_tree
 from fleet_trio.nursery.tree import SHUTDOWN_SLACK
@@ -498,6 +498,7 @@ class Worker:
             max_runtime=float(limit),
             idle_timeout=float(a.idle_timeout_seconds),
             sweep_job_id="" if a.is_hold else a.job_id,
+            env_unset=ENV_SECRETS,  # the worker's token is not the job's (an assignment may set it)
         )
 
     async def run_job(self, a: Assignment) -> None:

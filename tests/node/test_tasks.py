@@ -217,3 +217,17 @@ async def test_a_result_over_the_cap_says_so(
     with trio.fail_after(20):
         outcome = await runner.execute(reg.prepare("t", json.dumps({"stdout": " " * 2048}), "j"))
     assert outcome == Failed("t failed: result is not a JSON object (stdout over the 1KiB cap)")
+
+
+async def test_the_nodes_token_in_its_environment_is_not_passed_to_jobs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``FLEET_TRIO_TOKEN`` (the node's own API token, and the tail client's default) reached
+    every job, which could then dispatch or read other jobs' output as an operator."""
+    monkeypatch.setenv("FLEET_TRIO_TOKEN", "s3cret-node-token")
+    monkeypatch.setenv("RC_TOKEN", "s3cret-worker-token")
+    script = 'printf \'{"t": "%s|%s"}\' "${FLEET_TRIO_TOKEN-unset}" "${RC_TOKEN-unset}"'
+    reg = registry(tmp_path, t={"command": ["sh", "-c", script]})
+    with trio.fail_after(20):
+        outcome = await TaskRunner(kill_grace=0.5).execute(reg.prepare("t", "{}", "j"))
+    assert outcome == Done(b'{"t": "unset|unset"}')

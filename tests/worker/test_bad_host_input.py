@@ -97,3 +97,23 @@ async def test_lone_surrogates_from_the_controller_are_replaced_as_go_does(
             assert await until_terminal(ctrl, job) == ["running", "failed"]
             assert "d\ufffd" in ctrl.status_reports(job)[-1].reason
             await succeeded(ctrl, dev("gpu1"))
+
+
+async def test_the_workers_token_in_its_environment_is_not_passed_to_jobs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``RC_TOKEN`` in the worker's environment (the token it authenticates with) reached
+    every job: any user who can submit a job could then act as the worker (report faults and
+    statuses, register). Jobs no longer inherit it; an assignment's own ``env`` may set it."""
+    monkeypatch.setenv("RC_TOKEN", "s3cret-worker-token")
+    monkeypatch.setenv("FLEET_TRIO_TOKEN", "s3cret-node-token")
+    seen = tmp_path / "seen"
+    script = f'printf "%s|%s|%s" "${{RC_TOKEN-unset}}" "${{FLEET_TRIO_TOKEN-unset}}" "$K" > {seen}'
+    with trio.fail_after(30):
+        async with running() as (ctrl, _):
+            job = ctrl.submit(dev("gpu0"), ["sh", "-c", script], env={"K": "kept"})
+            assert await until_terminal(ctrl, job) == ["running", "succeeded"]
+            assert seen.read_text() == "unset|unset|kept"
+            job = ctrl.submit(dev("gpu0"), ["sh", "-c", script], env={"RC_TOKEN": "own"})
+            assert await until_terminal(ctrl, job) == ["running", "succeeded"]
+            assert seen.read_text() == "own|unset|"
