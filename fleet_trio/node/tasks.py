@@ -406,6 +406,11 @@ class BytesReceiveStream(trio.abc.ReceiveStream):
 
 CLEANUP_BOUND = 10.0
 """Seconds a finished job's work-dir removal may hold up its terminal state."""
+SHUTDOWN_CLEANUP_BOUND = 1.0
+"""The same for a job the shutdown cancelled: within the shutdown's slack, so a huge tree
+cannot push the stop past its bound. What is left is removed by the next start's recovery
+(every work dir of the journal's tag); without a journal it stays in the temporary folder
+(logged)."""
 
 PeakSampler = Callable[[PreparedJob, trio.Event, int], Awaitable[float | None]]
 """``sample(job, stop, pgid)``: samples a job's VRAM peak until ``stop`` is set (the
@@ -690,9 +695,22 @@ class TaskRunner:
         finally:
             # The work dir's rmtree is file I/O: off the event loop, bounded, never lost to a
             # cancel (abandoned after the bound, the thread still finishes the removal).
-            with trio.move_on_after(CLEANUP_BOUND, shield=True):
+            shutdown = isinstance(failure, trio.Cancelled) or (
+                isinstance(failure, BaseExceptionGroup)
+                and failure.subgroup(trio.Cancelled) is not None
+            )
+            bound = SHUTDOWN_CLEANUP_BOUND if shutdown else CLEANUP_BOUND
+            with trio.move_on_after(bound, shield=True) as removal:
                 await trio.to_thread.run_sync(
                     job.cleanup, abandon_on_cancel=True, limiter=self.cleanup_limiter
+                )
+            if removal.cancelled_caught:
+                log.warning(
+                    "job %s: work dir removal still running after %gs; going on without it (%s)",
+                    job.job_id,
+                    bound,
+                    job.work_dir,
+                    extra=context,
                 )
             if tee is not None:  # live log tail (ended once the outcome is published)
                 self._end_log(job.job_id, functools.partial(tee.finish, outcome, failure))
