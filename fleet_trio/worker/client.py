@@ -56,8 +56,10 @@ LOG_FLUSH_BYTES = 65536
 """§8.1: flush once the buffer holds this many bytes."""
 MAX_REASON_BYTES = 65536
 """A terminal report's reason is cut to this many bytes (the kept report stays bounded)."""
-MAX_ANSWER_SECONDS = (1 << 31) - 1
-"""The largest ``max_runtime_seconds`` / ``idle_timeout_seconds`` accepted (some 68 years)."""
+MAX_ANSWER_SECONDS = ((1 << 63) - 1) // 1_000_000_000
+"""The largest ``max_runtime_seconds`` / ``idle_timeout_seconds`` accepted: the most whole
+seconds a Go ``time.Duration`` holds (9,223,372,036, some 292 years), what the reference can
+take; beyond it its limit would overflow."""
 ANSWER_MAX_DEPTH = 8
 """A poll answer is nested 4 deep (answer, assignments, assignment, env); deeper is refused."""
 MAX_ANSWER_BYTES = 4 << 20

@@ -112,7 +112,7 @@ def test_one_bad_assignment_leaves_the_rest_of_the_answer_standing() -> None:
     """The review's answer: one assignment out of range, one valid, a kill; before, the whole
     answer was dropped (the kill lost, the valid job never run and later ``lost``)."""
     raw = body(
-        assignment(job_id="j-long", max_runtime_seconds=3_600_000_000),
+        assignment(job_id="j-long", max_runtime_seconds=10_000_000_000),
         assignment(job_id="j-other"),
         {"device_id": "h:g"},
         kills=["j-run", "bad\nid", 7, "j-long"],
@@ -221,14 +221,14 @@ async def test_one_bad_assignment_does_not_cost_the_kills_or_the_other_jobs(
             j_run = await started(ctrl, dev("gpu0"), ["sleep", "30"])
             # no checkpoint between these: the sim puts all three in one poll answer
             ctrl.kill(j_run)
-            j_long = ctrl.submit(dev("gpu1"), ["true"], max_runtime_seconds=3_600_000_000)
+            j_long = ctrl.submit(dev("gpu1"), ["true"], max_runtime_seconds=10_000_000_000)
             j_other = ctrl.submit(dev("gpu2"), [PY, "-c", "print('ran')"])
             assert await until_terminal(ctrl, j_run) == ["running", "killed"]
             assert await until_terminal(ctrl, j_other) == ["running", "succeeded"]
             assert await until_terminal(ctrl, j_long) == ["failed"]
             (report,) = ctrl.status_reports(j_long)
             assert report.reason.startswith("assignment refused by the worker: assignment ")
-            assert "max_runtime_seconds out of range (0 to 2147483647)" in report.reason
+            assert "max_runtime_seconds out of range (0 to 9223372036)" in report.reason
             await ctrl.wait_for(lambda: ctrl.device(dev("gpu1")).state == "ready")
             j_next = ctrl.submit(dev("gpu1"), [PY, "-c", "pass"])
             assert await until_terminal(ctrl, j_next) == ["running", "succeeded"]
@@ -240,7 +240,7 @@ async def test_one_bad_assignment_does_not_cost_the_kills_or_the_other_jobs(
 async def test_a_refused_assignment_killed_in_the_same_answer_is_reported_killed() -> None:
     with trio.fail_after(30):
         async with running(devices=("gpu0",)) as (ctrl, _):
-            job = ctrl.submit(dev("gpu0"), ["true"], max_runtime_seconds=3_600_000_000)
+            job = ctrl.submit(dev("gpu0"), ["true"], max_runtime_seconds=10_000_000_000)
             ctrl.kill(job)  # no checkpoint since the submit: one answer holds both
             assert await until_terminal(ctrl, job) == ["killed"]
             (report,) = ctrl.status_reports(job)
