@@ -6,9 +6,13 @@ On start, :func:`recover` reads the journal (:mod:`fleet_trio.node.journal`) and
    the crash (its TTL keeps running from when it really ended; older ones are dropped);
 2. ends every job the journal shows as ``accepted`` or ``running`` with
    ``error: "interrupted"`` — exactly like a drain survivor — recorded in the journal first;
-3. stops those jobs' processes: each is found by its ``FLEET_JOB_ID`` marker, the sweep the
-   job's own supervisor uses (``fleet_trio.proc.sweep``), SIGTERM → the node's ``kill_grace``
-   → SIGKILL;
+3. stops every live process the journal's previous runs left behind (:func:`sweep_tagged`):
+   each one whose ``FLEET_TRIO_SWEEP`` marker carries the journal's work tag, whatever its job's
+   journaled state (a drain writes ``interrupted`` before it stops anything, so a crash during
+   a drain leaves a *finished* job's processes running) and whatever node id it was started
+   under (the marker names the node id of its run, which may have changed); each marker value
+   found gets the sweep a job's own supervisor uses (``fleet_trio.proc.sweep``), SIGTERM → the
+   node's ``kill_grace`` → SIGKILL;
 4. removes their ``fleet-job-*`` work directories (recorded with the ack), result files no
    job refers to, and every entry named ``fleet-job-<tag>-…`` (the journal's work tag, see
    :func:`remove_tagged`) in the work root: the dirs of acks that never committed are named by
@@ -33,7 +37,8 @@ import trio
 
 from fleet_trio.node.jobs import INTERRUPTED, Failed, JobTable, finish_record
 from fleet_trio.node.journal import Evict, Journal, Record, Row
-from fleet_trio.node.tasks import SWEEP_MARKER, WORK_DIR_PREFIX, sweep_value, work_dir_prefix
+from fleet_trio.node.tasks import SWEEP_MARKER, WORK_DIR_PREFIX, work_dir_prefix
+from fleet_trio.proc.procfs import PROC, ancestor_set, env_marker_value
 from fleet_trio.proc.spec import SweepReport
 from fleet_trio.proc.sweep import sweep_job_survivors
 
@@ -49,11 +54,15 @@ class RecoveryReport:
     expired: int = 0
     """Terminal jobs older than the TTL, dropped."""
     sweeps: dict[str, SweepReport] = attrs.field(factory=dict)
+    """Marker value (``<node id>.<work tag>/<job id>``) → what its sweep did, for every value
+    the recovery sweep found alive."""
     work_dirs_removed: int = 0
+    sweep_blind: bool = False
+    """A look at ``/proc`` could not be completed: leftovers may remain (logged)."""
 
     @property
     def survivors(self) -> dict[str, tuple[int, ...]]:
-        """Processes that outlived even the SIGKILL (job id → pids)."""
+        """Processes that outlived even the SIGKILL (marker value → pids)."""
         return {j: r.remaining for j, r in self.sweeps.items() if r.remaining}
 
     def describe(self) -> str:
@@ -63,7 +72,9 @@ class RecoveryReport:
             f"{len(self.interrupted)} interrupted by the restart"
         )
         if killed:
-            text += f", {killed} leftover process(es) stopped"
+            text += f", {killed} leftover process(es) of {len(self.sweeps)} job(s) stopped"
+        if survived := sum(len(pids) for pids in self.survivors.values()):
+            text += f", {survived} survived SIGKILL"
         if self.work_dirs_removed:
             text += f", {self.work_dirs_removed} work dir(s) removed"
         if self.expired:
@@ -125,6 +136,92 @@ def remove_tagged(roots: Iterable[str], tag: str) -> int:
     return removed
 
 
+def marker_tag(value: str) -> str:
+    """The work tag in a sweep marker value ``<node id>.<work tag>/<job id>``, or ``""``.
+
+    Parsed from the right: a job id never holds a ``/`` (the id rule) and a tag is 12 hex
+    digits, while a node id may hold dots and slashes."""
+    scope, slash, job_id = value.rpartition("/")
+    _node, dot, tag = scope.rpartition(".")
+    return tag if slash and dot and job_id else ""
+
+
+def scan_tagged(
+    tag: str, protected: Iterable[int] = (), *, marker: str = SWEEP_MARKER, proc: str = PROC
+) -> tuple[set[str], bool]:
+    """Every distinct ``marker`` value of a live process (outside ``protected``) whose work tag
+    is ``tag`` (blocking: one walk of ``/proc``; run it in a thread). Returns ``(values,
+    scanned)``; ``scanned`` is false when ``/proc`` could not be listed.
+
+    Only what this user may read is seen (another user's environ is unreadable), and only
+    those processes could be signalled anyway."""
+    if not tag:
+        return set(), True
+    key = f"{marker}=".encode()
+    needle = f".{tag}/".encode()
+    skip = {str(pid) for pid in protected}
+    try:
+        names = [n for n in os.listdir(proc) if n.isdigit() and n not in skip]
+    except OSError:
+        return set(), False
+    values: set[str] = set()
+    for name in names:
+        try:
+            with open(f"{proc}/{name}/environ", "rb") as f:
+                data = f.read()
+        except OSError:
+            continue  # gone, or not ours
+        if needle in data and marker_tag(value := env_marker_value(data, key)) == tag:
+            values.add(value)
+    return values, True
+
+
+SWEEP_ROUNDS = 3
+"""Discovery walks of the recovery sweep: the first, and re-looks after each round of sweeps
+(a leftover that forked under a marker value not yet seen), until one finds nothing new."""
+
+
+async def sweep_tagged(
+    tag: str,
+    *,
+    kill_grace: float,
+    marker: str = SWEEP_MARKER,
+    limiter: trio.CapacityLimiter | None = None,
+    rounds: int = SWEEP_ROUNDS,
+) -> tuple[dict[str, SweepReport], bool]:
+    """Stop every live process whose ``marker`` carries the work tag ``tag``: each distinct
+    value found gets :func:`~fleet_trio.proc.sweep.sweep_job_survivors` (SIGTERM,
+    ``kill_grace``, SIGKILL; by identity, never this process or its ancestors), all at once.
+    Bounded: at most ``rounds`` discovery walks, each followed by at most one round of sweeps.
+    Returns ``(value → report, blind)``; ``blind`` when ``/proc`` could not be walked."""
+    me = os.getpid()
+    protected = await trio.to_thread.run_sync(ancestor_set, me, limiter=limiter)
+    sweeps: dict[str, SweepReport] = {}
+    blind = False
+    for _ in range(rounds):
+        values, scanned = await trio.to_thread.run_sync(
+            scan_tagged, tag, protected, limiter=limiter
+        )
+        blind = blind or not scanned
+        if not values:
+            break
+
+        async def sweep(value: str) -> None:
+            report = await sweep_job_survivors(
+                value, me, limiter=limiter, grace=kill_grace, marker=marker
+            )
+            earlier = sweeps.get(value)
+            if earlier is not None:  # a second round for the same value: keep what both found
+                found = tuple(dict.fromkeys(earlier.found + report.found))
+                report = attrs.evolve(report, found=found)
+            sweeps[value] = report
+
+        async with trio.open_nursery() as nursery:
+            for value in sorted(values):
+                nursery.start_soon(sweep, value)
+    return sweeps, blind
+
+
 def replay(
     table: JobTable, journal: Journal, now: float, now_wall: float
 ) -> tuple[int, list[Row], int]:
@@ -161,7 +258,6 @@ async def recover(
     *,
     kill_grace: float,
     marker: str = SWEEP_MARKER,
-    scope: str = "",
     limiter: trio.CapacityLimiter | None = None,
     work_root: str | None = None,
 ) -> RecoveryReport:
@@ -181,23 +277,21 @@ async def recover(
         replay, table, journal, now, wall, limiter=limiter
     )
     ids = tuple(row.job_id for row in in_flight)
-    sweeps: dict[str, SweepReport] = {}
     if ids:
         log.warning(
             "journal: %d job(s) were in flight when the node stopped; ended interrupted: %s",
             len(ids),
             ", ".join(ids),
         )
-        me = os.getpid()
-
-        async def sweep(job_id: str) -> None:
-            sweeps[job_id] = await sweep_job_survivors(
-                sweep_value(scope, job_id), me, limiter=limiter, grace=kill_grace, marker=marker
-            )
-
-        async with trio.open_nursery() as nursery:
-            for job_id in ids:
-                nursery.start_soon(sweep, job_id)
+    sweeps, blind = await sweep_tagged(
+        journal.work_tag, kill_grace=kill_grace, marker=marker, limiter=limiter
+    )
+    if blind:
+        log.error("journal: /proc could not be walked; the previous run's processes may remain")
+    for value, found in sweeps.items():
+        log.warning(
+            "journal: %s=%s: leftover process(es) %s stopped", marker, value, list(found.found)
+        )
     dirs = [row.work_dir for row in in_flight if _is_work_dir(row.work_dir)]
     removed = await trio.to_thread.run_sync(_remove_dirs, dirs, limiter=limiter) if dirs else 0
     if work_root is not None and journal.work_tag:
@@ -215,10 +309,20 @@ async def recover(
         expired=expired,
         sweeps=sweeps,
         work_dirs_removed=removed,
+        sweep_blind=blind,
     )
-    for job_id, pids in report.survivors.items():
-        log.error("journal: job %s: processes %s survived SIGKILL", job_id, list(pids))
+    for value, pids in report.survivors.items():
+        log.error("journal: %s=%s: processes %s survived SIGKILL", marker, value, list(pids))
     return report
 
 
-__all__ = ["RecoveryReport", "recover", "remove_tagged", "replay"]
+__all__ = [
+    "SWEEP_ROUNDS",
+    "RecoveryReport",
+    "marker_tag",
+    "recover",
+    "remove_tagged",
+    "replay",
+    "scan_tagged",
+    "sweep_tagged",
+]

@@ -260,24 +260,22 @@ async def start_journal(
     journal: Journal,
     kill_grace: float,
     *,
-    scope: str = "",
     registry: TaskRegistry | None = None,
 ) -> str | None:
     """Recover the previous run from ``journal`` into ``store`` (before the listener opens:
     no poll sees a state it will not keep, no dispatch races the sweep of the previous run's
     processes), then serve its writer in the services scope. Returns the line to announce.
 
-    ``registry``: its work dirs take the journal's work tag, and the previous run's dirs under
-    that tag are removed (also those of acks that never committed)."""
+    ``registry``: its work dirs take the journal's work tag (so do its jobs' sweep markers), and
+    the previous run's dirs under that tag are removed (also those of acks that never
+    committed). The previous runs' processes are found by that tag, whatever node id they ran
+    under (:func:`~fleet_trio.node.recovery.sweep_tagged`)."""
     work_root = None
     if registry is not None:
         registry.work_tag = journal.work_tag
         work_root = registry.work_dir_root
-        scope = registry.sweep_scope  # the journal's tag: the same markers as before the crash
     try:
-        report = await recover(
-            journal, store.table, kill_grace=kill_grace, scope=scope, work_root=work_root
-        )
+        report = await recover(journal, store.table, kill_grace=kill_grace, work_root=work_root)
     except JournalError as exc:
         journal.close()
         raise NodeStartError(str(exc)) from None
@@ -296,7 +294,13 @@ async def start_journal(
 
     await tree.services.start(serve_writer, name="journal-writer")
     store.journal = writer
-    if report.restored or report.interrupted or report.expired or report.work_dirs_removed:
+    if (
+        report.restored
+        or report.interrupted
+        or report.expired
+        or report.work_dirs_removed
+        or report.sweeps
+    ):
         return report.describe()
     return None
 
@@ -498,9 +502,7 @@ async def serve_node(
                 )
             journal = await open_journal(config, options, node_id)  # job journal (docs/node.md)
             if journal is not None:
-                line = await start_journal(
-                    tree, store, journal, t.kill_grace, scope=node_id, registry=registry
-                )
+                line = await start_journal(tree, store, journal, t.kill_grace, registry=registry)
                 if line:
                     say(line)
             await tree.services.start(store.serve_janitor, name="janitor")
