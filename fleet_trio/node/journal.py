@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import logging
 import os
 import re
@@ -65,6 +66,31 @@ _SCHEMA = (
 
 class JournalError(Exception):
     """The journal cannot be opened or written (one line, naming the file)."""
+
+
+class ResultLost(Exception):
+    """A large result's file is missing, empty or torn (not JSON): a power cut under
+    ``sync: normal``, a disk error, or somebody else's hand. The message says which; the job
+    answers ``error: "result lost: <message>"``."""
+
+
+RESULT_LOST = "result lost: "
+"""The error text's prefix of a job whose result file was lost (:class:`ResultLost`)."""
+
+
+def result_problem(data: bytes) -> str | None:
+    """Why ``data``, read from a result file, cannot be the job's result, or ``None``. Every
+    result the node writes is one JSON value: empty or unparseable bytes are a torn file."""
+    if not data.strip():
+        return "result file empty"
+    try:
+        json.loads(data)
+    except RecursionError:
+        return None  # deep but whole: it was checked when the job made it
+    except ValueError as exc:
+        at = f" at byte {exc.pos}" if isinstance(exc, json.JSONDecodeError) else ""
+        return f"result file torn (invalid JSON{at})"
+    return None
 
 
 @attrs.frozen
@@ -278,8 +304,52 @@ class Journal:
         return os.path.join(self.results_dir, digest + ".json")
 
     def read_result(self, path: str) -> bytes:
-        with open(path, "rb") as f:
-            return f.read()
+        """A large result's bytes (blocking). Raises :class:`ResultLost` when the file is
+        missing, empty or not JSON (never spliced into a body), ``OSError`` when it cannot be
+        read now (another error: a later read may succeed)."""
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+        except FileNotFoundError:
+            raise ResultLost("result file missing") from None
+        if (problem := result_problem(data)) is not None:
+            raise ResultLost(problem)
+        return data
+
+    def check_result(self, path: str) -> str | None:
+        """Why the result file ``path`` is lost, or ``None`` when it is whole (or cannot be
+        read just now: only a missing, empty or torn file is a loss). Blocking."""
+        try:
+            self.read_result(path)
+        except ResultLost as exc:
+            return str(exc)
+        except OSError:
+            return None
+        return None
+
+    def mark_lost(self, lost: Sequence[tuple[str, str]]) -> None:
+        """Record ``(job_id, error)`` pairs: those ``done`` jobs whose result file was lost
+        become ``error`` (recovery only; the one change of a terminal row). Raises
+        :class:`JournalError`."""
+        if not lost:
+            return
+        db = self.db
+        try:
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                for job_id, error in lost:
+                    db.execute(
+                        "UPDATE jobs SET state = 'error', data = NULL, data_file = NULL, "
+                        "error = ? WHERE job_id = ? AND state = 'done'",
+                        (error, job_id),
+                    )
+                db.execute("COMMIT")
+            except BaseException:
+                if db.in_transaction:
+                    db.execute("ROLLBACK")
+                raise
+        except sqlite3.Error as exc:
+            raise JournalError(f"journal {self.path}: write failed: {_describe(exc)}") from None
 
     # -- writing ---------------------------------------------------------------------------
     def apply(self, records: Sequence[Record]) -> None:
@@ -294,7 +364,7 @@ class Journal:
         try:
             for rec in records:
                 if isinstance(rec, Finish) and rec.data_file and rec.file_data is not None:
-                    self._write_file(rec.data_file, rec.file_data)
+                    self._write_file(rec.data_file, rec.file_data, durable=self.sync == "full")
             statements = [st for run in _runs(records) for st in self._statements(run)]
             if len(statements) == 1:
                 db.execute(*statements[0])
@@ -315,12 +385,25 @@ class Journal:
                 _unlink(rec.data_file)
 
     @staticmethod
-    def _write_file(path: str, data: bytes) -> None:
+    def _write_file(path: str, data: bytes, *, durable: bool = False) -> None:
+        """Write ``data`` to ``path`` whole or not at all: a ``.tmp`` beside it, renamed over
+        it; a failure removes the ``.tmp``. ``durable`` (``sync: full``): the file and then
+        its folder are ``fsync``ed before this returns, so the row that the commit after it
+        writes never names a file a power cut can take back."""
         tmp = path + ".tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-        with open(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+            with open(fd, "wb") as f:
+                f.write(data)
+                if durable:
+                    f.flush()
+                    os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            _unlink(tmp)
+            raise
+        if durable:
+            _fsync_dir(os.path.dirname(path))
 
     @classmethod
     def _statements(cls, run: Sequence[Record]) -> list[Statement]:
@@ -416,6 +499,15 @@ class Journal:
 def _unlink(path: str) -> None:
     with contextlib.suppress(OSError):
         os.unlink(path)
+
+
+def _fsync_dir(folder: str) -> None:
+    """Make a rename in ``folder`` durable (raises ``OSError``)."""
+    fd = os.open(folder or ".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 # --------------------------------------------------------------------------------------------
@@ -530,6 +622,7 @@ class JournalWriter:
 
 __all__ = [
     "DEFAULT_INLINE_MAX",
+    "RESULT_LOST",
     "SYNC_MODES",
     "WORK_TAG",
     "Accept",
@@ -539,7 +632,9 @@ __all__ = [
     "JournalError",
     "JournalWriter",
     "Record",
+    "ResultLost",
     "Row",
     "Start",
     "Ticket",
+    "result_problem",
 ]

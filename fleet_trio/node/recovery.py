@@ -36,7 +36,7 @@ import attrs
 import trio
 
 from fleet_trio.node.jobs import INTERRUPTED, Failed, JobTable, finish_record
-from fleet_trio.node.journal import Evict, Journal, Record, Row
+from fleet_trio.node.journal import RESULT_LOST, Evict, Journal, Record, Row
 from fleet_trio.node.tasks import SWEEP_MARKER, WORK_DIR_PREFIX, work_dir_prefix
 from fleet_trio.proc.procfs import PROC, ancestor_set, env_marker_value
 from fleet_trio.proc.spec import SweepReport
@@ -53,6 +53,9 @@ class RecoveryReport:
     """Jobs the previous run left ``accepted``/``running``, now ``error: "interrupted"``."""
     expired: int = 0
     """Terminal jobs older than the TTL, dropped."""
+    results_lost: tuple[str, ...] = ()
+    """``done`` jobs whose result file was missing, empty or torn: now ``error: "result
+    lost: …"`` (journal too)."""
     sweeps: dict[str, SweepReport] = attrs.field(factory=dict)
     """Marker value (``<node id>.<work tag>/<job id>``) → what its sweep did, for every value
     the recovery sweep found alive."""
@@ -79,6 +82,8 @@ class RecoveryReport:
             text += f", {self.work_dirs_removed} work dir(s) removed"
         if self.expired:
             text += f", {self.expired} expired"
+        if self.results_lost:
+            text += f", {len(self.results_lost)} result(s) lost"
         return text
 
 
@@ -224,20 +229,35 @@ async def sweep_tagged(
 
 def replay(
     table: JobTable, journal: Journal, now: float, now_wall: float
-) -> tuple[int, list[Row], int]:
+) -> tuple[int, list[Row], int, list[str]]:
     """The synchronous core (blocking: run it in a thread): load the journal into ``table``,
-    interrupt what was in flight (journal first). Returns ``(restored, interrupted rows,
-    expired)``. Raises :class:`~fleet_trio.node.journal.JournalError`."""
+    interrupt what was in flight (journal first). A ``done`` job whose result file is missing,
+    empty or torn (a power cut under ``sync: normal``) becomes ``error: "result lost: …"``,
+    journal first. Returns ``(restored, interrupted rows, expired, lost job ids)``. Raises
+    :class:`~fleet_trio.node.journal.JournalError`."""
     rows = journal.load()
     records: list[Record] = []
     restored = expired = 0
     in_flight: list[Row] = []
     keep: list[str] = []
+    lost: list[tuple[str, str]] = []
+    terminal: list[Row] = []
     for row in rows:
         if not row.terminal:
             in_flight.append(row)
             records.append(finish_record(row.job_id, Failed(INTERRUPTED), now_wall))
-        elif table.load(row, now, now_wall):
+            continue
+        if row.state == "done" and row.data_file:
+            problem = journal.check_result(row.data_file)
+            if problem is not None:
+                error = RESULT_LOST + problem
+                lost.append((row.job_id, error))
+                log.error("journal: job %s: %s", row.job_id, error)
+                row = attrs.evolve(row, state="error", error=error, data=None, data_file=None)
+        terminal.append(row)
+    journal.mark_lost(lost)
+    for row in terminal:
+        if table.load(row, now, now_wall):
             restored += 1
             if row.data_file:
                 keep.append(row.data_file)
@@ -249,7 +269,7 @@ def replay(
     for row in in_flight:
         table.load(_interrupted_row(row, now_wall), now, now_wall)
     journal.drop_stale_files(keep)
-    return restored, in_flight, expired
+    return restored, in_flight, expired, [job_id for job_id, _ in lost]
 
 
 async def recover(
@@ -273,7 +293,7 @@ async def recover(
     """
     limiter = limiter if limiter is not None else trio.CapacityLimiter(2)
     now, wall = trio.current_time(), time.time()
-    restored, in_flight, expired = await trio.to_thread.run_sync(
+    restored, in_flight, expired, lost = await trio.to_thread.run_sync(
         replay, table, journal, now, wall, limiter=limiter
     )
     ids = tuple(row.job_id for row in in_flight)
@@ -307,6 +327,7 @@ async def recover(
         restored=restored,
         interrupted=ids,
         expired=expired,
+        results_lost=tuple(lost),
         sweeps=sweeps,
         work_dirs_removed=removed,
         sweep_blind=blind,

@@ -300,6 +300,7 @@ async def start_journal(
         or report.expired
         or report.work_dirs_removed
         or report.sweeps
+        or report.results_lost
     ):
         return report.describe()
     return None
