@@ -126,7 +126,16 @@ class Evict:
     data_file: str | None = None
 
 
-Record = Accept | Start | Finish | Evict
+@attrs.frozen
+class Drop:
+    """A ``done`` job's result was dropped (the memory budget, or its file was lost): it
+    becomes ``error`` with ``error``, so a restart answers what polls were answered."""
+
+    job_id: str
+    error: str
+
+
+Record = Accept | Start | Finish | Evict | Drop
 Statement = tuple[str, list[object]]
 """One SQL statement and its parameters."""
 
@@ -327,30 +336,6 @@ class Journal:
             return None
         return None
 
-    def mark_lost(self, lost: Sequence[tuple[str, str]]) -> None:
-        """Record ``(job_id, error)`` pairs: those ``done`` jobs whose result file was lost
-        become ``error`` (recovery only; the one change of a terminal row). Raises
-        :class:`JournalError`."""
-        if not lost:
-            return
-        db = self.db
-        try:
-            db.execute("BEGIN IMMEDIATE")
-            try:
-                for job_id, error in lost:
-                    db.execute(
-                        "UPDATE jobs SET state = 'error', data = NULL, data_file = NULL, "
-                        "error = ? WHERE job_id = ? AND state = 'done'",
-                        (error, job_id),
-                    )
-                db.execute("COMMIT")
-            except BaseException:
-                if db.in_transaction:
-                    db.execute("ROLLBACK")
-                raise
-        except sqlite3.Error as exc:
-            raise JournalError(f"journal {self.path}: write failed: {_describe(exc)}") from None
-
     # -- writing ---------------------------------------------------------------------------
     def apply(self, records: Sequence[Record]) -> None:
         """Write ``records`` in one transaction (large results go to their files first).
@@ -411,7 +396,7 @@ class Journal:
         evictions as one statement per chunk of :data:`_CHUNK` (each statement retakes the
         GIL, and a busy event loop makes every retake wait), results one each."""
         first = run[0]
-        if len(run) == 1 or isinstance(first, Finish):
+        if len(run) == 1 or isinstance(first, Finish | Drop):
             return [cls._statement(rec) for rec in run]
         out: list[Statement] = []
         for at in range(0, len(run), _CHUNK):
@@ -460,6 +445,12 @@ class Journal:
                 "UPDATE jobs SET state = ?, data = ?, data_file = ?, error = ?, terminal_wall = ? "
                 "WHERE job_id = ? AND state IN ('accepted', 'running')",
                 [rec.state, rec.data, rec.data_file, rec.error, rec.wall, rec.job_id],
+            )
+        if isinstance(rec, Drop):
+            return (
+                "UPDATE jobs SET state = 'error', data = NULL, data_file = NULL, error = ? "
+                "WHERE job_id = ? AND state = 'done'",
+                [rec.error, rec.job_id],
             )
         return (
             "DELETE FROM jobs WHERE job_id = ? AND state IN ('done', 'error')",
@@ -626,6 +617,7 @@ __all__ = [
     "SYNC_MODES",
     "WORK_TAG",
     "Accept",
+    "Drop",
     "Evict",
     "Finish",
     "Journal",

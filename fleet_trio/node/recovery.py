@@ -36,7 +36,7 @@ import attrs
 import trio
 
 from fleet_trio.node.jobs import INTERRUPTED, Failed, JobTable, finish_record
-from fleet_trio.node.journal import RESULT_LOST, Evict, Journal, Record, Row
+from fleet_trio.node.journal import RESULT_LOST, Drop, Evict, Journal, Record, Row
 from fleet_trio.node.tasks import SWEEP_MARKER, WORK_DIR_PREFIX, work_dir_prefix
 from fleet_trio.proc.procfs import PROC, ancestor_set, env_marker_value
 from fleet_trio.proc.spec import SweepReport
@@ -255,7 +255,8 @@ def replay(
                 log.error("journal: job %s: %s", row.job_id, error)
                 row = attrs.evolve(row, state="error", error=error, data=None, data_file=None)
         terminal.append(row)
-    journal.mark_lost(lost)
+    if lost:
+        journal.apply([Drop(job_id, error) for job_id, error in lost])
     for row in terminal:
         if table.load(row, now, now_wall):
             restored += 1

@@ -59,7 +59,7 @@ from fleet_trio.node.config import (
     task_gpus,
 )
 from fleet_trio.node.jobs import INTERRUPTED, JobStore
-from fleet_trio.node.journal import Journal, JournalError, JournalWriter
+from fleet_trio.node.journal import Drop, Journal, JournalError, JournalWriter
 from fleet_trio.node.linger import PollLinger
 from fleet_trio.node.metrics import NodeMetrics
 from fleet_trio.node.placement import Placement, footprint_need
@@ -306,6 +306,12 @@ async def start_journal(
     return None
 
 
+def _journal_drop(store: JobStore, job_id: str, error: str) -> None:
+    """An evicted result's job is ``error`` now: the journal says so too (when there is one)."""
+    if store.journal is not None:
+        store.journal.submit([Drop(job_id, error)])
+
+
 def footprint_hooks(
     gpu: GpuServices,
 ) -> tuple[
@@ -420,7 +426,7 @@ async def serve_node(
     store = store_factory(ttl=t.job_ttl, janitor_interval=t.janitor_interval)
     # memory budget: kept results and log histories share one ceiling (docs/node.md)
     budget = MemoryBudget(options.memory_budget or node.memory_budget)
-    attach_result_budget(store.table, budget)
+    attach_result_budget(store.table, budget, on_drop=functools.partial(_journal_drop, store))
     linger = PollLinger()
     bus_holder: list[NodeContext] = []
 
