@@ -10,9 +10,9 @@ On start, :func:`recover` reads the journal (:mod:`fleet_trio.node.journal`) and
    each one whose ``FLEET_TRIO_SWEEP`` marker carries the journal's work tag, whatever its job's
    journaled state (a drain writes ``interrupted`` before it stops anything, so a crash during
    a drain leaves a *finished* job's processes running) and whatever node id it was started
-   under (the marker names the node id of its run, which may have changed); each marker value
-   found gets the sweep a job's own supervisor uses (``fleet_trio.proc.sweep``), SIGTERM → the
-   node's ``kill_grace`` → SIGKILL;
+   under (the marker names the node id of its run, which may have changed). One sweep — the
+   one a job's own supervisor uses (``fleet_trio.proc.sweep``), SIGTERM → the node's
+   ``kill_grace`` → SIGKILL, bounded — looks for all of them at once (:class:`TaggedScan`);
 4. removes their ``fleet-job-*`` work directories (recorded with the ack), result files no
    job refers to, and every entry named ``fleet-job-<tag>-…`` (the journal's work tag, see
    :func:`remove_tagged`) in the work root: the dirs of acks that never committed are named by
@@ -38,8 +38,16 @@ import trio
 from fleet_trio.node.jobs import INTERRUPTED, Failed, JobTable, finish_record
 from fleet_trio.node.journal import RESULT_LOST, Drop, Evict, Journal, Record, Row
 from fleet_trio.node.tasks import SWEEP_MARKER, WORK_DIR_PREFIX, work_dir_prefix
-from fleet_trio.proc.procfs import PROC, ancestor_set, env_marker_value
-from fleet_trio.proc.spec import SweepReport
+from fleet_trio.proc.procfs import (
+    EMPTY_ENVIRON_RECHECK,
+    PF_KTHREAD,
+    PROC,
+    Ident,
+    MarkerScan,
+    env_marker_value,
+    read_proc_stat,
+)
+from fleet_trio.proc.spec import NO_SWEEP, SweepReport
 from fleet_trio.proc.sweep import sweep_job_survivors
 
 log = logging.getLogger(__name__)
@@ -56,28 +64,27 @@ class RecoveryReport:
     results_lost: tuple[str, ...] = ()
     """``done`` jobs whose result file was missing, empty or torn: now ``error: "result
     lost: …"`` (journal too)."""
-    sweeps: dict[str, SweepReport] = attrs.field(factory=dict)
-    """Marker value (``<node id>.<work tag>/<job id>``) → what its sweep did, for every value
-    the recovery sweep found alive."""
+    sweep: SweepReport = NO_SWEEP
+    """What the sweep of the previous runs' processes did (:func:`sweep_tagged`)."""
+    swept: dict[str, tuple[int, ...]] = attrs.field(factory=dict)
+    """Marker value (``<node id>.<work tag>/<job id>``) → the pids found carrying it."""
     work_dirs_removed: int = 0
-    sweep_blind: bool = False
-    """A look at ``/proc`` could not be completed: leftovers may remain (logged)."""
 
     @property
-    def survivors(self) -> dict[str, tuple[int, ...]]:
-        """Processes that outlived even the SIGKILL (marker value → pids)."""
-        return {j: r.remaining for j, r in self.sweeps.items() if r.remaining}
+    def survivors(self) -> tuple[int, ...]:
+        """Processes that outlived even the SIGKILL."""
+        return self.sweep.remaining
 
     def describe(self) -> str:
-        killed = sum(len(r.found) for r in self.sweeps.values())
+        killed = len(self.sweep.found)
         text = (
             f"journal: {self.restored} finished job(s) restored, "
             f"{len(self.interrupted)} interrupted by the restart"
         )
         if killed:
-            text += f", {killed} leftover process(es) of {len(self.sweeps)} job(s) stopped"
-        if survived := sum(len(pids) for pids in self.survivors.values()):
-            text += f", {survived} survived SIGKILL"
+            text += f", {killed} leftover process(es) of {len(self.swept)} job(s) stopped"
+        if self.survivors:
+            text += f", {len(self.survivors)} survived SIGKILL"
         if self.work_dirs_removed:
             text += f", {self.work_dirs_removed} work dir(s) removed"
         if self.expired:
@@ -151,39 +158,83 @@ def marker_tag(value: str) -> str:
     return tag if slash and dot and job_id else ""
 
 
-def scan_tagged(
-    tag: str, protected: Iterable[int] = (), *, marker: str = SWEEP_MARKER, proc: str = PROC
-) -> tuple[set[str], bool]:
-    """Every distinct ``marker`` value of a live process (outside ``protected``) whose work tag
-    is ``tag`` (blocking: one walk of ``/proc``; run it in a thread). Returns ``(values,
-    scanned)``; ``scanned`` is false when ``/proc`` could not be listed.
+TAGGED_MAX_LISTINGS = 16
+"""Listings of ``/proc`` one tagged scan may take to account for processes forked meanwhile."""
 
-    Only what this user may read is seen (another user's environ is unreadable), and only
-    those processes could be signalled anyway."""
-    if not tag:
-        return set(), True
-    key = f"{marker}=".encode()
-    needle = f".{tag}/".encode()
-    skip = {str(pid) for pid in protected}
-    try:
-        names = [n for n in os.listdir(proc) if n.isdigit() and n not in skip]
-    except OSError:
-        return set(), False
-    values: set[str] = set()
-    for name in names:
+
+class TaggedScan:
+    """The recovery sweep's look (the ``scan`` of
+    :func:`~fleet_trio.proc.sweep.sweep_job_survivors`): every live process whose ``marker``
+    value carries the work tag ``tag`` (:func:`marker_tag`), whatever node id and job id it
+    names. Blocking: each call walks ``/proc``. It remembers every value it matched (value →
+    pids) for the report.
+
+    A process forked during the walk is looked for by listing ``/proc`` again until a listing
+    brings nothing new (at most :data:`TAGGED_MAX_LISTINGS`; else the scan is not
+    ``settled``); an environment read empty (a process inside ``execve``) is read once more
+    after a short pause. Only environments this process may read are seen — and only those
+    processes could be signalled."""
+
+    def __init__(self, tag: str, *, marker: str = SWEEP_MARKER, proc: str = PROC) -> None:
+        self.tag = tag
+        self.key = f"{marker}=".encode()
+        self.needle = f".{tag}/".encode()
+        self.proc = proc
+        self.values: dict[str, set[int]] = {}
+
+    def _match(self, name: str) -> tuple[Ident | None, bool]:
+        """``(the process if it matches, its environ read empty)``."""
         try:
-            with open(f"{proc}/{name}/environ", "rb") as f:
+            with open(f"{self.proc}/{name}/environ", "rb") as f:
                 data = f.read()
         except OSError:
-            continue  # gone, or not ours
-        if needle in data and marker_tag(value := env_marker_value(data, key)) == tag:
-            values.add(value)
-    return values, True
+            return None, False  # gone, or not ours to read
+        if not data:  # a kernel thread (never a job's), a zombie, or a process in execve
+            st = read_proc_stat(int(name))
+            return None, st is not None and st.state != "Z" and not st.flags & PF_KTHREAD
+        if self.needle not in data:
+            return None, False
+        value = env_marker_value(data, self.key)
+        if marker_tag(value) != self.tag:
+            return None, False
+        st = read_proc_stat(int(name))
+        if st is None or st.state == "Z":
+            return None, False
+        self.values.setdefault(value, set()).add(int(name))
+        return Ident(int(name), st.start), False
 
-
-SWEEP_ROUNDS = 3
-"""Discovery walks of the recovery sweep: the first, and re-looks after each round of sweeps
-(a leftover that forked under a marker value not yet seen), until one finds nothing new."""
+    def __call__(self, _job_id: str, protected: frozenset[int]) -> MarkerScan:
+        seen = {str(pid) for pid in protected}
+        matches: list[Ident] = []
+        empties: list[str] = []
+        settled = False
+        for _ in range(TAGGED_MAX_LISTINGS):
+            try:
+                batch = [n for n in os.listdir(self.proc) if n.isdigit() and n not in seen]
+            except OSError:
+                return MarkerScan(scanned=False, settled=False)
+            if not batch:
+                settled = True
+                break
+            seen.update(batch)
+            for name in batch:
+                ident, empty = self._match(name)
+                if ident is not None:
+                    matches.append(ident)
+                elif empty:
+                    empties.append(name)
+        if empties:
+            time.sleep(EMPTY_ENVIRON_RECHECK)
+            for name in empties:
+                ident, _empty = self._match(name)
+                if ident is not None:
+                    matches.append(ident)
+        return MarkerScan(
+            scanned=True,
+            pids=tuple(i.pid for i in matches),
+            starts=tuple(i.start for i in matches),
+            settled=settled,
+        )
 
 
 async def sweep_tagged(
@@ -192,39 +243,19 @@ async def sweep_tagged(
     kill_grace: float,
     marker: str = SWEEP_MARKER,
     limiter: trio.CapacityLimiter | None = None,
-    rounds: int = SWEEP_ROUNDS,
-) -> tuple[dict[str, SweepReport], bool]:
-    """Stop every live process whose ``marker`` carries the work tag ``tag``: each distinct
-    value found gets :func:`~fleet_trio.proc.sweep.sweep_job_survivors` (SIGTERM,
-    ``kill_grace``, SIGKILL; by identity, never this process or its ancestors), all at once.
-    Bounded: at most ``rounds`` discovery walks, each followed by at most one round of sweeps.
-    Returns ``(value → report, blind)``; ``blind`` when ``/proc`` could not be walked."""
-    me = os.getpid()
-    protected = await trio.to_thread.run_sync(ancestor_set, me, limiter=limiter)
-    sweeps: dict[str, SweepReport] = {}
-    blind = False
-    for _ in range(rounds):
-        values, scanned = await trio.to_thread.run_sync(
-            scan_tagged, tag, protected, limiter=limiter
-        )
-        blind = blind or not scanned
-        if not values:
-            break
-
-        async def sweep(value: str) -> None:
-            report = await sweep_job_survivors(
-                value, me, limiter=limiter, grace=kill_grace, marker=marker
-            )
-            earlier = sweeps.get(value)
-            if earlier is not None:  # a second round for the same value: keep what both found
-                found = tuple(dict.fromkeys(earlier.found + report.found))
-                report = attrs.evolve(report, found=found)
-            sweeps[value] = report
-
-        async with trio.open_nursery() as nursery:
-            for value in sorted(values):
-                nursery.start_soon(sweep, value)
-    return sweeps, blind
+) -> tuple[SweepReport, dict[str, tuple[int, ...]]]:
+    """Stop every live process whose ``marker`` carries the work tag ``tag``: one sweep
+    (:func:`~fleet_trio.proc.sweep.sweep_job_survivors`: SIGTERM, ``kill_grace``, SIGKILL, by
+    identity, never this process or its ancestors; bounded passes) whose every look is a
+    :class:`TaggedScan` — one walk of ``/proc`` per look however many jobs or marker values
+    there are. Returns the report and the marker values matched (value → pids)."""
+    if not tag:
+        return NO_SWEEP, {}
+    scan = TaggedScan(tag, marker=marker)
+    report = await sweep_job_survivors(
+        f"{marker} under tag {tag}", os.getpid(), limiter=limiter, grace=kill_grace, scan=scan
+    )
+    return report, {value: tuple(sorted(pids)) for value, pids in sorted(scan.values.items())}
 
 
 def replay(
@@ -285,11 +316,11 @@ async def recover(
     """Replay the journal into ``table`` and stop what the previous run left running.
 
     ``work_root``: the folder this run makes its work dirs in; every entry under the journal's
-    work tag there and in the previous run's folder is removed (after the sweeps), and this
+    work tag there and in the previous run's folder is removed (after the sweep), and this
     folder is recorded for the next start.
 
     Raises :class:`~fleet_trio.node.journal.JournalError` when the journal cannot be read or
-    written. Cancellation: a cancel during the sweeps leaves the journal consistent (the
+    written. Cancellation: a cancel during the sweep leaves the journal consistent (the
     interruptions are committed before any signal is sent).
     """
     limiter = limiter if limiter is not None else trio.CapacityLimiter(2)
@@ -304,15 +335,13 @@ async def recover(
             len(ids),
             ", ".join(ids),
         )
-    sweeps, blind = await sweep_tagged(
+    sweep, swept = await sweep_tagged(
         journal.work_tag, kill_grace=kill_grace, marker=marker, limiter=limiter
     )
-    if blind:
+    if sweep.blind or (journal.work_tag and not sweep.scanned):
         log.error("journal: /proc could not be walked; the previous run's processes may remain")
-    for value, found in sweeps.items():
-        log.warning(
-            "journal: %s=%s: leftover process(es) %s stopped", marker, value, list(found.found)
-        )
+    for value, pids in swept.items():
+        log.warning("journal: %s=%s: leftover process(es) %s stopped", marker, value, list(pids))
     dirs = [row.work_dir for row in in_flight if _is_work_dir(row.work_dir)]
     removed = await trio.to_thread.run_sync(_remove_dirs, dirs, limiter=limiter) if dirs else 0
     if work_root is not None and journal.work_tag:
@@ -329,22 +358,24 @@ async def recover(
         interrupted=ids,
         expired=expired,
         results_lost=tuple(lost),
-        sweeps=sweeps,
+        sweep=sweep,
+        swept=swept,
         work_dirs_removed=removed,
-        sweep_blind=blind,
     )
-    for value, pids in report.survivors.items():
-        log.error("journal: %s=%s: processes %s survived SIGKILL", marker, value, list(pids))
+    if report.survivors:
+        log.error(
+            "journal: processes %s of the previous run survived SIGKILL", list(report.survivors)
+        )
     return report
 
 
 __all__ = [
-    "SWEEP_ROUNDS",
+    "TAGGED_MAX_LISTINGS",
     "RecoveryReport",
+    "TaggedScan",
     "marker_tag",
     "recover",
     "remove_tagged",
     "replay",
-    "scan_tagged",
     "sweep_tagged",
 ]

@@ -299,7 +299,7 @@ async def start_journal(
         or report.interrupted
         or report.expired
         or report.work_dirs_removed
-        or report.sweeps
+        or report.swept
         or report.results_lost
     ):
         return report.describe()

@@ -173,8 +173,12 @@ async def test_recovery_sweeps_only_this_journals_tag(tmp_path: Path) -> None:
             report = await recover(journal, JobTable(), kill_grace=0.5)
             for name in ("ours", "ours-other-id"):
                 await procs[name].wait()
-        assert set(report.sweeps) == {values["ours"], values["ours-other-id"]}
-        assert report.sweeps[values["ours"]].found == (procs["ours"].pid,)
+        assert report.swept == {
+            values["ours"]: (procs["ours"].pid,),
+            values["ours-other-id"]: (procs["ours-other-id"].pid,),
+        }
+        assert sorted(report.sweep.found) == sorted([procs["ours"].pid, procs["ours-other-id"].pid])
+        assert report.sweep.clean()
         for name in ("other-journal", "no-node", "contains"):
             assert procs[name].poll() is None, name
     finally:
