@@ -11,13 +11,15 @@ import secrets
 import signal
 import sys
 from pathlib import Path
+from typing import Any
 
 import httpx
+import pytest
 import trio
 
 from fleet_trio.node.jobs import JobTable
 from fleet_trio.node.journal import Journal
-from fleet_trio.node.recovery import marker_tag, recover
+from fleet_trio.node.recovery import TaggedScan, marker_tag, recover
 from fleet_trio.node.tasks import SWEEP_MARKER
 from tests.helpers import wait_until
 from tests.node.harness import Node
@@ -187,4 +189,39 @@ async def test_recovery_sweeps_only_this_journals_tag(tmp_path: Path) -> None:
             proc.kill()
         with trio.fail_after(10):
             for proc in procs.values():
+                await proc.wait()
+
+
+async def test_many_marker_values_are_one_sweep(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Leftovers under 40 marker values (jobs, or a process forging values under the tag):
+    all stopped by one sweep — its looks, not one sweep per value, walk ``/proc``."""
+    journal = Journal(str(tmp_path / "j.sqlite"))
+    journal.open()
+    looks: list[int] = []
+    real = TaggedScan.__call__
+
+    def counted(self: TaggedScan, job_id: str, protected: frozenset[int]) -> Any:
+        looks.append(1)
+        return real(self, job_id, protected)
+
+    monkeypatch.setattr(TaggedScan, "__call__", counted)
+    procs: list[trio.Process] = []
+    try:
+        for i in range(40):
+            env = {**os.environ, SWEEP_MARKER: f"n{i}.{journal.work_tag}/j{i}"}
+            procs.append(await trio.lowlevel.open_process(["sleep", "60"], env=env))
+        with trio.fail_after(30):
+            report = await recover(journal, JobTable(), kill_grace=0.5)
+            for proc in procs:
+                await proc.wait()
+        assert len(report.swept) == 40 and len(report.sweep.found) == 40
+        assert len(looks) < 40  # a handful of looks, not one sweep (and its looks) per value
+    finally:
+        journal.close()
+        for proc in procs:
+            proc.kill()
+        with trio.fail_after(10):
+            for proc in procs:
                 await proc.wait()
