@@ -78,11 +78,22 @@ RESULT_LOST = "result lost: "
 """The error text's prefix of a job whose result file was lost (:class:`ResultLost`)."""
 
 
-def result_problem(data: bytes) -> str | None:
-    """Why ``data``, read from a result file, cannot be the job's result, or ``None``. Every
-    result the node writes is one JSON value: empty or unparseable bytes are a torn file."""
-    if not data.strip():
+def result_problem(data: bytes, *, parse: bool = True) -> str | None:
+    """Why ``data``, read from a result file, cannot be the job's result, or ``None``.
+
+    Every result the node keeps is one JSON object (a ``done`` job's stdout): empty bytes, a
+    NUL byte (blocks a power cut left zero-filled; JSON text never holds one) or text that is
+    not JSON is a torn file. ``parse=False`` (a restart, which reads every file) checks the
+    shape only — non-empty, no NUL, ``{`` … ``}`` — at the speed of a read; a poll parses."""
+    body = data.strip()
+    if not body:
         return "result file empty"
+    if (nul := data.find(b"\0")) >= 0:
+        return f"result file torn (zero-filled at byte {nul})"
+    if not parse:
+        if body[:1] != b"{" or body[-1:] != b"}":
+            return "result file torn (cut short)"
+        return None
     try:
         json.loads(data)
     except RecursionError:
@@ -312,24 +323,25 @@ class Journal:
         digest = hashlib.sha256(job_id.encode("utf-8", "surrogatepass")).hexdigest()[:40]
         return os.path.join(self.results_dir, digest + ".json")
 
-    def read_result(self, path: str) -> bytes:
+    def read_result(self, path: str, *, parse: bool = True) -> bytes:
         """A large result's bytes (blocking). Raises :class:`ResultLost` when the file is
-        missing, empty or not JSON (never spliced into a body), ``OSError`` when it cannot be
-        read now (another error: a later read may succeed)."""
+        missing, empty or torn (never spliced into a body; :func:`result_problem`), ``OSError``
+        when it cannot be read now (another error: a later read may succeed)."""
         try:
             with open(path, "rb") as f:
                 data = f.read()
         except FileNotFoundError:
             raise ResultLost("result file missing") from None
-        if (problem := result_problem(data)) is not None:
+        if (problem := result_problem(data, parse=parse)) is not None:
             raise ResultLost(problem)
         return data
 
     def check_result(self, path: str) -> str | None:
-        """Why the result file ``path`` is lost, or ``None`` when it is whole (or cannot be
-        read just now: only a missing, empty or torn file is a loss). Blocking."""
+        """Why the result file ``path`` is lost, or ``None`` when it looks whole (or cannot be
+        read just now: only a missing, empty or torn file is a loss). Blocking; checks the
+        shape, not the JSON (a restart reads every file: :func:`result_problem`)."""
         try:
-            self.read_result(path)
+            self.read_result(path, parse=False)
         except ResultLost as exc:
             return str(exc)
         except OSError:

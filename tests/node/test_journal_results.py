@@ -96,8 +96,9 @@ def _damage(path: str, how: str) -> None:
         os.truncate(path, 0)
     elif how == "torn":
         os.truncate(path, len(BIG) // 2)
-    else:  # zero-filled blocks after a power cut
+    else:  # zero-filled blocks after a power cut: all, or from the third page on
         with open(path, "r+b") as f:
+            f.seek(8192 if how == "tail-zeros" else 0)
             f.write(b"\0" * len(BIG))
 
 
@@ -106,11 +107,9 @@ def _damage(path: str, how: str) -> None:
     [
         ("missing", "result lost: result file missing"),
         ("empty", "result lost: result file empty"),
-        (
-            "torn",
-            "result lost: result file torn (invalid JSON at byte 9)",
-        ),
-        ("zeros", "result lost: result file torn (invalid JSON at byte 0)"),
+        ("torn", "result lost: result file torn (cut short)"),
+        ("zeros", "result lost: result file torn (zero-filled at byte 0)"),
+        ("tail-zeros", "result lost: result file torn (zero-filled at byte 8192)"),
     ],
 )
 def test_recovery_turns_a_lost_result_into_an_error(tmp_path: Path, how: str, error: str) -> None:
@@ -141,6 +140,7 @@ def test_recovery_turns_a_lost_result_into_an_error(tmp_path: Path, how: str, er
             "torn",
             "result lost: result file torn (invalid JSON at byte 9)",
         ),
+        ("zeros", "result lost: result file torn (zero-filled at byte 0)"),
     ],
 )
 async def test_a_poll_of_a_lost_result_is_a_terminal_error(
@@ -172,6 +172,14 @@ def test_result_problem() -> None:
     assert result_problem(b"[" * 5000 + b"]" * 5000) is None  # deep, but whole
     assert result_problem(b" \n") == "result file empty"
     assert result_problem(b'{"a": ') == "result file torn (invalid JSON at byte 6)"
+    # a restart checks the shape only: cut short, or not an object at all
+    assert result_problem(b'{"a": [1, 2', parse=False) == "result file torn (cut short)"
+    # cut right after an inner "}": the shape passes; the poll's parse still catches it
+    assert result_problem(b'{"a": {}', parse=False) is None
+    assert result_problem(b'{"a": {}') == "result file torn (invalid JSON at byte 8)"
+    assert result_problem(b'{"a": {}}\n', parse=False) is None
+    assert result_problem(b"[1]", parse=False) == "result file torn (cut short)"
+    assert result_problem(b'{"a": "\0"}', parse=False) == "result file torn (zero-filled at byte 7)"
 
 
 async def test_a_duplicate_of_a_failed_ack_is_journal_unavailable(tmp_path: Path) -> None:
