@@ -4,14 +4,24 @@ Retained job output — a node's kept results and both roles' log histories — 
 :class:`MemoryBudget`. Each charge is an *entry* (``(kind, job_id)``, e.g. ``("result",
 "j-1")`` or ``("log", "j-1")``) with its current size. A running job's entries count but are
 never evicted; once an entry is :meth:`ended <MemoryBudget.end>` it may be. :meth:`settle`
-evicts ended entries, oldest end first, until the total is within the limit: each eviction
+evicts ended entries — log histories before results (:data:`EVICTION_ORDER`), oldest end
+first within a kind — until the total is within the limit: each eviction
 calls the owner's ``evict`` callback, which frees what it can (a result is dropped; a log
 history keeps only what a reader still holds, the rest stays readable from its spill file when
 there is one) and returns the bytes it still holds.
 
+**The reserve.** Running entries cannot be evicted, so when they alone fill the budget, evicting
+"until it fits" would evict every ended entry — a result the moment it is published, before
+any dispatcher could poll it. Ended entries therefore always keep up to ``reserve`` bytes
+(a quarter of the limit by default): :meth:`settle` stops once ``total <= limit`` *or* the
+ended entries still charged total at most ``reserve``. What is retained stays bounded by
+``max(limit, running + reserve)`` (running output is bounded per job by its owner).
+
 Invariants (a Hypothesis state machine checks them): a running entry is never evicted; after
-:meth:`settle`, ``total <= limit`` unless the excess is running or still held; among ended
-entries the oldest ended goes first. Plain, synchronous, no clock, no I/O.
+:meth:`settle`, ``total <= limit`` unless the ended entries not yet evicted total at most
+``reserve`` (the excess is running, still held, or the reserve); among ended entries every
+log history goes before any result, and within a kind the oldest ended goes first. Plain,
+synchronous, no clock, no I/O.
 """
 
 from __future__ import annotations
@@ -30,6 +40,11 @@ Evict: TypeAlias = Callable[[], int]
 DEFAULT_BUDGET = 1 << 30
 """1 GiB: results and log histories of every job together (a 24 GiB box keeps 23 for work)."""
 MIN_BUDGET = 1 << 20
+EVICTION_ORDER: tuple[Kind, ...] = ("log", "result")
+"""Which ended entries go first: a log history (a tail then reads it from its spill file, or
+is told what it missed) costs less than a result (its job then answers ``result evicted``)."""
+RESERVE_DIVISOR = 4
+"""The default reserve: ended entries keep up to ``limit // 4`` whatever runs."""
 
 _SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B?|B)?\s*", re.IGNORECASE)
 _UNITS = {"": 1, "b": 1, "k": 1000, "m": 1000**2, "g": 1000**3, "t": 1000**4}
@@ -85,15 +100,20 @@ class Evicted:
 class MemoryBudget:
     """Byte accounting with a ceiling; evicts the oldest ended entries first. Synchronous."""
 
-    def __init__(self, limit: int = DEFAULT_BUDGET) -> None:
+    def __init__(self, limit: int = DEFAULT_BUDGET, *, reserve: int | None = None) -> None:
         if limit < 0:
             raise ValueError("memory budget must be >= 0")
         self.limit = limit
+        self.reserve = limit // RESERVE_DIVISOR if reserve is None else max(0, reserve)
+        """Bytes ended entries may always keep, even while running ones fill the limit."""
+        self._ended_total = 0
+        """Sizes of the entries in ``_ended`` (ended, not evicted)."""
         self.total = 0
         self.peak = 0
         self.evicted = Evicted()
         self._entries: dict[Key, _Entry] = {}
-        self._ended: dict[Key, None] = {}  # ended, not evicted, in end order (oldest first)
+        self._ended: dict[Kind, dict[Key, None]] = {kind: {} for kind in EVICTION_ORDER}
+        """Per kind, ended and not evicted, in end order (oldest first)."""
         self._seq = 0
 
     # -- queries ---------------------------------------------------------------------------
@@ -127,6 +147,8 @@ class MemoryBudget:
             entry = self._entries[key] = _Entry(0, evict)
         elif evict is not None:
             entry.evict = evict
+        if key in self._ended[key[0]]:
+            self._ended_total += size - entry.size
         self.total += size - entry.size
         entry.size = size
         self.peak = max(self.peak, self.total)
@@ -139,23 +161,31 @@ class MemoryBudget:
         self._seq += 1
         entry.ended_seq = self._seq
         if not entry.evicted:
-            self._ended[key] = None
+            self._ended[key[0]][key] = None
+            self._ended_total += entry.size
 
     def release(self, key: Key) -> None:
         """Forget ``key`` (its owner dropped it: TTL, pruning)."""
         entry = self._entries.pop(key, None)
         if entry is not None:
             self.total -= entry.size
-            self._ended.pop(key, None)
+            if key in self._ended[key[0]]:
+                del self._ended[key[0]][key]
+                self._ended_total -= entry.size
 
     def settle(self) -> list[Key]:
-        """Evict ended entries, oldest end first, until ``total <= limit``. Returns them."""
+        """Evict ended entries — log histories first, then results; oldest end first within a
+        kind — until ``total <= limit`` or what ended entries still hold is within the
+        reserve. Returns them."""
         done: list[Key] = []
-        while self.total > self.limit and self._ended:
-            key = next(iter(self._ended))
-            del self._ended[key]
+        while self.total > self.limit and self._ended_total > self.reserve:
+            key = self._next_victim()
+            if key is None:
+                break
+            del self._ended[key[0]][key]
             entry = self._entries[key]
             before = entry.size
+            self._ended_total -= before
             left = max(0, min(entry.evict(), before))
             entry.evicted = True
             self.total -= before - left
@@ -165,10 +195,19 @@ class MemoryBudget:
             done.append(key)
         return done
 
+    def _next_victim(self) -> Key | None:
+        for kind in EVICTION_ORDER:
+            ended = self._ended[kind]
+            if ended:
+                return next(iter(ended))
+        return None
+
 
 __all__ = [
     "DEFAULT_BUDGET",
+    "EVICTION_ORDER",
     "MIN_BUDGET",
+    "RESERVE_DIVISOR",
     "Evict",
     "Evicted",
     "Key",

@@ -15,8 +15,9 @@ from fleet_trio.memory import Key, MemoryBudget, format_size, parse_size
 
 class BudgetMachine(RuleBasedStateMachine):
     """Jobs charge log histories while they run and results when they end; the budget must
-    never evict a running job's entry, must settle within its limit whenever ended entries are
-    left to evict, and must evict the oldest ended first."""
+    never evict a running job's entry, must settle within its limit whenever ended entries
+    beyond the reserve are left to evict, and must evict ended logs before ended results, the
+    oldest ended first within a kind."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -31,8 +32,14 @@ class BudgetMachine(RuleBasedStateMachine):
 
     def _evict(self, key: Key) -> int:
         assert key not in self.running, f"evicted running {key}"
-        assert self.end_order and self.end_order[0] == key, "not the oldest ended"
-        self.end_order.pop(0)
+        logs = [k for k in self.end_order if k[0] == "log"]
+        first = logs[0] if logs else self.end_order[0]  # logs before results, oldest first
+        assert key == first, f"evicted {key}, not {first}"
+        # only to fit, and never below the reserve
+        assert sum(self.sizes.values()) > self.limit, "evicted while within the limit"
+        ended = sum(self.sizes[k] for k in self.end_order)
+        assert ended > self.budget.reserve, "evicted within the reserve"
+        self.end_order.remove(key)
         self.evicted.add(key)
         self.sizes[key] = min(self.held[key], self.sizes[key])
         return self.held[key]
@@ -89,8 +96,8 @@ class BudgetMachine(RuleBasedStateMachine):
 
     @invariant()
     def within_the_limit_unless_nothing_is_left_to_evict(self) -> None:
-        if self.budget.total > self.limit:
-            assert not self.end_order  # only running or held bytes are over
+        if self.budget.total > self.limit:  # only running or held bytes, or the reserve, over
+            assert sum(self.sizes[key] for key in self.end_order) <= self.budget.reserve
 
     @invariant()
     def running_entries_are_never_evicted(self) -> None:
@@ -118,10 +125,50 @@ def test_oldest_ended_first_and_counted() -> None:
     assert budget.evicted.entries == {"result": 2, "log": 0}
     assert budget.evicted.nbytes == {"result": 80, "log": 0}
     assert budget.is_evicted(("result", "a")) and not budget.is_evicted(("result", "c"))
-    # a running entry over the limit on its own stays
+    # a running entry over the limit on its own stays; an ended one above the reserve (25) goes
     budget.charge(("log", "run"), 500)
     budget.settle()
     assert gone == ["a", "b", "c"] and budget.total == 500
+
+
+def test_ended_logs_go_before_results() -> None:
+    """A job's result is published before its log ends: oldest-first alone would evict the
+    result before its own, younger, log history."""
+    budget = MemoryBudget(1000, reserve=0)
+    gone: list[Key] = []
+    for key, size in ((("result", "a"), 400), (("log", "a"), 500), (("result", "b"), 400)):
+        budget.charge(key, size, lambda key=key: gone.append(key) or 0)  # type: ignore[misc]
+        budget.end(key)
+    assert budget.settle() == [("log", "a")] and budget.total == 800
+    budget.charge(("log", "run"), 300, lambda: 0)
+    assert budget.settle() == [("result", "a")]
+    assert gone == [("log", "a"), ("result", "a")]
+
+
+def test_a_just_ended_result_is_kept_within_the_reserve_while_running_output_fills_it() -> None:
+    """Running output alone over the limit: the newest ended entries keep up to the reserve
+    (a quarter of the limit), the oldest go first; the rest of the ended entries go."""
+    budget = MemoryBudget(1000)
+    assert budget.reserve == 250
+    gone: list[str] = []
+
+    def charge_ended(name: str, size: int) -> None:
+        budget.charge(("result", name), size, lambda: gone.append(name) or 0)  # type: ignore[func-returns-value]
+        budget.end(("result", name))
+        budget.settle()
+
+    budget.charge(("log", "run"), 1500, lambda: 0)  # a running job's history: over on its own
+    budget.settle()
+    charge_ended("a", 100)
+    charge_ended("b", 100)
+    assert gone == [] and budget.total == 1700  # the reserve holds both
+    charge_ended("c", 100)
+    assert gone == ["a"] and budget.total == 1700  # the oldest goes; the newest is kept
+    charge_ended("d", 300)  # alone above the reserve: it cannot be kept
+    assert gone == ["a", "b", "c", "d"] and budget.total == 1500
+    budget.charge(("log", "run"), 100)  # the running output shrinks: all fits again
+    charge_ended("e", 600)
+    assert gone == ["a", "b", "c", "d"] and budget.total == 700
 
 
 @pytest.mark.parametrize(

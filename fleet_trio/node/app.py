@@ -32,6 +32,7 @@ from fleet_trio.logbus.bus import LogBus
 from fleet_trio.logbus.ui import mount_ui, stream_tail, token_ok
 from fleet_trio.node.after_send import AfterSend, after_response
 from fleet_trio.node.jobs import MSG_JOURNAL_UNAVAILABLE, JobState, JobStore, Registration
+from fleet_trio.node.journal import RESULT_LOST, ResultLost
 from fleet_trio.node.linger import PollLinger
 from fleet_trio.node.metrics import NodeMetrics
 from fleet_trio.node.tasks import PreparedJob, TaskRegistry, TaskRunner, job_log_meta
@@ -253,7 +254,11 @@ async def dispatch(ctx: NodeContext) -> Response:
         return _json(ack_body(req.job_id), 202)
     prepared.cleanup()
     known = await _known_job(ctx, req.job_id)
-    return known if known is not None else error_response(MSG_DRAINING, 503)  # drain began at 4–6
+    if known is not None:
+        return known
+    if outcome is Registration.DRAINING or store.draining:  # drain began at 4–6
+        return error_response(MSG_DRAINING, 503)
+    return error_response(MSG_JOURNAL_UNAVAILABLE, 503)  # a duplicate of an ack that failed
 
 
 async def _known_job(ctx: NodeContext, job_id: str) -> Response | None:
@@ -281,6 +286,11 @@ async def job_status(ctx: NodeContext, job_id: str) -> Response:
     if view.data_file is not None:  # a large result, kept in a file beside the journal
         try:
             data = await ctx.store.read_data(view)
+        except ResultLost as exc:  # missing, empty or torn: a terminal error, never bad JSON
+            log.warning("job %s: %s%s", job_id, RESULT_LOST, exc)
+            ctx.linger.polled_terminal(job_id)
+            body = job_body(view.job_id, "error", data=None, error=f"{RESULT_LOST}{exc}")
+            return _json(body, 200)
         except OSError:
             return error_response("internal error", 500)
     if view.state.terminal:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import logging
 import os
 import re
@@ -67,6 +68,42 @@ class JournalError(Exception):
     """The journal cannot be opened or written (one line, naming the file)."""
 
 
+class ResultLost(Exception):
+    """A large result's file is missing, empty or torn (not JSON): a power cut under
+    ``sync: normal``, a disk error, or somebody else's hand. The message says which; the job
+    answers ``error: "result lost: <message>"``."""
+
+
+RESULT_LOST = "result lost: "
+"""The error text's prefix of a job whose result file was lost (:class:`ResultLost`)."""
+
+
+def result_problem(data: bytes, *, parse: bool = True) -> str | None:
+    """Why ``data``, read from a result file, cannot be the job's result, or ``None``.
+
+    Every result the node keeps is one JSON object (a ``done`` job's stdout): empty bytes, a
+    NUL byte (blocks a power cut left zero-filled; JSON text never holds one) or text that is
+    not JSON is a torn file. ``parse=False`` (a restart, which reads every file) checks the
+    shape only — non-empty, no NUL, ``{`` … ``}`` — at the speed of a read; a poll parses."""
+    body = data.strip()
+    if not body:
+        return "result file empty"
+    if (nul := data.find(b"\0")) >= 0:
+        return f"result file torn (zero-filled at byte {nul})"
+    if not parse:
+        if body[:1] != b"{" or body[-1:] != b"}":
+            return "result file torn (cut short)"
+        return None
+    try:
+        json.loads(data)
+    except RecursionError:
+        return None  # deep but whole: it was checked when the job made it
+    except ValueError as exc:
+        at = f" at byte {exc.pos}" if isinstance(exc, json.JSONDecodeError) else ""
+        return f"result file torn (invalid JSON{at})"
+    return None
+
+
 @attrs.frozen
 class Accept:
     job_id: str
@@ -100,7 +137,16 @@ class Evict:
     data_file: str | None = None
 
 
-Record = Accept | Start | Finish | Evict
+@attrs.frozen
+class Drop:
+    """A ``done`` job's result was dropped (the memory budget, or its file was lost): it
+    becomes ``error`` with ``error``, so a restart answers what polls were answered."""
+
+    job_id: str
+    error: str
+
+
+Record = Accept | Start | Finish | Evict | Drop
 Statement = tuple[str, list[object]]
 """One SQL statement and its parameters."""
 
@@ -277,9 +323,30 @@ class Journal:
         digest = hashlib.sha256(job_id.encode("utf-8", "surrogatepass")).hexdigest()[:40]
         return os.path.join(self.results_dir, digest + ".json")
 
-    def read_result(self, path: str) -> bytes:
-        with open(path, "rb") as f:
-            return f.read()
+    def read_result(self, path: str, *, parse: bool = True) -> bytes:
+        """A large result's bytes (blocking). Raises :class:`ResultLost` when the file is
+        missing, empty or torn (never spliced into a body; :func:`result_problem`), ``OSError``
+        when it cannot be read now (another error: a later read may succeed)."""
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+        except FileNotFoundError:
+            raise ResultLost("result file missing") from None
+        if (problem := result_problem(data, parse=parse)) is not None:
+            raise ResultLost(problem)
+        return data
+
+    def check_result(self, path: str) -> str | None:
+        """Why the result file ``path`` is lost, or ``None`` when it looks whole (or cannot be
+        read just now: only a missing, empty or torn file is a loss). Blocking; checks the
+        shape, not the JSON (a restart reads every file: :func:`result_problem`)."""
+        try:
+            self.read_result(path, parse=False)
+        except ResultLost as exc:
+            return str(exc)
+        except OSError:
+            return None
+        return None
 
     # -- writing ---------------------------------------------------------------------------
     def apply(self, records: Sequence[Record]) -> None:
@@ -294,7 +361,7 @@ class Journal:
         try:
             for rec in records:
                 if isinstance(rec, Finish) and rec.data_file and rec.file_data is not None:
-                    self._write_file(rec.data_file, rec.file_data)
+                    self._write_file(rec.data_file, rec.file_data, durable=self.sync == "full")
             statements = [st for run in _runs(records) for st in self._statements(run)]
             if len(statements) == 1:
                 db.execute(*statements[0])
@@ -315,12 +382,25 @@ class Journal:
                 _unlink(rec.data_file)
 
     @staticmethod
-    def _write_file(path: str, data: bytes) -> None:
+    def _write_file(path: str, data: bytes, *, durable: bool = False) -> None:
+        """Write ``data`` to ``path`` whole or not at all: a ``.tmp`` beside it, renamed over
+        it; a failure removes the ``.tmp``. ``durable`` (``sync: full``): the file and then
+        its folder are ``fsync``ed before this returns, so the row that the commit after it
+        writes never names a file a power cut can take back."""
         tmp = path + ".tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-        with open(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+            with open(fd, "wb") as f:
+                f.write(data)
+                if durable:
+                    f.flush()
+                    os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            _unlink(tmp)
+            raise
+        if durable:
+            _fsync_dir(os.path.dirname(path))
 
     @classmethod
     def _statements(cls, run: Sequence[Record]) -> list[Statement]:
@@ -328,7 +408,7 @@ class Journal:
         evictions as one statement per chunk of :data:`_CHUNK` (each statement retakes the
         GIL, and a busy event loop makes every retake wait), results one each."""
         first = run[0]
-        if len(run) == 1 or isinstance(first, Finish):
+        if len(run) == 1 or isinstance(first, Finish | Drop):
             return [cls._statement(rec) for rec in run]
         out: list[Statement] = []
         for at in range(0, len(run), _CHUNK):
@@ -378,6 +458,12 @@ class Journal:
                 "WHERE job_id = ? AND state IN ('accepted', 'running')",
                 [rec.state, rec.data, rec.data_file, rec.error, rec.wall, rec.job_id],
             )
+        if isinstance(rec, Drop):
+            return (
+                "UPDATE jobs SET state = 'error', data = NULL, data_file = NULL, error = ? "
+                "WHERE job_id = ? AND state = 'done'",
+                [rec.error, rec.job_id],
+            )
         return (
             "DELETE FROM jobs WHERE job_id = ? AND state IN ('done', 'error')",
             [rec.job_id],
@@ -416,6 +502,15 @@ class Journal:
 def _unlink(path: str) -> None:
     with contextlib.suppress(OSError):
         os.unlink(path)
+
+
+def _fsync_dir(folder: str) -> None:
+    """Make a rename in ``folder`` durable (raises ``OSError``)."""
+    fd = os.open(folder or ".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 # --------------------------------------------------------------------------------------------
@@ -530,16 +625,20 @@ class JournalWriter:
 
 __all__ = [
     "DEFAULT_INLINE_MAX",
+    "RESULT_LOST",
     "SYNC_MODES",
     "WORK_TAG",
     "Accept",
+    "Drop",
     "Evict",
     "Finish",
     "Journal",
     "JournalError",
     "JournalWriter",
     "Record",
+    "ResultLost",
     "Row",
     "Start",
     "Ticket",
+    "result_problem",
 ]

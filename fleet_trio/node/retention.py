@@ -9,6 +9,8 @@ turns its job into ``error`` with :data:`EVICTED_PREFIX` …, so a poll says cle
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from fleet_trio.memory import Key, MemoryBudget, format_size
 from fleet_trio.node.jobs import JobState, JobTable, JobView
 
@@ -23,11 +25,21 @@ def evicted_message(nbytes: int, budget: int) -> str:
     )
 
 
-def attach_result_budget(table: JobTable, budget: MemoryBudget) -> None:
-    """Charge ``table``'s kept results to ``budget`` (sync; the table calls back)."""
+def attach_result_budget(
+    table: JobTable,
+    budget: MemoryBudget,
+    *,
+    on_drop: Callable[[str, str], object] | None = None,
+) -> None:
+    """Charge ``table``'s kept results to ``budget`` (sync; the table calls back).
+
+    ``on_drop(job_id, error)``: after an evicted result turned its job into ``error`` (the
+    node journals it, so a restart answers what polls were answered)."""
 
     def evict(job_id: str, nbytes: int) -> int:
-        table.drop_result(job_id, evicted_message(nbytes, budget.limit))
+        message = evicted_message(nbytes, budget.limit)
+        if table.drop_result(job_id, message) and on_drop is not None:
+            on_drop(job_id, message)
         return 0
 
     def changed(job_id: str, view: JobView | None) -> None:

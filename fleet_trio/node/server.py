@@ -59,7 +59,7 @@ from fleet_trio.node.config import (
     task_gpus,
 )
 from fleet_trio.node.jobs import INTERRUPTED, JobStore
-from fleet_trio.node.journal import Journal, JournalError, JournalWriter
+from fleet_trio.node.journal import Drop, Journal, JournalError, JournalWriter
 from fleet_trio.node.linger import PollLinger
 from fleet_trio.node.metrics import NodeMetrics
 from fleet_trio.node.placement import Placement, footprint_need
@@ -260,24 +260,22 @@ async def start_journal(
     journal: Journal,
     kill_grace: float,
     *,
-    scope: str = "",
     registry: TaskRegistry | None = None,
 ) -> str | None:
     """Recover the previous run from ``journal`` into ``store`` (before the listener opens:
     no poll sees a state it will not keep, no dispatch races the sweep of the previous run's
     processes), then serve its writer in the services scope. Returns the line to announce.
 
-    ``registry``: its work dirs take the journal's work tag, and the previous run's dirs under
-    that tag are removed (also those of acks that never committed)."""
+    ``registry``: its work dirs take the journal's work tag (so do its jobs' sweep markers), and
+    the previous run's dirs under that tag are removed (also those of acks that never
+    committed). The previous runs' processes are found by that tag, whatever node id they ran
+    under (:func:`~fleet_trio.node.recovery.sweep_tagged`)."""
     work_root = None
     if registry is not None:
         registry.work_tag = journal.work_tag
         work_root = registry.work_dir_root
-        scope = registry.sweep_scope  # the journal's tag: the same markers as before the crash
     try:
-        report = await recover(
-            journal, store.table, kill_grace=kill_grace, scope=scope, work_root=work_root
-        )
+        report = await recover(journal, store.table, kill_grace=kill_grace, work_root=work_root)
     except JournalError as exc:
         journal.close()
         raise NodeStartError(str(exc)) from None
@@ -296,9 +294,22 @@ async def start_journal(
 
     await tree.services.start(serve_writer, name="journal-writer")
     store.journal = writer
-    if report.restored or report.interrupted or report.expired or report.work_dirs_removed:
+    if (
+        report.restored
+        or report.interrupted
+        or report.expired
+        or report.work_dirs_removed
+        or report.swept
+        or report.results_lost
+    ):
         return report.describe()
     return None
+
+
+def _journal_drop(store: JobStore, job_id: str, error: str) -> None:
+    """An evicted result's job is ``error`` now: the journal says so too (when there is one)."""
+    if store.journal is not None:
+        store.journal.submit([Drop(job_id, error)])
 
 
 def footprint_hooks(
@@ -415,7 +426,7 @@ async def serve_node(
     store = store_factory(ttl=t.job_ttl, janitor_interval=t.janitor_interval)
     # memory budget: kept results and log histories share one ceiling (docs/node.md)
     budget = MemoryBudget(options.memory_budget or node.memory_budget)
-    attach_result_budget(store.table, budget)
+    attach_result_budget(store.table, budget, on_drop=functools.partial(_journal_drop, store))
     linger = PollLinger()
     bus_holder: list[NodeContext] = []
 
@@ -498,9 +509,7 @@ async def serve_node(
                 )
             journal = await open_journal(config, options, node_id)  # job journal (docs/node.md)
             if journal is not None:
-                line = await start_journal(
-                    tree, store, journal, t.kill_grace, scope=node_id, registry=registry
-                )
+                line = await start_journal(tree, store, journal, t.kill_grace, registry=registry)
                 if line:
                     say(line)
             await tree.services.start(store.serve_janitor, name="janitor")

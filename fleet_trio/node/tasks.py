@@ -273,9 +273,10 @@ class TaskRegistry:
     def sweep_scope(self) -> str:
         """The node's part of each job's sweep marker (:func:`sweep_value`):
         ``<node id>.<work tag>``. With a journal the tag is the journal's, so a restarted node
-        finds its predecessor's jobs; without one it is this registry's own. Either way two
-        nodes on one host never sweep each other's jobs that share an id, even under one
-        node id (the hostname is the default, and tests run nodes side by side)."""
+        finds its predecessors' processes by the tag alone, whatever node id they ran under
+        (``fleet_trio.node.recovery.sweep_tagged``); without one it is this registry's own.
+        Either way two nodes on one host never sweep each other's jobs that share an id, even
+        under one node id (the hostname is the default, and tests run nodes side by side)."""
         return f"{self.node_id or 'run'}.{self.work_tag}"
 
     def _resolve(self, path: str) -> str:

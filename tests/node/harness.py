@@ -308,10 +308,16 @@ class Node:
             "--listen", f"127.0.0.1:{self.port}", "--footprints", str(tmp_path / "fp.json"),
         ]  # fmt: skip
         self.proc: trio.Process | None = None
+        self.log: Path | None = None
+        """When set, each start appends the node's stderr (its log) to this file."""
 
     async def start(self) -> None:
         env = {**os.environ, "TMPDIR": str(self.work)}
-        self.proc = await trio.lowlevel.open_process(self.argv, env=env)
+        if self.log is None:
+            self.proc = await trio.lowlevel.open_process(self.argv, env=env)
+        else:
+            with self.log.open("ab") as stderr:
+                self.proc = await trio.lowlevel.open_process(self.argv, env=env, stderr=stderr)
         async with httpx.AsyncClient(base_url=self.url) as client:
             proc = self.proc
 

@@ -113,7 +113,7 @@ def test_retention_follows_the_ttl_across_a_restart(tmp_path: Path) -> None:
         ]
     )
     table = JobTable(ttl=60.0)
-    restored, in_flight, expired = replay(table, journal, 1000.0, now_wall)
+    restored, in_flight, expired, _lost = replay(table, journal, 1000.0, now_wall)
     assert (restored, [r.job_id for r in in_flight], expired) == (1, ["busy"], 1)
     assert table.get("old") is None
     new = table.get("new")

@@ -14,6 +14,7 @@ from fleet_trio.memory import MemoryBudget
 from fleet_trio.node.jobs import Done, Failed, JobState, JobTable
 from fleet_trio.node.metrics import NodeMetrics
 from fleet_trio.node.retention import EVICTED_PREFIX, attach_result_budget
+from tests.helpers import wait_until
 from tests.node.harness import node_config, running_node
 
 MB = 1 << 20
@@ -165,3 +166,84 @@ async def test_with_the_journal_big_results_live_in_files_and_are_not_evicted(
         for i, c in enumerate("abcd"):
             polled = (await h.poll(f"j{i}")).json()
             assert polled["state"] == "done" and polled["data"]["blob"] == c * 700000
+
+
+CHATTY = r"""
+import sys, time
+sys.stdin.read()
+sys.stderr.write("l" * 1999 + "\n")
+for _ in range(1000):
+    sys.stderr.write("l" * 1999 + "\n")
+sys.stderr.flush()
+time.sleep(120)
+"""
+QUICK = "import sys; sys.stdin.read(); print('{\"v\": 7}')"
+
+
+async def test_a_running_jobs_log_over_the_budget_never_evicts_a_fresh_result(
+    tmp_path: Path,
+) -> None:
+    """A running job's log history alone is over the budget (running output cannot be
+    evicted): a result published now is kept (the reserve: a quarter of the budget for ended
+    entries, logs before results), so a dispatcher polling it at once gets it."""
+    tasks = {
+        "chatty": {"command": [sys.executable, "-c", CHATTY]},
+        "quick": {"command": [sys.executable, "-c", QUICK]},
+    }
+    config = node_config(
+        tmp_path,
+        tasks,
+        memory_budget="1MiB",
+        journal={"enabled": False},
+        timings={"drain_timeout": "100ms", "kill_grace": "100ms"},
+    )
+    async with running_node(tmp_path, config) as h:
+        assert (await h.dispatch("chatty", "chatty", {})).status_code == 202
+
+        async def retained_logs() -> bool:
+            text = (await h.client.get("/metrics")).text
+            line = next(x for x in text.splitlines() if x.startswith(RETAINED_LOG))
+            return float(line.rsplit(" ", 1)[1]) > 1.5 * MB
+
+        await wait_until(retained_logs, what="the running job's log history over the budget")
+        for i in range(3):
+            assert (await h.dispatch(f"q{i}", "quick", {})).status_code == 202
+            assert await h.wait_terminal(f"q{i}") == {
+                "job_id": f"q{i}",
+                "state": "done",
+                "data": {"v": 7},
+            }
+        for i in range(3):  # and still later: the reserve holds them all
+            assert (await h.poll(f"q{i}")).json()["state"] == "done"
+        assert (await h.poll("chatty")).json()["state"] == "running"
+
+
+RETAINED_LOG = 'fleet_trio_memory_retained_bytes{kind="log"}'
+
+
+MID = r"""
+import sys
+sys.stdin.read()
+sys.stdout.write('{"blob": "' + "m" * 60000 + '"}')
+"""
+
+
+async def test_an_evicted_result_stays_evicted_after_a_restart(tmp_path: Path) -> None:
+    """With the journal, a result up to ``inline_max`` is kept in RAM (and charged); its
+    eviction is journaled, so the restarted node answers the same ``error`` — not ``done``."""
+    config = node_config(
+        tmp_path, {"mid": {"command": [sys.executable, "-c", MID]}}, memory_budget="1MiB"
+    )
+    async with running_node(tmp_path, config) as h:
+        for i in range(22):
+            assert (await h.dispatch(f"j{i}", "mid", {})).status_code == 202
+            await h.wait_terminal(f"j{i}")
+        before = (await h.poll("j0")).json()
+        assert before["state"] == "error" and before["error"].startswith(EVICTED_PREFIX)
+        assert (await h.poll("j21")).json()["state"] == "done"
+    roomy = node_config(  # a restart with room for every result: nothing is evicted again
+        tmp_path, {"mid": {"command": [sys.executable, "-c", MID]}}, memory_budget="64MiB"
+    )
+    async with running_node(tmp_path, roomy) as h:
+        assert (await h.poll("j0")).json() == before
+        assert (await h.poll("j21")).json()["state"] == "done"
