@@ -65,7 +65,7 @@ from fleet_trio.worker.client import (
     Registration,
     Timings,
 )
-from fleet_trio.worker.config import DeviceConfig, WorkerConfig
+from fleet_trio.worker.config import DeviceConfig, WorkerConfig, config_from_mapping
 from fleet_trio.worker.worker import Worker, WorkerTimings, serve_worker
 
 T = TypeVar("T")
@@ -737,3 +737,20 @@ class StubGpuSource:
     async def device_name(self) -> str:
         await trio.lowlevel.checkpoint()
         return self.product
+
+
+def sheet_config(sheet_dir: Path) -> WorkerConfig:
+    """A worker config (host ``gpubox``, devices gpu0-gpu2) reading usage sheets from
+    ``sheet_dir``."""
+    return config_from_mapping(
+        {
+            "controller_url": "http://127.0.0.1:1",
+            "token": "t",
+            "sheet_dir": str(sheet_dir),
+            "devices": ["gpu0", "gpu1", "gpu2"],
+        },
+        path="worker.yaml",
+        environ={},
+        hostname=lambda: "gpubox",
+    )
+

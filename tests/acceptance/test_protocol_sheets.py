@@ -8,23 +8,8 @@ import pathlib
 import pytest
 import trio
 
-from fleet_trio.worker.config import WorkerConfig, config_from_mapping
 from fleet_trio.worker.worker import MAX_SHEET, SHEET_MARKER, read_sheets, truncate_sheet
-from tests.helpers import dev, running, succeeded
-
-
-def sheet_config(sheet_dir: pathlib.Path) -> WorkerConfig:
-    return config_from_mapping(
-        {
-            "controller_url": "http://127.0.0.1:1",
-            "token": "t",
-            "sheet_dir": str(sheet_dir),
-            "devices": ["gpu0", "gpu1", "gpu2"],
-        },
-        path="worker.yaml",
-        environ={},
-        hostname=lambda: "gpubox",
-    )
+from tests.helpers import dev, running, sheet_config, succeeded
 
 
 def write_sheets(root: pathlib.Path, host: str, **devices: str) -> None:

@@ -30,7 +30,8 @@ class JournalReplayMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.dir = tempfile.mkdtemp(prefix="journal-replay-")
-        self.journal = Journal(f"{self.dir}/j.sqlite", inline_max=8)
+        # inline_max 16: a result may be kept inline or in a file
+        self.journal = Journal(f"{self.dir}/j.sqlite", inline_max=16)
         self.journal.open()
         self.table = JobTable(ttl=TTL)
         self.now = 1000.0

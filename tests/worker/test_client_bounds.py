@@ -29,7 +29,7 @@ from fleet_trio.worker.client import (
     Timings,
 )
 from fleet_trio.worker.worker import Worker, serve_worker
-from tests.helpers import FAST, FAST_CLIENT, config, read_head, wait_until
+from tests.helpers import FAST, FAST_CLIENT, config, read_head, scenario_pause, wait_until
 
 Handler = Callable[[trio.SocketStream, bytes], Awaitable[None]]
 
@@ -89,7 +89,7 @@ async def trickle(stream: trio.SocketStream, head: bytes) -> None:
     try:
         await stream.send_all(HEAD_200 + b"Content-Length: 200\r\n\r\n" + start)
         for _ in range(200 - len(start)):
-            await trio.sleep(5)
+            await scenario_pause(5, why="the controller trickles its answer")
             await stream.send_all(b" ")
     except (trio.BrokenResourceError, trio.ClosedResourceError):
         pass

@@ -68,7 +68,11 @@ class OutageAtVerify(FakeHooks):
 
     async def verify(self, device_id: str, job: Assignment) -> str | None:
         assert self.ctrl is not None
-        self.ctrl.restart(down_for=self.down_for)
+        ctrl = self.ctrl
+        # the pass starts beside the job's end; its single `running` report, sent while the
+        # process was spawned, may still be on its way on a loaded machine: let it land first
+        await ctrl.wait_for(lambda: "running" in ctrl.statuses(job.job_id), timeout=10)
+        ctrl.restart(down_for=self.down_for)
         return await super().verify(device_id, job)
 
 

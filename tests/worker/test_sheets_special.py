@@ -11,7 +11,7 @@ import pytest
 import trio
 
 from fleet_trio.worker.worker import MAX_SHEET, SHEET_MARKER, read_sheets
-from tests.acceptance.test_protocol_sheets import sheet_config
+from tests.helpers import sheet_config
 
 
 async def test_a_fifo_or_a_device_is_an_unreadable_sheet_at_once(
