@@ -225,25 +225,18 @@ SURROGATE_ESCAPES = {
 }
 
 
-@pytest.mark.parametrize("case", NUL_ESCAPES.values(), ids=NUL_ESCAPES.keys())
-def test_a_nul_escape_anywhere_is_a_config_error_naming_the_key(
-    tmp_path: Path, case: tuple[str, str, str]
+@pytest.mark.parametrize(
+    ("case", "problem"),
+    [(case, "(found U+0000)") for case in NUL_ESCAPES.values()]
+    + [(case, "lone surrogate (found U+D") for case in SURROGATE_ESCAPES.values()],
+    ids=[f"NUL {k}" for k in NUL_ESCAPES] + [f"surrogate {k}" for k in SURROGATE_ESCAPES],
+)
+def test_text_no_path_can_hold_is_a_config_error_naming_the_key(
+    tmp_path: Path, case: tuple[str, str, str], problem: str
 ) -> None:
     role, text, key = case
     path = write(tmp_path, text)
     with pytest.raises(ConfigError) as info:
         LOADERS[role](path)
     message = str(info.value)
-    assert message.startswith(f"{path}: {key}") and "(found U+0000)" in message, message
-
-
-@pytest.mark.parametrize("case", SURROGATE_ESCAPES.values(), ids=SURROGATE_ESCAPES.keys())
-def test_a_lone_surrogate_anywhere_is_a_config_error_naming_the_key(
-    tmp_path: Path, case: tuple[str, str, str]
-) -> None:
-    role, text, key = case
-    path = write(tmp_path, text)
-    with pytest.raises(ConfigError) as info:
-        LOADERS[role](path)
-    message = str(info.value)
-    assert message.startswith(f"{path}: {key}") and "lone surrogate (found U+D" in message
+    assert message.startswith(f"{path}: {key}") and problem in message, message

@@ -21,6 +21,7 @@ from fleet_trio.node.jobs import JobTable
 from fleet_trio.node.journal import Journal
 from fleet_trio.node.recovery import TaggedScan, marker_tag, recover
 from fleet_trio.node.tasks import SWEEP_MARKER
+from fleet_trio.proc.procfs import pid_alive
 from tests.helpers import wait_until
 from tests.node.harness import Node
 
@@ -42,14 +43,6 @@ with open(path + ".tmp", "w") as f:
 os.rename(path + ".tmp", path)
 time.sleep(300)
 """
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ")[-1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def _node(tmp_path: Path, *args: str, drain: str = "5s", grace: str = "3s") -> Node:
@@ -107,12 +100,12 @@ async def test_kill_9_during_a_drain_leaves_no_process_behind(tmp_path: Path) ->
                 lambda: "marked 1 job(s) interrupted" in _log(node), what="the drain's mark"
             )
             await node.kill()  # inside kill_grace: the leader ignores SIGTERM
-            assert all(map(_alive, pids)), "the crash left the job's processes behind"
+            assert all(map(pid_alive, pids)), "the crash left the job's processes behind"
             await node.start()
             async with httpx.AsyncClient(base_url=node.url) as c:
                 d1 = (await c.get("/fleet/jobs/d1")).json()
             assert d1 == {"job_id": "d1", "state": "error", "error": "interrupted"}
-            assert not any(map(_alive, pids)), "stopped before the node served"
+            assert not any(map(pid_alive, pids)), "stopped before the node served"
             assert "1 finished job(s) restored" in _log(node)
             assert "2 leftover process(es) of 1 job(s) stopped" in _log(node)
     finally:
@@ -128,13 +121,13 @@ async def test_a_changed_node_id_still_sweeps_the_previous_run(tmp_path: Path) -
             await node.start()
             pids = await _start_job(node, "c1")
             await node.kill()
-            assert all(map(_alive, pids))
+            assert all(map(pid_alive, pids))
             node.argv[node.argv.index("--node-id") + 1] = "beta"  # same journal, new id
             await node.start()
             async with httpx.AsyncClient(base_url=node.url) as c:
                 c1 = (await c.get("/fleet/jobs/c1")).json()
             assert c1 == {"job_id": "c1", "state": "error", "error": "interrupted"}
-            assert not any(map(_alive, pids)), "stopped before the node served"
+            assert not any(map(pid_alive, pids)), "stopped before the node served"
             assert "1 interrupted by the restart, 2 leftover process(es)" in _log(node)
     finally:
         await node.close()

@@ -16,16 +16,9 @@ from typing import Any
 import httpx
 import trio
 
+from fleet_trio.proc.procfs import pid_alive
 from tests.helpers import state_in, wait_until
 from tests.node.harness import Node
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ")[-1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 async def test_kill_9_and_restart_acked_jobs_still_answer(tmp_path: Path) -> None:
@@ -45,7 +38,7 @@ async def test_kill_9_and_restart_acked_jobs_still_answer(tmp_path: Path) -> Non
                 pid = int(pid_file.read_text())
                 assert os.listdir(node.work)  # the sleeper's work dir
             await node.kill()
-            assert _alive(pid)  # the crash left the job's process behind
+            assert pid_alive(pid)  # the crash left the job's process behind
             await node.start()
             async with httpx.AsyncClient(base_url=node.url) as c:
                 q1 = await c.get("/fleet/jobs/q1")
@@ -59,7 +52,7 @@ async def test_kill_9_and_restart_acked_jobs_still_answer(tmp_path: Path) -> Non
                     "/fleet/dispatch", json={"job_id": "s1", "task_type": "sleeper"}
                 )
                 assert again.status_code == 409
-            assert not _alive(pid)  # stopped before the node served
+            assert not pid_alive(pid)  # stopped before the node served
             assert [d for d in os.listdir(node.work) if d.startswith("fleet-job-")] == []
     finally:
         await node.close()

@@ -10,6 +10,7 @@ The real worker against the simulated controller, with its fault injection (``fa
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import attrs
 import pytest
@@ -197,6 +198,16 @@ class EndlessVerify(FakeHooks):
         raise AssertionError("unreachable")
 
 
+async def _shutdown_during_verify(ctrl: SimController, worker: Any, hooks: EndlessVerify) -> str:
+    """A running job, then a shutdown request; returns once the verify pass has begun."""
+    job = ctrl.submit(dev("gpu0"), ["sleep", "30"])
+    await ctrl.wait_for(lambda: ctrl.statuses(job) == ["running"])
+    worker.request_shutdown("test")
+    with trio.fail_after(10):
+        await hooks.started.wait()
+    return job
+
+
 async def test_a_verify_pass_cut_short_by_the_shutdown_faults_the_device(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -207,11 +218,7 @@ async def test_a_verify_pass_cut_short_by_the_shutdown_faults_the_device(
     timings = attrs.evolve(FAST, shutdown_drain=1.0, hurry_budget=2.0)
     with trio.fail_after(30):
         async with running_with_hooks(hooks, timings=timings) as (ctrl, worker):
-            job = ctrl.submit(dev("gpu0"), ["sleep", "30"])
-            await ctrl.wait_for(lambda: ctrl.statuses(job) == ["running"])
-            worker.request_shutdown("test")
-            with trio.fail_after(10):
-                await hooks.started.wait()
+            job = await _shutdown_during_verify(ctrl, worker, hooks)
             assert await until_terminal(ctrl, job, within=10) == ["running", "killed"]
             assert ctrl.faults(dev("gpu0")) == [VERIFY_CUT_SHORT]
             assert _handled(ctrl, "fault")[0] < _terminal_seq(ctrl, job)
@@ -226,11 +233,7 @@ async def test_a_second_request_after_the_drain_still_lets_the_cut_short_fault_o
     timings = attrs.evolve(FAST, shutdown_drain=0.5, hurry_budget=2.0)
     with trio.fail_after(30):
         async with running_with_hooks(hooks, timings=timings) as (ctrl, worker):
-            job = ctrl.submit(dev("gpu0"), ["sleep", "30"])
-            await ctrl.wait_for(lambda: ctrl.statuses(job) == ["running"])
-            worker.request_shutdown("test")
-            with trio.fail_after(10):
-                await hooks.started.wait()
+            await _shutdown_during_verify(ctrl, worker, hooks)
             tree = worker._tree
             assert tree is not None
             await wait_until(lambda: worker._hurry, timeout=10, what="the drain's end")
