@@ -240,6 +240,15 @@ def ancestor_set(self_pid: int) -> set[int]:
     return out
 
 
+def other_threads_live(pid: int) -> bool:
+    """Does the thread group of ``pid`` hold a task besides its leader? A leader that called
+    ``pthread_exit`` shows ``Z`` in ``stat`` while its other threads run on: not exited."""
+    try:
+        return len(os.listdir(f"{PROC}/{pid}/task")) > 1
+    except OSError:
+        return False
+
+
 def pid_alive(pid: int) -> bool:
     """``/proc/<pid>/stat`` exists and the state is not ``Z``."""
     st = read_proc_stat(pid)

@@ -30,6 +30,7 @@ from fleet_trio.proc.procfs import (
     ScanFn,
     env_marker_value,
     list_pids,
+    other_threads_live,
     pause_since,
     read_proc_file,
     read_proc_stat,
@@ -143,8 +144,9 @@ def survivors_from_previous_run(self_pid: int, scan: ScanFn = scan_live_procs) -
                 if st.state == "Z":
                     # exited: not a survivor. A child it forked before it exited is in the
                     # next listing, so one more listing after a new zombie settles it; one
-                    # nobody reaps is not doubt again (it kept every check from settling)
-                    if (pid, st.start) not in zombies:
+                    # nobody reaps is not doubt again (it kept every check from settling).
+                    # A leader whose other threads still run is no zombie: doubt, always.
+                    if other_threads_live(pid) or (pid, st.start) not in zombies:
                         zombies.add((pid, st.start))
                         doubt = True
                     continue

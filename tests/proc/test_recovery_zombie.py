@@ -9,7 +9,7 @@ import pytest
 
 from fleet_trio.proc import recovery
 from fleet_trio.proc.procfs import ProcStat
-from tests.helpers import FakeScan
+from tests.helpers import FakeScan, wait_until
 
 ZOMBIE = ProcStat(pid=4242, state="Z", start=77)
 
@@ -25,8 +25,23 @@ def test_a_lasting_zombie_lets_the_survivor_check_settle(monkeypatch: pytest.Mon
     monkeypatch.setattr(recovery, "scan_live_procs", scan)  # the real scan's later listings
     monkeypatch.setattr(recovery, "list_pids", list_pids)
     monkeypatch.setattr(recovery, "read_proc_stat", lambda pid: ZOMBIE)
+    monkeypatch.setattr(recovery, "other_threads_live", lambda pid: False)
     assert recovery.survivors_from_previous_run(1, scan) == (True, False)
     assert len(listings) == 2  # listed again once after it was first seen, then settled
+
+
+def test_a_leader_whose_threads_run_on_is_doubt_every_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A process whose main thread called ``pthread_exit`` shows ``Z`` while its other threads
+    run (and may carry the marker): never settled past, so the check claims nothing rather than
+    "nothing survived"."""
+    scan = FakeScan(ZOMBIE)
+    monkeypatch.setattr(recovery, "scan_live_procs", scan)
+    monkeypatch.setattr(recovery, "list_pids", lambda: [ZOMBIE.pid])
+    monkeypatch.setattr(recovery, "read_proc_stat", lambda pid: ZOMBIE)
+    monkeypatch.setattr(recovery, "other_threads_live", lambda pid: True)
+    assert recovery.survivors_from_previous_run(1, scan) == (False, False)
 
 
 def test_a_process_that_keeps_going_away_still_claims_nothing(
@@ -40,3 +55,31 @@ def test_a_process_that_keeps_going_away_still_claims_nothing(
     monkeypatch.setattr(recovery, "list_pids", lambda: [next(pids)])
     monkeypatch.setattr(recovery, "read_proc_stat", lambda pid: None)
     assert recovery.survivors_from_previous_run(1, scan) == (False, False)
+
+
+async def test_other_threads_live_sees_a_leader_that_left_its_threads_running() -> None:
+    """On a real process: the main thread calls ``pthread_exit`` while another thread sleeps;
+    ``stat`` says ``Z``, yet the process runs on."""
+    import sys
+
+    import trio
+
+    from fleet_trio.proc.procfs import other_threads_live, read_proc_stat
+
+    code = (
+        "import ctypes, threading, time; "
+        "threading.Thread(target=time.sleep, args=(30,)).start(); "
+        "ctypes.CDLL(None).pthread_exit(None)"
+    )
+    with trio.fail_after(20):
+        proc = await trio.lowlevel.open_process([sys.executable, "-c", code])
+        try:
+            await wait_until(
+                lambda: (st := read_proc_stat(proc.pid)) is not None and st.state == "Z",
+                what="the leader's exit",
+            )
+            assert other_threads_live(proc.pid)
+        finally:
+            proc.kill()
+            await proc.wait()
+    assert not other_threads_live(proc.pid)
