@@ -772,13 +772,17 @@ def tail_exit_status(state: str, exit_code: int | None) -> int:
 
 
 def _rejection(exc: Exception) -> str:
+    from fleet_trio.inputs import printable
+
     status = getattr(exc, "status_code", "?")
     body = getattr(exc, "body", None) or b""
     try:
         message = json.loads(body).get("error", "")
     except (ValueError, AttributeError):
         message = body.decode("utf-8", errors="replace").strip()
-    message = " ".join(message.split())[:200]  # one line, bounded, whatever the server sent
+    if not isinstance(message, str):  # whatever the server sent
+        message = json.dumps(message)
+    message = printable(" ".join(message.split()), limit=200)  # one line, bounded, escaped
     return f"refused: HTTP {status}" + (f" ({message})" if message else "")
 
 
@@ -812,10 +816,12 @@ async def _tail(args: argparse.Namespace) -> int:
     established = trio.Event()
     """A stream was open once: only then is a lost connection worth reconnecting."""
 
+    furthest = -1
+    """The furthest offset reached: only passing it counts as progress."""
+
     async def on_message(text: str | bytes) -> int | None:
-        nonlocal failures, position
+        nonlocal failures, position, furthest
         event = loads(text)
-        before = position
         if isinstance(event, Output):
             await (out if event.stream == "stdout" else err).write(event.data)
             position = event.offset + len(event.data)
@@ -831,8 +837,9 @@ async def _tail(args: argparse.Namespace) -> int:
         else:
             await say(f"error: {printable(event.message)}")
             return EXIT_TAIL_FAILED
-        if not isinstance(before, int) or position > before:
-            failures = 0  # progress: a server that sends nothing new cannot keep us forever
+        if isinstance(position, int) and position > furthest:
+            furthest = position  # progress past anything seen: a server that sends nothing
+            failures = 0  # new (or goes back and forth) cannot keep us forever
         return None
 
     while True:

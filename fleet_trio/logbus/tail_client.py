@@ -27,6 +27,8 @@ import trio
 import wsproto.utilities
 from trio_websocket import ConnectionClosed, HandshakeError, connect_websocket_url
 
+from fleet_trio.inputs import printable
+
 
 class ConnectTimeout(Exception):
     """No websocket within ``connect_timeout``."""
@@ -138,7 +140,8 @@ def connection_problem(exc: BaseException) -> str:
     """One short line for why a websocket could not be opened or was lost."""
     if isinstance(exc, ConnectionClosed) and exc.reason is not None:
         reason = exc.reason
-        return f"closed {reason.code}" + (f" {reason.reason}" if reason.reason else "")
+        text = printable(str(reason.reason), limit=200) if reason.reason else ""  # the server's
+        return f"closed {reason.code}" + (f" {text}" if text else "")
     # HandshakeError wraps the OSError that says why; trio's "all attempts to connect … failed"
     # wraps (in a group) the errno of each attempt: the first errno found is the reason.
     todo: list[BaseException] = [exc]

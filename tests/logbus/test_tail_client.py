@@ -270,3 +270,56 @@ async def test_the_end_reason_and_error_messages_cannot_drive_the_terminal() -> 
     assert r.returncode == 1, r.stderr
     assert b"\x1b" not in r.stderr and r.stderr.count(b"\n") == 1
     assert b"ended error: acquire hook failed: exit status 1\\n\\x1b[2Jforged line" in r.stderr
+
+
+async def test_going_back_and_forth_is_no_progress() -> None:
+    """Progress is passing the furthest offset reached: a server that walks the same ground on
+    every connection (``skipped`` 0→5, then 5→10) is given up on too."""
+    connections: list[int] = []
+
+    async def handler(request: WebSocketRequest) -> None:
+        connections.append(1)
+        ws = await request.accept()
+        for offset in (0, 5):
+            await ws.send_message(json.dumps({"type": "skipped", "offset": offset, "bytes": 5}))
+        await ws.aclose(1001)
+
+    async with trio.open_nursery() as nursery:
+        server = await nursery.start(serve_websocket, handler, "127.0.0.1", 0, None)
+        r = await run_tail_cli("--retries", "2", "--url", f"ws://127.0.0.1:{server.port}", "j")
+        nursery.cancel_scope.cancel()
+    assert r.returncode == 2, r.stderr
+    assert len(connections) == 3
+
+
+@pytest.mark.parametrize(
+    ("body", "shown"),
+    [
+        (b'{"error": 5}', b"refused: HTTP 403 (5)"),
+        (b'{"error": "\\u001b]0;pwned\\u0007gone"}', b"refused: HTTP 403 (\\x1b]0;pwned\\x07gone)"),
+    ],
+)
+async def test_a_refusal_body_is_shown_escaped_and_never_crashes(body: bytes, shown: bytes) -> None:
+    async def handler(request: WebSocketRequest) -> None:
+        await request.reject(403, body=body)
+
+    async with trio.open_nursery() as nursery:
+        server = await nursery.start(serve_websocket, handler, "127.0.0.1", 0, None)
+        r = await run_tail_cli("--url", f"ws://127.0.0.1:{server.port}", "j")
+        nursery.cancel_scope.cancel()
+    assert r.returncode == 2, r.stderr
+    assert_one_error_line(r.stderr, shown.decode())
+    assert b"\x1b" not in r.stderr
+
+
+async def test_a_close_reason_is_shown_escaped() -> None:
+    async def handler(request: WebSocketRequest) -> None:
+        ws = await request.accept()
+        await ws.aclose(4000, "\x1b]0;pwned\x07\x1b[31mRED")
+
+    async with trio.open_nursery() as nursery:
+        server = await nursery.start(serve_websocket, handler, "127.0.0.1", 0, None)
+        r = await run_tail_cli("--retries", "0", "--url", f"ws://127.0.0.1:{server.port}", "j")
+        nursery.cancel_scope.cancel()
+    assert r.returncode == 2, r.stderr
+    assert b"\x1b" not in r.stderr and b"closed 4000 \\x1b]0;pwned" in r.stderr
