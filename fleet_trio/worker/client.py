@@ -62,9 +62,12 @@ seconds a Go ``time.Duration`` holds (9,223,372,036, some 292 years), what the r
 take; beyond it its limit would overflow."""
 ANSWER_MAX_DEPTH = 8
 """A poll answer is nested 4 deep (answer, assignments, assignment, env); deeper is refused."""
-MAX_ANSWER_BYTES = 4 << 20
+MAX_ANSWER_BYTES = 32 << 20
 """A register or poll answer (2xx) longer than this is refused: the request fails and the
-connection is closed (a real answer is a few KiB; 4 MiB holds thousands of assignments)."""
+connection is closed. A poll answer holds at most one assignment per device, and each job's
+command and environment are bounded by the kernel's argument limit (2 MiB by default): 32 MiB
+holds 16 devices' worth of the largest jobs the kernel would start (a typical answer is a few
+KiB)."""
 MAX_ERROR_BODY = 64 * 1024
 """Of any other answer body (an error's, or a 2xx nobody reads) at most this much is read;
 the rest is left unread and the connection closed."""
@@ -481,6 +484,31 @@ def _inflater(encoding: str) -> zlib._Decompress | None:
     raise httpx.DecodingError(f"unsupported Content-Encoding {printable(encoding, limit=40)!r}")
 
 
+def _inflate(
+    inflate: zlib._Decompress, raw: bytes, room: int
+) -> tuple[list[bytes], zlib._Decompress]:
+    """Inflate ``raw`` (never more than ``room`` + 1 bytes out: a zip bomb stops at the cap),
+    going on into the next gzip member as Go's multistream reader does; bytes after a member
+    that are no gzip member are a :class:`httpx.DecodingError` (Go's ``invalid header``)."""
+    out: list[bytes] = []
+    data = raw
+    try:
+        while data:
+            chunk = inflate.decompress(data, room + 1)
+            out.append(chunk)
+            room -= len(chunk)
+            if room < 0:
+                break  # over the cap: the caller cuts here
+            if inflate.eof and inflate.unused_data:
+                data = inflate.unused_data
+                inflate = zlib.decompressobj(16 + zlib.MAX_WBITS)
+                continue
+            data = b""
+    except zlib.error as exc:
+        raise httpx.DecodingError(f"bad gzip body: {exc}") from None
+    return out, inflate
+
+
 def _http_error(what: str, response: Answer) -> ControllerError:
     return ControllerError(
         f"{what}: HTTP {response.status_code}: {_body_excerpt(response)}", response.status_code
@@ -622,18 +650,24 @@ class ControllerClient:
                 raws = response.aiter_raw()
             body = bytearray()
             cut = False
+            received = 0
             async for raw in raws:
-                room = cap - len(body)
-                try:  # never more than the room left (+1 to see there is more): no zip bomb
-                    chunk = raw if inflate is None else inflate.decompress(raw, room + 1)
-                except zlib.error as exc:
-                    raise httpx.DecodingError(f"bad gzip body: {exc}") from None
-                if len(chunk) > room:
-                    body += chunk[:room]
-                    cut = True
+                received += len(raw)
+                if inflate is None:
+                    chunks = [raw]
+                else:
+                    chunks, inflate = _inflate(inflate, raw, cap - len(body))
+                for chunk in chunks:
+                    room = cap - len(body)
+                    if len(chunk) > room:
+                        body += chunk[:room]
+                        cut = True
+                        break
+                    body += chunk
+                if cut:
                     break
-                body += chunk
-            if inflate is not None and not cut and not inflate.eof:
+            if inflate is not None and not cut and received and not inflate.eof:
+                # (an empty body marked gzip is an empty body, as Go reads it)
                 raise httpx.DecodingError("bad gzip body: it ends before the gzip stream does")
             return Answer(status, response.headers, bytes(body), cut)
 

@@ -25,6 +25,7 @@ from fleet_trio.worker.client import (
     MAX_ERROR_BODY,
     ControllerClient,
     ControllerError,
+    PollAnswer,
     Registration,
     Timings,
 )
@@ -160,7 +161,7 @@ async def test_an_endless_poll_answer_is_refused_and_the_connection_closed(statu
     assert info.value.status == status
     assert message.isprintable() and len(message) < 400
     if status == 200:
-        assert "longer than 4 MiB: refused, connection closed" in message
+        assert f"longer than {MAX_ANSWER_BYTES >> 20} MiB: refused, connection closed" in message
     else:
         assert message.startswith("poll: HTTP 500: xxx")
     # what the client read stayed near its cap (plus what the sockets buffer), not 64 MiB
@@ -193,7 +194,9 @@ async def test_a_register_answer_over_the_cap_is_refused() -> None:
 
     transport = httpx.MockTransport(handler)
     async with ControllerClient("http://ctrl", "t", transport=transport) as client:
-        with pytest.raises(ControllerError, match="longer than 4 MiB") as info:
+        with pytest.raises(
+            ControllerError, match=f"longer than {MAX_ANSWER_BYTES >> 20} MiB"
+        ) as info:
             await client.register(Registration("h"))
     assert info.value.status == 200
 
@@ -290,13 +293,13 @@ async def test_a_gzip_answer_is_decoded() -> None:
 
 
 async def test_a_gzip_bomb_is_cut_at_the_cap_without_inflating_it() -> None:
-    """200 MiB of zeros packed into some 200 KiB: refused once 4 MiB are out, and the decoder
-    never holds more than that (a whole 64 KiB read of a bomb inflates to ~64 MiB)."""
+    """200 MiB of zeros packed into some 200 KiB: refused once the cap is out, and the decoder
+    never holds much more than that (a whole 64 KiB read of a bomb inflates to ~64 MiB)."""
     transport = _gzip_answer(bytes(200 << 20))
     async with ControllerClient("http://ctrl", "t", transport=transport) as client:
         tracemalloc.start()
         try:
-            with pytest.raises(ControllerError, match="longer than 4 MiB"):
+            with pytest.raises(ControllerError, match=f"longer than {MAX_ANSWER_BYTES >> 20} MiB"):
                 await client.poll("w1", 0.1)
             _, peak = tracemalloc.get_traced_memory()
         finally:
@@ -362,3 +365,37 @@ async def test_the_worker_logs_a_trickled_registration_and_retries(
     assert failed
     assert "(POST /v1/workers/register: no complete answer within 500ms)" in failed[0]
     assert "retrying in" in failed[0]
+
+
+def _raw_gzip_answer(status: int, body: bytes) -> httpx.MockTransport:
+    """A ``status`` answer marked gzip whose body is ``body`` as it is, streamed."""
+
+    async def pieces() -> AsyncIterator[bytes]:
+        if body:
+            yield body
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(status, content=pieces(), headers={"Content-Encoding": "gzip"})
+
+    return httpx.MockTransport(handler)
+
+
+async def test_an_empty_body_marked_gzip_is_an_empty_body() -> None:
+    """A compressing proxy may mark an empty answer gzip; Go's transport reads it as empty (a
+    204 poll, a heartbeat's 200), not as a broken body."""
+    async with ControllerClient("http://ctrl", "t", transport=_raw_gzip_answer(204, b"")) as c:
+        assert await c.poll("w1", 0.1) == PollAnswer()
+    async with ControllerClient("http://ctrl", "t", transport=_raw_gzip_answer(200, b"")) as c:
+        assert await c.heartbeat("w1", [])
+
+
+async def test_every_gzip_member_is_read_and_garbage_after_one_is_refused() -> None:
+    """Go's gzip reader is multistream: a body of two members is their two payloads joined;
+    bytes after a member that are no member fail the answer (Go: invalid header)."""
+    two = gzip.compress(b'{"worker_id":') + gzip.compress(b'"w1"}')
+    async with ControllerClient("http://ctrl", "t", transport=_raw_gzip_answer(200, two)) as c:
+        assert await c.register(Registration("h")) == "w1"
+    bad = gzip.compress(b'{"worker_id":"w1"}') + b"trailing junk"
+    async with ControllerClient("http://ctrl", "t", transport=_raw_gzip_answer(200, bad)) as c:
+        with pytest.raises(ControllerError, match="bad gzip body"):
+            await c.register(Registration("h"))
