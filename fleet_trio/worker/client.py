@@ -816,6 +816,9 @@ class ControllerClient:
             f"/v1/jobs/{job_id}/logs",
             chunk,
             once=(lambda: True) if once else (lambda: not self.log_retries),
+            # a request/response call (§1.2: 2 min), not a report's 5 s: a 1 MiB chunk on a
+            # link slower than 200 KB/s could never get through in 5 s
+            attempt_timeout=self.timings.request_timeout,
         )
 
     def stop_log_retries(self) -> None:
@@ -873,6 +876,7 @@ class ControllerClient:
         *,
         refusals: int | None = None,
         once: Callable[[], bool] | None = None,
+        attempt_timeout: float | None = None,
     ) -> bool:
         """Send until a 2xx, keeping the message through an outage.
 
@@ -882,16 +886,18 @@ class ControllerClient:
         jobs lost); or the message is older than ``outbox_max_age``; or, with ``once``, after
         any failed attempt made while ``once()`` is true (checked after every attempt: an
         attempt in flight when it turns true is the last). Between attempts it backs off 200,
-        400, 800, 1600 ms, … (the last value repeats).
+        400, 800, 1600 ms, … (the last value repeats). Each attempt is bounded by
+        ``attempt_timeout`` (default ``report_attempt_timeout``, 5 s).
         """
         t = self.timings
         refusals = t.report_attempts_4xx if refusals is None else refusals
+        per_attempt = t.report_attempt_timeout if attempt_timeout is None else attempt_timeout
         first = trio.current_time()
         refused = 0
         errors = 0
         attempt = 0
         while True:
-            status = await self._attempt(method, path, body, t.report_attempt_timeout)
+            status = await self._attempt(method, path, body, per_attempt)
             if _ok(status):
                 if attempt:
                     log.info("%s delivered after %d retries", what, attempt)
@@ -960,6 +966,7 @@ class LogShipper:
         send: SendChunk,
         *,
         send_once: SendChunk | None = None,
+        single: Callable[[], bool] | None = None,
         flush_bytes: int = LOG_FLUSH_BYTES,
         flush_delay: float = 1.0,
         limit: int = 16 << 20,
@@ -967,6 +974,9 @@ class LogShipper:
     ) -> None:
         self._send = send
         self._send_once = send_once if send_once is not None else send
+        self._single = single if single is not None else (lambda: False)
+        """True while every chunk gets one attempt (the shutdown): a failed chunk is then
+        dropped alone, as the reference drops it, and the chunks behind it are still tried."""
         self.flush_bytes = max(1, min(flush_bytes, MAX_LOG_CHUNK))
         self.flush_delay = flush_delay
         self.limit = limit
@@ -1060,6 +1070,13 @@ class LogShipper:
                 if ok:
                     self.sent_chunks += 1
                     self.failing = False
+                elif self._single() and not self.failing:
+                    self.given_up += len(chunk)
+                    log.warning(
+                        "%s: a log chunk (%d B) failed during the shutdown: dropped",
+                        self.label,
+                        len(chunk),
+                    )
                 else:
                     self._give_up(chunk)
 

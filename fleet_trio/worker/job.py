@@ -250,6 +250,7 @@ async def run_job(worker: Worker, a: Assignment) -> None:
         shipper = LogShipper(
             lambda chunk: client.send_log_chunk(a.job_id, chunk),
             send_once=lambda chunk: client.send_log_chunk(a.job_id, chunk, once=True),
+            single=lambda: not client.log_retries,
             flush_bytes=worker.client_timings.log_flush_bytes,
             flush_delay=worker.client_timings.log_flush_delay,
             limit=worker.client_timings.log_outbox_limit,

@@ -423,3 +423,22 @@ async def test_persistent_5xx_is_given_up() -> None:
         async with controller(timings) as (ctrl, client):
             assert not await client.send_log_chunk("bad$id", b"x")
             assert len(ctrl.requests("logs")) == 4
+
+
+async def test_in_the_shutdown_a_failed_chunk_is_dropped_alone() -> None:
+    """The reference drops a failed chunk and tries the next (§3.6); in the shutdown (one
+    attempt each) a blip on one chunk no longer takes the chunks behind it along."""
+    answers = [False]
+    sent: list[bytes] = []
+
+    async def send(chunk: bytes) -> bool:
+        await trio.lowlevel.checkpoint()
+        sent.append(chunk)
+        return answers.pop(0) if answers else True
+
+    shipper = LogShipper(send, single=lambda: True, flush_bytes=4)
+    for data in (b"aaaa", b"bbbb", b"cccc", b"dddd", b"eeee"):
+        await shipper.write(data)
+    await shipper.close()
+    assert sent == [b"aaaa", b"bbbb", b"cccc", b"dddd", b"eeee"]
+    assert shipper.sent_chunks == 4 and shipper.given_up == 4 and not shipper.failing

@@ -399,3 +399,26 @@ async def test_every_gzip_member_is_read_and_garbage_after_one_is_refused() -> N
     async with ControllerClient("http://ctrl", "t", transport=_raw_gzip_answer(200, bad)) as c:
         with pytest.raises(ControllerError, match="bad gzip body"):
             await c.register(Registration("h"))
+
+
+async def test_a_log_chunk_on_a_slow_link_gets_a_request_calls_time(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    """Log chunks are request/response calls (§1.2: 2 min), not reports (5 s per attempt): a
+    1 MiB chunk to a controller that takes it at 150 KB/s (about 7 s) never got through."""
+    got: list[int] = []
+
+    async def handler(stream: trio.SocketStream, head: bytes) -> None:
+        length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+        received = len(head.split(b"\r\n\r\n", 1)[1])
+        while received < length:
+            await scenario_pause(0.4, why="a link of some 150 KB/s")
+            received += len(await stream.receive_some(65536))
+        got.append(received)
+        await stream.send_all(HEAD_200 + b"Content-Length: 0\r\n\r\n")
+
+    async with raw_controller(handler) as client:
+        started = trio.current_time()
+        assert await client.send_log_chunk("j1", b"x" * (1 << 20))
+        assert trio.current_time() - started > Timings().report_attempt_timeout
+    assert got == [1 << 20]
