@@ -40,6 +40,9 @@ def _format_exception(exc: BaseException, type_: type | None) -> str:
     """A hook's ``ValueError`` says it best; unknown keys of a strict class get a hint."""
     if isinstance(exc, ValueError) and str(exc):
         return str(exc)
+    if isinstance(exc, AttributeError | TypeError) and type_ is not None and attrs.has(type_):
+        # a nested section given a scalar or a list (cattrs reads it as a mapping)
+        return "expected a mapping (key: value lines)"
     if isinstance(exc, cattrs.ForbiddenExtraKeysError) and attrs.has(exc.cl):
         known = [f.name for f in attrs.fields(exc.cl)]
         hints = "".join(did_you_mean(str(k), known) for k in sorted(exc.extra_fields))

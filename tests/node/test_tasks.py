@@ -265,3 +265,15 @@ async def test_a_shutdown_does_not_wait_long_for_a_slow_work_dir_removal(
     assert removal_started.is_set()
     assert trio.current_time() - cancelled_at < 3.0
     assert tasks_module.SHUTDOWN_CLEANUP_BOUND <= 1.0
+
+
+@pytest.mark.parametrize("value", ["é", ["a"], 3])
+def test_a_payload_field_that_is_not_a_mapping_says_so(tmp_path: Path, value: object) -> None:
+    """It was ``unknown error ('str' object has no attribute 'keys')``."""
+    with pytest.raises(ConfigError) as info:
+        config_from_mapping(
+            {"tasks": {"t": {"command": ["true"], "payload": {"prompt": value}}}},
+            path=str(tmp_path / "n.yaml"),
+            base_dir=str(tmp_path),
+        )
+    assert "tasks.t.payload.prompt: expected a mapping" in str(info.value)
