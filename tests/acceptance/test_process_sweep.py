@@ -191,6 +191,9 @@ async def term_ignoring_loop(job_id: str, body: str) -> AsyncIterator[trio.Proce
         start_new_session=True,
     )
     try:
+        # a SIGTERM that came before the trap would kill the shell at once (seen under load):
+        # the loop's first child shows the trap is set
+        await wait_until(lambda: len(marked_pids(job_id)) >= 2, what="the loop runs")
         yield loop
     finally:
         loop.kill()
