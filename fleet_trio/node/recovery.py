@@ -45,6 +45,7 @@ from fleet_trio.proc.procfs import (
     Ident,
     MarkerScan,
     env_marker_value,
+    pause_since,
     read_proc_stat,
 )
 from fleet_trio.proc.spec import NO_SWEEP, SweepReport
@@ -207,6 +208,7 @@ class TaggedScan:
         seen = {str(pid) for pid in protected}
         matches: list[Ident] = []
         empties: list[str] = []
+        last_empty = 0.0
         settled = False
         for _ in range(TAGGED_MAX_LISTINGS):
             try:
@@ -223,8 +225,9 @@ class TaggedScan:
                     matches.append(ident)
                 elif empty:
                     empties.append(name)
+                    last_empty = time.monotonic()
         if empties:
-            time.sleep(EMPTY_ENVIRON_RECHECK)
+            pause_since(last_empty, EMPTY_ENVIRON_RECHECK)  # thread-side, as scan_job_marker
             for name in empties:
                 ident, _empty = self._match(name)
                 if ident is not None:
