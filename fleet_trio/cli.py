@@ -546,9 +546,8 @@ def _export_fake_gpu_dir(args: argparse.Namespace) -> str | None:
 def _cmd_node(args: argparse.Namespace, **serve_kw: Any) -> int:
     """``fleet-trio node``. ``serve_kw`` goes to ``serve_node`` (the sim's role launcher,
     ``fleet_trio.sim.roles``, passes its test-only defects this way)."""
-    from fleet_trio.errors import ConfigError
+    from fleet_trio.errors import ConfigError, NodeStartError
     from fleet_trio.node.config import NodeConfig, load_config
-    from fleet_trio.node.server import NodeOptions, NodeStartError, serve_node
 
     def say(line: str) -> None:
         console(f"{PROG} node: {line}", event=line, logger="fleet_trio.node")
@@ -557,6 +556,10 @@ def _cmd_node(args: argparse.Namespace, **serve_kw: Any) -> int:
         config = load_config(args.config) if args.config else NodeConfig()
         if note := _export_fake_gpu_dir(args):
             say(note)
+        # the web stack is loaded once the config is known good: a config error answers in
+        # about a third of the time
+        from fleet_trio.node.server import NodeOptions, serve_node
+
         options = NodeOptions(
             listen=args.listen,
             trusted_network=args.listen_trusted_network,
@@ -592,10 +595,8 @@ def _cmd_node(args: argparse.Namespace, **serve_kw: Any) -> int:
 
 
 def _cmd_measure(args: argparse.Namespace) -> int:
-    from fleet_trio.errors import ConfigError
+    from fleet_trio.errors import ConfigError, NodeStartError
     from fleet_trio.node.config import NodeConfig, load_config
-    from fleet_trio.node.measure import MeasureOptions, MeasureUsageError, measure
-    from fleet_trio.node.server import NodeStartError
 
     def say(line: str) -> None:
         print(f"[{PROG} measure] {line}", file=sys.stderr, flush=True)
@@ -604,6 +605,8 @@ def _cmd_measure(args: argparse.Namespace) -> int:
         config = load_config(args.config) if args.config else NodeConfig()
         if note := _export_fake_gpu_dir(args):
             say(note)
+        from fleet_trio.node.measure import MeasureOptions, MeasureUsageError, measure
+
         options = MeasureOptions(
             gpu=args.gpu,
             fake_gpu_dir=args.fake_gpu_dir,
@@ -611,10 +614,13 @@ def _cmd_measure(args: argparse.Namespace) -> int:
             footprints=args.footprints,
             tasks=tuple(args.task),
         )
-        report = trio.run(functools.partial(measure, config, options, say=say, handle_signals=True))
-    except MeasureUsageError as exc:
-        print(f"{PROG} measure: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        try:
+            report = trio.run(
+                functools.partial(measure, config, options, say=say, handle_signals=True)
+            )
+        except MeasureUsageError as exc:
+            print(f"{PROG} measure: error: {exc}", file=sys.stderr)
+            return EXIT_USAGE
     except (ConfigError, NodeStartError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
@@ -645,7 +651,6 @@ def _cmd_worker(args: argparse.Namespace, make_worker: Callable[..., Any] | None
     launcher, ``fleet_trio.sim.roles``, passes a deliberately broken one)."""
     from fleet_trio.errors import ConfigError
     from fleet_trio.worker.config import check_tail_listen, load_worker_config
-    from fleet_trio.worker.worker import Worker, serve_worker
 
     try:
         config = load_worker_config(args.config)
@@ -679,6 +684,8 @@ def _cmd_worker(args: argparse.Namespace, make_worker: Callable[..., Any] | None
             logger="fleet_trio.worker",
             level=logging.WARNING,
         )
+    from fleet_trio.worker.worker import Worker, serve_worker
+
     worker = (make_worker or Worker)(config, tail_trusted_network=args.listen_trusted_network)
     # the signals are served by the worker's task tree, from the moment it opens to its close
     trio.run(

@@ -29,6 +29,10 @@ class DurationError(ConfigError):
     """A duration string that is not a Go-style duration."""
 
 
+class NodeStartError(FleetTrioError):
+    """The node refused to start (GPU probe, listen guard, bind); the CLI exits 1."""
+
+
 class WireError(FleetTrioError):
     """Invalid input from the network; carries the status code the spec gives it."""
 
@@ -56,6 +60,7 @@ __all__ = [
     "ConfigError",
     "DurationError",
     "FleetTrioError",
+    "NodeStartError",
     "WireError",
     "errno_text",
     "go_os_error",

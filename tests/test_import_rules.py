@@ -95,7 +95,8 @@ def test_the_probe_sees_an_import() -> None:
         modules_of("worker")
     )
     assert modules_of("edge") == ["fleet_trio.edge"]
-    assert "fleet_trio.worker.config" in loaded_after(["fleet_trio.worker"], ("fleet_trio.worker",))
+    seen = loaded_after(["fleet_trio.worker.worker"], ("fleet_trio.worker",))
+    assert "fleet_trio.worker.config" in seen
 
 
 CLI_PROBE = """
@@ -149,6 +150,27 @@ def test_cli_running_a_production_command_imports_no_sim(tmp_path: Path) -> None
     modules = result["modules"]
     assert isinstance(modules, list) and "fleet_trio.worker.config" in modules
     assert [m for m in modules if m.startswith("fleet_trio.sim")] == []
+
+
+@pytest.mark.parametrize(
+    ("command", "server"),
+    [
+        ("node", "fleet_trio.node.server"),
+        ("measure", "fleet_trio.node.measure"),
+        ("worker", "fleet_trio.worker.worker"),
+    ],
+)
+def test_a_config_error_answers_before_the_server_stack_loads(
+    tmp_path: Path, command: str, server: str
+) -> None:
+    """A typo in the config is the newcomer's first error: its one line comes without loading
+    the HTTP server and its web framework (about a second of imports on a busy machine)."""
+    result = _run_cli(command, "-c", str(tmp_path / "missing.yaml"))
+    assert result["status"] == 1
+    assert "missing.yaml: cannot read" in str(result["out"])
+    modules = result["modules"]
+    assert isinstance(modules, list) and modules
+    assert server not in modules and "fleet_trio.nursery.httpserve" not in modules
 
 
 def test_cli_help_still_lists_the_harness_commands() -> None:

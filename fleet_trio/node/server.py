@@ -42,7 +42,7 @@ import trio
 from hypercorn.config import Config as HypercornConfig
 
 from fleet_trio.edge import EdgePolicy, OriginError, listen_is_loopback
-from fleet_trio.errors import FleetTrioError
+from fleet_trio.errors import NodeStartError
 from fleet_trio.inputs import first_control, token_problem
 from fleet_trio.logbus import LogBus
 from fleet_trio.memory import MemoryBudget
@@ -70,10 +70,6 @@ from fleet_trio.nursery import DEFAULT_SIGNALS, TaskTree, open_task_tree
 from fleet_trio.nursery.httpserve import hypercorn_config, serve_http
 
 log = logging.getLogger(__name__)
-
-
-class NodeStartError(FleetTrioError):
-    """The node refused to start (GPU probe, listen guard, bind); the CLI exits 1."""
 
 
 @attrs.frozen
