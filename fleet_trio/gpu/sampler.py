@@ -11,11 +11,11 @@ import trio
 
 from fleet_trio.gpu.source import GIB, GpuError, GpuSource, VramSnapshot
 from fleet_trio.proc.procfs import (
-    PROC,
     ProcStat,
     env_marker_value,
-    read_proc_file,
+    read_environ,
     read_proc_stat,
+    stat_live,
 )
 
 log = logging.getLogger(__name__)
@@ -172,8 +172,9 @@ class ProcessView:
     """One reading of the GPU's per-process usage, with what attribution needs from ``/proc``.
 
     ``used``: pid → bytes, as the source reports it. ``stats``: the ``/proc`` stat of every
-    candidate and of its ancestors (``None`` where it could not be read). ``markers``: each
-    candidate's value of the marker variable (``None`` when absent or unreadable).
+    candidate and of its ancestors (``None`` where it could not be read or the process has
+    exited). ``markers``: each candidate's value of the marker variable (``None`` when absent
+    or unreadable).
     """
 
     used: Mapping[int, int]
@@ -194,13 +195,15 @@ def read_process_view(used: Mapping[int, int], marker_key: str | None) -> Proces
         pid = cand
         while pid > 0 and pid not in stats:
             st = read_proc_stat(pid)
+            if st is not None and not stat_live(st):
+                st = None  # exited (a leader whose threads run on is alive: stat_live)
             stats[pid] = st
-            if st is None or st.state == "Z":
+            if st is None:
                 break
             pid = st.ppid
         if key:
             try:
-                markers[cand] = env_marker_value(read_proc_file(f"{PROC}/{cand}/environ"), key)
+                markers[cand] = env_marker_value(read_environ(cand), key)
             except OSError:
                 markers[cand] = None
     return ProcessView(used=dict(used), stats=stats, markers=markers)
@@ -222,7 +225,7 @@ def attribute(view: ProcessView, pgid: int, marker_value: str | None) -> set[int
                 break
             chain.append(pid)
             st = view.stats.get(pid)
-            if st is None or st.state == "Z":
+            if st is None:
                 break
             if pgid > 0 and st.pgid == pgid:
                 member = True

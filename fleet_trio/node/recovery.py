@@ -46,7 +46,9 @@ from fleet_trio.proc.procfs import (
     MarkerScan,
     env_marker_value,
     pause_since,
+    read_environ,
     read_proc_stat,
+    stat_live,
 )
 from fleet_trio.proc.spec import NO_SWEEP, SweepReport
 from fleet_trio.proc.sweep import sweep_job_survivors
@@ -186,20 +188,19 @@ class TaggedScan:
     def _match(self, name: str) -> tuple[Ident | None, bool]:
         """``(the process if it matches, its environ read empty)``."""
         try:
-            with open(f"{self.proc}/{name}/environ", "rb") as f:
-                data = f.read()
+            data = read_environ(name, self.proc)
         except OSError:
             return None, False  # gone, or not ours to read
         if not data:  # a kernel thread (never a job's), a zombie, or a process in execve
             st = read_proc_stat(int(name))
-            return None, st is not None and st.state != "Z" and not st.flags & PF_KTHREAD
+            return None, st is not None and stat_live(st) and not st.flags & PF_KTHREAD
         if self.needle not in data:
             return None, False
         value = env_marker_value(data, self.key)
         if marker_tag(value) != self.tag:
             return None, False
         st = read_proc_stat(int(name))
-        if st is None or st.state == "Z":
+        if st is None or not stat_live(st):
             return None, False
         self.values.setdefault(value, set()).add(int(name))
         return Ident(int(name), st.start), False

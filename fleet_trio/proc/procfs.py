@@ -46,8 +46,10 @@ class ProcStat:
 
     @property
     def exiting(self) -> bool:
-        """The process has begun to exit (it is closing its files; a zombie a moment later)."""
-        return bool(self.flags & PF_EXITING)
+        """The process has begun to exit (it is closing its files; a zombie a moment later).
+        Not said of a zombie: a leader whose main thread exited carries the flag while its
+        other threads run on (:func:`stat_live`)."""
+        return bool(self.flags & PF_EXITING) and self.state != "Z"
 
 
 Predicate = Callable[[ProcStat], bool]
@@ -120,7 +122,7 @@ def scan_live_procs(predicate: Predicate, stop_at_first: bool = False) -> tuple[
     out: list[int] = []
     for pid in pids:
         st = read_proc_stat(pid)
-        if st is None or st.state == "Z":
+        if st is None or not stat_live(st):
             continue
         if predicate(st):
             out.append(pid)
@@ -157,8 +159,7 @@ def job_env_id(pid: int) -> tuple[str, OSError | None]:
     error (realistically EACCES on someone else's process) is returned.
     """
     try:
-        with open(f"{PROC}/{pid}/environ", "rb") as f:
-            data = f.read()
+        data = read_environ(pid)
     except OSError as exc:
         if exc.errno in (errno.ENOENT, errno.ESRCH):
             return "", None
@@ -240,19 +241,68 @@ def ancestor_set(self_pid: int) -> set[int]:
     return out
 
 
-def other_threads_live(pid: int) -> bool:
+def other_threads_live(pid: int | str, proc: str = PROC) -> bool:
     """Does the thread group of ``pid`` hold a task besides its leader? A leader that called
     ``pthread_exit`` shows ``Z`` in ``stat`` while its other threads run on: not exited."""
     try:
-        return len(os.listdir(f"{PROC}/{pid}/task")) > 1
+        return len(os.listdir(f"{proc}/{pid}/task")) > 1
     except OSError:
         return False
 
 
+def stat_live(st: ProcStat, proc: str = PROC) -> bool:
+    """``st`` is a live process: not a zombie, or a zombie *leader* whose other threads run
+    on (its main thread called ``pthread_exit``; the process runs, holds what it held, and
+    dies by a signal to its pid). Every "gone" decision goes through here."""
+    return st.state != "Z" or other_threads_live(st.pid, proc)
+
+
 def pid_alive(pid: int) -> bool:
-    """``/proc/<pid>/stat`` exists and the state is not ``Z``."""
+    """``/proc/<pid>/stat`` exists and :func:`stat_live` says so."""
     st = read_proc_stat(pid)
-    return st is not None and st.state != "Z"
+    return st is not None and stat_live(st)
+
+
+def read_environ(pid: int | str, proc: str = PROC) -> bytes:
+    """``/proc/<pid>/environ``; may raise ``OSError``. A leader whose main thread has exited
+    cannot be read there (ESRCH; empty on some kernels) while its other threads run on: then
+    the environment is read through one of them (``task/<tid>/environ``; the same memory)."""
+    try:
+        data = read_proc_file(f"{proc}/{pid}/environ")
+    except OSError as exc:
+        if exc.errno == errno.ESRCH and (data := thread_environ(pid, proc)):
+            return data
+        raise
+    if not data and _zombie_leader(proc, pid):
+        return thread_environ(pid, proc)
+    return data
+
+
+def _zombie_leader(proc: str, pid: int | str) -> bool:
+    """``pid``'s ``stat`` says ``Z`` while other threads of its group run on."""
+    try:
+        st = parse_proc_stat(read_proc_file(f"{proc}/{pid}/stat"))
+    except OSError:
+        return False
+    return st is not None and st.state == "Z" and other_threads_live(pid, proc)
+
+
+def thread_environ(pid: int | str, proc: str = PROC) -> bytes:
+    """The environment of ``pid``'s thread group read through a thread other than the leader
+    (``b""`` when there is none, or none can be read)."""
+    try:
+        tids = os.listdir(f"{proc}/{pid}/task")
+    except OSError:
+        return b""
+    for tid in tids:
+        if tid == str(pid):
+            continue
+        try:
+            if data := read_proc_file(f"{proc}/{pid}/task/{tid}/environ"):
+                return data
+        except OSError:
+            continue
+    return b""
 
 
 # ----------------------------------------------------------------------------------------------
@@ -332,13 +382,13 @@ def read_proc_file(path: str) -> bytes:
 
 
 def _live_stat(proc: str, name: str) -> ProcStat | None:
-    """``/proc/<name>/stat`` when it is readable and its state is not ``Z``; else ``None``."""
+    """``/proc/<name>/stat`` when it is readable and :func:`stat_live`; else ``None``."""
     try:
         data = read_proc_file(f"{proc}/{name}/stat")
     except OSError:
         return None
     st = parse_proc_stat(data)
-    return st if st is not None and st.state != "Z" else None
+    return st if st is not None and stat_live(st, proc) else None
 
 
 def _list_pid_names(proc: str) -> list[str] | None:
@@ -508,20 +558,27 @@ def _marker_batch(
             finally:
                 close(fd)
         except OSError as exc:
-            if exc.errno not in _GONE_ERRNOS and _live_stat(proc, name) is not None:
+            if exc.errno == errno.ESRCH and _zombie_leader(proc, name):
+                data = thread_environ(name, proc)  # a leader gone, its threads running on
+            elif exc.errno not in _GONE_ERRNOS and _live_stat(proc, name) is not None:
                 blind = True
+                continue
             else:
                 doubt = True
-            continue
+                continue
         if not data:
             st = _live_stat(proc, name)
             if st is not None and st.flags & PF_KTHREAD:
                 continue  # a kernel thread: never the job's, never a late fork of it
-            doubt = True
-            if empties is not None:
-                empties.append(name)
-                last_empty = time.monotonic()
-        elif target in data and env_marker_value(data, key) == job_id:
+            if st is not None and st.state == "Z":
+                data = thread_environ(name, proc)  # a leader gone, its threads running on
+            if not data:
+                doubt = True
+                if empties is not None:
+                    empties.append(name)
+                    last_empty = time.monotonic()
+                continue
+        if target in data and env_marker_value(data, key) == job_id:
             st = _live_stat(proc, name)
             if st is not None:
                 matches.append((int(name), st.start))
@@ -545,7 +602,7 @@ def ident_alive(ident: Ident, proc: str = PROC) -> bool:
     st = parse_proc_stat(data)
     if st is None:
         return True
-    if st.state == "Z":
+    if not stat_live(st, proc):
         return False
     return ident.start == 0 or st.start == ident.start
 
@@ -611,9 +668,11 @@ __all__ = [
     "list_pids",
     "live_proc_exists",
     "live_proc_pids",
+    "other_threads_live",
     "parse_proc_stat",
     "pause_since",
     "pid_alive",
+    "read_environ",
     "read_proc_file",
     "read_proc_stat",
     "scan_job_marker",
@@ -621,4 +680,6 @@ __all__ = [
     "session_alive",
     "session_pgids",
     "signal_ident",
+    "stat_live",
+    "thread_environ",
 ]

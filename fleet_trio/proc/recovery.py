@@ -30,11 +30,12 @@ from fleet_trio.proc.procfs import (
     ScanFn,
     env_marker_value,
     list_pids,
-    other_threads_live,
     pause_since,
+    read_environ,
     read_proc_file,
     read_proc_stat,
     scan_live_procs,
+    stat_live,
 )
 
 log = logging.getLogger(__name__)
@@ -141,12 +142,12 @@ def survivors_from_previous_run(self_pid: int, scan: ScanFn = scan_live_procs) -
                 if st is None:
                     doubt = True
                     continue
-                if st.state == "Z":
+                if not stat_live(st):
                     # exited: not a survivor. A child it forked before it exited is in the
                     # next listing, so one more listing after a new zombie settles it; one
                     # nobody reaps is not doubt again (it kept every check from settling).
-                    # A leader whose other threads still run is no zombie: doubt, always.
-                    if other_threads_live(pid) or (pid, st.start) not in zombies:
+                    # (A leader whose other threads still run is no zombie: judged below.)
+                    if (pid, st.start) not in zombies:
                         zombies.add((pid, st.start))
                         doubt = True
                     continue
@@ -239,7 +240,7 @@ def _read_environ(pid: int) -> tuple[bytes | None, OSError | None]:
     """``(environ, None)``; ``(None, None)`` when the process is gone; ``(None, error)`` when
     it cannot be read (realistically EACCES on someone else's process)."""
     try:
-        return read_proc_file(f"{PROC}/{pid}/environ"), None
+        return read_environ(pid), None
     except OSError as exc:
         if exc.errno in (errno.ENOENT, errno.ESRCH):
             return None, None
@@ -261,7 +262,7 @@ def _settle_doubtful(doubtful: dict[int, ProcStat], since: float) -> tuple[int |
         still: dict[int, ProcStat] = {}
         for pid, first in pending.items():
             st = read_proc_stat(pid)
-            if st is None or st.state == "Z" or st.exiting:
+            if st is None or not stat_live(st) or st.exiting:
                 continue  # gone, a zombie, exiting: nothing survives
             if first.start and st.start != first.start:
                 continue  # the pid names another process now

@@ -25,23 +25,45 @@ def test_a_lasting_zombie_lets_the_survivor_check_settle(monkeypatch: pytest.Mon
     monkeypatch.setattr(recovery, "scan_live_procs", scan)  # the real scan's later listings
     monkeypatch.setattr(recovery, "list_pids", list_pids)
     monkeypatch.setattr(recovery, "read_proc_stat", lambda pid: ZOMBIE)
-    monkeypatch.setattr(recovery, "other_threads_live", lambda pid: False)
+    monkeypatch.setattr(recovery, "stat_live", lambda st: st.state != "Z")
     assert recovery.survivors_from_previous_run(1, scan) == (True, False)
     assert len(listings) == 2  # listed again once after it was first seen, then settled
 
 
-def test_a_leader_whose_threads_run_on_is_doubt_every_time(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+async def test_a_leader_whose_threads_run_on_is_a_survivor(tmp_path: object) -> None:
     """A process whose main thread called ``pthread_exit`` shows ``Z`` while its other threads
-    run (and may carry the marker): never settled past, so the check claims nothing rather than
-    "nothing survived"."""
-    scan = FakeScan(ZOMBIE)
-    monkeypatch.setattr(recovery, "scan_live_procs", scan)
-    monkeypatch.setattr(recovery, "list_pids", lambda: [ZOMBIE.pid])
-    monkeypatch.setattr(recovery, "read_proc_stat", lambda pid: ZOMBIE)
-    monkeypatch.setattr(recovery, "other_threads_live", lambda pid: True)
-    assert recovery.survivors_from_previous_run(1, scan) == (False, False)
+    run, and its own ``environ`` reads empty: it is judged by its threads' environment, and a
+    marked one is a survivor (it was "doubt" forever before, and escaped the job sweep)."""
+    import os
+    import sys
+    import uuid
+
+    import trio
+
+    from fleet_trio.proc.procfs import read_proc_stat
+
+    code = (
+        "import ctypes, threading, time; "
+        "threading.Thread(target=time.sleep, args=(30,)).start(); "
+        "ctypes.CDLL(None).pthread_exit(None)"
+    )
+    marker = f"survivor-{uuid.uuid4()}"
+    with trio.fail_after(20):
+        proc = await trio.lowlevel.open_process(
+            [sys.executable, "-c", code], env={**os.environ, "RC_JOB_ID": marker}
+        )
+        try:
+            await wait_until(
+                lambda: (st := read_proc_stat(proc.pid)) is not None and st.state == "Z",
+                what="the leader's exit",
+            )
+            checked, found = await trio.to_thread.run_sync(
+                recovery.survivors_from_previous_run, os.getpid()
+            )
+            assert (checked, found) == (True, True)
+        finally:
+            proc.kill()
+            await proc.wait()
 
 
 def test_a_process_that_keeps_going_away_still_claims_nothing(

@@ -14,7 +14,13 @@ import attrs
 import trio
 
 from fleet_trio.gpu.fake import read_holdings
-from fleet_trio.proc.procfs import env_marker_value, list_pids, read_proc_file, read_proc_stat
+from fleet_trio.proc.procfs import (
+    env_marker_value,
+    list_pids,
+    read_environ,
+    read_proc_stat,
+    stat_live,
+)
 from fleet_trio.sim.chaos.checker import (
     Holding,
     MarkedProcess,
@@ -61,7 +67,7 @@ class SeedResult:
 def _environ(pid: int) -> bytes:
     """``pid``'s environment block (empty when it cannot be read)."""
     try:
-        return read_proc_file(f"/proc/{pid}/environ")
+        return read_environ(pid)
     except OSError:
         return b""
 
@@ -71,7 +77,7 @@ def scan_markers(job_ids: set[str]) -> list[MarkedProcess]:
     found: list[MarkedProcess] = []
     for pid in list_pids() or []:
         st = read_proc_stat(pid)
-        if st is None or st.state == "Z":
+        if st is None or not stat_live(st):
             continue
         environ = _environ(pid)
         for name in (NODE_MARKER, RC_MARKER, LEAK_MARKER):

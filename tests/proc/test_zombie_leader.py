@@ -1,0 +1,170 @@
+"""A process whose main thread called ``pthread_exit`` while its other threads run on.
+
+Its ``stat`` says ``Z`` and its own ``environ`` reads empty (the leader's memory is gone), yet
+the process runs, holds whatever it held, and can be killed through its pid. Every reader of
+``/proc`` that decides "gone" or "not ours" must see it as alive and read its marker through
+a thread that still runs (``/proc/<pid>/task/<tid>/environ``). Real processes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import trio
+
+from fleet_trio.proc import BufferSink, JobSpec
+from fleet_trio.proc.procfs import (
+    Ident,
+    ancestor_set,
+    ident_alive,
+    other_threads_live,
+    pid_alive,
+    read_proc_stat,
+    scan_job_marker,
+    scan_live_procs,
+)
+from fleet_trio.proc.run import run
+from tests.helpers import wait_until
+
+LEADER_EXITS = """
+import ctypes, os, sys, threading, time
+threading.Thread(target=time.sleep, args=(300,), daemon=False).start()
+ctypes.CDLL(None).pthread_exit(None)
+"""
+"""The main thread leaves; a thread sleeps on (the process lives 300 s)."""
+
+ESCAPES_THEN_LEADER_EXITS = """
+import os, sys, time
+pidfile = sys.argv[1]
+if os.fork() == 0:
+    os.setsid()
+    os.execv(sys.executable, [sys.executable, "-c", sys.argv[2], pidfile])
+while not os.path.exists(pidfile):
+    time.sleep(0.01)
+pid = int(open(pidfile).read())
+while open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z":
+    time.sleep(0.01)
+"""
+"""The job: a child leaves the group (``setsid``), writes its pid, and its main thread
+exits; the job ends once the child's ``stat`` shows ``Z``."""
+
+ESCAPEE_BODY = """
+import ctypes, os, sys, threading, time
+threading.Thread(target=time.sleep, args=(300,), daemon=False).start()
+tmp = sys.argv[1] + ".tmp"
+with open(tmp, "w") as f:
+    f.write(str(os.getpid()))
+os.rename(tmp, sys.argv[1])
+ctypes.CDLL(None).pthread_exit(None)
+"""
+
+
+def is_zombie_state(pid: int) -> bool:
+    st = read_proc_stat(pid)
+    return st is not None and st.state == "Z"
+
+
+@pytest.fixture
+async def job_id() -> AsyncIterator[str]:
+    jid = f"zombie-leader-{uuid.uuid4()}"
+    yield jid
+    # whatever still carries the id, killed through its pid (the whole thread group)
+    for pid in scan_job_marker(jid, ancestor_set(os.getpid())).pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+async def test_a_leader_that_left_its_threads_running_is_alive_and_found(job_id: str) -> None:
+    with trio.fail_after(20):
+        proc = await trio.lowlevel.open_process(
+            [sys.executable, "-c", LEADER_EXITS],
+            env={**os.environ, "RC_JOB_ID": job_id},
+            start_new_session=True,
+        )
+        try:
+            await wait_until(lambda: is_zombie_state(proc.pid), what="the main thread's exit")
+            assert other_threads_live(proc.pid)
+            st = read_proc_stat(proc.pid)
+            assert st is not None
+            assert pid_alive(proc.pid)
+            assert ident_alive(Ident(proc.pid, st.start))
+            assert proc.pid in scan_live_procs(lambda s: s.pid == proc.pid)[0]
+            found = await trio.to_thread.run_sync(
+                scan_job_marker, job_id, ancestor_set(os.getpid())
+            )
+            assert found.pids == (proc.pid,)
+        finally:
+            proc.kill()
+            await proc.wait()
+    assert not pid_alive(proc.pid)
+
+
+async def test_the_sweep_kills_an_escapee_whose_main_thread_exited(
+    job_id: str, tmp_path: Path
+) -> None:
+    pidfile = tmp_path / "pid"
+    spec = JobSpec(
+        command=[sys.executable, "-c", ESCAPES_THEN_LEADER_EXITS, str(pidfile), ESCAPEE_BODY],
+        env={"RC_JOB_ID": job_id},
+        sweep_job_id=job_id,
+    )
+    with trio.fail_after(30):
+        result = await run(spec, BufferSink())
+        pid = int(pidfile.read_text())
+        assert result.exit_code == 0 and result.err is None, result
+        assert pid in result.sweep.found
+        assert result.sweep.remaining == ()
+        assert not other_threads_live(pid) and not pid_alive(pid)
+
+
+async def test_the_node_recovery_scan_finds_a_leader_that_left_its_threads_running() -> None:
+    """The node's restart sweep looks for its work tag; a tagged process whose main thread
+    exited is found through its threads, like any live one."""
+    from fleet_trio.node.recovery import TaggedScan
+
+    tag = uuid.uuid4().hex[:12]
+    value = f"node-a.{tag}/job-1"
+    with trio.fail_after(20):
+        proc = await trio.lowlevel.open_process(
+            [sys.executable, "-c", LEADER_EXITS],
+            env={**os.environ, "FLEET_TRIO_SWEEP": value},
+            start_new_session=True,
+        )
+        try:
+            await wait_until(lambda: is_zombie_state(proc.pid), what="the main thread's exit")
+            scan = TaggedScan(tag, marker="FLEET_TRIO_SWEEP")
+            found = await trio.to_thread.run_sync(scan, "", frozenset({os.getpid()}))
+            assert found.pids == (proc.pid,)
+            assert scan.values == {value: {proc.pid}}
+        finally:
+            proc.kill()
+            await proc.wait()
+
+
+async def test_vram_of_a_leader_that_left_its_threads_running_is_the_jobs(job_id: str) -> None:
+    """GPU attribution walks a process's ancestry and reads its marker: a leader whose main
+    thread exited still holds its VRAM and is still the job's."""
+    from fleet_trio.gpu.sampler import attribute, read_process_view
+
+    with trio.fail_after(20):
+        proc = await trio.lowlevel.open_process(
+            [sys.executable, "-c", LEADER_EXITS],
+            env={**os.environ, "RC_JOB_ID": job_id},
+            start_new_session=True,
+        )
+        try:
+            await wait_until(lambda: is_zombie_state(proc.pid), what="the main thread's exit")
+            view = read_process_view({proc.pid: 1 << 30}, "RC_JOB_ID")
+            assert view.markers[proc.pid] == job_id
+            assert attribute(view, proc.pid, None) == {proc.pid}  # its own process group
+            assert attribute(view, 0, job_id) == {proc.pid}  # its marker
+        finally:
+            proc.kill()
+            await proc.wait()
