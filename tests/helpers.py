@@ -753,4 +753,3 @@ def sheet_config(sheet_dir: Path) -> WorkerConfig:
         environ={},
         hostname=lambda: "gpubox",
     )
-
