@@ -24,6 +24,25 @@ def pytest_configure(config: pytest.Config) -> None:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
+WORKERS_PER_CPU = 1.5
+"""``-n auto`` starts this many test processes per CPU (at least 2): most of the suite waits
+on real processes, sockets and signals rather than computing, so one process per CPU left
+about 40% of two CPUs idle (docs/testing.md, "How long it takes")."""
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """The number of workers ``-n auto`` starts (pytest-xdist's hook)."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(2, round((cpus or 1) * WORKERS_PER_CPU))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The tests marked ``slow`` run first (the order is otherwise kept): the workers take
+    them at the start and the many short tests fill in around them, instead of one long test
+    starting last and running on alone at the end."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 @pytest.fixture
 def is_root() -> bool:
     return os.geteuid() == 0

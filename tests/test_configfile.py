@@ -164,6 +164,7 @@ def test_fuzz_both_loaders(tmp_path_factory: pytest.TempPathFactory, pieces: lis
             assert str(exc).startswith(f"{path}: ")
 
 
+@pytest.mark.slow
 @settings(max_examples=50, deadline=None)
 @given(st.integers(min_value=YAML_MAX_DEPTH + 1, max_value=3000), st.sampled_from("[{-"))
 def test_fuzz_depth(depth: int, opener: str) -> None:

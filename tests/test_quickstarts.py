@@ -117,6 +117,7 @@ def test_the_quickstarts_are_found() -> None:
     assert not any("pytest" in text for _, text in BLOCKS)  # the test-suite block is skipped
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("block_id", "block"), BLOCKS, ids=[i for i, _ in BLOCKS])
 def test_quickstart_block_works_verbatim(tmp_path: Path, block_id: str, block: str) -> None:
     if "curl " in block and shutil.which("curl") is None:

@@ -176,6 +176,7 @@ def _document(data: object) -> str:
     return json.dumps(data, ensure_ascii=False)
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(_members, max_size=5) | _values)
 def test_fuzz_parse_records_shapes(data: object) -> None:

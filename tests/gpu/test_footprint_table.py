@@ -102,6 +102,7 @@ class TableMachine(RuleBasedStateMachine):
 
 
 TestTableMachine = TableMachine.TestCase
+TestTableMachine.pytestmark = [pytest.mark.slow]
 TestTableMachine.settings = settings(max_examples=150, stateful_step_count=30, deadline=None)
 
 

@@ -139,6 +139,7 @@ async def _raw_ws_server(
     await stream.aclose()
 
 
+@pytest.mark.slow
 async def test_a_ping_during_the_close_handshake_is_no_traceback() -> None:
     """The server pings while our close is under way (the LocalProtocolError: Event Pong …
     LOCAL_CLOSING seen once in 11 runs): still one line, exit 2."""

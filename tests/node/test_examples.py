@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import trio
 
 from fleet_trio.node.config import load_config
@@ -36,6 +37,7 @@ async def test_sleepy_runs(tmp_path: Path) -> None:
     assert json.loads(outcome.data)["job_id"] == "s1"
 
 
+@pytest.mark.slow
 def test_shipped_measure_example_records_a_footprint_under_the_state_dir(tmp_path: Path) -> None:
     """`fleet-trio measure -c examples/node.yaml --gpu fake` as shipped: the probe outlasts the
     sampling interval, so a peak is recorded, and every file goes under $XDG_STATE_HOME."""

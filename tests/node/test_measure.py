@@ -69,6 +69,7 @@ def fake_args(tmp_path: Path) -> list[str]:
     return ["--gpu", "fake", "--fake-gpu-dir", str(tmp_path / "gpu")]
 
 
+@pytest.mark.slow
 async def test_measure_records_the_probe_peak_with_margin(tmp_path: Path) -> None:
     cfg = write_config(tmp_path, {"image-gen": HOLDER})
     proc = await run_measure(tmp_path, "-c", str(cfg), *fake_args(tmp_path))
@@ -88,6 +89,7 @@ async def test_measure_records_the_probe_peak_with_margin(tmp_path: Path) -> Non
     assert [(r["observed_peak_gb"], r["vram_peak_gb"]) for r in stored] == [(2, 2.4)]
 
 
+@pytest.mark.slow
 async def test_measure_skips_fails_and_keeps_going(tmp_path: Path) -> None:
     tasks = {
         "broken": {**HOLDER, "command": [PY, "-c", "import sys; sys.exit(3)"]},
@@ -116,6 +118,7 @@ async def test_measure_skips_fails_and_keeps_going(tmp_path: Path) -> None:
     assert (tmp_path / "elsewhere.json").exists() and not (tmp_path / "fp.json").exists()
 
 
+@pytest.mark.slow
 async def test_measure_task_selection(tmp_path: Path) -> None:
     tasks = {"broken": {**HOLDER, "command": [PY, "-c", "import sys; sys.exit(3)"]}, "ok": HOLDER}
     cfg = write_config(tmp_path, tasks)
@@ -136,6 +139,7 @@ async def test_measure_nothing_to_probe_prints_the_store(tmp_path: Path) -> None
     assert "stt: skipped (no probe configured)" in proc.stderr.decode()
 
 
+@pytest.mark.slow
 async def test_measure_refuses_without_a_gpu(tmp_path: Path) -> None:
     cfg = write_config(tmp_path, {"image-gen": HOLDER})
     # nvidia-smi cannot be found on an empty PATH: the probe fails, nothing runs.
@@ -170,6 +174,7 @@ HOLD_ON_BOTH = (
 )
 
 
+@pytest.mark.slow
 async def test_measure_with_fake_gpus_measures_the_pinned_device(tmp_path: Path) -> None:
     cfg = write_config(tmp_path, {"image-gen": {**HOLDER, "command": [PY, "-c", HOLD_ON_BOTH]}})
     root = tmp_path / "multi"

@@ -84,6 +84,7 @@ def _log(node: Node) -> str:
     return node.log.read_text(errors="replace") if node.log.exists() else ""
 
 
+@pytest.mark.slow
 async def test_kill_9_during_a_drain_leaves_no_process_behind(tmp_path: Path) -> None:
     """The drain journals ``interrupted`` before it stops anything; a SIGKILL in that window
     leaves a *finished* job (in the journal) with its group and its escapee alive. The restart
@@ -113,6 +114,7 @@ async def test_kill_9_during_a_drain_leaves_no_process_behind(tmp_path: Path) ->
         _kill_all(*pids)
 
 
+@pytest.mark.slow
 async def test_a_changed_node_id_still_sweeps_the_previous_run(tmp_path: Path) -> None:
     node = _node(tmp_path, "--node-id", "alpha.rack1", grace="500ms")
     pids: tuple[int, ...] = ()

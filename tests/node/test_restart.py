@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 import trio
 
 from fleet_trio.proc.procfs import pid_alive
@@ -21,6 +22,7 @@ from tests.helpers import state_in, wait_until
 from tests.node.harness import Node
 
 
+@pytest.mark.slow
 async def test_kill_9_and_restart_acked_jobs_still_answer(tmp_path: Path) -> None:
     node = Node(tmp_path)
     try:

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 import trio
 
 from fleet_trio.gpu.fake import init_device
@@ -54,6 +55,7 @@ def _config(tmp_path: Path) -> Path:
     return cfg
 
 
+@pytest.mark.slow
 async def test_sigterm_with_jobs_in_flight_every_poller_sees_a_terminal_state(
     tmp_path: Path,
 ) -> None:

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import httpx
+import pytest
 import trio
 
 from fleet_trio.gpu.fake import init_device
@@ -48,6 +49,7 @@ async def sigterm_past_a_stalled_tail(
         stalled.close()
 
 
+@pytest.mark.slow
 async def test_node_exits_within_its_bound_with_a_tail_client_that_stopped_reading(
     tmp_path: Path,
 ) -> None:
@@ -98,6 +100,7 @@ WORKER_LIMIT = 20.0
 remains of the worker's bound is the kill grace, the tree's slack and the tails' close."""
 
 
+@pytest.mark.slow
 async def test_worker_exits_promptly_with_a_tail_client_that_stopped_reading(
     tmp_path: Path,
 ) -> None:

@@ -238,6 +238,7 @@ SweepBookMachine.TestCase.settings = settings(
     max_examples=150, stateful_step_count=50, deadline=None
 )
 TestSweepBook = SweepBookMachine.TestCase
+TestSweepBook.pytestmark = [pytest.mark.slow]
 
 
 # ----------------------------------------------------------------------- liveness (bounded)

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 import trio
 
 from fleet_trio.sim import SimController, serve_controller
@@ -69,6 +70,7 @@ async def _read_until(stream: Any, needle: bytes, buf: bytearray) -> None:
         buf += chunk
 
 
+@pytest.mark.slow
 async def test_try_it_from_the_shell(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k != "STATE_DIRECTORY"}
     env.update(HOME=str(tmp_path), XDG_STATE_HOME=str(tmp_path / "state"))

@@ -3,12 +3,14 @@
 
 from __future__ import annotations
 
+import pytest
 import trio
 
 from fleet_trio.worker.worker import shutdown_bound
 from tests.helpers import FAST, dev, sim, sim_worker, start_worker
 
 
+@pytest.mark.slow
 async def test_a_pre_killed_report_to_a_controller_that_never_answers_is_bounded() -> None:
     """A pre-killed job's report used to be bounded only by the client's 300 s patience,
     even in a shutdown. Now it ends by the hurry deadline: drain + hurry budget."""

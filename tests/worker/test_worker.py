@@ -406,6 +406,7 @@ async def test_job_ending_during_outage_delivers_everything_after() -> None:
             await ctrl.wait_for(lambda: len(ctrl.registrations()) >= 2, timeout=10)
 
 
+@pytest.mark.slow
 async def test_outage_beyond_patience_gives_up_and_frees_the_worker() -> None:
     client_timings = attrs.evolve(FAST_CLIENT, patience=0.8)
     with trio.fail_after(30):
