@@ -8,7 +8,6 @@ import logging
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import uuid
@@ -35,6 +34,7 @@ from fleet_trio.logs import (
     teardown_logging,
 )
 from fleet_trio.sim import SimController, serve_controller
+from fleet_trio.sim.fleet import free_port
 from tests.helpers import answer, wait_until, write_worker_yaml
 
 PY = sys.executable
@@ -246,12 +246,6 @@ def test_redaction_never_breaks_a_log_call() -> None:
 # -- the real thing: a node, a worker and the HTTP libraries at DEBUG, no token anywhere -------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 async def _tail_all(url: str) -> list[dict[str, Any]]:
     messages = []
     async with open_websocket_url(url) as ws:
@@ -279,7 +273,7 @@ async def test_no_token_in_any_log_line_of_a_node_and_its_clients(
     token = f"node-{uuid.uuid4().hex}"
     gpu = tmp_path / "gpu"
     init_device(str(gpu))
-    port = _free_port()
+    port = free_port()
     script = "import sys, json; json.load(sys.stdin); print(json.dumps({'ok': True}))"
     (tmp_path / "node.yaml").write_text(
         f"node:\n  listen: 127.0.0.1:{port}\n  timings: {{drain_timeout: 2s, kill_grace: 1s}}\n"
@@ -338,7 +332,7 @@ async def test_no_token_in_any_log_line_of_a_worker(tmp_path: Path) -> None:
     tail_token = f"tail-{uuid.uuid4().hex}"
     ctrl = SimController(token=token, reaper_interval=0.05, startup_grace=0.0)
     err = tmp_path / "worker.err"
-    tail_port = _free_port()
+    tail_port = free_port()
     with trio.fail_after(40):
         async with trio.open_nursery() as nursery:
             url = await nursery.start(serve_controller, ctrl)

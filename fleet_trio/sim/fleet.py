@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -90,12 +91,40 @@ class ShutdownRecord:
     """``None``: it did not exit within ``bound`` (and was then killed)."""
 
 
+EPHEMERAL_RANGE = "/proc/sys/net/ipv4/ip_local_port_range"
+FREE_PORT_FLOOR = 10000
+"""The lowest port :func:`free_port` picks from."""
+
+
 def free_port() -> int:
-    """A loopback port nobody listens on right now."""
+    """A loopback port nobody listens on right now, for a process started next to listen on.
+
+    Picked at random *below* the kernel's ephemeral range (``ip_local_port_range``) where there
+    is room: the kernel never hands out such a port by itself (a ``bind`` to port 0 elsewhere,
+    every outgoing connection), so it stays free until the process binds it, unless another
+    caller picks the same one (about one chance in 20,000 per pair). A port from the
+    kernel's own pick, as this used to be, could be handed to the next server that binds port
+    0 in the meantime (a test's simulated controller took a worker's tail port that way).
+    """
+    try:
+        with open(EPHEMERAL_RANGE) as f:
+            low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 0
+    if low - 1 > FREE_PORT_FLOOR:
+        pick = random.SystemRandom()
+        for _ in range(64):
+            port = pick.randint(FREE_PORT_FLOOR, low - 1)
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+                return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+        chosen: int = s.getsockname()[1]
+        return chosen
 
 
 FileSpec = tuple[str, str, int]

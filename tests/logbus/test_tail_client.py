@@ -14,6 +14,7 @@ from trio_websocket import WebSocketRequest, serve_websocket
 
 from fleet_trio.logbus.bus import End, Output
 from fleet_trio.logbus.tail import dumps, encode_event
+from fleet_trio.sim.fleet import free_port
 from tests.helpers import read_head, run_tail_cli
 
 WS_GUID = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
@@ -27,15 +28,8 @@ def assert_one_error_line(stderr: bytes, text: str) -> None:
     assert b"Traceback" not in stderr
 
 
-async def free_port() -> int:
-    with trio.socket.socket() as sock:
-        await sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-    return port
-
-
 async def test_node_not_there_fails_fast_without_retrying() -> None:
-    port = await free_port()
+    port = free_port()
     start = trio.current_time()
     usage = await run_tail_cli("--from", "later", "j")  # the same start-up, no network
     startup = trio.current_time() - start

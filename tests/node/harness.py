@@ -15,7 +15,6 @@ import functools
 import json
 import os
 import signal
-import socket
 import sys
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -32,6 +31,7 @@ from fleet_trio.node.config import NodeConfig, config_from_mapping, load_config
 from fleet_trio.node.jobs import Done, JobStore
 from fleet_trio.node.server import GpuServices, NodeOptions, RunningNode, serve_node
 from fleet_trio.node.tasks import TaskRegistry
+from fleet_trio.sim.fleet import free_port
 from tests.helpers import LINES_SCRIPT, healthy, wait_until
 from tests.node.conftest import PY, TASK_SCRIPT
 
@@ -269,13 +269,6 @@ SLEEPER = (
 )
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 QUICK = "import sys; sys.stdin.read(); print('{\"v\": 7}')"
 
 
@@ -299,7 +292,7 @@ class Node:
         self.tmp_path = tmp_path
         gpu_dir = tmp_path / "gpu"
         init_device(str(gpu_dir))
-        self.port = _free_port()
+        self.port = free_port()
         self.work = tmp_path / "work"
         self.work.mkdir(exist_ok=True)
         self.argv = [

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import sys
 import time
 from pathlib import Path
@@ -20,6 +19,7 @@ import pytest
 import trio
 
 from fleet_trio.gpu.fake import init_device
+from fleet_trio.sim.fleet import free_port
 from tests.helpers import healthy, scenario_pause, state_in, wait_until
 
 DRAIN = 1.0
@@ -30,13 +30,6 @@ SLACK = 6.0
 
 # A job that ignores SIGTERM: only the SIGKILL after the grace ends it.
 STUBBORN = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def _config(tmp_path: Path) -> Path:
@@ -61,7 +54,7 @@ async def test_sigterm_with_jobs_in_flight_every_poller_sees_a_terminal_state(
 ) -> None:
     gpu_dir = tmp_path / "gpu"
     init_device(str(gpu_dir))
-    port = _free_port()
+    port = free_port()
     argv = [
         sys.executable, "-m", "fleet_trio", "node", "-c", str(_config(tmp_path)),
         "--gpu", "fake", "--fake-gpu-dir", str(gpu_dir), "--listen", f"127.0.0.1:{port}",

@@ -31,8 +31,10 @@ GRACE = 0.5
 NODE_BOUND = DRAIN + DEFAULT_INTERRUPT_BUDGET + GRACE + SHUTDOWN_SLACK + JOBS_CLOSED_BUDGET
 """docs/node.md "Stopping" with this config's drain and grace."""
 
-FLOOD = "while :; do head -c 1000000 /dev/urandom; done >&2"
-"""Binary noise on stderr, forever (base64 in the tail frames: they are big)."""
+FLOOD = "while :; do head -c 1000000 /dev/urandom; sleep 0.05; done >&2"
+"""Binary noise on stderr, forever (base64 in the tail frames: they are big), at up to
+20 MB/s: far more than a client that stopped reading takes, without the job and the node
+taking a whole CPU from the rest of the suite as an unpaced flood did."""
 
 
 async def sigterm_past_a_stalled_tail(
