@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 import trio
 
+from fleet_trio.sim.fleet import free_port
+
 REPO = Path(__file__).resolve().parents[1]
 
 # (argv, exit code, text the error line contains); {tmp} is a fresh directory with the
@@ -81,16 +83,14 @@ async def test_bad_invocation_is_one_error_line(
     setup: tuple[Path, dict[str, str]], argv: list[str], code: int, text: str
 ) -> None:
     tmp, env = setup
-    with trio.socket.socket() as free, trio.socket.socket() as busy:
-        await free.bind(("127.0.0.1", 0))
+    with trio.socket.socket() as busy:
         await busy.bind(("127.0.0.1", 0))
         busy.listen()
         subst = {
             "tmp": str(tmp),
-            "port": str(free.getsockname()[1]),
+            "port": str(free_port()),
             "busy": str(busy.getsockname()[1]),
         }
-        free.close()
         args = [a.format(**subst) for a in argv]
         with trio.fail_after(30):
             done = await trio.run_process(

@@ -13,6 +13,7 @@ import trio
 import trio.testing
 
 from fleet_trio.sim.faults import FaultyLink, serve_link
+from fleet_trio.sim.fleet import free_port
 from tests.helpers import read_head
 
 
@@ -144,10 +145,7 @@ async def test_retarget_and_a_dead_backend() -> None:
         await trio.testing.wait_all_tasks_blocked()
         assert (await client.get("/x")).json() == {"backend": "two"}
         # a backend that is not listening: the client's connection is closed
-        with trio.socket.socket() as sock:
-            await sock.bind(("127.0.0.1", 0))
-            dead = sock.getsockname()[1]
-        link.retarget("127.0.0.1", dead)
+        link.retarget("127.0.0.1", free_port())
         link.drop_all()
         await trio.testing.wait_all_tasks_blocked()
         with pytest.raises(httpx.TransportError):
