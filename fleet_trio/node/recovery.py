@@ -44,10 +44,12 @@ from fleet_trio.proc.procfs import (
     PROC,
     Ident,
     MarkerScan,
+    ProcStat,
     env_marker_value,
+    parse_proc_stat,
     pause_since,
     read_environ,
-    read_proc_stat,
+    read_proc_file,
     stat_live,
 )
 from fleet_trio.proc.spec import NO_SWEEP, SweepReport
@@ -185,6 +187,12 @@ class TaggedScan:
         self.proc = proc
         self.values: dict[str, set[int]] = {}
 
+    def _stat(self, name: str) -> ProcStat | None:
+        try:
+            return parse_proc_stat(read_proc_file(f"{self.proc}/{name}/stat"))
+        except OSError:
+            return None
+
     def _match(self, name: str) -> tuple[Ident | None, bool]:
         """``(the process if it matches, its environ read empty)``."""
         try:
@@ -192,15 +200,15 @@ class TaggedScan:
         except OSError:
             return None, False  # gone, or not ours to read
         if not data:  # a kernel thread (never a job's), a zombie, or a process in execve
-            st = read_proc_stat(int(name))
-            return None, st is not None and stat_live(st) and not st.flags & PF_KTHREAD
+            st = self._stat(name)
+            return None, st is not None and stat_live(st, self.proc) and not st.flags & PF_KTHREAD
         if self.needle not in data:
             return None, False
         value = env_marker_value(data, self.key)
         if marker_tag(value) != self.tag:
             return None, False
-        st = read_proc_stat(int(name))
-        if st is None or not stat_live(st):
+        st = self._stat(name)
+        if st is None or not stat_live(st, self.proc):
             return None, False
         self.values.setdefault(value, set()).add(int(name))
         return Ident(int(name), st.start), False

@@ -242,18 +242,33 @@ def ancestor_set(self_pid: int) -> set[int]:
 
 
 def other_threads_live(pid: int | str, proc: str = PROC) -> bool:
-    """Does the thread group of ``pid`` hold a task besides its leader? A leader that called
-    ``pthread_exit`` shows ``Z`` in ``stat`` while its other threads run on: not exited."""
+    """Does the thread group of ``pid`` hold a running task besides its leader (one that is
+    neither a zombie nor exiting)? A leader that called ``pthread_exit`` shows ``Z`` in
+    ``stat`` while its other threads run on: not exited. A process that is exiting as a whole
+    (``exit_group``: its leader is ``Z`` first while its other threads free its memory, all of
+    them ``PF_EXITING``) is not."""
     try:
-        return len(os.listdir(f"{proc}/{pid}/task")) > 1
+        tids = os.listdir(f"{proc}/{pid}/task")
     except OSError:
         return False
+    leader = str(pid)
+    for tid in tids:
+        if tid == leader:
+            continue
+        try:
+            st = parse_proc_stat(read_proc_file(f"{proc}/{pid}/task/{tid}/stat"))
+        except OSError:
+            continue
+        if st is None or (st.state not in ("Z", "X") and not st.flags & PF_EXITING):
+            return True  # unparsable: cannot tell, so never claim it gone
+    return False
 
 
 def stat_live(st: ProcStat, proc: str = PROC) -> bool:
     """``st`` is a live process: not a zombie, or a zombie *leader* whose other threads run
-    on (its main thread called ``pthread_exit``; the process runs, holds what it held, and
-    dies by a signal to its pid). Every "gone" decision goes through here."""
+    on (:func:`other_threads_live`: its main thread called ``pthread_exit``; the process runs,
+    holds what it held, and dies by a signal to its pid). Every "gone" decision goes through
+    here."""
     return st.state != "Z" or other_threads_live(st.pid, proc)
 
 
@@ -263,45 +278,66 @@ def pid_alive(pid: int) -> bool:
     return st is not None and stat_live(st)
 
 
+_UNREADABLE_LEADER_ERRNOS = (errno.ESRCH, errno.EACCES, errno.EPERM)
+"""How ``/proc/<pid>/environ`` of a leader whose main thread exited fails: ESRCH, or EACCES
+for a reader that is not root (the file then belongs to root)."""
+
+
 def read_environ(pid: int | str, proc: str = PROC) -> bytes:
     """``/proc/<pid>/environ``; may raise ``OSError``. A leader whose main thread has exited
-    cannot be read there (ESRCH; empty on some kernels) while its other threads run on: then
-    the environment is read through one of them (``task/<tid>/environ``; the same memory)."""
+    cannot be read there (ESRCH, or EACCES when not root; empty on some kernels) while its
+    other threads run on: then the environment is read through one of them
+    (``task/<tid>/environ``: the same memory, still owned by the process's user)."""
     try:
         data = read_proc_file(f"{proc}/{pid}/environ")
     except OSError as exc:
-        if exc.errno == errno.ESRCH and (data := thread_environ(pid, proc)):
-            return data
+        if exc.errno in _UNREADABLE_LEADER_ERRNOS and _zombie_leader(proc, pid):
+            return thread_environ(pid, proc) or _raise(exc)
         raise
     if not data and _zombie_leader(proc, pid):
         return thread_environ(pid, proc)
     return data
 
 
+def _raise(exc: OSError) -> bytes:
+    raise exc
+
+
+def _stat_at(proc: str, pid: int | str) -> ProcStat | None:
+    """``<proc>/<pid>/stat`` parsed; ``None`` when it cannot be read."""
+    try:
+        return parse_proc_stat(read_proc_file(f"{proc}/{pid}/stat"))
+    except OSError:
+        return None
+
+
 def _zombie_leader(proc: str, pid: int | str) -> bool:
     """``pid``'s ``stat`` says ``Z`` while other threads of its group run on."""
-    try:
-        st = parse_proc_stat(read_proc_file(f"{proc}/{pid}/stat"))
-    except OSError:
-        return False
+    st = _stat_at(proc, pid)
     return st is not None and st.state == "Z" and other_threads_live(pid, proc)
 
 
 def thread_environ(pid: int | str, proc: str = PROC) -> bytes:
-    """The environment of ``pid``'s thread group read through a thread other than the leader
-    (``b""`` when there is none, or none can be read)."""
+    """The environment of ``pid``'s thread group read through a thread other than the leader;
+    ``b""`` when no such thread is left. A thread that cannot be read for another reason than
+    being gone (EACCES) raises that error when no thread could be read: the caller is blind,
+    not told "gone"."""
     try:
         tids = os.listdir(f"{proc}/{pid}/task")
     except OSError:
         return b""
+    error: OSError | None = None
     for tid in tids:
         if tid == str(pid):
             continue
         try:
             if data := read_proc_file(f"{proc}/{pid}/task/{tid}/environ"):
                 return data
-        except OSError:
-            continue
+        except OSError as exc:
+            if exc.errno not in _GONE_ERRNOS:
+                error = exc
+    if error is not None:
+        raise error
     return b""
 
 
@@ -558,13 +594,26 @@ def _marker_batch(
             finally:
                 close(fd)
         except OSError as exc:
-            if exc.errno == errno.ESRCH and _zombie_leader(proc, name):
-                data = thread_environ(name, proc)  # a leader gone, its threads running on
-            elif exc.errno not in _GONE_ERRNOS and _live_stat(proc, name) is not None:
-                blind = True
+            st = None if exc.errno == errno.ENOENT else _stat_at(proc, name)
+            if st is None:  # gone
+                doubt = True
+                continue
+            if st.flags & PF_KTHREAD:
+                continue  # a kernel thread (ESRCH here on some kernels): never the job's
+            if st.state == "Z" and other_threads_live(name, proc):
+                try:  # a leader gone, its threads running on (ESRCH, or EACCES if not root)
+                    data = thread_environ(name, proc)
+                except OSError:
+                    blind = True
+                    continue
+                if not data:  # its threads went meanwhile
+                    doubt = True
+                    continue
+            elif exc.errno == errno.ESRCH or st.state == "Z":
+                doubt = True
                 continue
             else:
-                doubt = True
+                blind = True  # alive and unreadable (EACCES: not ours to read)
                 continue
         if not data:
             st = _live_stat(proc, name)

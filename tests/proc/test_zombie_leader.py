@@ -21,7 +21,11 @@ import trio
 
 from fleet_trio.proc import BufferSink, JobSpec
 from fleet_trio.proc.procfs import (
+    PF_EXITING,
+    PF_KTHREAD,
     Ident,
+    MarkerScan,
+    ProcStat,
     ancestor_set,
     ident_alive,
     other_threads_live,
@@ -29,6 +33,7 @@ from fleet_trio.proc.procfs import (
     read_proc_stat,
     scan_job_marker,
     scan_live_procs,
+    stat_live,
 )
 from fleet_trio.proc.run import run
 from tests.helpers import wait_until
@@ -168,3 +173,75 @@ async def test_vram_of_a_leader_that_left_its_threads_running_is_the_jobs(job_id
         finally:
             proc.kill()
             await proc.wait()
+
+
+# -- the rules on a fake /proc: which zombie leader is alive, and how it is read --------------
+
+
+def fake_stat(pid: int, state: str, flags: int = 0) -> bytes:
+    """A ``stat`` line with ``flags`` (field 9) and a start time (field 22) of 1234."""
+    fields = [state, "1", str(pid), str(pid), "0", "-1", str(flags)] + ["0"] * 12 + ["1234"]
+    return f"{pid} (x) {' '.join(fields)}".encode()
+
+
+def fake_process(
+    proc: Path,
+    pid: int,
+    *,
+    state: str,
+    environ: bytes | None,
+    threads: dict[int, tuple[str, int, bytes | None]] | None = None,
+    flags: int = 0,
+) -> None:
+    """``<proc>/<pid>``; ``environ=None``: unreadable (a folder: an error other than "gone",
+    as EACCES is for a reader that is not root); ``threads``: tid → (state, flags, environ)."""
+    d = proc / str(pid)
+    (d / "task" / str(pid)).mkdir(parents=True)
+    (d / "stat").write_bytes(fake_stat(pid, state, flags))
+    if environ is None:
+        (d / "environ").mkdir()
+    else:
+        (d / "environ").write_bytes(environ)
+    for tid, (tstate, tflags, tenv) in (threads or {}).items():
+        t = d / "task" / str(tid)
+        t.mkdir()
+        (t / "stat").write_bytes(fake_stat(tid, tstate, tflags))
+        if tenv is not None:
+            (t / "environ").write_bytes(tenv)
+
+
+def test_a_process_exiting_as_a_whole_is_not_alive(tmp_path: Path) -> None:
+    """``exit_group``: the leader is ``Z`` first while its other threads free the process's
+    memory, every one ``PF_EXITING``. That is a process leaving by itself (the supervisor's
+    settling wait, not a straggler to kill), unlike a leader whose threads run on."""
+    fake_process(tmp_path, 50, state="Z", environ=b"", threads={51: ("R", PF_EXITING, None)})
+    fake_process(tmp_path, 60, state="Z", environ=b"", threads={61: ("S", 0, None)})
+    fake_process(tmp_path, 70, state="Z", environ=b"", threads={71: ("Z", 0, None)})
+    fake_process(tmp_path, 80, state="Z", environ=b"")
+    assert other_threads_live(60, str(tmp_path))
+    for pid in (50, 70, 80):
+        assert not other_threads_live(pid, str(tmp_path)), pid
+    dead = ProcStat(pid=50, state="Z", flags=PF_EXITING)
+    assert not stat_live(dead, str(tmp_path)) and not dead.exiting
+
+
+def test_an_unreadable_zombie_leader_is_read_through_its_thread(tmp_path: Path) -> None:
+    """When the leader's own ``environ`` cannot be read (EACCES for a reader that is not root:
+    the file then belongs to root), the running thread's is read: found, not blind."""
+    marker = b"RC_JOB_ID=job-z\0PATH=/bin\0"
+    fake_process(tmp_path, 50, state="Z", environ=None, threads={51: ("S", 0, marker)})
+    scan = scan_job_marker("job-z", proc=str(tmp_path))
+    assert scan.pids == (50,) and not scan.blind
+    # its thread cannot be read either: blind, never "gone"
+    fake_process(tmp_path, 60, state="Z", environ=None, threads={61: ("S", 0, None)})
+    (tmp_path / "60" / "task" / "61" / "environ").mkdir()
+    assert scan_job_marker("job-z", proc=str(tmp_path)).blind
+
+
+def test_a_kernel_thread_is_passed_over_even_when_its_environ_fails(tmp_path: Path) -> None:
+    """A kernel thread's ``environ`` fails on some kernels (ESRCH) and is root's (EACCES for
+    others): it is never the job's, and must make the scan neither blind nor doubtful (a
+    doubtful read costs every scan a second listing of ``/proc``)."""
+    fake_process(tmp_path, 2, state="S", environ=None, flags=PF_KTHREAD)
+    scan = scan_job_marker("job-k", proc=str(tmp_path))
+    assert scan == MarkerScan(scanned=True, settled=True)

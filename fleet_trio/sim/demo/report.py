@@ -22,7 +22,7 @@ def _short(text: str, width: int = 40) -> str:
 
 def marked_processes(run_id: str, marker: str = RUN_MARKER) -> list[int]:
     """Live processes but this one whose environment holds ``marker=run_id`` (walks /proc)."""
-    from fleet_trio.proc.procfs import list_pids, pid_alive, read_proc_file
+    from fleet_trio.proc.procfs import list_pids, pid_alive, read_environ
 
     needle = f"{marker}={run_id}".encode()
     found = []
@@ -30,7 +30,7 @@ def marked_processes(run_id: str, marker: str = RUN_MARKER) -> list[int]:
         if pid == os.getpid():
             continue
         try:
-            env = read_proc_file(f"/proc/{pid}/environ")
+            env = read_environ(pid)
         except OSError:
             continue
         if needle in env.split(b"\0") and pid_alive(pid):
