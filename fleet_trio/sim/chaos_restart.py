@@ -23,6 +23,7 @@ What is checked (:func:`check_restart`, sans-IO over what was recorded):
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 from collections.abc import Callable, Iterable, Sequence
@@ -35,6 +36,7 @@ from fleet_trio.sim.chaos import runner, shell_tasks_yaml, yaml_str
 from fleet_trio.sim.chaos.schedule import LOG_RUN, NODE_MARKER
 from fleet_trio.sim.dispatcher import DispatchRecord, Observation, SimDispatcher
 from fleet_trio.sim.fleet import NodeProcess, ProcessEvent, ShutdownRecord, free_port
+from fleet_trio.sim.zygote import Zygote, open_zygote
 
 RESTART_KILL_GRACE = 0.5
 """The node's ``kill_grace``: the grace of the restart's sweep too."""
@@ -224,7 +226,14 @@ class RestartResult:
 class RestartLineage:
     """One node process (restarted many times) and its dispatcher, for a run of seeds."""
 
-    def __init__(self, root: str, nursery: trio.Nursery, *, journal: bool = True) -> None:
+    def __init__(
+        self,
+        root: str,
+        nursery: trio.Nursery,
+        *,
+        journal: bool = True,
+        zygote: Zygote | None = None,
+    ) -> None:
         self.root = root
         self.nursery = nursery
         self.node_dir = os.path.join(root, "node")
@@ -248,6 +257,8 @@ class RestartLineage:
             nursery=nursery,
             events=self.events,
             shutdowns=self.shutdowns,
+            zygote=zygote,
+            fifo_dir=root,
         )
         if not journal:  # proves the checker: without the journal a restart forgets
             self.node.role_argv.append("--no-journal")
@@ -346,12 +357,20 @@ def _state(disp: SimDispatcher, job_id: str) -> str:
 
 
 async def run_restart_seeds(
-    root: str, seeds: Sequence[int], *, journal: bool = True, duration: float = SEED_DURATION
+    root: str,
+    seeds: Sequence[int],
+    *,
+    journal: bool = True,
+    duration: float = SEED_DURATION,
+    fork: bool = True,
 ) -> list[RestartResult]:
-    """Play ``seeds`` one after the other against one node lineage under ``root``."""
+    """Play ``seeds`` one after the other against one node lineage under ``root``; ``fork``:
+    every start of the node is a fork of one :mod:`~fleet_trio.sim.zygote`."""
     results: list[RestartResult] = []
-    async with trio.open_nursery() as nursery:
-        lineage = RestartLineage(root, nursery, journal=journal)
+    async with contextlib.AsyncExitStack() as stack:
+        zygote = await stack.enter_async_context(open_zygote()) if fork else None
+        nursery = await stack.enter_async_context(trio.open_nursery())
+        lineage = RestartLineage(root, nursery, journal=journal, zygote=zygote)
         try:
             await lineage.start()
             for seed in seeds:

@@ -7,7 +7,8 @@ exit), running the sim's role launcher (:func:`fleet_trio.sim.roles.main`) with 
 arguments, the same code a fresh ``python -m fleet_trio.sim.roles`` runs.
 
 Protocol, one JSON object per line: requests on the zygote's stdin
-``{"id": N, "argv": [...], "log": PATH}``; answers on its stdout ``{"id": N, "pid": PID}``
+``{"id": N, "argv": [...], "log": PATH}`` (and ``"env": {...}``, the child's whole
+environment, when given); answers on its stdout ``{"id": N, "pid": PID}``
 (or ``{"id": N, "error": TEXT}``) and, when a child ends, ``{"exit": PID, "code": CODE}``
 (the code as :func:`os.waitstatus_to_exitcode` gives it). The zygote exits when its stdin
 closes. It is not threaded and runs no event loop, so forking it is safe.
@@ -26,19 +27,24 @@ import select
 import signal
 import subprocess
 import sys
+import tempfile
 import traceback
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
 
 import trio
 
 
-def _child(argv: list[str], log_path: str) -> None:
-    """In the forked child: a new session, stdio redirected, the role launcher. Never
-    returns."""
+def _child(argv: list[str], log_path: str, env: dict[str, str] | None) -> None:
+    """In the forked child: a new session, stdio redirected, ``env`` (when given) as the
+    whole environment, the role launcher. Never returns."""
     code = 1
     try:
+        if env is not None:
+            os.environ.clear()
+            os.environ.update(env)
+            tempfile.tempdir = None  # read again from this environment's TMPDIR
         os.setsid()
         null = os.open(os.devnull, os.O_RDWR)
         log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
@@ -99,7 +105,7 @@ def serve() -> int:
                 say({"id": req["id"], "error": str(exc)})
                 continue
             if pid == 0:
-                _child(list(req["argv"]), str(req["log"]))
+                _child(list(req["argv"]), str(req["log"]), req.get("env"))
             children.add(pid)
             say({"id": req["id"], "pid": pid})
 
@@ -158,16 +164,22 @@ class Zygote:
                     box.append(msg)
                     event.set()
 
-    async def spawn(self, argv: list[str], log_path: str) -> ForkedProcess:
+    async def spawn(
+        self, argv: list[str], log_path: str, env: Mapping[str, str] | None = None
+    ) -> ForkedProcess:
         """Fork a child running ``python -m fleet_trio.sim.roles ARGV`` (stderr to
-        ``log_path``)."""
+        ``log_path``, opened for writing: a file, or a FIFO someone reads), with ``env`` as
+        its whole environment (default: the zygote's)."""
         assert self._proc.stdin is not None
         self._next += 1
         ident = self._next
         event: trio.Event = trio.Event()
         box: list[Any] = []
         self._pending[ident] = (event, box)
-        line = json.dumps({"id": ident, "argv": argv, "log": log_path}) + "\n"
+        request: dict[str, Any] = {"id": ident, "argv": argv, "log": log_path}
+        if env is not None:
+            request["env"] = dict(env)
+        line = json.dumps(request) + "\n"
         async with self._lock:
             await self._proc.stdin.send_all(line.encode())
         await event.wait()
