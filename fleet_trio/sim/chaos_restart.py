@@ -257,9 +257,8 @@ class RestartLineage:
             nursery=nursery,
             events=self.events,
             shutdowns=self.shutdowns,
-            zygote=zygote,
-            fifo_dir=root,
         )
+        self.node.zygote, self.node.fifo_dir = zygote, root
         if not journal:  # proves the checker: without the journal a restart forgets
             self.node.role_argv.append("--no-journal")
         self.dispatcher = SimDispatcher(

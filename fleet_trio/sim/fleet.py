@@ -203,15 +203,13 @@ class ManagedProcess:
         nursery: trio.Nursery,
         events: list[ProcessEvent],
         shutdowns: list[ShutdownRecord],
-        zygote: Zygote | None = None,
-        fifo_dir: str = "",
     ) -> None:
         self.name = name
-        self.zygote = zygote
+        self.zygote: Zygote | None = None
         """Start as a fork of this zygote (the role code already imported: about a second of
         CPU less per start), else as a fresh interpreter. A fork's stderr comes through a FIFO
         made under ``fifo_dir``."""
-        self.fifo_dir = fifo_dir
+        self.fifo_dir = ""
         self.starts = 0
         self.role_argv = list(argv)
         """The ``fleet-trio`` command line (after the launcher's ``--``)."""
@@ -361,8 +359,6 @@ class NodeProcess(ManagedProcess):
         events: list[ProcessEvent],
         shutdowns: list[ShutdownRecord],
         journal: str | None = None,
-        zygote: Zygote | None = None,
-        fifo_dir: str = "",
     ) -> None:
         argv = [
             "node",
@@ -379,16 +375,7 @@ class NodeProcess(ManagedProcess):
         ]
         if journal is not None:  # the job journal, kept across restarts (docs/node.md)
             argv += ["--journal", journal]
-        super().__init__(
-            name,
-            argv,
-            env=env,
-            nursery=nursery,
-            events=events,
-            shutdowns=shutdowns,
-            zygote=zygote,
-            fifo_dir=fifo_dir,
-        )
+        super().__init__(name, argv, env=env, nursery=nursery, events=events, shutdowns=shutdowns)
         self.port = port
         self.gpu_dir = gpu_dir
         self.url = f"http://127.0.0.1:{port}"
@@ -415,20 +402,9 @@ class WorkerProcess(ManagedProcess):
         nursery: trio.Nursery,
         events: list[ProcessEvent],
         shutdowns: list[ShutdownRecord],
-        zygote: Zygote | None = None,
-        fifo_dir: str = "",
     ) -> None:
         argv = ["worker", "-c", config]
-        super().__init__(
-            name,
-            argv,
-            env=env,
-            nursery=nursery,
-            events=events,
-            shutdowns=shutdowns,
-            zygote=zygote,
-            fifo_dir=fifo_dir,
-        )
+        super().__init__(name, argv, env=env, nursery=nursery, events=events, shutdowns=shutdowns)
         self.host = host
         self.devices = list(devices)
         self.ctrl = ctrl
@@ -596,8 +572,6 @@ async def open_fleet(
                     events=events,
                     shutdowns=shutdowns,
                     journal=os.path.join(ndir, "journal.sqlite"),
-                    zygote=zygote,
-                    fifo_dir=root,
                 )
             )
         worker_procs: list[WorkerProcess] = []
@@ -636,8 +610,6 @@ async def open_fleet(
                     nursery=nursery,
                     events=events,
                     shutdowns=shutdowns,
-                    zygote=zygote,
-                    fifo_dir=root,
                 )
             )
         dispatcher = SimDispatcher(
@@ -667,6 +639,8 @@ async def open_fleet(
         for w in worker_procs:
             w.defects = [d for d in defects if d in WORKER_DEFECTS]
             w.launcher_args = list(worker_launcher_args)
+        for p in [*node_procs, *worker_procs]:
+            p.zygote, p.fifo_dir = zygote, root
         await trio.to_thread.run_sync(_write_files, files)
         try:
             async with trio.open_nursery() as starting:

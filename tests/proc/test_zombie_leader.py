@@ -14,6 +14,7 @@ import signal
 import sys
 import uuid
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
@@ -76,6 +77,23 @@ def is_zombie_state(pid: int) -> bool:
     return st is not None and st.state == "Z"
 
 
+@asynccontextmanager
+async def leader_exited(marker: str, value: str) -> AsyncIterator[trio.Process]:
+    """A process carrying ``marker=value`` whose main thread has exited while a thread runs
+    on (its ``stat`` shows ``Z``); SIGKILLed and reaped at exit."""
+    proc = await trio.lowlevel.open_process(
+        [sys.executable, "-c", LEADER_EXITS],
+        env={**os.environ, marker: value},
+        start_new_session=True,
+    )
+    try:
+        await wait_until(lambda: is_zombie_state(proc.pid), what="the main thread's exit")
+        yield proc
+    finally:
+        proc.kill()
+        await proc.wait()
+
+
 @pytest.fixture
 async def job_id() -> AsyncIterator[str]:
     jid = f"zombie-leader-{uuid.uuid4()}"
@@ -88,13 +106,7 @@ async def job_id() -> AsyncIterator[str]:
 
 async def test_a_leader_that_left_its_threads_running_is_alive_and_found(job_id: str) -> None:
     with trio.fail_after(20):
-        proc = await trio.lowlevel.open_process(
-            [sys.executable, "-c", LEADER_EXITS],
-            env={**os.environ, "RC_JOB_ID": job_id},
-            start_new_session=True,
-        )
-        try:
-            await wait_until(lambda: is_zombie_state(proc.pid), what="the main thread's exit")
+        async with leader_exited("RC_JOB_ID", job_id) as proc:
             assert other_threads_live(proc.pid)
             st = read_proc_stat(proc.pid)
             assert st is not None
@@ -105,9 +117,6 @@ async def test_a_leader_that_left_its_threads_running_is_alive_and_found(job_id:
                 scan_job_marker, job_id, ancestor_set(os.getpid())
             )
             assert found.pids == (proc.pid,)
-        finally:
-            proc.kill()
-            await proc.wait()
     assert not pid_alive(proc.pid)
 
 
@@ -137,20 +146,11 @@ async def test_the_node_recovery_scan_finds_a_leader_that_left_its_threads_runni
     tag = uuid.uuid4().hex[:12]
     value = f"node-a.{tag}/job-1"
     with trio.fail_after(20):
-        proc = await trio.lowlevel.open_process(
-            [sys.executable, "-c", LEADER_EXITS],
-            env={**os.environ, "FLEET_TRIO_SWEEP": value},
-            start_new_session=True,
-        )
-        try:
-            await wait_until(lambda: is_zombie_state(proc.pid), what="the main thread's exit")
+        async with leader_exited("FLEET_TRIO_SWEEP", value) as proc:
             scan = TaggedScan(tag, marker="FLEET_TRIO_SWEEP")
             found = await trio.to_thread.run_sync(scan, "", frozenset({os.getpid()}))
             assert found.pids == (proc.pid,)
             assert scan.values == {value: {proc.pid}}
-        finally:
-            proc.kill()
-            await proc.wait()
 
 
 async def test_vram_of_a_leader_that_left_its_threads_running_is_the_jobs(job_id: str) -> None:
@@ -159,20 +159,11 @@ async def test_vram_of_a_leader_that_left_its_threads_running_is_the_jobs(job_id
     from fleet_trio.gpu.sampler import attribute, read_process_view
 
     with trio.fail_after(20):
-        proc = await trio.lowlevel.open_process(
-            [sys.executable, "-c", LEADER_EXITS],
-            env={**os.environ, "RC_JOB_ID": job_id},
-            start_new_session=True,
-        )
-        try:
-            await wait_until(lambda: is_zombie_state(proc.pid), what="the main thread's exit")
+        async with leader_exited("RC_JOB_ID", job_id) as proc:
             view = read_process_view({proc.pid: 1 << 30}, "RC_JOB_ID")
             assert view.markers[proc.pid] == job_id
             assert attribute(view, proc.pid, None) == {proc.pid}  # its own process group
             assert attribute(view, 0, job_id) == {proc.pid}  # its marker
-        finally:
-            proc.kill()
-            await proc.wait()
 
 
 # -- the rules on a fake /proc: which zombie leader is alive, and how it is read --------------

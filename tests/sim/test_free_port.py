@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+from pathlib import Path
 
 import pytest
 
@@ -28,21 +29,24 @@ def test_the_port_is_free_and_outside_the_ephemeral_range() -> None:
             s.bind(("127.0.0.1", port))  # free
 
 
+def ephemeral_range_is(monkeypatch: pytest.MonkeyPatch, folder: Path, text: str) -> None:
+    """``free_port`` reads ``text`` as the kernel's ephemeral range."""
+    path = folder / "ip_local_port_range"
+    path.write_text(text)
+    monkeypatch.setattr(fleet, "EPHEMERAL_RANGE", str(path))
+
+
 def test_without_room_outside_the_range_the_kernel_picks(
-    monkeypatch: pytest.MonkeyPatch, tmp_path
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    squeezed = tmp_path / "range"
-    squeezed.write_text("1024\t65535\n")
-    monkeypatch.setattr(fleet, "EPHEMERAL_RANGE", str(squeezed))
+    ephemeral_range_is(monkeypatch, tmp_path, "1024\t65535\n")
     port = fleet.free_port()
     with socket.socket() as s:
         s.bind(("127.0.0.1", port))
 
 
 def test_a_range_starting_low_still_leaves_the_ports_above_it(
-    monkeypatch: pytest.MonkeyPatch, tmp_path
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    squeezed = tmp_path / "range"
-    squeezed.write_text("1024 60999\n")
-    monkeypatch.setattr(fleet, "EPHEMERAL_RANGE", str(squeezed))
+    ephemeral_range_is(monkeypatch, tmp_path, "1024 60999\n")
     assert all(fleet.free_port() > 60999 for _ in range(10))
