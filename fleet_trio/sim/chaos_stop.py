@@ -119,6 +119,12 @@ own client connections cannot take them between the pick and the bind."""
 SETTLE_TIMEOUT = 10.0
 POLL_INTERVAL = 0.05
 
+WORKER_LOST_AFTER = 3.0
+"""Seconds of heartbeat silence before a worker seed's controller calls its jobs ``lost``: six
+heartbeats, so that a worker starved of CPU for a moment (many seeds at once on two loaded
+cores) is not taken for gone while it reports its killed jobs; a silenced link still ends
+them ``lost`` well within :data:`SETTLE_TIMEOUT`."""
+
 
 @attrs.frozen
 class StopPlan:
@@ -435,7 +441,7 @@ async def play_worker(plan: StopPlan, root: str, spawn: Spawner = spawn_fresh) -
         token="wtok",
         reaper_interval=0.1,
         heartbeat_timeout=0.8,
-        worker_lost_after=1.2,
+        worker_lost_after=WORKER_LOST_AFTER,
         startup_grace=0.0,
     )
     host = f"stop{plan.seed}"
