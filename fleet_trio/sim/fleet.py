@@ -52,6 +52,8 @@ named ``HOST_DEVICE`` (what a verify script looks at)."""
 
 OUTPUT_CAP = 256 * 1024
 READY_TIMEOUT = 30.0
+SPAWN_TIMEOUT = 30.0
+"""Seconds a fork of the zygote may take to be answered (its imports at the fleet's start)."""
 KILL_WAIT = 10.0
 
 NODE_DRAIN = 0.5
@@ -263,6 +265,7 @@ class ManagedProcess:
         self.starts += 1
         stderr: trio.abc.ReceiveStream
         guard: int | None = None
+        fifo = ""
         if self.zygote is None:
             proc = await trio.lowlevel.open_process(
                 self.argv,
@@ -279,14 +282,19 @@ class ManagedProcess:
             read_end, guard = _open_fifo(fifo)
             stderr = trio.lowlevel.FdStream(read_end)
             try:
-                self.proc = await self.zygote.spawn(self.launcher_argv, fifo, self.env)
+                # shielded and bounded: once asked, the zygote forks; a start cancelled meanwhile
+                # must still learn the pid, or the child (blocked opening the FIFO, whose ends
+                # are closed) is left running for good
+                with trio.CancelScope(shield=True), trio.fail_after(SPAWN_TIMEOUT):
+                    self.proc = await self.zygote.spawn(self.launcher_argv, fifo, self.env)
             except BaseException:
                 os.close(guard)
                 await stderr.aclose()
                 raise
+        assert self.proc is not None
         self._event("start", str(self.proc.pid))
         self.nursery.start_soon(self._pump, stderr, name=f"{self.name} stderr")
-        self.nursery.start_soon(self._reap, self.proc, guard, name=f"{self.name} reap")
+        self.nursery.start_soon(self._reap, self.proc, guard, fifo, name=f"{self.name} reap")
         try:
             with trio.fail_after(READY_TIMEOUT):
                 await self._ready()
@@ -307,12 +315,15 @@ class ManagedProcess:
         os.mkfifo(path, 0o600)
         return path
 
-    async def _reap(self, proc: RoleProcess, guard: int | None = None) -> None:
+    async def _reap(self, proc: RoleProcess, guard: int | None = None, fifo: str = "") -> None:
         try:
             code = await proc.wait()
         finally:
             if guard is not None:
                 os.close(guard)  # the pump's EOF comes once the process's own ends are closed
+            if fifo:
+                with contextlib.suppress(OSError):
+                    os.unlink(fifo)
         self._event("exit", str(code))
         self._seen.set()
         self._seen = trio.Event()

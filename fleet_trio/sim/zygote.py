@@ -110,6 +110,10 @@ def serve() -> int:
             say({"id": req["id"], "pid": pid})
 
 
+LOST_EXIT_CODE = 255
+"""The exit code given to a child that ended after its zygote did (no one is left to tell)."""
+
+
 class ForkedProcess:
     """A child of the zygote, seen from the scenario."""
 
@@ -118,8 +122,25 @@ class ForkedProcess:
         self.returncode: int | None = None
         self._exited = trio.Event()
 
+    async def _outlive_zygote(self) -> None:
+        """The zygote is gone: the child's end is seen through a pidfd (its exit code is not
+        known any more: :data:`LOST_EXIT_CODE`)."""
+        if self.returncode is not None:
+            return
+        try:
+            fd = os.pidfd_open(self.pid)
+        except OSError:  # gone already
+            self._exit(LOST_EXIT_CODE)
+            return
+        try:
+            await trio.lowlevel.wait_readable(fd)
+        finally:
+            os.close(fd)
+        self._exit(LOST_EXIT_CODE)
+
     def _exit(self, code: int) -> None:
-        self.returncode = code
+        if self.returncode is None:
+            self.returncode = code
         self._exited.set()
 
     async def wait(self) -> int:
@@ -144,8 +165,25 @@ class Zygote:
         self._children: dict[int, ForkedProcess] = {}
         self._early: dict[int, int] = {}
         self._lock = trio.Lock()
+        self.gone = False
+        """The zygote has exited: no more spawns."""
 
-    async def _read(self) -> None:
+    async def _read(self, nursery: trio.Nursery) -> None:
+        """The zygote's answers, until it exits; then pending spawns fail and the children
+        still running are watched through pidfds (a zygote killed by a terminal's Ctrl-C, or
+        by anyone, must not leave ``wait()`` hanging)."""
+        try:
+            await self._answers()
+        finally:
+            self.gone = True
+            for event, box in self._pending.values():
+                box.append({"error": "the zygote has exited"})
+                event.set()
+            self._pending.clear()
+            for child in self._children.values():
+                nursery.start_soon(child._outlive_zygote)
+
+    async def _answers(self) -> None:
         assert self._proc.stdout is not None
         buf = b""
         async for chunk in self._proc.stdout:
@@ -171,6 +209,8 @@ class Zygote:
         ``log_path``, opened for writing: a file, or a FIFO someone reads), with ``env`` as
         its whole environment (default: the zygote's)."""
         assert self._proc.stdin is not None
+        if self.gone:
+            raise OSError("the zygote could not fork: it has exited")
         self._next += 1
         ident = self._next
         event: trio.Event = trio.Event()
@@ -200,11 +240,12 @@ async def open_zygote() -> AsyncIterator[Zygote]:
         [sys.executable, "-m", "fleet_trio.sim.zygote"],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
+        start_new_session=True,  # a terminal's Ctrl-C is for the scenario, not for the zygote
     )
     zygote = Zygote(proc)
     try:
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(zygote._read)
+            nursery.start_soon(zygote._read, nursery)
             try:
                 yield zygote
             finally:

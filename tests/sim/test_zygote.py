@@ -1,0 +1,51 @@
+"""The sim's zygote (``fleet_trio.sim.zygote``): its children stay trackable when it dies."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import pytest
+import trio
+
+from fleet_trio.gpu.fake import init_device
+from fleet_trio.sim.fleet import free_port
+from fleet_trio.sim.zygote import LOST_EXIT_CODE, open_zygote
+from tests.helpers import wait_until
+
+
+def node_args(tmp_path: Path) -> list[str]:
+    """The role launcher's arguments for a node that runs until it is stopped."""
+    gpu = tmp_path / "gpu"
+    init_device(str(gpu))
+    cfg = tmp_path / "node.yaml"
+    cfg.write_text("tasks: {}\n")
+    return [
+        "--", "node", "-c", str(cfg), "--gpu", "fake", "--fake-gpu-dir", str(gpu),
+        "--listen", f"127.0.0.1:{free_port()}", "--no-journal",
+    ]  # fmt: skip
+
+
+async def test_the_zygote_has_its_own_session() -> None:
+    """A terminal's Ctrl-C goes to the scenario's process group; the zygote (and so every
+    process it would fork afterwards) must not die of it."""
+    with trio.fail_after(30):
+        async with open_zygote() as zygote:
+            pid = zygote._proc.pid
+            assert os.getsid(pid) == pid != os.getsid(0)
+
+
+@pytest.mark.slow
+async def test_a_dead_zygote_leaves_no_waiter_hanging(tmp_path: Path) -> None:
+    with trio.fail_after(60):
+        async with open_zygote() as zygote:
+            child = await zygote.spawn(node_args(tmp_path), str(tmp_path / "node.log"))
+            zygote._proc.kill()
+            await zygote._proc.wait()
+            await wait_until(lambda: zygote.gone, what="the zygote's answers to end")
+            with pytest.raises(OSError, match="has exited"):
+                await zygote.spawn(node_args(tmp_path), str(tmp_path / "again.log"))
+            assert child.returncode is None  # still running: no one has reaped it
+            os.kill(child.pid, signal.SIGKILL)
+            assert await child.wait() == LOST_EXIT_CODE  # seen through its pidfd
