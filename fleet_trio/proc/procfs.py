@@ -259,9 +259,31 @@ def other_threads_live(pid: int | str, proc: str = PROC) -> bool:
             st = parse_proc_stat(read_proc_file(f"{proc}/{pid}/task/{tid}/stat"))
         except OSError:
             continue
-        if st is None or (st.state not in ("Z", "X") and not st.flags & PF_EXITING):
+        if st is None:
             return True  # unparsable: cannot tell, so never claim it gone
+        if st.state in ("Z", "X") or st.flags & PF_EXITING:
+            continue
+        if not _sigkill_pending(f"{proc}/{pid}/task/{tid}/status"):
+            return True
     return False
+
+
+def _sigkill_pending(status_path: str) -> bool:
+    """The thread has SIGKILL pending (``SigPnd``): an ``exit_group`` sent it, and it exits as
+    soon as it runs (a thread off its CPU, or inside a driver call, shows no ``PF_EXITING``
+    yet). Unreadable: not known to be leaving."""
+    try:
+        data = read_proc_file(status_path)
+    except OSError:
+        return False
+    at = data.find(b"\nSigPnd:")
+    if at < 0:
+        return False
+    try:
+        mask = int(data[at + 8 : data.index(b"\n", at + 1)].strip(), 16)
+    except ValueError:
+        return False
+    return bool(mask & (1 << (signal.SIGKILL - 1)))
 
 
 def stat_live(st: ProcStat, proc: str = PROC) -> bool:
@@ -609,8 +631,8 @@ def _marker_batch(
                 if not data:  # its threads went meanwhile
                     doubt = True
                     continue
-            elif exc.errno == errno.ESRCH or st.state == "Z":
-                doubt = True
+            elif exc.errno == errno.ESRCH or st.state == "Z" or st.flags & PF_EXITING:
+                doubt = True  # gone, or leaving (its files turn root's: EACCES when not root)
                 continue
             else:
                 blind = True  # alive and unreadable (EACCES: not ours to read)
@@ -620,7 +642,11 @@ def _marker_batch(
             if st is not None and st.flags & PF_KTHREAD:
                 continue  # a kernel thread: never the job's, never a late fork of it
             if st is not None and st.state == "Z":
-                data = thread_environ(name, proc)  # a leader gone, its threads running on
+                try:  # a leader gone, its threads running on
+                    data = thread_environ(name, proc)
+                except OSError:
+                    blind = True
+                    continue
             if not data:
                 doubt = True
                 if empties is not None:

@@ -25,6 +25,7 @@ import trio
 
 from fleet_trio.proc.procfs import (
     EMPTY_ENVIRON_RECHECK,
+    PF_EXITING,
     PROC,
     ProcStat,
     ScanFn,
@@ -224,6 +225,9 @@ def _judge(st: ProcStat, *, first_look: bool) -> _Verdict:
     unexeced = _unexeced_young(st)
     environ, err = _read_environ(st.pid)
     if err is not None:
+        now = read_proc_stat(st.pid)  # a process leaving turns its files root's (EACCES)
+        if now is None or not stat_live(now) or now.flags & PF_EXITING:
+            return _Verdict.GONE
         return _Verdict.BLIND
     if environ is None:  # gone: clean, but it may have forked before it went
         return _Verdict.GONE

@@ -236,3 +236,31 @@ def test_a_kernel_thread_is_passed_over_even_when_its_environ_fails(tmp_path: Pa
     fake_process(tmp_path, 2, state="S", environ=None, flags=PF_KTHREAD)
     scan = scan_job_marker("job-k", proc=str(tmp_path))
     assert scan == MarkerScan(scanned=True, settled=True)
+
+
+def test_a_thread_with_sigkill_pending_is_leaving(tmp_path: Path) -> None:
+    """``exit_group`` sends SIGKILL to every other thread; one that has not run since (off its
+    CPU, or inside a driver call) shows no ``PF_EXITING`` yet, only the pending SIGKILL."""
+    fake_process(tmp_path, 50, state="Z", environ=b"", threads={51: ("R", 0, None)})
+    (tmp_path / "50" / "task" / "51" / "status").write_text("Name:\tx\nSigPnd:\t0000000000000100\n")
+    assert not other_threads_live(50, str(tmp_path))
+    (tmp_path / "50" / "task" / "51" / "status").write_text("Name:\tx\nSigPnd:\t0000000000000002\n")
+    assert other_threads_live(50, str(tmp_path))
+
+
+def test_a_process_leaving_whose_environ_turned_unreadable_is_doubt_not_blind(
+    tmp_path: Path,
+) -> None:
+    """A process that has released its memory on its way out has its files turned root's:
+    a reader that is not root gets EACCES. It is leaving, not hidden: doubt, never blind."""
+    fake_process(tmp_path, 40, state="R", environ=None, flags=PF_EXITING)
+    scan = scan_job_marker("job-x", proc=str(tmp_path))
+    assert not scan.blind and scan.pids == ()
+
+
+def test_an_empty_leader_environ_and_an_unreadable_thread_is_blind(tmp_path: Path) -> None:
+    """Where a zombie leader's environ reads empty (some kernels) and its running thread's
+    cannot be read, the scan is blind; it does not raise."""
+    fake_process(tmp_path, 50, state="Z", environ=b"", threads={51: ("S", 0, None)})
+    (tmp_path / "50" / "task" / "51" / "environ").mkdir()
+    assert scan_job_marker("job-y", proc=str(tmp_path)).blind
