@@ -313,16 +313,13 @@ def read_environ(pid: int | str, proc: str = PROC) -> bytes:
     try:
         data = read_proc_file(f"{proc}/{pid}/environ")
     except OSError as exc:
-        if exc.errno in _UNREADABLE_LEADER_ERRNOS and _zombie_leader(proc, pid):
-            return thread_environ(pid, proc) or _raise(exc)
+        leader_gone = exc.errno in _UNREADABLE_LEADER_ERRNOS and _zombie_leader(proc, pid)
+        if leader_gone and (data := thread_environ(pid, proc)):
+            return data
         raise
     if not data and _zombie_leader(proc, pid):
         return thread_environ(pid, proc)
     return data
-
-
-def _raise(exc: OSError) -> bytes:
-    raise exc
 
 
 def _stat_at(proc: str, pid: int | str) -> ProcStat | None:
