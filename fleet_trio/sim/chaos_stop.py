@@ -29,7 +29,6 @@ import contextlib
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 from collections.abc import Awaitable, Callable, Sequence
@@ -81,20 +80,6 @@ class PortTaken(Exception):
     """The role could not listen on the port picked for it (someone else took it)."""
 
 
-def listen_port() -> int:
-    """A free loopback port in :data:`PORT_RANGE` (random, checked by a bind)."""
-    rng = random.SystemRandom()
-    for _ in range(100):
-        port = rng.randrange(*PORT_RANGE)
-        with socket.socket() as sock:
-            try:
-                sock.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        return port
-    return free_port()
-
-
 def worker_bound() -> float:
     """docs/worker.md "Stopping" for this scenario's worker timings."""
     return shutdown_bound(worker_timings(WORKER_DRAIN, WORKER_KILL_GRACE, WORKER_HURRY))
@@ -113,9 +98,6 @@ NODE_STDERR = {"stubborn": ">&2", "slow": ">&2", "quick": ""}
 
 READY_TIMEOUT = 30.0
 PORT_TRIES = 3
-PORT_RANGE = (20000, 32000)
-"""Listen ports are picked below Linux's ephemeral range (32768-60999), where the scenario's
-own client connections cannot take them between the pick and the bind."""
 SETTLE_TIMEOUT = 10.0
 POLL_INTERVAL = 0.05
 
@@ -355,7 +337,7 @@ async def play_node(plan: StopPlan, root: str, spawn: Spawner = spawn_fresh) -> 
         tasks, drain_ms=int(NODE_DRAIN * 1000), kill_grace_s=NODE_KILL_GRACE, linger_s=NODE_LINGER
     )
     await trio.Path(cfg).write_text(text)
-    port = listen_port()
+    port = free_port()
     argv = [
         "--", "node", "-c", cfg, "--gpu", "fake",
         "--fake-gpu-dir", gpu, "--listen", f"127.0.0.1:{port}", "--node-id", f"stop{plan.seed}",
@@ -448,7 +430,7 @@ async def play_worker(plan: StopPlan, root: str, spawn: Spawner = spawn_fresh) -
     devices = ["gpu0", "gpu1"]
     for sub in ("probe.d", "sheets", "verify.d"):
         await trio.Path(root, sub).mkdir(parents=True, exist_ok=True)
-    tail_port = listen_port()
+    tail_port = free_port()
     log_path = os.path.join(root, "worker.log")
     notes: list[str] = []
     stalled: list[StalledTailClient] = []
@@ -539,7 +521,7 @@ async def play_stop_seed(plan: StopPlan, root: str, spawn: Spawner = spawn_fresh
             if plan.role == "node":
                 return await play_node(plan, where, spawn)
             return await play_worker(plan, where, spawn)
-        except PortTaken:
+        except* PortTaken:  # raised inside the play's nursery: it arrives in a group
             if attempt == PORT_TRIES - 1:
                 raise
     raise AssertionError("unreachable")

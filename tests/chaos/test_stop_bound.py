@@ -98,3 +98,25 @@ async def test_fifty_seeds_every_process_exits_within_its_bound(tmp_path) -> Non
     assert any(r.final and "lost" in r.final.values() for r in records)
     assert any(r.final and "killed" in r.final.values() for r in records)
     assert sum(1 for r in records if r.plan.hung_gpu) >= 5
+
+
+async def test_a_seed_that_lost_its_port_is_tried_again(
+    tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``PortTaken`` is raised inside the play's nursery, so it arrives in an exception group;
+    it must still mean "try another port" (it did not: one taken port failed the whole run)."""
+    from fleet_trio.sim import chaos_stop
+
+    calls: list[str] = []
+
+    async def play(plan: object, where: str, spawn: object) -> str:
+        calls.append(where)
+        if len(calls) == 1:
+            async with trio.open_nursery():
+                raise chaos_stop.PortTaken("cannot listen: Address already in use")
+        return "played"
+
+    monkeypatch.setattr(chaos_stop, "play_worker", play)
+    plan = next(p for p in map(make_stop_plan, SEEDS) if p.role == "worker")
+    assert await chaos_stop.play_stop_seed(plan, str(tmp_path)) == "played"
+    assert calls == [str(tmp_path), str(tmp_path / "try1")]
