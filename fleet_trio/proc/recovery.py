@@ -25,7 +25,6 @@ import trio
 
 from fleet_trio.proc.procfs import (
     EMPTY_ENVIRON_RECHECK,
-    PF_EXITING,
     PROC,
     ProcStat,
     ScanFn,
@@ -226,7 +225,7 @@ def _judge(st: ProcStat, *, first_look: bool) -> _Verdict:
     environ, err = _read_environ(st.pid)
     if err is not None:
         now = read_proc_stat(st.pid)  # a process leaving turns its files root's (EACCES)
-        if now is None or not stat_live(now) or now.flags & PF_EXITING:
+        if now is None or not stat_live(now) or now.exiting:  # (a live Z leader is not)
             return _Verdict.GONE
         return _Verdict.BLIND
     if environ is None:  # gone: clean, but it may have forked before it went
