@@ -7,6 +7,7 @@ import base64
 import functools
 import hashlib
 import json
+from collections.abc import Awaitable, Callable
 
 import pytest
 import trio
@@ -16,6 +17,21 @@ from fleet_trio.logbus.bus import End, Output
 from fleet_trio.logbus.tail import dumps, encode_event
 from fleet_trio.sim.fleet import free_port
 from tests.helpers import read_head, run_tail_cli
+
+
+async def tail_against(
+    handler: Callable[[WebSocketRequest], Awaitable[None]],
+    job_id: str,
+    *options: str,
+    scheme: str = "ws",
+) -> trio.CompletedProcess[bytes]:
+    """``fleet-trio tail OPTIONS --url <a websocket server running handler> JOB_ID``."""
+    async with trio.open_nursery() as nursery:
+        server = await nursery.start(serve_websocket, handler, "127.0.0.1", 0, None)
+        r = await run_tail_cli(*options, "--url", f"{scheme}://127.0.0.1:{server.port}", job_id)
+        nursery.cancel_scope.cancel()
+    return r
+
 
 WS_GUID = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
 
@@ -184,10 +200,7 @@ async def test_reconnects_from_the_last_offset_and_the_end_code_wins(
                 await ws.send_message(dumps(msg))
         await ws.aclose()
 
-    async with trio.open_nursery() as nursery:
-        server = await nursery.start(serve_websocket, handler, "127.0.0.1", 0, None)
-        r = await run_tail_cli("--url", f"{scheme}://127.0.0.1:{server.port}", "job-1")
-        nursery.cancel_scope.cancel()
+    r = await tail_against(handler, "job-1", scheme=scheme)
     assert r.returncode == code, r.stderr
     assert r.stdout == log
     assert seen[0].startswith("/fleet/jobs/job-1/tail?from=start")
@@ -250,10 +263,7 @@ async def test_a_server_that_makes_no_progress_is_given_up_on(
             await ws.send_message(json.dumps(msg))
         await ws.aclose(1001)
 
-    async with trio.open_nursery() as nursery:
-        server = await nursery.start(serve_websocket, handler, "127.0.0.1", 0, None)
-        r = await run_tail_cli("--retries", "2", "--url", f"ws://127.0.0.1:{server.port}", "j")
-        nursery.cancel_scope.cancel()
+    r = await tail_against(handler, "j", "--retries", "2")
     assert r.returncode == 2, r.stderr
     assert len(connections) == 3  # the first, then two reconnection attempts
     assert b"giving up after 2 reconnection attempt(s)" in r.stderr
@@ -270,10 +280,7 @@ async def test_the_end_reason_and_error_messages_cannot_drive_the_terminal() -> 
             await ws.send_message(dumps(msg))
         await ws.aclose()
 
-    async with trio.open_nursery() as nursery:
-        server = await nursery.start(serve_websocket, handler, "127.0.0.1", 0, None)
-        r = await run_tail_cli("--url", f"ws://127.0.0.1:{server.port}", "j")
-        nursery.cancel_scope.cancel()
+    r = await tail_against(handler, "j")
     assert r.returncode == 1, r.stderr
     assert b"\x1b" not in r.stderr and r.stderr.count(b"\n") == 1
     assert b"ended error: acquire hook failed: exit status 1\\n\\x1b[2Jforged line" in r.stderr
@@ -290,10 +297,7 @@ async def test_a_refusal_body_is_shown_escaped_and_never_crashes(body: bytes, sh
     async def handler(request: WebSocketRequest) -> None:
         await request.reject(403, body=body)
 
-    async with trio.open_nursery() as nursery:
-        server = await nursery.start(serve_websocket, handler, "127.0.0.1", 0, None)
-        r = await run_tail_cli("--url", f"ws://127.0.0.1:{server.port}", "j")
-        nursery.cancel_scope.cancel()
+    r = await tail_against(handler, "j")
     assert r.returncode == 2, r.stderr
     assert_one_error_line(r.stderr, shown.decode())
     assert b"\x1b" not in r.stderr
@@ -304,9 +308,6 @@ async def test_a_close_reason_is_shown_escaped() -> None:
         ws = await request.accept()
         await ws.aclose(4000, "\x1b]0;pwned\x07\x1b[31mRED")
 
-    async with trio.open_nursery() as nursery:
-        server = await nursery.start(serve_websocket, handler, "127.0.0.1", 0, None)
-        r = await run_tail_cli("--retries", "0", "--url", f"ws://127.0.0.1:{server.port}", "j")
-        nursery.cancel_scope.cancel()
+    r = await tail_against(handler, "j", "--retries", "0")
     assert r.returncode == 2, r.stderr
     assert b"\x1b" not in r.stderr and b"closed 4000 \\x1b]0;pwned" in r.stderr

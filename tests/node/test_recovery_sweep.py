@@ -79,6 +79,16 @@ def _kill_all(*pids: int) -> None:
             os.kill(pid, signal.SIGKILL)
 
 
+async def restart_then_interrupted(node: Node, job_id: str, pids: tuple[int, ...]) -> None:
+    """Start ``node`` again: ``job_id`` answers ``error: interrupted``, and its processes were
+    stopped before the node served."""
+    await node.start()
+    async with httpx.AsyncClient(base_url=node.url) as c:
+        answer = (await c.get(f"/fleet/jobs/{job_id}")).json()
+    assert answer == {"job_id": job_id, "state": "error", "error": "interrupted"}
+    assert not any(map(pid_alive, pids)), "stopped before the node served"
+
+
 def _log(node: Node) -> str:
     assert node.log is not None
     return node.log.read_text(errors="replace") if node.log.exists() else ""
@@ -102,11 +112,7 @@ async def test_kill_9_during_a_drain_leaves_no_process_behind(tmp_path: Path) ->
             )
             await node.kill()  # inside kill_grace: the leader ignores SIGTERM
             assert all(map(pid_alive, pids)), "the crash left the job's processes behind"
-            await node.start()
-            async with httpx.AsyncClient(base_url=node.url) as c:
-                d1 = (await c.get("/fleet/jobs/d1")).json()
-            assert d1 == {"job_id": "d1", "state": "error", "error": "interrupted"}
-            assert not any(map(pid_alive, pids)), "stopped before the node served"
+            await restart_then_interrupted(node, "d1", pids)
             assert "1 finished job(s) restored" in _log(node)
             assert "2 leftover process(es) of 1 job(s) stopped" in _log(node)
     finally:
@@ -125,11 +131,7 @@ async def test_a_changed_node_id_still_sweeps_the_previous_run(tmp_path: Path) -
             await node.kill()
             assert all(map(pid_alive, pids))
             node.argv[node.argv.index("--node-id") + 1] = "beta"  # same journal, new id
-            await node.start()
-            async with httpx.AsyncClient(base_url=node.url) as c:
-                c1 = (await c.get("/fleet/jobs/c1")).json()
-            assert c1 == {"job_id": "c1", "state": "error", "error": "interrupted"}
-            assert not any(map(pid_alive, pids)), "stopped before the node served"
+            await restart_then_interrupted(node, "c1", pids)
             assert "1 interrupted by the restart, 2 leftover process(es)" in _log(node)
     finally:
         await node.close()
