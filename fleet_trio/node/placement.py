@@ -83,16 +83,18 @@ class Placement:
         count: int = 1,
         need_gb: float | None = None,
         *,
+        order: int | None = None,
         on_wait: Callable[[], None] | None = None,
     ) -> AsyncIterator[tuple[str, ...]]:
-        """Wait (FIFO) for ``count`` devices that fit ``need_gb``; hold them for the block.
+        """Wait (FIFO by ``order``, else by arrival) for ``count`` devices that fit
+        ``need_gb``; hold them for the block.
 
         Raises :class:`~fleet_trio.gpu.allocator.AllocationError` at once for a request that
         can never be met (more devices than the node has).
         """
         if not self.knows_vram:
             need_gb = None
-        ticket = self.allocator.request(count, need_gb)
+        ticket = self.allocator.request(count, need_gb, order=order)
         self._wake()
         try:
             held = self.allocator.granted(ticket)

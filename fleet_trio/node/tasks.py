@@ -29,6 +29,7 @@ marker, as the worker does by ``RC_JOB_ID``; the outcome ignores what it found (
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 import logging
 import os
@@ -208,6 +209,8 @@ class PreparedJob:
     """GPU placement: the UUIDs of the devices the job was given (empty: none / unknown)."""
     sweep_id: str = ""
     """The value of the job's :data:`SWEEP_MARKER` (its escapees are found by it)."""
+    order: int = 0
+    """The job's place in the dispatch sequence (GPU placement serves queued jobs in it)."""
     deferred_dir: bool = False
     """The work dir is only named yet: :meth:`make_work_dir` creates it when the job starts
     (a task with no materialized files; its dispatch makes no directory on the event loop)."""
@@ -254,6 +257,7 @@ class TaskRegistry:
         """Work dirs are ``fleet-job-<work_tag>-…`` (:func:`work_dir_prefix`). With a journal,
         its tag (set before the node serves); without one, a tag of this registry's own."""
         self.node_id = node_id
+        self._order = itertools.count(1)  # the dispatch sequence (PreparedJob.order)
         self._tasks: dict[str, TaskDef] = {}
         for task in tasks:
             if not task.enabled:
@@ -384,6 +388,7 @@ class TaskRegistry:
             family=family,
             quant=quant,
             sweep_id=sweep_id,
+            order=next(self._order),
             deferred_dir=deferred,
         )
 
@@ -743,7 +748,9 @@ class TaskRunner:
             )
 
         try:
-            async with self.placement.acquire(wanted, need, on_wait=waiting) as devices:
+            async with self.placement.acquire(
+                wanted, need, order=job.order, on_wait=waiting
+            ) as devices:
                 job.pin(devices)
                 return await self._run(job, tee)
         except AllocationError as exc:

@@ -121,6 +121,26 @@ async def test_interrupted_running_and_queued_jobs_release(tmp_path: Path) -> No
     assert placement.allocator.holders() == {} and placement.queued == 0
 
 
+async def test_queued_jobs_get_a_device_in_dispatch_order(tmp_path: Path) -> None:
+    """FIFO is the order the node acked (prepared) the jobs, not the order their runners
+    reach the queue: released together after their acks, two runners ask in any order."""
+    placement = Placement(["GPU-a"])
+    runner = TaskRunner(kill_grace=1, placement=placement)
+    reg = _registry(tmp_path)
+    first = reg.prepare("t", '{"sleep": 30}', "first")
+    second = reg.prepare("t", '{"sleep": 30}', "second")
+    with trio.fail_after(20):
+        async with trio.open_nursery() as nursery:
+            async with placement.acquire() as _held:  # the device is busy
+                nursery.start_soon(runner.execute, second)  # its runner asks first
+                await wait_until(lambda: placement.queued == 1)
+                nursery.start_soon(runner.execute, first)
+                await wait_until(lambda: placement.queued == 2)
+            await wait_until(lambda: bool(first.devices or second.devices))
+            assert (first.devices, second.devices) == (("GPU-a",), ())
+            nursery.cancel_scope.cancel()
+
+
 async def test_a_footprint_waits_for_a_device_with_that_much_free(tmp_path: Path) -> None:
     a, b = Dev("GPU-a"), Dev("GPU-b")
     placement = Placement([a.uuid, b.uuid])
