@@ -34,6 +34,10 @@ def _sleepy_config(seconds: float = 0.0, node_gpu: Any = None, **task: Any) -> d
     script = (
         "import json, os, sys, time; p = json.loads(sys.stdin.read() or '{}'); t0 = time.time();"
         f" time.sleep(p.get('sleep', {seconds!r})); "
+        # a rendezvous: n jobs that run at once meet in a directory (a job alone times out)
+        "m = p.get('meet'); m and open(os.path.join(m, str(os.getpid())), 'w').close(); "
+        "end = time.time() + 30\n"
+        "while m and len(os.listdir(m)) < p['n'] and time.time() < end: time.sleep(0.02)\n"
         "print(json.dumps({'cuda': os.environ.get('CUDA_VISIBLE_DEVICES'), "
         "'nvidia': os.environ.get('NVIDIA_VISIBLE_DEVICES'), 't0': t0, 't1': time.time()}))"
     )
@@ -112,7 +116,10 @@ async def test_node_multi_gpu_two_devices_run_two_jobs_at_once(tmp_path: Path) -
     ):
         uuids = {gpu.uuid(0), gpu.uuid(1)}
         assert len(uuids) == 2
-        ids = [await node.submit("sleepy") for _ in range(3)]
+        meet = tmp_path / "meet"
+        meet.mkdir()
+        payload = {"meet": str(meet), "n": 2}  # the first two meet: they run at once
+        ids = [await node.submit("sleepy", payload) for _ in range(3)]
         with trio.fail_after(10):  # all three are in flight: two running, one queued
             await wait_until(lambda: health_has(node, "queue_depth", 3))
         first, second, third = [await _data(node, i) for i in ids]
