@@ -38,6 +38,9 @@ def _sleepy_config(seconds: float = 0.0, node_gpu: Any = None, **task: Any) -> d
         "m = p.get('meet'); m and open(os.path.join(m, str(os.getpid())), 'w').close(); "
         "end = time.time() + 30\n"
         "while m and len(os.listdir(m)) < p['n'] and time.time() < end: time.sleep(0.02)\n"
+        # and then wait for the test's go-ahead (a file), when the payload names one
+        "g = p.get('go')\n"
+        "while g and not os.path.exists(g) and time.time() < end: time.sleep(0.02)\n"
         "print(json.dumps({'cuda': os.environ.get('CUDA_VISIBLE_DEVICES'), "
         "'nvidia': os.environ.get('NVIDIA_VISIBLE_DEVICES'), 't0': t0, 't1': time.time()}))"
     )
@@ -116,12 +119,14 @@ async def test_node_multi_gpu_two_devices_run_two_jobs_at_once(tmp_path: Path) -
     ):
         uuids = {gpu.uuid(0), gpu.uuid(1)}
         assert len(uuids) == 2
-        meet = tmp_path / "meet"
+        meet, go = tmp_path / "meet", tmp_path / "go"
         meet.mkdir()
-        payload = {"meet": str(meet), "n": 2}  # the first two meet: they run at once
+        # the first two meet (they run at once), then hold their devices until told to go
+        payload = {"meet": str(meet), "n": 2, "go": str(go)}
         ids = [await node.submit("sleepy", payload) for _ in range(3)]
         with trio.fail_after(10):  # all three are in flight: two running, one queued
             await wait_until(lambda: health_has(node, "queue_depth", 3))
+        go.touch()
         first, second, third = [await _data(node, i) for i in ids]
     assert {first["cuda"], second["cuda"]} == uuids  # distinct devices, by UUID
     assert first["nvidia"] == first["cuda"] and second["nvidia"] == second["cuda"]
