@@ -118,6 +118,13 @@ async def check_gpu(gpu: GpuServices, *, timeout_s: float = GPU_CHECK_TIMEOUT) -
         raise NodeStartError("GPU probe returned no usable VRAM (total <= 0)")
 
 
+@attrs.define
+class RunningProbe:
+    """The probe running now (``""``: none), for the stop message."""
+
+    name: str = ""
+
+
 def _wire(entries: Iterable[FootprintEntryLike]) -> list[dict[str, Any]]:
     return [dict(e.to_wire()) for e in entries]
 
@@ -151,8 +158,13 @@ async def measure(
     names = select_tasks(registry, options.tasks)
     grace = config.node.timings.kill_grace
 
+    running = RunningProbe()
+
     def stopping() -> None:
-        say("stopping (the running probe is killed)")
+        # a shutdown request while a probe runs; a run that ends by itself, or on an error
+        # before any probe, stops nothing and says nothing
+        if running.name:
+            say(f"stopping (the running probe, {running.name}, is killed)")
 
     async with open_task_tree(
         drain=0.0,
@@ -160,7 +172,9 @@ async def measure(
         on_stop_accepting=stopping,
         signals=MEASURE_SIGNALS if handle_signals else (),
     ) as tree:
-        return await _measure(config, options, registry, names, say=say, gpu=gpu, tree=tree)
+        return await _measure(
+            config, options, registry, names, say=say, gpu=gpu, tree=tree, running=running
+        )
 
 
 async def _measure(
@@ -172,6 +186,7 @@ async def _measure(
     say: Callable[[str], None],
     gpu: GpuServices | None,
     tree: TaskTree,
+    running: RunningProbe,
 ) -> MeasureReport:
     with trio.CancelScope() as opening:
         tree.cancel_on_shutdown(opening)  # a signal while the GPU opens: nothing runs
@@ -223,7 +238,7 @@ async def _measure(
             note(ProbeResult(name, "skipped", "no probe configured"))
             return
         if task.footprint is None:
-            note(ProbeResult(name, "skipped", "footprint: false, never sampled"))
+            note(ProbeResult(name, "skipped", "footprint: false or absent, never sampled"))
             return
         job_id = f"fleet-measure-{name}-{os.getpid()}"
         try:
@@ -233,7 +248,11 @@ async def _measure(
             return
         say(f"{name}: started (footprint key {job.family}/{job.quant or '-'}/{name})")
         started = trio.current_time()
-        outcome = await runner.execute(job)
+        running.name = name
+        try:
+            outcome = await runner.execute(job)
+        finally:
+            running.name = ""
         took = trio.current_time() - started
         if not isinstance(outcome, Done):
             note(ProbeResult(name, "failed", outcome.message))

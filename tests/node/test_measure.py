@@ -87,6 +87,7 @@ async def test_measure_records_the_probe_peak_with_margin(tmp_path: Path) -> Non
     ), err
     stored = json.loads((tmp_path / "fp.json").read_text())
     assert [(r["observed_peak_gb"], r["vram_peak_gb"]) for r in stored] == [(2, 2.4)]
+    assert "stopping" not in err, err  # a run that ends by itself kills nothing
 
 
 @pytest.mark.slow
@@ -110,7 +111,7 @@ async def test_measure_skips_fails_and_keeps_going(tmp_path: Path) -> None:
     assert proc.returncode == 1, err
     assert "[fleet-trio measure] broken: failed (broken failed: exit status 3)" in err
     assert "[fleet-trio measure] no-probe: skipped (no probe configured)" in err
-    assert "[fleet-trio measure] unsampled: skipped (footprint: false, never sampled)" in err
+    assert "] unsampled: skipped (footprint: false or absent, never sampled)" in err
     order = [line.split(":")[0].split("] ")[1] for line in err.splitlines() if "] " in line]
     assert order.index("broken") < order.index("no-probe") < order.index("image-gen")
     # the failure did not stop the task declared after it; --footprints chose the store
@@ -149,6 +150,7 @@ async def test_measure_refuses_without_a_gpu(tmp_path: Path) -> None:
     err = proc.stderr.decode()
     assert proc.returncode == 1 and "error: GPU probe failed" in err, err
     assert proc.stdout == b"" and "started" not in err
+    assert "stopping" not in err, err  # nothing was stopped: nothing ran
     # --gpu fake with a fake GPU directory that cannot be created is refused too (without
     # one, the directory is created under the state directory: tests/gpu/test_fake_cli.py)
     env = {k: v for k, v in os.environ.items() if k != "FLEET_TRIO_FAKE_GPU_DIR"}
@@ -254,7 +256,7 @@ async def test_measure_serves_signals_from_its_task_tree(tmp_path: Path) -> None
                 proc.kill()
                 await proc.wait()
     text = err.decode()
-    assert "stopping (the running probe is killed)" in text, text
+    assert "stopping (the running probe, a-slow, is killed)" in text, text
     assert "a-slow: interrupted" in text and "b-next: interrupted (not run)" in text, text
     assert took < 1.0 + 5.0, took  # kill grace 1 s + the tree's slack
     assert not (tmp_path / "fp.json").exists() or "sdxl" not in (tmp_path / "fp.json").read_text()
