@@ -113,6 +113,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ours = _parser().parse_args(raw[:cut])
     parser = cli.build_parser()
     args = parser.parse_args(raw[cut + 1 :])
+    # this process is the role's alone (as the console script's is): once the task tree has
+    # closed, a late second SIGTERM is ignored rather than ending the exit with -15
+    args.own_process = True
     try:
         setup_logging(args.log_level, args.log_format)
     except LogSetupError as exc:
