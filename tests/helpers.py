@@ -56,7 +56,7 @@ from fleet_trio.proc import BufferSink, JobSpec, Result, StopToken
 from fleet_trio.proc.procfs import Predicate, ProcStat, job_env_id, pid_alive
 from fleet_trio.proc.run import run
 from fleet_trio.sim import SimController, serve_controller
-from fleet_trio.sim.harness import TEST_WORKER_TIMINGS
+from fleet_trio.sim.harness import TEST_CLIENT_TIMINGS, TEST_WORKER_TIMINGS
 from fleet_trio.sim.relay import RelaySession, operator
 from fleet_trio.worker.client import (
     Assignment,
@@ -309,12 +309,7 @@ FAST = attrs.evolve(
     poll_wait=0.5,
     probe_interval=float("inf"),
 )
-FAST_CLIENT = Timings(
-    request_timeout=5.0,
-    report_attempt_timeout=3.0,  # one running attempt (spec: exactly one) on a loaded machine
-    report_backoff=(0.05, 0.1, 0.2),
-    log_flush_delay=0.1,
-)
+FAST_CLIENT = TEST_CLIENT_TIMINGS  # the sim harness's: one running attempt, room for load
 
 
 def sim(**kw: float) -> SimController:

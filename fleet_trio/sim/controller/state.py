@@ -296,10 +296,12 @@ class SimController:
     async def wait_for(
         self,
         predicate: Callable[[], Any],
-        timeout: float = 5.0,  # noqa: ASYNC109 -- the documented test API
+        timeout: float = 30.0,  # noqa: ASYNC109 -- the documented test API
     ) -> Any:
         """Wait until ``predicate()`` is truthy (re-checked on every request and state change);
-        returns its value. Raises ``trio.TooSlowError`` after ``timeout`` seconds."""
+        returns its value. Raises ``trio.TooSlowError`` after ``timeout`` seconds (the default
+        is a bound for a loaded CI machine, not an expected wait: it only matters when the
+        predicate never comes true)."""
         with trio.fail_after(timeout):
             while True:
                 changed = self._changed
