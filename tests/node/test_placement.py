@@ -19,7 +19,7 @@ from fleet_trio.node.config import config_from_mapping
 from fleet_trio.node.jobs import Done, Failed
 from fleet_trio.node.placement import Placement, footprint_need, pin_env
 from fleet_trio.node.tasks import TaskRegistry, TaskRunner
-from tests.helpers import scenario_pause, wait_until
+from tests.helpers import wait_until
 from tests.node.conftest import PY
 
 ENV_SCRIPT = (
@@ -202,6 +202,32 @@ def test_footprint_need_exact_key_then_largest_of_the_family() -> None:
     assert footprint_need(None, "sdxl", "", "x") is None
 
 
+class CountingSource:
+    """A device source that counts the reads it has answered (the test waits on them)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self.reads = 0
+
+    async def snapshot(self) -> Any:
+        try:
+            return await self.inner.snapshot()
+        finally:
+            self.reads += 1
+
+    async def process_used_bytes(self) -> dict[int, int] | None:
+        try:
+            answer: dict[int, int] | None = await self.inner.process_used_bytes()
+            return answer
+        finally:
+            self.reads += 1
+
+    async def device_name(self) -> str:
+        name: str = await self.inner.device_name()
+        return name
+
+
 @pytest.mark.parametrize("mode", ["global", "auto"])
 async def test_peak_is_measured_on_the_pinned_device_only(tmp_path: Path, mode: str) -> None:
     """Global delta on that device only; per-process attribution on that device only."""
@@ -212,13 +238,15 @@ async def test_peak_is_measured_on_the_pinned_device_only(tmp_path: Path, mode: 
 
     root = str(tmp_path / "gpu")
     found = fake.open_fake_devices(root, 2)
+    counted = CountingSource(found.devices[0].source)
+    devices = (attrs.evolve(found.devices[0], source=counted), *found.devices[1:])
     gpu = GpuServices(
         sampler=None,  # type: ignore[arg-type]
         footprints=Store(),  # type: ignore[arg-type]
-        source=found.devices[0].source,
+        source=counted,  # type: ignore[arg-type]
         sampler_mode=mode,
         render_interval=0.05,
-        devices=found.devices,
+        devices=devices,
     )
     sample, _record = footprint_hooks(gpu)
     assert sample is not None
@@ -227,17 +255,19 @@ async def test_peak_is_measured_on_the_pinned_device_only(tmp_path: Path, mode: 
     me = os.getpid()
     stop = trio.Event()
     peaks: list[float | None] = []
-    with trio.fail_after(10):
+    with trio.fail_after(30):
         async with trio.open_nursery() as nursery:
 
             async def measure() -> None:
                 peaks.append(await sample(job, stop, os.getpgid(0)))
 
             nursery.start_soon(measure)
-            await scenario_pause(0.2, why="the sampler takes its baseline")
+            await wait_until(lambda: counted.reads >= 1, what="the first sample (the baseline)")
             fake.write_holding(os.path.join(root, "gpu0"), me, 2 * GIB)  # the job's device
             fake.write_holding(os.path.join(root, "gpu1"), me, 5 * GIB)  # another device
-            await scenario_pause(0.3, why="the sampler sees the new holdings")
+            # the read in flight may predate the holdings; the one after it cannot
+            seen = counted.reads
+            await wait_until(lambda: counted.reads >= seen + 2, what="a sample of the holdings")
             stop.set()
     fake.remove_holding(os.path.join(root, "gpu0"), me)
     fake.remove_holding(os.path.join(root, "gpu1"), me)
