@@ -29,7 +29,14 @@ from fleet_trio.logbus.tail import (
     parse_query,
 )
 from fleet_trio.logbus.tail_client import tail_url
-from tests.helpers import LINES_SCRIPT, assert_contiguous, collect, run_tail_cli, scenario_pause
+from tests.helpers import (
+    LINES_SCRIPT,
+    assert_contiguous,
+    collect,
+    logged,
+    run_tail_cli,
+    wait_until,
+)
 from tests.node.conftest import PY
 from tests.node.harness import Harness, node_config, running_node
 
@@ -282,7 +289,10 @@ async def test_a_node_shutdown_sends_open_tails_their_end(tmp_path: Path) -> Non
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(tail)
-            await scenario_pause(0.5, why="the job prints a few lines, the tail follows")
+            bus = h.node.context.bus
+            await wait_until(lambda: bus.stats().subscribers == 1, what="the tail is open")
+            nbytes = len(expected_stderr(2))
+            await wait_until(lambda: logged(bus, "long", nbytes), what="a few lines printed")
             h.node.request_shutdown("test: drain with a job and a tail open")
     ((events, code),) = got
     assert code == CLOSE_NORMAL
