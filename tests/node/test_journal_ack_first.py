@@ -96,25 +96,30 @@ async def test_a_job_yields_to_an_ack_still_being_committed(tmp_path: Path) -> N
 
     journal.apply = apply  # type: ignore[method-assign]
     order: list[str] = []
-
-    def work(name: str) -> Any:
-        async def run() -> Done:
-            order.append(name)
-            return Done(b"{}")
-
-        return run
+    started: dict[str, tuple[float, bool]] = {}  # name -> (when, was "b" still uncommitted)
 
     async with store_in_tree(journal=JournalWriter(journal), janitor=False) as (store, _tree):
+
+        def work(name: str) -> Any:
+            async def run() -> Done:
+                order.append(name)
+                started[name] = (trio.current_time(), store.table.pending("b"))
+                return Done(b"{}")
+
+            return run
+
         store.register("a", work("a"))
         assert await trio.to_thread.run_sync(held["a"].wait, 10)
         store.register("b", work("b"))  # queued behind the commit of "a"
         gates["a"].set()
         assert await store.wait_recorded("a")
-        assert await trio.to_thread.run_sync(held["b"].wait, 10)  # "b" is being committed
-        await trio.testing.wait_all_tasks_blocked()
-        assert order == []  # "a" is recorded, yet waits for the ack of "b"
+        recorded = trio.current_time()
         await wait_until(lambda: order == ["a"], timeout=ACK_PRIORITY_BOUND + 5)
-        assert store.table.pending("b")  # "a" went at the bound; "b" is still uncommitted
+        when, b_pending = started["a"]
+        assert b_pending  # "a" started while "b" was still uncommitted (it went at the bound)
+        # a wait, not a race: "a" started at the bound after its commit, not at once (half the
+        # bound leaves room for the two tasks that its commit woke to run apart)
+        assert when - recorded >= ACK_PRIORITY_BOUND / 2, when - recorded
         gates["b"].set()
         assert await store.wait_recorded("b")
         await wait_until(lambda: order == ["a", "b"], timeout=5)
