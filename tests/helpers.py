@@ -201,6 +201,32 @@ def logged(bus: object, job_id: str, nbytes: int) -> bool:
     return log is not None and log.nbytes >= nbytes
 
 
+class CountingSource:
+    """A device source that counts the reads it has answered (the test waits on them)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self.reads = 0
+
+    async def snapshot(self) -> Any:
+        try:
+            return await self.inner.snapshot()
+        finally:
+            self.reads += 1
+
+    async def process_used_bytes(self) -> dict[int, int] | None:
+        try:
+            answer: dict[int, int] | None = await self.inner.process_used_bytes()
+            return answer
+        finally:
+            self.reads += 1
+
+    async def device_name(self) -> str:
+        name: str = await self.inner.device_name()
+        return name
+
+
 async def gone_within(pid: int, seconds: float) -> bool:
     """True once ``pid`` is gone or a zombie, waiting for at most ``seconds``."""
     with trio.move_on_after(seconds):

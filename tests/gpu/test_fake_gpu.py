@@ -17,7 +17,7 @@ import trio
 from fleet_trio.gpu import GIB, GpuError, job_pids, measure_job_peak, open_source
 from fleet_trio.gpu.fake import FakeGpu, main, parse_size, read_holdings
 from fleet_trio.proc.procfs import pid_alive
-from tests.helpers import wait_until
+from tests.helpers import CountingSource, wait_until
 
 PY = sys.executable
 HELPER = [PY, "-m", "fleet_trio.gpu.fake"]
@@ -196,7 +196,8 @@ $H alloc 2G --pid $$ --dir "{d}"
 $H hold 1G --dir "{d}" &
 holder=$!
 while [ ! -e "{d}/$holder" ]; do sleep 0.02; done
-sleep 0.6
+: > "{d}/held"
+while [ ! -e "{d}/go" ]; do sleep 0.02; done
 kill $holder; wait $holder
 $H free --pid $$ --dir "{d}"
 """
@@ -211,7 +212,12 @@ async def _run_job(
     mode: str,
     env: dict[str, str] | None = None,
 ) -> tuple[float | None, int]:
-    gpu = FakeGpu(gpu_dir)
+    """Run ``script`` under the per-job sampler. The script writes ``held`` once its VRAM is
+    held and then waits for ``go``, which this writes once a sample has been taken after."""
+    gpu = CountingSource(FakeGpu(gpu_dir))
+    held, go = Path(gpu_dir, "held"), Path(gpu_dir, "go")
+    held.unlink(missing_ok=True)
+    go.unlink(missing_ok=True)
     stop = trio.Event()
     peak: list[float | None] = []
     with trio.fail_after(30):
@@ -222,7 +228,7 @@ async def _run_job(
         async def sample() -> None:
             peak.append(
                 await measure_job_peak(
-                    gpu,
+                    gpu,  # type: ignore[arg-type]
                     pgid=proc.pid,
                     stop=stop,
                     interval=0.05,
@@ -234,6 +240,10 @@ async def _run_job(
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(sample)
+            await wait_until(held.exists, what="the job holds its VRAM")
+            seen = gpu.reads  # the read in flight may predate the holding; the next cannot
+            await wait_until(lambda: gpu.reads >= seen + 2, what="a sample of the holding")
+            go.touch()
             await proc.wait()
             stop.set()
     return peak[0], proc.returncode
@@ -283,7 +293,8 @@ H="{py} -m fleet_trio.gpu.fake"
 while [ ! -s "{d}/escapee.txt" ]; do sleep 0.02; done
 e=$(cat "{d}/escapee.txt")
 while [ ! -e "{d}/$e" ]; do sleep 0.02; done
-sleep 0.4
+: > "{d}/held"
+while [ ! -e "{d}/go" ]; do sleep 0.02; done
 """
 
 

@@ -18,11 +18,11 @@ from fleet_trio.gpu.fake import init_device
 from tests.helpers import wait_until
 from tests.node.conftest import PY
 
-# A probe that holds 2 GiB of fake VRAM for 0.6 s (its own pid, in the job's process
-# group), then prints a JSON result.
+# A probe that holds 2 GiB of fake VRAM for 1.5 s (its own pid, in the job's process group),
+# then prints a JSON result: 15 of the sampler's 100 ms rounds, room for a loaded machine.
 HOLD_2G = (
     "import subprocess, sys; "
-    "subprocess.run([sys.executable, '-m', 'fleet_trio.gpu.fake', 'hold', '2G', '--for', '0.6'],"
+    "subprocess.run([sys.executable, '-m', 'fleet_trio.gpu.fake', 'hold', '2G', '--for', '1.5'],"
     " check=True); "
     'print(\'{"held": "2G"}\')'
 )

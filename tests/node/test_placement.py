@@ -19,7 +19,7 @@ from fleet_trio.node.config import config_from_mapping
 from fleet_trio.node.jobs import Done, Failed
 from fleet_trio.node.placement import Placement, footprint_need, pin_env
 from fleet_trio.node.tasks import TaskRegistry, TaskRunner
-from tests.helpers import wait_until
+from tests.helpers import CountingSource, wait_until
 from tests.node.conftest import PY
 
 ENV_SCRIPT = (
@@ -200,32 +200,6 @@ def test_footprint_need_exact_key_then_largest_of_the_family() -> None:
     assert footprint_need(store, "none", "", "x") is None
     assert footprint_need(store, "", "", "x") is None
     assert footprint_need(None, "sdxl", "", "x") is None
-
-
-class CountingSource:
-    """A device source that counts the reads it has answered (the test waits on them)."""
-
-    def __init__(self, inner: Any) -> None:
-        self.inner = inner
-        self.name = inner.name
-        self.reads = 0
-
-    async def snapshot(self) -> Any:
-        try:
-            return await self.inner.snapshot()
-        finally:
-            self.reads += 1
-
-    async def process_used_bytes(self) -> dict[int, int] | None:
-        try:
-            answer: dict[int, int] | None = await self.inner.process_used_bytes()
-            return answer
-        finally:
-            self.reads += 1
-
-    async def device_name(self) -> str:
-        name: str = await self.inner.device_name()
-        return name
 
 
 @pytest.mark.parametrize("mode", ["global", "auto"])
