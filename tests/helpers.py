@@ -9,8 +9,8 @@
   :func:`new_dir` makes an empty directory.
 * :func:`scenario_pause` — a pause that is part of the scenario under test (a fake's latency,
   a job that must still be running), named so that it is not mistaken for a settle sleep.
-* Watching a job's output for ``child:<pid>`` (:class:`PidWatcher`), stopping a job on it or
-  after a while, checking a pid is gone (:func:`gone_within`).
+* Watching a job's output for ``child:<pid>`` (:class:`PidWatcher`), stopping a job (or
+  cancelling its scope) on it or after a while, checking a pid is gone (:func:`gone_within`).
 * A node context with nothing in it (:func:`bare_node_context`); a dispatch sent with a given
   ``Content-Type`` (:func:`dispatch_as`); an HTTP head read off a raw stream
   (:func:`read_head`); ``fleet-trio tail`` run as a command (:func:`run_tail_cli`), and a
@@ -268,6 +268,13 @@ async def run_stopped_once_seen(spec: JobSpec, watcher: PidWatcher) -> Result:
     async with trio.open_nursery() as nursery:
         nursery.start_soon(stop_when_output, watcher, stop)
         return await run(spec, watcher, stop)
+
+
+async def cancel_when_output(watcher: PidWatcher, scope: trio.CancelScope) -> None:
+    """Cancel ``scope`` (a trio cancellation: a shutdown, not a stop) once the job has printed
+    its ``child:PID`` line."""
+    await watcher.seen.wait()
+    scope.cancel()
 
 
 async def stop_after(stop: StopToken, seconds: float) -> None:

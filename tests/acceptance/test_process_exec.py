@@ -82,12 +82,13 @@ async def test_process_006_signal_killed_process_is_reported_as_killed() -> None
 
 
 async def test_process_007_cancelled_job_trapping_sigterm_is_not_successful() -> None:
-    stop = StopToken()
-    script = "trap 'exit 0' TERM; while true; do sleep 0.05; done"
+    """The stop comes once the job says its trap is installed (its ``child:`` line), not at a
+    fixed 100 ms: a shell still starting would die of the SIGTERM (143), not exit 0."""
+    watcher = PidWatcher(BufferSink())
+    script = "trap 'exit 0' TERM; echo child:$$; while true; do sleep 0.05; done"
     with trio.fail_after(15):
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(stop_after, stop, 0.1)
-            res = await run(JobSpec(command=["sh", "-c", script]), BufferSink(), stop)
+        res = await run_stopped_once_seen(JobSpec(command=["sh", "-c", script]), watcher)
+    assert watcher.pid() > 0
     assert res.err is None
     assert res.killed is True
     assert res.reason == "cancelled"
@@ -209,13 +210,18 @@ async def test_process_016_split_stderr_and_stderr_feeds_idle_clock() -> None:
     assert out.text() == "data\n"
     assert err.text() == "warn\n"
 
+    # A tick on stderr every 200 ms for 2 s against a 1.5 s idle limit (the item's 700 ms
+    # widened: a gap of 1.3 s, not 0.5 s, would have to come from a stalled machine). The
+    # job outlives one idle period, so only the stderr ticks can have kept it alive.
     out, err = BufferSink(), BufferSink()
-    script = "for i in 1 2 3 4 5 6; do echo tick >&2; sleep 0.2; done"
-    with trio.fail_after(10):
+    script = "for i in $(seq 10); do echo tick >&2; sleep 0.2; done"
+    started = trio.current_time()
+    with trio.fail_after(20):
         res = await run(
-            JobSpec(command=["sh", "-c", script], stderr_sink=err, idle_timeout=0.7), out
+            JobSpec(command=["sh", "-c", script], stderr_sink=err, idle_timeout=1.5), out
         )
+    assert trio.current_time() - started > 1.5
     assert res.killed is False
     assert res.exit_code == 0
     assert out.text() == ""
-    assert err.text().count("tick") == 6
+    assert err.text().count("tick") == 10

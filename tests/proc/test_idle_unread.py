@@ -11,6 +11,7 @@ rc's idle clock counts reads, so that job still trips. Real processes, each guar
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
 import trio
@@ -52,27 +53,47 @@ class HeldSink:
         await self.inner.write(data)
 
 
+IDLE = 1.5
+"""The idle limit of the starved job."""
+STARVED = IDLE + 0.5
+"""How long the event loop stays blocked after the job's first line was read: past the idle
+deadline by a margin."""
+
+
 @pytest.mark.parametrize("sink_type", [InlineSink, TaskSink], ids=["inline", "task"])
 async def test_output_that_waited_out_a_starved_loop_is_not_idleness(
-    sink_type: type[InlineSink],
+    sink_type: type[InlineSink], tmp_path: Path
 ) -> None:
-    """Lines 0.2–0.4 s apart against a 0.6 s idle limit; right after the first, the event
-    loop is blocked for 0.8 s (a starved worker): two lines wait in the pipe when the idle
-    deadline is found passed. The job was never idle and ends by itself."""
+    """Right after the job's first line is read, the event loop is blocked (a starved worker)
+    until the job has written a second line (``wrote_b``) and the idle deadline has passed:
+    that line waits in the pipe when the deadline is found passed. The job was never idle: its
+    last line comes as soon as the loop runs again (``go``), and it ends by itself. Each step
+    waits on a file, so no output gap depends on how fast the machine is."""
     sink = sink_type()
-    code = "echo a; sleep 0.2; echo b; sleep 0.4; echo c; sleep 0.4; echo d"
-    spec = JobSpec(command=["sh", "-c", code], idle_timeout=0.6, grace_ceiling=0.5)
+    read_a, wrote_b, go = tmp_path / "read_a", tmp_path / "wrote_b", tmp_path / "go"
+
+    def wait_for(path: Path) -> str:
+        return f'until [ -e "{path}" ]; do sleep 0.05; done'
+
+    code = f'echo a; {wait_for(read_a)}; echo b; : > "{wrote_b}"; {wait_for(go)}; echo c'
+    spec = JobSpec(command=["sh", "-c", code], idle_timeout=IDLE, grace_ceiling=0.5)
 
     async def starve() -> None:
         await sink.first.wait()
-        time.sleep(0.8)  # blocks the event loop on purpose: the starvation under test
+        read_at = time.monotonic()
+        read_a.touch()
+        # blocks the event loop on purpose: the starvation under test
+        while not wrote_b.exists() or time.monotonic() - read_at < STARVED:
+            assert time.monotonic() - read_at < 20, "the job never wrote its second line"
+            time.sleep(0.01)
+        go.touch()
 
-    with trio.fail_after(20):
+    with trio.fail_after(30):
         async with trio.open_nursery() as nursery:
             nursery.start_soon(starve)
             res = await run(spec, sink)
     assert (res.exit_code, res.killed, res.reason) == (0, False, "")
-    assert sink.getvalue().split() == [b"a", b"b", b"c", b"d"]
+    assert sink.getvalue().split() == [b"a", b"b", b"c"]
 
 
 async def test_a_reader_held_by_its_sink_still_trips_the_idle_limit() -> None:

@@ -167,14 +167,19 @@ async def test_max_runtime_reason() -> None:
 
 
 async def test_reading_keeps_the_idle_watchdog_quiet() -> None:
-    script = "for i in 1 2 3 4 5 6; do echo tick; sleep 0.1; done"
-    with trio.fail_after(10):
+    """A tick every 100 ms for 2 s against a 1.5 s idle limit (a gap of 1.4 s would have to
+    come from a stalled machine): the session outlives one idle period, so only the bytes read
+    from the master can have kept it alive."""
+    script = "for i in $(seq 20); do echo tick; sleep 0.1; done"
+    started = trio.current_time()
+    with trio.fail_after(20):
         async with await start_pty(
-            JobSpec(command=["/bin/sh", "-c", script], idle_timeout=0.4)
+            JobSpec(command=["/bin/sh", "-c", script], idle_timeout=1.5)
         ) as s:
-            out = await read_to_eof(s)
+            out = await read_to_eof(s, seconds=15)
             res = await s.wait()
-    assert out.count(b"tick") == 6
+    assert trio.current_time() - started > 1.5
+    assert out.count(b"tick") == 20
     assert (res.exit_code, res.killed, res.reason) == (0, False, "")
 
 

@@ -14,7 +14,13 @@ import trio
 from fleet_trio.proc import BufferSink, JobSpec, Result
 from fleet_trio.proc.procfs import pid_alive
 from fleet_trio.proc.run import resolve_argv, run
-from tests.helpers import PidWatcher, gone_within, run_stopped_once_seen, scenario_pause
+from tests.helpers import (
+    PidWatcher,
+    cancel_when_output,
+    gone_within,
+    run_stopped_once_seen,
+    scenario_pause,
+)
 
 
 async def test_run_background_child_holding_stdout_keeps_job_running() -> None:
@@ -52,8 +58,10 @@ async def test_run_trio_cancellation_still_tears_the_group_down() -> None:
     watcher = PidWatcher(sink)
     script = "trap '' TERM; sleep 300 & echo child:$!; while :; do sleep 0.05; done"
     with trio.fail_after(15):
-        with trio.move_on_after(0.5) as scope:
-            await run(JobSpec(command=["sh", "-c", script], grace_ceiling=0.2), watcher)
+        with trio.CancelScope() as scope:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(cancel_when_output, watcher, scope)
+                await run(JobSpec(command=["sh", "-c", script], grace_ceiling=0.2), watcher)
         assert scope.cancelled_caught
         assert await gone_within(watcher.pid(), 2)
 

@@ -153,13 +153,15 @@ async def test_per_script_timeout_kills_the_script(tmp_path: Path) -> None:
 async def test_whole_pass_budget_stops_the_loop(tmp_path: Path) -> None:
     log = tmp_path / "log"
     for name in ("10-a.sh", "20-b.sh", "30-c.sh"):
-        sh_script(tmp_path, name, f'echo {name} >> "{log}"; exec sleep 1')
+        sh_script(tmp_path, name, f'echo {name} >> "{log}"; exec sleep 10')
     start = trio.current_time()
-    with trio.fail_after(10):
-        res = await run_scripts(str(tmp_path), max_runtime=10, budget=0.5)
-    assert trio.current_time() - start < 5
+    with trio.fail_after(15):
+        # 1.5 s: time enough for the first script to start and log itself
+        res = await run_scripts(str(tmp_path), max_runtime=30, budget=1.5)
+    assert trio.current_time() - start < 8
+    assert log.exists(), "the budget ran out before the first script had started"
     assert res.budget_exhausted
-    assert res.budget_text == "500ms"
+    assert res.budget_text == "1.5s"
     assert not res.stop_requested
     # the first script was cut by the budget (cancelled); nothing after it ran
     assert [o.name for o in res.outcomes] == ["10-a.sh"]

@@ -28,7 +28,7 @@ from fleet_trio.proc.supervisor import (
     never_blocks,
 )
 from fleet_trio.proc.target import GroupTarget
-from tests.helpers import PidWatcher, gone_within, run_stopped_once_seen
+from tests.helpers import PidWatcher, cancel_when_output, gone_within, run_stopped_once_seen
 
 
 class BytesReceiveStream(trio.abc.ReceiveStream):
@@ -125,21 +125,30 @@ async def test_a_stop_after_the_end_is_no_kill(path: str) -> None:
 
 
 async def test_max_runtime_escalates_to_sigkill_after_the_grace(path: str) -> None:
+    """The limit (1.5 s: a shell still installing its trap when a short one tripped would die
+    of the SIGTERM, 143) comes after the job said its trap is in place (``child:``)."""
+    sink = watcher(path)
     script = "trap '' TERM; echo child:$$; while :; do sleep 0.05; done"
-    spec = JobSpec(command=["sh", "-c", script], max_runtime=0.3, grace_ceiling=0.3)
+    spec = JobSpec(command=["sh", "-c", script], max_runtime=1.5, grace_ceiling=0.3)
     with trio.fail_after(20):
-        res = await run(spec, watcher(path))
-    assert (res.exit_code, res.killed, res.reason) == (137, True, "max_runtime exceeded (300ms)")
+        res = await run(spec, sink)
+    assert sink.inner.text().startswith("child:"), "the limit came before the trap"
+    assert (res.exit_code, res.killed, res.reason) == (137, True, "max_runtime exceeded (1.5s)")
 
 
 async def test_idle_limit_moves_with_output_then_trips(path: str) -> None:
+    """A line every 100 ms for 2 s against a 1.5 s idle limit (a gap of 1.4 s would have to
+    come from a stalled machine), then silence: the output outlived one idle period, so the
+    deadline moved; the limit trips once the silence has lasted it."""
     sink = watcher(path)
-    code = "for i in 1 2 3 4 5; do echo $i; sleep 0.1; done; sleep 30"
-    spec = JobSpec(command=["sh", "-c", code], idle_timeout=0.4, grace_ceiling=0.5)
+    code = "for i in $(seq 20); do echo $i; sleep 0.1; done; sleep 30"
+    spec = JobSpec(command=["sh", "-c", code], idle_timeout=1.5, grace_ceiling=0.5)
+    started = trio.current_time()
     with trio.fail_after(20):
         res = await run(spec, sink)
-    assert (res.killed, res.reason) == (True, "idle: no output for 400ms")
-    assert sink.inner.getvalue().split() == [b"1", b"2", b"3", b"4", b"5"]
+    assert (res.killed, res.reason) == (True, "idle: no output for 1.5s")
+    assert sink.inner.getvalue().split() == [str(i).encode() for i in range(1, 21)]
+    assert trio.current_time() - started > 2 * 1.5  # output for > 1.5 s, then 1.5 s of silence
 
 
 async def test_a_stop_kills_the_whole_group(path: str) -> None:
@@ -157,13 +166,15 @@ async def test_trio_cancellation_tears_the_group_down_then_reraises_bare(path: s
     raised: list[type[BaseException]] = []
     script = "trap '' TERM; sleep 300 & echo child:$!; while :; do sleep 0.05; done"
     with trio.fail_after(20):
-        with trio.move_on_after(0.5) as scope:
-            try:
-                spec = JobSpec(command=["sh", "-c", script], grace_ceiling=0.2)
-                await run(spec, sink, record=kept.append)
-            except BaseException as exc:
-                raised.append(type(exc))
-                raise
+        with trio.CancelScope() as scope:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(cancel_when_output, sink, scope)
+                try:
+                    spec = JobSpec(command=["sh", "-c", script], grace_ceiling=0.2)
+                    await run(spec, sink, record=kept.append)
+                except BaseException as exc:
+                    raised.append(type(exc))
+                    raise
         assert scope.cancelled_caught
         assert raised == [trio.Cancelled]
         assert len(kept) == 1 and kept[0].killed and kept[0].reason == REASON_CANCELLED

@@ -67,17 +67,20 @@ class TimedSink(BufferSink):
 
 
 async def test_idle_deadline_moves_with_output_then_trips() -> None:
-    """Output every 100 ms for ~0.6 s (longer than the 400 ms idle limit), then silence: the
-    limit trips only once the silence has lasted it, with the exact reason."""
-    code = "for i in 1 2 3 4 5 6 7; do echo $i; sleep 0.1; done; sleep 30"
-    spec = JobSpec(command=["sh", "-c", code], idle_timeout=0.4, grace_ceiling=0.5)
+    """Output every 100 ms for ~2 s (longer than the 1.5 s idle limit; a gap of 1.4 s would
+    have to come from a stalled machine), then silence: the limit trips only once the silence
+    has lasted it, with the exact reason."""
+    code = "for i in $(seq 20); do echo $i; sleep 0.1; done; sleep 30"
+    spec = JobSpec(command=["sh", "-c", code], idle_timeout=1.5, grace_ceiling=0.5)
     sink = TimedSink()
     stops: list[float] = []
-    with trio.fail_after(10):
+    with trio.fail_after(20):
         res = await run(spec, sink, on_spawn=lambda pid: stops.append(trio.current_time()))
-    assert res.killed and res.reason == "idle: no output for 400ms"
-    assert sink.getvalue().split() == [str(i).encode() for i in range(1, 8)]
-    assert sink.last - stops[0] > 0.4  # output outlived one idle period: the deadline moved
+    end = trio.current_time()
+    assert res.killed and res.reason == "idle: no output for 1.5s"
+    assert sink.getvalue().split() == [str(i).encode() for i in range(1, 21)]
+    assert sink.last - stops[0] > 1.5  # output outlived one idle period: the deadline moved
+    assert end - sink.last > 1.4  # and the limit tripped only after a (nearly) whole silent one
 
 
 async def test_max_runtime_is_a_scope_deadline() -> None:
