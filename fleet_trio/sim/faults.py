@@ -51,6 +51,8 @@ class FaultyLink:
         self.url = ""
         self.events: list[tuple[float, str]] = []
         self.connections = 0
+        self.delayed = 0
+        """Chunks forwarded upstream after a :meth:`latency` wait, all connections together."""
         self._latency = 0.0
         self._fail: list[int] = []
         self._drops = 0
@@ -165,7 +167,10 @@ class FaultyLink:
             return
         self._event(f"#{n} forwarded to {self.target_host}:{self.target_port}")
         async with upstream:
-            await splice(client, upstream, conn.scope, lambda: self._latency)
+            await splice(client, upstream, conn.scope, lambda: self._latency, self._delayed)
+
+    def _delayed(self, seconds: float) -> None:
+        self.delayed += 1
 
 
 async def splice(
@@ -173,15 +178,20 @@ async def splice(
     upstream: trio.SocketStream,
     scope: trio.CancelScope,
     latency: Callable[[], float] = lambda: 0.0,
+    delayed: Callable[[float], None] | None = None,
 ) -> None:
     """Pump bytes both ways, each direction until its EOF; a broken side cancels ``scope``
-    (the connection). Each chunk sent upstream waits ``latency()`` seconds first."""
+    (the connection). Each chunk sent upstream waits ``latency()`` seconds first, then
+    ``delayed(seconds)`` is told."""
 
     async def pump(src: trio.SocketStream, dst: trio.SocketStream, up: bool) -> None:
         try:
             async for data in src:
-                if up and latency() > 0:
-                    await trio.sleep(latency())
+                wait = latency() if up else 0.0
+                if wait > 0:
+                    await trio.sleep(wait)
+                    if delayed is not None:
+                        delayed(wait)
                 await dst.send_all(data)
             await dst.send_eof()
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):

@@ -403,7 +403,7 @@ async def test_protocol_077_next_poll_after_the_kill_is_204() -> None:
 
 async def test_protocol_078_delivered_kill_offered_again_after_redelivery_window() -> None:
     with trio.fail_after(10):
-        async with with_running_job(kill_redelivery=0.5) as (ctrl, client, worker_id, job):
+        async with with_running_job(kill_redelivery=30.0) as (ctrl, client, worker_id, job):
             ctrl.kill(job)
             first = await client.poll(worker_id, 1.0)
             assert first.kills == (job,)
@@ -411,7 +411,7 @@ async def test_protocol_078_delivered_kill_offered_again_after_redelivery_window
             assert (await client.poll(worker_id, 0.1)).kills == ()
             # The sim checks redelivery when a poll wakes (as the reference does): poll anew
             # once the window has passed.
-            await scenario_pause(0.5, why="the redelivery window passes")
+            ctrl.age_kill(job, 30.0)
             second = await client.poll(worker_id, 0.5)
             assert second.kills == (job,)
 
@@ -683,23 +683,26 @@ async def test_protocol_064_retention_unnamed_job_keeps_device_unknown_and_kill_
 
 async def test_protocol_066_named_finalized_kill_stays_deliverable_until_unnamed() -> None:
     with trio.fail_after(10):
+        # Long timers, aged on purpose: the reaper never acts between two steps of the test.
         async with with_running_job(
-            retain_disconnected_jobs=True, heartbeat_timeout=0.2, kill_redelivery=0.1
+            retain_disconnected_jobs=True, heartbeat_timeout=30.0, kill_redelivery=30.0
         ) as (ctrl, client, worker_id, job):
             gpu0 = dev("gpu0")
-            await ctrl.wait_for(lambda: ctrl.device(gpu0).state == "unknown")
+            ctrl.silence(worker_id, 31.0)  # past the heartbeat timeout: the device is unknown
+            assert ctrl.device(gpu0).state == "unknown"
             assert ctrl.kill(job) and ctrl.job(job).state == "killed"
             # the worker returns still naming the job: the device stays out, the kill is offered
             assert await client.heartbeat(worker_id, [job])
             assert ctrl.device(gpu0).state == "unknown"
             assert (await client.poll(worker_id, 0.05)).kills == (job,)
-            await scenario_pause(0.12, why="the redelivery window (0.1 s) passes")
+            assert (await client.poll(worker_id, 0.05)).kills == ()  # within the window
+            ctrl.age_kill(job, 30.0)  # the redelivery window passes
             assert await client.heartbeat(worker_id, [job])
             assert (await client.poll(worker_id, 0.05)).kills == (job,)  # re-delivered
             # it stops naming the job: the flag is cleared, the device returns to the pool
             assert await client.heartbeat(worker_id, [])
             assert ctrl.device(gpu0).state == "ready"
-            await scenario_pause(0.12, why="the redelivery window (0.1 s) passes")
+            ctrl.age_kill(job, 30.0)  # the redelivery window passes
             assert (await client.poll(worker_id, 0.05)).kills == ()
 
 

@@ -36,6 +36,7 @@ from tests.helpers import (
     sim,
     sim_worker,
     until_terminal,
+    wait_until,
     write_worker_yaml,
 )
 
@@ -486,13 +487,48 @@ async def _scenario_104_105(
             nursery.cancel_scope.cancel()
 
 
-async def test_protocol_062_named_job_keeps_its_lease() -> None:
-    ctrl = sim(lease_no_limit=0.4, lease_renewal=0.5)
-    with trio.fail_after(20):
+async def test_protocol_062_named_job_keeps_its_lease(tmp_path: pathlib.Path) -> None:
+    """The worker's heartbeats name the running job, and each one renews its lease: the expiry
+    moves past the lease the job was assigned with, then forward again, while the job is held
+    on a go-file; released, the job ends ``succeeded``, never ``lost``."""
+    go = tmp_path / "go"
+    ctrl = sim(lease_no_limit=5.0, lease_renewal=15.0)
+    with trio.fail_after(30):
         async with running(ctrl) as (ctrl, _):
-            job = ctrl.submit(dev("gpu0"), ["sleep", "1.5"])
+            job = ctrl.submit(
+                dev("gpu0"), ["sh", "-c", f'while [ ! -e "{go}" ]; do sleep 0.05; done']
+            )
+            assigned = ctrl.job(job).lease_expires
+            assert assigned is not None
+            expiries = [assigned]
+
+            def renewed_twice() -> bool:
+                expiry = ctrl.job(job).lease_expires
+                if expiry is not None and expiry > expiries[-1]:
+                    expiries.append(expiry)
+                return len(expiries) >= 3
+
+            await wait_until(renewed_twice, timeout=20, what="two renewals of the job's lease")
+            assert ctrl.job(job).state == "running"
+            assert any(job in (beat or {}).get("running_job_ids", []) for beat in ctrl.heartbeats())
+            go.touch()
             assert await until_terminal(ctrl, job) == ["running", "succeeded"]
             assert ctrl.job(job).state == "succeeded"
+
+
+async def test_protocol_062_unnamed_job_loses_its_lease() -> None:
+    """The other half, on the controller's side: heartbeats that do not name the job leave its
+    lease to expire; the job becomes ``lost`` and the device is quarantined."""
+    with trio.fail_after(20):
+        async with controller(lease_no_limit=1.0) as (ctrl, client):
+            worker_id = await client.register(attrs.evolve(REG, recovery=None))
+            job = ctrl.submit(dev("gpu1"), ["sleep", "30"])  # gpu1: no ceiling, lease 1 s
+            assert [a.job_id for a in (await client.poll(worker_id, 0.5)).assignments] == [job]
+            assert await client.heartbeat(worker_id, [])  # would renew it by 15 min if named
+            await ctrl.wait_for(lambda: ctrl.job(job).state == "lost", timeout=10)
+            assert ctrl.job(job).kill_reason == "lease expired"
+            device = ctrl.device(dev("gpu1"))
+            assert (device.state, device.reason) == ("unhealthy", "lease_expired")
 
 
 async def test_protocol_084_terminal_report_frees_the_device() -> None:

@@ -78,14 +78,6 @@ async def sim(nursery: trio.Nursery) -> AsyncIterator[Sim]:
         yield ctrl, client
 
 
-@pytest.fixture
-async def fast_reaper_sim(nursery: trio.Nursery) -> AsyncIterator[Sim]:
-    """A controller whose reaper marks a silent worker unknown after 0.3 s, lost after 0.8 s."""
-    ctrl, client = await _serve(nursery, heartbeat_timeout=0.3, lost_after=0.8)
-    async with client:
-        yield ctrl, client
-
-
 def dumps(obj: Any) -> bytes:
     return json.dumps(obj).encode()
 
@@ -375,6 +367,54 @@ async def test_latency(sim: Sim) -> None:
         ctrl.latency("nope", 1)
 
 
+async def test_gate_holds_requests_until_opened(sim: Sim) -> None:
+    ctrl, client = sim
+    await register(client)
+    heard = ctrl.worker(WORKER_ID).last_heartbeat
+    ctrl.gate("heartbeat")
+    answers: list[int] = []
+
+    async def beat() -> None:
+        r = await client.post(f"/v1/workers/{WORKER_ID}/heartbeat", content=b"{}")
+        answers.append(r.status_code)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(beat)
+        nursery.start_soon(beat)
+        await ctrl.wait_for(lambda: len(ctrl.requests("heartbeat")) == 2, timeout=10)
+        # recorded on arrival, neither handled nor answered while the gate is closed
+        assert answers == [] and ctrl.worker(WORKER_ID).last_heartbeat == heard
+        ctrl.open_gate("heartbeat")
+    assert answers == [200, 200]
+    assert ctrl.worker(WORKER_ID).last_heartbeat > heard
+    # open: later requests pass at once; other routes were never held
+    r = await client.post(f"/v1/workers/{WORKER_ID}/heartbeat", content=b"{}")
+    assert r.status_code == 200
+    ctrl.open_gate("heartbeat")  # not gated: a no-op
+    with pytest.raises(ValueError):
+        ctrl.gate("nope")
+
+
+async def test_age_kill_passes_the_redelivery_window(sim: Sim) -> None:
+    ctrl, client = sim  # kill_redelivery: the reference's 30 s
+    await register(client)
+    job_id = ctrl.submit(DEVICE, ["sleep", "30"])
+    await client.get(f"/v1/workers/{WORKER_ID}/assignments?wait=1s")
+    ctrl.age_kill(job_id, 60.0)  # not delivered yet: nothing to age
+    assert ctrl.job(job_id).kill_delivered_at is None
+    assert ctrl.kill(job_id)
+    r = await client.get(f"/v1/workers/{WORKER_ID}/assignments?wait=1s")
+    assert r.json()["kills"] == [job_id]
+    r = await client.get(f"/v1/workers/{WORKER_ID}/assignments?wait=100ms")
+    assert r.status_code == 204  # within the window
+    ctrl.age_kill(job_id, 20.0)
+    r = await client.get(f"/v1/workers/{WORKER_ID}/assignments?wait=100ms")
+    assert r.status_code == 204  # still within it: ages add up
+    ctrl.age_kill(job_id, 10.0)
+    r = await client.get(f"/v1/workers/{WORKER_ID}/assignments?wait=1s")
+    assert r.json()["kills"] == [job_id]
+
+
 async def test_fault_quarantines_device(sim: Sim) -> None:
     ctrl, client = sim
     await register(client)
@@ -401,18 +441,27 @@ async def test_fault_quarantines_device(sim: Sim) -> None:
     assert ctrl.job(job_id).state == "assigned"
 
 
-async def test_reaper_unknown_then_worker_lost(fast_reaper_sim: Sim) -> None:
-    ctrl, client = fast_reaper_sim
+async def test_reaper_unknown_then_worker_lost(sim: Sim) -> None:
+    """The reaper's two thresholds (unknown at 60 s of silence, lost at 120 s here), each
+    crossed by ``silence()``: the reaper never acts on its own between two steps."""
+    ctrl, client = sim
     await register(client)
     job_id = ctrl.submit(DEVICE, ["sleep", "30"])
     await client.get(f"/v1/workers/{WORKER_ID}/assignments?wait=1s")
-    await ctrl.wait_for(lambda: ctrl.device(DEVICE).state == "unknown", timeout=2)
+    ctrl.silence(WORKER_ID, 59.0)  # below the heartbeat timeout: nothing changes
+    assert ctrl.device(DEVICE).state == "busy"
+    ctrl.silence(WORKER_ID, 61.0)
+    assert ctrl.device(DEVICE).state == "unknown"
     assert ctrl.job(job_id).state == "running"
     # a heartbeat naming the job brings the leased device back to busy
     beat = {"running_job_ids": [job_id]}
     await client.post(f"/v1/workers/{WORKER_ID}/heartbeat", content=dumps(beat))
     assert ctrl.device(DEVICE).state == "busy"
-    await ctrl.wait_for(lambda: ctrl.device(DEVICE).state == "unhealthy", timeout=3)
+    ctrl.silence(WORKER_ID, 119.0)  # unknown again, not yet lost
+    assert ctrl.device(DEVICE).state == "unknown"
+    assert ctrl.job(job_id).state == "running"
+    ctrl.silence(WORKER_ID, 121.0)
+    assert ctrl.device(DEVICE).state == "unhealthy"
     dev, job = ctrl.device(DEVICE), ctrl.job(job_id)
     assert dev.reason == "worker_lost"
     assert (job.state, job.kill_reason, job.lease_expires) == ("lost", "worker lost", None)
@@ -425,6 +474,17 @@ async def test_reaper_unknown_then_worker_lost(fast_reaper_sim: Sim) -> None:
     await register(client, {**REGISTER, "recovery": {"survivors_checked": True}})
     assert ctrl.device(DEVICE).state == "ready"
     assert [e.kind for e in ctrl.events()] == ["device_recovered"]
+
+
+async def test_served_reaper_sweeps_on_its_own(nursery: trio.Nursery) -> None:
+    """``serve_controller`` runs the reaper every ``reaper_interval``: a silent worker's device
+    goes unknown with no test call, once the heartbeat timeout has passed."""
+    ctrl, client = await _serve(nursery, heartbeat_timeout=0.3, lost_after=120.0)
+    async with client:
+        await register(client)
+        heard = ctrl.worker(WORKER_ID).last_heartbeat
+        await ctrl.wait_for(lambda: ctrl.device(DEVICE).state == "unknown", timeout=10)
+        assert trio.current_time() - heard >= 0.3
 
 
 async def test_reregistration_reconciles_running_job(sim: Sim) -> None:

@@ -12,7 +12,7 @@ import trio
 
 from fleet_trio.sim.dispatcher import LOST_404, SimDispatcher, serve_dispatcher
 from fleet_trio.sim.faults import FaultyLink, serve_link
-from tests.helpers import quiet_for, scenario_pause
+from tests.helpers import quiet_for, scenario_pause, wait_until
 from tests.node.conftest import PY, TASK_SCRIPT
 from tests.node.harness import FakeFootprints, FakeSampler, Harness, node_config, running_node
 
@@ -206,9 +206,19 @@ async def test_connection_errors_never_end_a_job(tmp_path: Path) -> None:
         rec = await disp.submit("gen", payload={"sleep": 0.5, "result": {}}, job_id="j")
         link.drop(1000)
         link.drop_all()
-        await scenario_pause(0.3, why="polls fail on the dropped link for a while")
+
+        def poll_errors() -> list[Any]:
+            return [o for o in disp.observations(link.url) if o.kind == "poll" and o.status is None]
+
+        def failing_past_lost_after() -> bool:
+            # failed polls (each one retried) for three times ``lost_after``: a 404 run that
+            # long would have ended the job
+            counted = [o for o in poll_errors() if not o.detail.endswith("(retried)")]
+            return len(counted) >= 2 and counted[-1].at - poll_errors()[0].at >= 0.3
+
+        await wait_until(failing_past_lost_after, timeout=15)
         assert rec.state in ("acked", "running")
-        errors = [o for o in disp.observations(link.url) if o.kind == "poll" and o.status is None]
+        errors = poll_errors()
         # each failed poll was retried once on a new connection before it counted
         assert errors and errors[0].detail.endswith("(retried)")
         assert not errors[1].detail.endswith("(retried)") and errors[1].job_id == "j"

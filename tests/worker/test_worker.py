@@ -330,41 +330,57 @@ def _arrivals(ctrl: SimController, endpoint: str, job_id: str = "") -> list[floa
     return [r.at for r in ctrl.requests(endpoint) if job_id in r.path and r.outcome == "handled"]
 
 
+PATIENT_CLIENT = attrs.evolve(FAST_CLIENT, request_timeout=30.0, report_attempt_timeout=30.0)
+"""Client timings under which a request the sim holds at a gate is waited for, not retried."""
+
+
 async def test_running_report_overlaps_the_run_yet_leads_every_chunk_and_the_terminal() -> None:
     """Logs mode: the process runs (and verify starts) while the ``running`` report is still
-    unanswered, yet the controller sees running → log chunks → terminal (§7.3 steps 3, 7, 9)."""
-    latency = 0.5
-    with trio.fail_after(20):
+    unanswered, yet the controller sees running → log chunks → terminal (§7.3 steps 3, 7, 9).
+    The sim holds every status report until verify has run."""
+    with trio.fail_after(45):
         hooks = StampingHooks()
-        async with running_with_hooks(hooks) as (ctrl, _):
+        async with running_with_hooks(hooks, client_timings=PATIENT_CLIENT) as (ctrl, _):
             hooks.ctrl = ctrl
-            ctrl.latency("status", latency)
+            ctrl.gate("status")
             job = ctrl.submit(dev("gpu0"), ["sh", "-c", "echo out"])
+            await wait_until(
+                lambda: hooks.verify_at is not None,
+                what="verify to run while the running report is unanswered",
+            )
+            assert hooks.statuses_at_verify == []
+            assert _arrivals(ctrl, "status", job)  # the running report, held
+            opened = trio.current_time()
+            ctrl.open_gate("status")
             assert await until_terminal(ctrl, job) == ["running", "succeeded"]
-            assert hooks.statuses_at_verify == []  # ran and ended before `running` was answered
             (running_in, terminal_in) = _arrivals(ctrl, "status", job)
             logs_in = _arrivals(ctrl, "logs", job)
             assert logs_in and ctrl.logs(job) == b"out\n"
-            # nothing was sent before the running report was answered (latency after arrival)
-            assert min(logs_in) >= running_in + latency * 0.9
+            # nothing was sent before the running report was answered
+            assert running_in < opened <= min(logs_in)
             assert terminal_in >= max(logs_in)
 
 
 async def test_verify_runs_beside_the_final_flush_and_its_fault_follows_the_flush() -> None:
-    latency = 0.5
-    with trio.fail_after(20):
+    """The sim holds the job's log chunk: verify runs while it is unanswered, and the fault
+    (then the terminal report) is sent only once it is answered."""
+    with trio.fail_after(45):
         hooks = StampingHooks(verify_fails="verify failed: gpu-check: dirty")
-        async with running_with_hooks(hooks) as (ctrl, _):
+        async with running_with_hooks(hooks, client_timings=PATIENT_CLIENT) as (ctrl, _):
             hooks.ctrl = ctrl
-            ctrl.latency("logs", latency)
+            ctrl.gate("logs")
             job = ctrl.submit(dev("gpu0"), ["sh", "-c", "echo out"])
+            await wait_until(
+                lambda: hooks.verify_at is not None and _arrivals(ctrl, "logs", job),
+                what="verify to run while the final flush is unanswered",
+            )
+            opened = trio.current_time()
+            ctrl.open_gate("logs")
             assert await until_terminal(ctrl, job) == ["running", "succeeded"]
             (log_in,) = _arrivals(ctrl, "logs", job)
             (fault_in,) = _arrivals(ctrl, "fault")
             terminal_in = _arrivals(ctrl, "status", job)[-1]
-            assert hooks.verify_at is not None
-            assert hooks.verify_at < log_in + latency  # verify ran while the chunk was in flight
-            assert log_in + latency * 0.9 <= fault_in <= terminal_in  # flush → fault → terminal
+            assert log_in < opened <= fault_in <= terminal_in  # flush → fault → terminal
 
 
 async def test_tty_job_through_the_worker_and_the_relay() -> None:

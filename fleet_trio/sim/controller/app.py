@@ -67,6 +67,7 @@ def create_app(ctrl: SimController) -> QuartTrio:
         delay = ctrl.fault_plan.delay(endpoint)
         if delay > 0:
             await trio.sleep(delay)
+        await ctrl._pass_gate(endpoint)
         fault = ctrl.fault_plan.take(endpoint)
         if fault is not None and fault.status is None:
             ctrl._mark(rec, "dropped")

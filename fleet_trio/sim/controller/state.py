@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import trio
 
-from fleet_trio.sim.controller.faults import FaultPlan
+from fleet_trio.sim.controller.faults import FaultPlan, check_endpoint
 from fleet_trio.sim.controller.records import (
     ACTIVE,
     TERMINAL,
@@ -82,6 +82,7 @@ class SimController:
         self._changed = trio.Event()
         self._conns: dict[int, trio.CancelScope] = {}
         self._polls: set[trio.CancelScope] = set()
+        self._gates: dict[str, trio.Event] = {}
         self._started_at = trio.current_time()
         self._down_until = 0.0
 
@@ -174,6 +175,15 @@ class SimController:
         worker.last_heartbeat = min(worker.last_heartbeat, trio.current_time() - seconds)
         self.reap()
 
+    def age_kill(self, job_id: str, seconds: float) -> None:
+        """Pretend the kill of ``job_id`` was last delivered ``seconds`` earlier: the
+        ``kill_redelivery`` window passes without waiting for it. As with the window itself, a
+        parked long poll is not woken: the next poll offers the kill again."""
+        job = self._job(job_id)
+        if job.kill_delivered_at is not None:
+            job.kill_delivered_at -= seconds
+        self._notify()
+
     def _disconnected(self, device_id: str) -> bool:
         dev = self._devices.get(device_id)
         return dev is not None and (
@@ -231,6 +241,27 @@ class SimController:
     def latency(self, endpoint: str, seconds: float) -> None:
         """Delay every request to ``endpoint`` by ``seconds`` before handling it (0 clears)."""
         self.fault_plan.set_latency(endpoint, seconds)
+
+    def gate(self, endpoint: str) -> None:
+        """Hold every request to ``endpoint`` from now on until :meth:`open_gate`: it is
+        recorded on arrival (``requests()``) but handled, and answered, only once the gate
+        opens (after any ``latency``). The client's own timeout still applies to it. A held
+        request whose connection is cut meanwhile is still handled when the gate opens."""
+        check_endpoint(endpoint)
+        self._gates.setdefault(endpoint, trio.Event())
+
+    def open_gate(self, endpoint: str) -> None:
+        """Let the requests held at ``endpoint``'s gate through (all at once, in no promised
+        order) and stop holding new ones; a no-op when the endpoint is not gated."""
+        check_endpoint(endpoint)
+        gate = self._gates.pop(endpoint, None)
+        if gate is not None:
+            gate.set()
+
+    async def _pass_gate(self, endpoint: str) -> None:
+        gate = self._gates.get(endpoint)
+        if gate is not None:
+            await gate.wait()
 
     # ----------------------------------------------------------------- test API: read back
 
