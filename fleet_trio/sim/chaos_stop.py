@@ -80,6 +80,12 @@ class PortTaken(Exception):
     """The role could not listen on the port picked for it (someone else took it)."""
 
 
+class NotReady(Exception):
+    """The seed's preconditions (its role serving, its jobs running) did not come within
+    :data:`READY_TIMEOUT` (a machine loaded far past the scenario's own load): no verdict, the
+    seed is played again."""
+
+
 def worker_bound() -> float:
     """docs/worker.md "Stopping" for this scenario's worker timings."""
     return shutdown_bound(worker_timings(WORKER_DRAIN, WORKER_KILL_GRACE, WORKER_HURRY))
@@ -97,7 +103,9 @@ SIGTERM (the ignore survives the ``exec`` of ``sleep``)."""
 NODE_STDERR = {"stubborn": ">&2", "slow": ">&2", "quick": ""}
 
 READY_TIMEOUT = 30.0
-PORT_TRIES = 3
+SEED_TRIES = 3
+"""How often a seed is played when its start fails for a reason that is not the role's
+(:class:`PortTaken`, :class:`NotReady`)."""
 SETTLE_TIMEOUT = 10.0
 POLL_INTERVAL = 0.05
 
@@ -467,7 +475,11 @@ async def play_worker(plan: StopPlan, root: str, spawn: Spawner = spawn_fresh) -
                     "running" in ctrl.statuses(j) or ctrl.job(j).state in TERMINAL for j in job_ids
                 )
 
-            await ctrl.wait_for(started, timeout=READY_TIMEOUT)
+            try:
+                await ctrl.wait_for(started, timeout=READY_TIMEOUT)
+            except trio.TooSlowError:
+                states = {j: ctrl.statuses(j) for j in job_ids}
+                raise NotReady(f"jobs not running after {READY_TIMEOUT:g}s: {states}") from None
             output = await trio.to_thread.run_sync(_read_tail, log_path)
             if "running without the live log tail" in output:
                 raise PortTaken(output)
@@ -512,17 +524,17 @@ async def play_worker(plan: StopPlan, root: str, spawn: Spawner = spawn_fresh) -
 
 async def play_stop_seed(plan: StopPlan, root: str, spawn: Spawner = spawn_fresh) -> StopRecord:
     """One seed under ``root``; its process started by ``spawn`` (a fresh interpreter, or a
-    fork of :mod:`fleet_trio.sim.zygote`). A start that lost its port to another process is
-    tried again on another port (:data:`PORT_TRIES` times)."""
-    for attempt in range(PORT_TRIES):
+    fork of :mod:`fleet_trio.sim.zygote`). A start that lost its port to another process, or
+    whose jobs were not running in time, is tried again (:data:`SEED_TRIES` plays in all)."""
+    for attempt in range(SEED_TRIES):
         where = os.path.join(root, f"try{attempt}") if attempt else root
         await trio.Path(where).mkdir(parents=True, exist_ok=True)
         try:
             if plan.role == "node":
                 return await play_node(plan, where, spawn)
             return await play_worker(plan, where, spawn)
-        except* PortTaken:  # raised inside the play's nursery: it arrives in a group
-            if attempt == PORT_TRIES - 1:
+        except* (PortTaken, NotReady):  # raised inside the play's nursery: a group
+            if attempt == SEED_TRIES - 1:
                 raise
     raise AssertionError("unreachable")
 
