@@ -367,8 +367,8 @@ async def test_protocol_068_job_handed_out_once_and_running() -> None:
 async def _kill_during_a_parked_poll(
     ctrl: SimController, client: ControllerClient, worker_id: str, job: str
 ) -> tuple[httpx.Response, float]:
-    """A poll parked for 5 s, and ``job`` killed 0.2 s into it (items 76, 77): the poll's
-    answer and how long it took."""
+    """A poll parked for up to 20 s, and ``job`` killed 0.2 s into it (items 76, 77): the
+    poll's answer and how long it took."""
     async with trio.open_nursery() as nursery:
 
         async def kill_soon() -> None:
@@ -377,21 +377,21 @@ async def _kill_during_a_parked_poll(
 
         nursery.start_soon(kill_soon)
         t0 = trio.current_time()
-        r = await _raw(client, "GET", f"/v1/workers/{worker_id}/assignments?wait=5s")
+        r = await _raw(client, "GET", f"/v1/workers/{worker_id}/assignments?wait=20s")
         return r, trio.current_time() - t0
 
 
 async def test_protocol_076_kill_ends_a_parked_poll() -> None:
-    with trio.fail_after(10):
+    with trio.fail_after(30):
         async with with_running_job() as (ctrl, client, worker_id, job):
             r, took = await _kill_during_a_parked_poll(ctrl, client, worker_id, job)
-            assert took < 3
+            assert took < 10  # the kill ended it, long before its 20 s window
             assert r.status_code == 200
             assert r.json() == {"assignments": [], "kills": [job]}
 
 
 async def test_protocol_077_next_poll_after_the_kill_is_204() -> None:
-    with trio.fail_after(10):
+    with trio.fail_after(30):
         async with with_running_job() as (ctrl, client, worker_id, job):
             r, _ = await _kill_during_a_parked_poll(ctrl, client, worker_id, job)
             assert r.json()["kills"] == [job]  # delivered once; the next poll waits its window

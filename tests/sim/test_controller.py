@@ -187,7 +187,7 @@ async def test_kill_is_delivered_in_kills(sim: Sim) -> None:
         start = trio.current_time()
         r = await client.get(f"/v1/workers/{WORKER_ID}/assignments?wait=10s")
         took = trio.current_time() - start
-    assert 0.1 < took < 2.0  # the kill ended the long poll
+    assert 0.1 < took < 8.0  # the kill ended the long poll, well before its 10 s window
     assert r.status_code == 200
     assert r.content == b'{"assignments":[],"kills":["' + job_id.encode() + b'"]}\n'
     assert r.headers["content-length"] == "68"
