@@ -72,10 +72,10 @@ async def test_output_that_waited_out_a_starved_loop_is_not_idleness(
     sink = sink_type()
     read_a, wrote_b, go = tmp_path / "read_a", tmp_path / "wrote_b", tmp_path / "go"
 
-    def wait_for(path: Path) -> str:
+    def sh_awaits(path: Path) -> str:  # the shell loop that waits for the file
         return f'until [ -e "{path}" ]; do sleep 0.05; done'
 
-    code = f'echo a; {wait_for(read_a)}; echo b; : > "{wrote_b}"; {wait_for(go)}; echo c'
+    code = f'echo a; {sh_awaits(read_a)}; echo b; : > "{wrote_b}"; {sh_awaits(go)}; echo c'
     spec = JobSpec(command=["sh", "-c", code], idle_timeout=IDLE, grace_ceiling=0.5)
 
     async def starve() -> None:
