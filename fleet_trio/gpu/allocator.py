@@ -14,17 +14,14 @@ Rules:
   last release (a device just released is *settling*: its free value still counts the job that
   left it). A footprint larger than every device's total cannot be met by waiting; it is
   ignored (the request then takes any usable device).
-* Requests are served in order, first fit: the first request in line that fits the devices
-  left is granted first. A request's place in line is its ``order`` (the node passes the
-  job's dispatch sequence, so jobs acked together are placed in ack order whichever of their
-  runners asks first), ties and requests without one by arrival. A request without a
-  footprint does not take a settling device while an older request with a footprint waits,
-  so a big job is not starved by small ones racing the next sample.
+* Requests are served in arrival order, first fit: the oldest request that fits the devices
+  left is granted first. A request without a footprint does not take a settling device while
+  an older request with a footprint waits, so a big job is not starved by small ones racing
+  the next sample.
 """
 
 from __future__ import annotations
 
-import bisect
 import itertools
 import math
 from collections.abc import Sequence
@@ -56,8 +53,6 @@ class Request:
     count: int
     need_gb: float | None
     """Per device (the job's footprint divided by ``count``), ``None``: no requirement."""
-    order: int = 0
-    """The request's place in line (smaller first; ties by ticket)."""
 
 
 class DeviceAllocator:
@@ -99,13 +94,8 @@ class DeviceAllocator:
         return out
 
     # -- requests ---------------------------------------------------------------------------
-    def request(
-        self, count: int = 1, need_gb: float | None = None, *, order: int | None = None
-    ) -> int:
+    def request(self, count: int = 1, need_gb: float | None = None) -> int:
         """Queue a request; returns its ticket (it may be granted at once: see ``granted``).
-
-        ``order``: its place in line among the queued requests (smaller first, ties by
-        arrival); without it, its ticket (arrival order).
 
         :class:`AllocationError` when ``count`` is below 1 or above the node's device count.
         """
@@ -119,8 +109,7 @@ class DeviceAllocator:
         if need_gb is not None and math.isfinite(need_gb) and need_gb > 0:
             per_device = need_gb / count
         ticket = next(self._tickets)
-        req = Request(ticket, count, per_device, ticket if order is None else order)
-        bisect.insort(self._queue, req, key=lambda r: (r.order, r.ticket))
+        self._queue.append(Request(ticket, count, per_device))
         self._pump()
         return ticket
 

@@ -236,14 +236,21 @@ async def dispatch(ctx: NodeContext) -> Response:
         return error_response(str(exc), exc.status)
     # 6: no await between the lookup and the insert (exactly-once).
     release = trio.Event()
+    runner = ctx.runner
     outcome = store.register(
         req.job_id,
-        functools.partial(ctx.runner.execute, prepared),
+        functools.partial(runner.execute, prepared),
         work_dir=prepared.work_dir,
-        discard=prepared.cleanup,
+        discard=functools.partial(runner.discard, prepared)
+        if hasattr(runner, "discard")
+        else prepared.cleanup,
         release=release,
     )
     if outcome is Registration.CREATED:
+        # GPU placement: the job's place in line is its ack's (jobs acked together start in
+        # any order; a stand-in runner has no placement)
+        if hasattr(runner, "reserve"):
+            runner.reserve(prepared)
         # the job starts once its 202 is written (or this request ends any other way): its
         # spawn never competes with its own ack (fleet_trio.node.after_send)
         after_response(release.set)

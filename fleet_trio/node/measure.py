@@ -277,10 +277,12 @@ async def _measure(
     with trio.CancelScope() as scope:
         tree.cancel_on_shutdown(scope)  # a signal: the running probe is killed
         for name in names:
+            if scope.cancel_called:  # the stop came as the last probe ended: no other starts
+                break
             current = name
             await probe_one(name)
-        current = ""
-    if scope.cancelled_caught:
+            current = ""
+    if scope.cancel_called:
         done = {r.task for r in results}
         for name in names:
             if name not in done:

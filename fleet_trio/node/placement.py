@@ -1,10 +1,12 @@
 """GPU placement on the node: the async side of :class:`fleet_trio.gpu.allocator.DeviceAllocator`
 (docs/node.md, "Multi-GPU nodes").
 
-The runner takes devices with ``async with placement.acquire(count, need_gb) as uuids`` before
-it spawns a GPU job and gives them back when the job ends, whatever the path (done, error,
-interrupted, spawn failure). The device sampler feeds each round's per-device view into
-:meth:`Placement.update`, which wakes the queued jobs that now fit.
+The node takes a job's place in line at its ack (:meth:`Placement.reserve`); the runner
+waits for the devices with ``async with placement.acquire(ticket=...) as uuids`` before it
+spawns the job and gives them back when the job ends, whatever the path (done, error,
+interrupted, spawn failure, or never run: a refused ack, a shutdown before its start). The
+device sampler feeds each round's per-device view into :meth:`Placement.update`, which wakes
+the queued jobs that now fit.
 
 A job runs with ``CUDA_VISIBLE_DEVICES`` and ``NVIDIA_VISIBLE_DEVICES`` set to its devices'
 UUIDs (:func:`pin_env`), so CUDA's own device ordering never matters.
@@ -77,28 +79,51 @@ class Placement:
             if event is not None:
                 event.set()
 
-    @asynccontextmanager
-    async def acquire(
-        self,
-        count: int = 1,
-        need_gb: float | None = None,
-        *,
-        order: int | None = None,
-        on_wait: Callable[[], None] | None = None,
-    ) -> AsyncIterator[tuple[str, ...]]:
-        """Wait (FIFO by ``order``, else by arrival) for ``count`` devices that fit
-        ``need_gb``; hold them for the block.
+    def reserve(self, count: int = 1, need_gb: float | None = None) -> int:
+        """Take a place in line now for ``count`` devices that fit ``need_gb`` (sync); the
+        ticket for :meth:`acquire`. The node reserves at a job's ack, so jobs are placed in
+        the order the node acked them, whichever of their runners asks first. The ticket
+        may be granted at once; it must end with :meth:`release` (``acquire`` releases it).
 
         Raises :class:`~fleet_trio.gpu.allocator.AllocationError` at once for a request that
         can never be met (more devices than the node has).
         """
         if not self.knows_vram:
             need_gb = None
-        ticket = self.allocator.request(count, need_gb, order=order)
+        ticket = self.allocator.request(count, need_gb)
         self._wake()
+        return ticket
+
+    def release(self, ticket: int) -> None:
+        """End ``ticket`` (queued, granted or already ended: idempotent); its devices, if any,
+        go to the next in line."""
+        self._events.pop(ticket, None)
+        self.allocator.release(ticket)
+        self._wake()
+
+    @asynccontextmanager
+    async def acquire(
+        self,
+        count: int = 1,
+        need_gb: float | None = None,
+        *,
+        ticket: int | None = None,
+        on_wait: Callable[[], None] | None = None,
+    ) -> AsyncIterator[tuple[str, ...]]:
+        """Wait (FIFO) for ``count`` devices that fit ``need_gb``, or for the devices of a
+        ``ticket`` from :meth:`reserve` (its own count and need apply); hold them for the
+        block, and release the ticket after it on every path.
+
+        Raises :class:`~fleet_trio.gpu.allocator.AllocationError` at once for a request that
+        can never be met (more devices than the node has), or for a ticket already released.
+        """
+        if ticket is None:
+            ticket = self.reserve(count, need_gb)
         try:
             held = self.allocator.granted(ticket)
             if held is None:
+                if ticket not in self.allocator.waiting():
+                    raise AllocationError(f"placement ticket {ticket} was released")
                 event = trio.Event()
                 self._events[ticket] = event
                 if on_wait is not None:
@@ -110,9 +135,7 @@ class Placement:
                 await trio.lowlevel.checkpoint()
             yield held
         finally:
-            self._events.pop(ticket, None)
-            self.allocator.release(ticket)
-            self._wake()
+            self.release(ticket)
 
 
 def pin_env(uuids: Iterable[str]) -> dict[str, str]:

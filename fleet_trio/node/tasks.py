@@ -29,7 +29,6 @@ marker, as the worker does by ``RC_JOB_ID``; the outcome ignores what it found (
 from __future__ import annotations
 
 import functools
-import itertools
 import json
 import logging
 import os
@@ -209,8 +208,9 @@ class PreparedJob:
     """GPU placement: the UUIDs of the devices the job was given (empty: none / unknown)."""
     sweep_id: str = ""
     """The value of the job's :data:`SWEEP_MARKER` (its escapees are found by it)."""
-    order: int = 0
-    """The job's place in the dispatch sequence (GPU placement serves queued jobs in it)."""
+    placement_ticket: int | None = None
+    """GPU placement: the job's place in line, taken at its ack (:meth:`TaskRunner.reserve`);
+    ``None``: none taken (the runner asks when the job starts)."""
     deferred_dir: bool = False
     """The work dir is only named yet: :meth:`make_work_dir` creates it when the job starts
     (a task with no materialized files; its dispatch makes no directory on the event loop)."""
@@ -257,7 +257,6 @@ class TaskRegistry:
         """Work dirs are ``fleet-job-<work_tag>-…`` (:func:`work_dir_prefix`). With a journal,
         its tag (set before the node serves); without one, a tag of this registry's own."""
         self.node_id = node_id
-        self._order = itertools.count(1)  # the dispatch sequence (PreparedJob.order)
         self._tasks: dict[str, TaskDef] = {}
         for task in tasks:
             if not task.enabled:
@@ -388,7 +387,6 @@ class TaskRegistry:
             family=family,
             quant=quant,
             sweep_id=sweep_id,
-            order=next(self._order),
             deferred_dir=deferred,
         )
 
@@ -699,6 +697,7 @@ class TaskRunner:
             failure = exc
             raise
         finally:
+            self.unreserve(job)  # a place in line not used (no work dir, a cancel before it)
             # The work dir's rmtree is file I/O: off the event loop, bounded, never lost to a
             # cancel (abandoned after the bound, the thread still finishes the removal).
             shutdown = isinstance(failure, trio.Cancelled) or (
@@ -731,12 +730,43 @@ class TaskRunner:
                 )
                 log.info("job %s: %s", job.job_id, ended, extra=context)
 
+    def _need(self, job: PreparedJob) -> float | None:
+        """The VRAM (GiB) a GPU job waits for: its known footprint, ``None`` when unknown."""
+        if self.footprint_need is not None and self.placement.knows_vram:
+            return self.footprint_need(job)
+        return None
+
+    def reserve(self, job: PreparedJob) -> None:
+        """GPU placement: take the job's place in line now (sync; the node calls it at the
+        job's ack), so waiting jobs get devices in the order the node acked them, whichever of
+        their runners asks first (jobs acked together start in any order). A no-op for a job
+        without ``gpu``/``gpus`` or with a place already; a request the node can never meet
+        takes none (the job fails with that error when it runs)."""
+        wanted = task_gpus(job.task)
+        if not wanted or job.placement_ticket is not None:
+            return
+        try:
+            job.placement_ticket = self.placement.reserve(wanted, self._need(job))
+        except AllocationError:
+            return
+
+    def unreserve(self, job: PreparedJob) -> None:
+        """Give back a place in line the job did not use (it never ran). Idempotent."""
+        ticket, job.placement_ticket = job.placement_ticket, None
+        if ticket is not None:
+            self.placement.release(ticket)
+
+    def discard(self, job: PreparedJob) -> None:
+        """A job that will never run: its place in line and its prepared files go."""
+        self.unreserve(job)
+        job.cleanup()
+
     async def _run_placed(self, job: PreparedJob, wanted: int, tee: JobTee | None) -> Outcome:
         """GPU placement: wait (FIFO) for ``wanted`` devices that fit the job's known
-        footprint, run the job pinned to them, give them back on every path."""
-        need = None
-        if self.footprint_need is not None and self.placement.knows_vram:
-            need = self.footprint_need(job)
+        footprint (its place in line from :meth:`reserve`, else one taken now), run the job
+        pinned to them, give them back on every path."""
+        ticket, job.placement_ticket = job.placement_ticket, None
+        need = self._need(job) if ticket is None else None
 
         def waiting() -> None:
             log.info(
@@ -749,7 +779,7 @@ class TaskRunner:
 
         try:
             async with self.placement.acquire(
-                wanted, need, order=job.order, on_wait=waiting
+                wanted, need, ticket=ticket, on_wait=waiting
             ) as devices:
                 job.pin(devices)
                 return await self._run(job, tee)

@@ -5,8 +5,7 @@ The test keeps its own model of the devices (usable, free VRAM, settling) and of
 
 * a device is never given to two jobs, and a job holds exactly ``count`` distinct devices;
 * no queued job fits what is free (every queued job gets a device as soon as one fits);
-* the queue is served in line order among the jobs that fit: a request's ``order`` (the
-  node's dispatch sequence), else its arrival;
+* the queue is served in arrival order among the jobs that fit;
 * at the end, once every job is released and every device is fresh and empty, the queue is
   empty: every queued job eventually got a device.
 
@@ -44,8 +43,7 @@ class AllocatorMachine(RuleBasedStateMachine):
         self.free: dict[str, float | None] = dict.fromkeys(UUIDS, None)
         self.settling = dict.fromkeys(UUIDS, False)
         self.jobs: dict[int, tuple[int, float | None]] = {}  # ticket -> (count, need per dev)
-        self.order: list[int] = []  # the line: by (order key, ticket)
-        self.key: dict[int, int] = {}  # ticket -> its order key
+        self.order: list[int] = []
         self.released: set[int] = set()
         self.known_total = False  # a total is known once a device was sampled
         self._waiting_before: set[int] = set()
@@ -101,15 +99,12 @@ class AllocatorMachine(RuleBasedStateMachine):
         target=tickets,
         count=st.integers(min_value=1, max_value=3),
         need=st.none() | st.floats(min_value=0.5, max_value=100.0),
-        order=st.none() | st.integers(min_value=0, max_value=12),
     )
-    def submit(self, count: int, need: float | None, order: int | None) -> int:
-        ticket = self.alloc.request(count, need, order=order)
+    def submit(self, count: int, need: float | None) -> int:
+        ticket = self.alloc.request(count, need)
         self._waiting_before.add(ticket)
         self.jobs[ticket] = (count, None if need is None else need / count)
-        self.key[ticket] = ticket if order is None else order
         self.order.append(ticket)
-        self.order.sort(key=lambda t: (self.key[t], t))
         self._after()
         return ticket
 
@@ -180,7 +175,7 @@ class AllocatorMachine(RuleBasedStateMachine):
     @invariant()
     def every_job_is_queued_or_holds(self) -> None:
         waiting = self.alloc.waiting()
-        assert waiting == [t for t in self.order if t in waiting]  # line order
+        assert waiting == [t for t in self.order if t in waiting]  # arrival order
         for ticket in self.order:
             assert (ticket in waiting) != (self.alloc.granted(ticket) is not None)
 

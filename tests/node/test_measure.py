@@ -260,3 +260,59 @@ async def test_measure_serves_signals_from_its_task_tree(tmp_path: Path) -> None
     assert "a-slow: interrupted" in text and "b-next: interrupted (not run)" in text, text
     assert took < 1.0 + 5.0, took  # kill grace 1 s + the tree's slack
     assert not (tmp_path / "fp.json").exists() or "sdxl" not in (tmp_path / "fp.json").read_text()
+
+
+async def test_a_stop_as_a_probe_ends_starts_no_other_probe(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A shutdown request that lands as a probe's process has exited (its work dir is being
+    removed) lets that probe finish, and the next one is ``not run``: it must not start."""
+    import contextlib
+
+    import fleet_trio.node.measure as measure_module
+    from fleet_trio.node.config import config_from_mapping
+    from fleet_trio.node.tasks import TaskRunner
+
+    def task(family: str) -> dict[str, Any]:
+        probe = [PY, "-c", "print('{}')"]
+        return {"family": family, "footprint": {"family": family}, "command": probe,
+                "gpu": True, "probe": {}}  # fmt: skip
+
+    init_device(str(tmp_path / "gpu"))
+    cfg = config_from_mapping(
+        {
+            "node": {"footprints": {"path": str(tmp_path / "fp.json")}},
+            "tasks": {"a": task("fa"), "b": task("fb")},
+        },
+        path=str(tmp_path / "n.yaml"),
+        base_dir=str(tmp_path),
+    )
+    trees: list[Any] = []
+    open_tree = measure_module.open_task_tree
+
+    @contextlib.asynccontextmanager
+    async def capture(**kw: Any) -> Any:
+        async with open_tree(**kw) as tree:
+            trees.append(tree)
+            yield tree
+
+    run = TaskRunner._run
+
+    async def run_then_stop(self: TaskRunner, job: Any, tee: Any = None) -> Any:
+        outcome = await run(self, job, tee)
+        if job.task.name == "a":  # the process has exited; a SIGTERM's handler does this
+            trees[0].request_shutdown("SIGTERM")
+        return outcome
+
+    monkeypatch.setattr(measure_module, "open_task_tree", capture)
+    monkeypatch.setattr(TaskRunner, "_run", run_then_stop)
+    lines: list[str] = []
+    options = measure_module.MeasureOptions(gpu="fake", fake_gpu_dir=str(tmp_path / "gpu"))
+    with trio.fail_after(30):
+        report = await measure_module.measure(
+            cfg, options, say=lines.append, work_root=str(tmp_path)
+        )
+    assert [(r.task, r.status, r.detail) for r in report.results][1:] == [
+        ("b", "interrupted", "not run")
+    ], lines
+    assert not any(line.startswith("b: started") for line in lines), lines
