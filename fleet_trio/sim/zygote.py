@@ -115,32 +115,51 @@ LOST_EXIT_CODE = 255
 
 
 class ForkedProcess:
-    """A child of the zygote, seen from the scenario."""
+    """A child of the zygote, seen from the scenario.
 
-    def __init__(self, pid: int) -> None:
+    It is held through a pidfd from the moment its pid is known (while it runs, or as a zombie
+    the zygote has not reaped yet): signals go through it, so a signal sent after the child
+    has exited, before its exit message arrives, reaches no other process that took its pid.
+    """
+
+    def __init__(self, pid: int, *, exited: bool = False) -> None:
         self.pid = pid
         self.returncode: int | None = None
         self._exited = trio.Event()
+        self._pidfd: int | None = None
+        if not exited:
+            with contextlib.suppress(OSError):  # gone already, or no pidfds: os.kill then
+                self._pidfd = os.pidfd_open(pid)
 
     async def _outlive_zygote(self) -> None:
-        """The zygote is gone: the child's end is seen through a pidfd (its exit code is not
-        known any more: :data:`LOST_EXIT_CODE`)."""
+        """The zygote is gone: the child's end is seen through its pidfd (its exit code is
+        not known any more: :data:`LOST_EXIT_CODE`)."""
         if self.returncode is not None:
             return
-        try:
-            fd = os.pidfd_open(self.pid)
-        except OSError:  # gone already
-            self._exit(LOST_EXIT_CODE)
-            return
+        fd = self._pidfd
+        if fd is None:
+            try:
+                fd = self._pidfd = os.pidfd_open(self.pid)
+            except OSError:  # gone already
+                self._exit(LOST_EXIT_CODE)
+                return
         try:
             await trio.lowlevel.wait_readable(fd)
-        finally:
-            os.close(fd)
+        except BaseException:  # the scenario is closing: the fd goes (signals by pid again)
+            self._close_pidfd()
+            raise
         self._exit(LOST_EXIT_CODE)
+
+    def _close_pidfd(self) -> None:
+        fd, self._pidfd = self._pidfd, None
+        if fd is not None:
+            trio.lowlevel.notify_closing(fd)
+            os.close(fd)
 
     def _exit(self, code: int) -> None:
         if self.returncode is None:
             self.returncode = code
+        self._close_pidfd()
         self._exited.set()
 
     async def wait(self) -> int:
@@ -149,8 +168,12 @@ class ForkedProcess:
         return self.returncode
 
     def send_signal(self, sig: int) -> None:
-        if self.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
+        if self.returncode is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            if self._pidfd is not None:
+                signal.pidfd_send_signal(self._pidfd, sig)
+            else:
                 os.kill(self.pid, sig)
 
     def kill(self) -> None:
@@ -226,10 +249,12 @@ class Zygote:
         msg = box[0]
         if "error" in msg:
             raise OSError(f"the zygote could not fork: {msg['error']}")
-        child = ForkedProcess(int(msg["pid"]))
-        self._children[child.pid] = child
-        if child.pid in self._early:
-            child._exit(self._early.pop(child.pid))
+        pid = int(msg["pid"])
+        early = self._early.pop(pid, None)  # it ended (and was reaped) before we knew it
+        child = ForkedProcess(pid, exited=early is not None)
+        self._children[pid] = child
+        if early is not None:
+            child._exit(early)
         return child
 
 

@@ -49,3 +49,23 @@ async def test_a_dead_zygote_leaves_no_waiter_hanging(tmp_path: Path) -> None:
             assert child.returncode is None  # still running: no one has reaped it
             os.kill(child.pid, signal.SIGKILL)
             assert await child.wait() == LOST_EXIT_CODE  # seen through its pidfd
+
+
+async def test_a_forked_process_is_signalled_through_its_pidfd(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Once the child is gone (reaped, its pid free for anyone), a signal sent before its exit
+    message arrives reaches nobody: it goes through the pidfd taken when the pid was learnt,
+    never ``os.kill`` by number."""
+    from fleet_trio.sim.zygote import ForkedProcess
+
+    with trio.fail_after(30):
+        proc = await trio.lowlevel.open_process(["sleep", "30"])
+        child = ForkedProcess(proc.pid)
+        killed: list[tuple[int, int]] = []
+        monkeypatch.setattr(os, "kill", lambda pid, sig: killed.append((pid, sig)))
+        child.send_signal(signal.SIGTERM)  # alive: delivered through the pidfd
+        assert await proc.wait() == -signal.SIGTERM
+        child.send_signal(signal.SIGKILL)  # gone and reaped, exit not yet reported: nobody
+        assert killed == []
+        child._exit(0)
