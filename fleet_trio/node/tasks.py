@@ -766,7 +766,7 @@ class TaskRunner:
         footprint (its place in line from :meth:`reserve`, else one taken now), run the job
         pinned to them, give them back on every path."""
         ticket, job.placement_ticket = job.placement_ticket, None
-        need = self._need(job) if ticket is None else None
+        need = self._need(job)  # (a ticket from reserve carries the need it was taken with)
 
         def waiting() -> None:
             log.info(
