@@ -146,14 +146,11 @@ class DeviceAllocator:
         self._pump()
 
     # -- the rule ---------------------------------------------------------------------------
-    def _need(self, req: Request) -> float | None:
+    def _need(self, req: Request, largest: float | None) -> float | None:
         """The request's per-device need, or ``None`` when none applies (or none can ever
-        be met: larger than every known device total)."""
+        be met: larger than ``largest``, the largest known device total)."""
         need = req.need_gb
-        if need is None:
-            return None
-        totals = [s.total_gb for s in self._slots.values() if s.total_gb is not None]
-        if totals and need > max(totals):
+        if need is None or (largest is not None and need > largest):
             return None
         return need
 
@@ -166,20 +163,29 @@ class DeviceAllocator:
         return not slot.settling and slot.free_gb is not None and slot.free_gb >= need
 
     def _pump(self) -> None:
+        """Grant what the line allows now. Cheap when nothing can be granted (every device
+        held or stale, the common case with a long line): the node calls it at each ack."""
+        free = [s for s in self._slots.values() if s.holder is None and s.usable]
+        if not free or not self._queue:
+            return
+        totals = [s.total_gb for s in self._slots.values() if s.total_gb is not None]
+        largest = max(totals) if totals else None
         older_need_waits = False
         still: list[Request] = []
-        for req in self._queue:
-            need = self._need(req)
-            chosen = [s.uuid for s in self._slots.values() if self.fits(s, need, older_need_waits)][
-                : req.count
-            ]
+        for at, req in enumerate(self._queue):
+            if not free:  # the rest waits, in its order
+                still.extend(self._queue[at:])
+                break
+            need = self._need(req, largest)
+            chosen = [s for s in free if self.fits(s, need, older_need_waits)][: req.count]
             if len(chosen) < req.count:
                 still.append(req)
                 older_need_waits = older_need_waits or need is not None
                 continue
-            for uuid in chosen:
-                self._slots[uuid].holder = req.ticket
-            self._grants[req.ticket] = tuple(chosen)
+            for slot in chosen:
+                slot.holder = req.ticket
+            free = [s for s in free if s.holder is None]
+            self._grants[req.ticket] = tuple(s.uuid for s in chosen)
             self._fresh_grants.append(req.ticket)
         self._queue = still
 

@@ -241,16 +241,13 @@ async def dispatch(ctx: NodeContext) -> Response:
         req.job_id,
         functools.partial(runner.execute, prepared),
         work_dir=prepared.work_dir,
-        discard=functools.partial(runner.discard, prepared)
-        if hasattr(runner, "discard")
-        else prepared.cleanup,
+        discard=functools.partial(runner.discard, prepared),
         release=release,
     )
     if outcome is Registration.CREATED:
         # GPU placement: the job's place in line is its ack's (jobs acked together start in
-        # any order; a stand-in runner has no placement)
-        if hasattr(runner, "reserve"):
-            runner.reserve(prepared)
+        # any order)
+        runner.reserve(prepared)
         # the job starts once its 202 is written (or this request ends any other way): its
         # spawn never competes with its own ack (fleet_trio.node.after_send)
         after_response(release.set)

@@ -261,6 +261,12 @@ class _Runner:
         job.cleanup()
         return Done(b"{}")
 
+    def reserve(self, job: Any) -> None:
+        """No GPU placement here."""
+
+    def discard(self, job: Any) -> None:
+        job.cleanup()
+
 
 SLEEPER = (
     "import os, sys, time; sys.stdin.read(); "

@@ -128,6 +128,12 @@ class CountingRunner:
         await trio.lowlevel.checkpoint()
         return Done(b"{}") if len(job.job_id) % 2 else Failed("")
 
+    def reserve(self, job: PreparedJob) -> None:
+        """No GPU placement here."""
+
+    def discard(self, job: PreparedJob) -> None:
+        job.cleanup()
+
 
 def make_ctx(tmp: str, spawn: Any) -> tuple[NodeContext, CountingRunner]:
     cfg = config_from_mapping(
