@@ -49,7 +49,7 @@ from fleet_trio.memory import format_size
 from fleet_trio.node.config import FamilyRule, FieldSpec, QuantRule, TaskDef, task_gpus
 from fleet_trio.node.jobs import Done, Failed, Outcome
 from fleet_trio.node.placement import AllocationError, Placement, pin_env
-from fleet_trio.node.wire import JsonSyntaxError, msg_unsupported, scan_object
+from fleet_trio.node.wire import JsonSyntaxError, msg_unsupported, scan_members, scan_object
 from fleet_trio.proc.run import run
 from fleet_trio.proc.sinks import CappedBuffer, Sink, TailBuffer, TeeSink
 from fleet_trio.proc.spec import JobSpec, Result
@@ -74,10 +74,28 @@ def work_dir_prefix(tag: str) -> str:
 
 
 _PLACEHOLDER = re.compile(r"\{(job_id|task_type|work_dir|family|quant|file\.[A-Za-z0-9_.-]+)\}")
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
+
+
+def _go_float64(value: object) -> bool:
+    """A JSON number the reference node's float64 takes: finite (the scanner refuses
+    ``1e400``) and, for an integer literal, within float64's range."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    try:
+        float(value)
+    except OverflowError:
+        return False
+    return True
+
+
 _TYPE_CHECKS: dict[str, Callable[[object], bool]] = {
     "string": lambda v: isinstance(v, str),
-    "integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
-    "number": lambda v: isinstance(v, int | float) and not isinstance(v, bool),
+    # the reference node decodes an integer into an int64: a literal outside it is refused
+    "integer": lambda v: (
+        isinstance(v, int) and not isinstance(v, bool) and INT64_MIN <= v <= INT64_MAX
+    ),
+    "number": _go_float64,
     "boolean": lambda v: isinstance(v, bool),
     "object": lambda v: isinstance(v, dict),
     "array": lambda v: isinstance(v, list),
@@ -98,17 +116,26 @@ def validate_payload(
     ``{}``. Undeclared members are ignored; ``null`` members count as absent.
     """
     members: dict[str, tuple[Any, str]] = {}
+    earlier: dict[str, list[Any]] = {}  # overridden copies of declared members
     if payload_raw is not None:
         try:
-            scanned = scan_object(payload_raw)
+            scanned = scan_members(payload_raw)
         except JsonSyntaxError as exc:
             raise payload_error(task, str(exc)) from None
         if scanned is None:
             if json.loads(payload_raw) is not None:
                 raise payload_error(task, "must be a JSON object")
         else:
-            members = scanned
+            for name, value, raw in scanned:
+                if name in members and name in schema:
+                    earlier.setdefault(name, []).append(members[name][0])
+                members[name] = (value, raw)
     for name, spec in schema.items():
+        # as Go's decoder, every copy of a member is decoded in turn: an earlier copy of the
+        # wrong type is refused even when the last one (the one the task reads) is right
+        check = _TYPE_CHECKS[spec.type]
+        if any(v is not None and not check(v) for v in earlier.get(name, ())):
+            raise payload_error(task, f"{name} must be a JSON {spec.type}")
         value = members.get(name, (None, ""))[0]
         if value is None or (spec.required and value == ""):
             if spec.required:

@@ -53,6 +53,8 @@ RESERVED_MEMBERS = frozenset(
 STRING_MEMBERS = ("job_id", "task_type", "model_family", "quant")
 """Must be JSON strings or ``null``."""
 ENVELOPE_MEMBERS = frozenset({"job_id", "task_type", "payload"}) | RESERVED_MEMBERS
+ENVELOPE_GO_TYPE = "dispatchEnvelope"
+"""The reference node's envelope struct (package ``fleetnode``), as its decoder errors name it."""
 
 # Messages (§2.5), exact.
 MSG_SNAPSHOT_UNAVAILABLE = "vram snapshot unavailable"
@@ -64,7 +66,8 @@ MSG_UNKNOWN_JOB = "unknown job"
 
 
 def msg_content_type(raw: str) -> str:
-    return f"content-type must be application/json (got {go_quote(raw)})"
+    """``raw``: the header as the server decoded it (Latin-1); Go quotes the client's bytes."""
+    return f"content-type must be application/json (got {go_quote_bytes(_header_bytes(raw))})"
 
 
 def msg_malformed(detail: str) -> str:
@@ -79,9 +82,42 @@ def msg_unsupported(task_type: str, supported: Sequence[str]) -> str:
     return f"unsupported task_type {go_quote(task_type)} (supported: {', '.join(supported)})"
 
 
+_GO_ESCAPES = {c: "\\" + e for c, e in zip("\a\b\f\n\r\t\v", "abfnrtv", strict=True)}
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _go_quote_char(ch: str) -> str:
+    """One character as ``strconv.Quote`` writes it (a surrogate stands for an invalid byte,
+    as ``surrogateescape`` decodes it)."""
+    if ch in '"\\':
+        return "\\" + ch
+    code = ord(ch)
+    if 0xDC80 <= code <= 0xDCFF:
+        return f"\\x{code - 0xDC00:02x}"
+    if ch.isprintable():  # unicode.IsPrint: letters, marks, numbers, punctuation, symbols, ' '
+        return ch
+    if ch in _GO_ESCAPES:
+        return _GO_ESCAPES[ch]
+    if code < 0x20 or code == 0x7F:
+        return f"\\x{code:02x}"
+    if code < 0x10000:
+        return f"\\u{code:04x}"
+    return f"\\U{code:08x}"
+
+
+def go_quote_bytes(raw: bytes) -> str:
+    """Go's ``%q`` (``strconv.Quote``) of a byte string: valid printable UTF-8 as is, an
+    invalid byte as ``\\xNN``, other characters escaped. Linear in ``len(raw)``."""
+    text = raw.decode("utf-8", "surrogateescape")
+    if text.isprintable() and '"' not in text and "\\" not in text:
+        return f'"{text}"'
+    return '"' + "".join(map(_go_quote_char, text)) + '"'
+
+
 def go_quote(text: str) -> str:
-    """Go's ``%q`` for the common cases (JSON string quoting is the same for printable text)."""
-    return json.dumps(text, ensure_ascii=False)
+    """Go's ``%q`` of a string that came from JSON (a lone surrogate escape decodes to U+FFFD
+    in Go, so it is quoted as that)."""
+    return go_quote_bytes(_SURROGATE.sub("\ufffd", text).encode("utf-8"))
 
 
 # --------------------------------------------------------------------------------------------
@@ -190,6 +226,15 @@ def scan_object(text: str) -> dict[str, tuple[Any, str]] | None:
     text (the last duplicate wins, as in Go). For any other value return ``None``.
     Raises :class:`JsonSyntaxError`.
     """
+    members = scan_members(text)
+    if members is None:
+        return None
+    return {name: (value, raw) for name, value, raw in members}
+
+
+def scan_members(text: str) -> list[tuple[str, Any, str]] | None:
+    """As :func:`scan_object`, but every member in document order, duplicates included
+    (Go's decoder decodes each copy in turn, so an earlier copy can be an error)."""
     i = _skip_ws(text, 0)
     if i >= len(text):
         raise JsonSyntaxError("unexpected end of JSON input")
@@ -202,7 +247,7 @@ def scan_object(text: str) -> dict[str, tuple[Any, str]] | None:
         if _skip_ws(text, end) != len(text):
             raise JsonSyntaxError("invalid character after top-level value")
         return None
-    members: dict[str, tuple[Any, str]] = {}
+    members: list[tuple[str, Any, str]] = []
     i = _skip_ws(text, i + 1)
     if i < len(text) and text[i] == "}":
         end = i + 1
@@ -228,7 +273,7 @@ def scan_object(text: str) -> dict[str, tuple[Any, str]] | None:
                 raise JsonSyntaxError(MSG_TOO_DEEP)
             if _lone_surrogate(value, raw):
                 raise JsonSyntaxError(MSG_LONE_SURROGATE)
-            members[str(name)] = (value, raw)
+            members.append((str(name), value, raw))
             i = _skip_ws(text, end)
             if i < len(text) and text[i] == ",":
                 i = _skip_ws(text, i + 1)
@@ -268,32 +313,126 @@ def decode_utf8(body: bytes) -> str:
 # Dispatch
 # --------------------------------------------------------------------------------------------
 
-_TOKEN = r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+"
-_MEDIA_TYPE = re.compile(rf"^({_TOKEN})/({_TOKEN})$")
-_PARAM = re.compile(rf'^({_TOKEN})\s*=\s*({_TOKEN}|"(?:[^"\\]|\\.)*")$')
+# Go's mime.ParseMediaType (RFC 2045 tokens; unicode.IsSpace; unicode.ToLower), exactly: the
+# header is parsed as the bytes the client sent (decoded ``surrogateescape``, so an invalid
+# byte is a character that is neither a space nor a token character, as Go's U+FFFD is).
+_TSPECIALS = frozenset('()<>@,;:\\"/[]?=')
+_TOKEN_CHARS = frozenset(map(chr, range(0x21, 0x7F))) - _TSPECIALS
+_GO_SPACES = "\t\n\v\f\r \x85\xa0\u1680\u2028\u2029\u202f\u205f\u3000" + "".join(
+    map(chr, range(0x2000, 0x200B))
+)
+
+
+def _skip_space(text: str, i: int) -> int:
+    while i < len(text) and text[i] in _GO_SPACES:
+        i += 1
+    return i
+
+
+def _token_end(text: str, i: int) -> int:
+    while i < len(text) and text[i] in _TOKEN_CHARS:
+        i += 1
+    return i
+
+
+def _media_type_ok(mediatype: str) -> bool:
+    """``checkMediaTypeDisposition``: ``token`` or ``token/token``."""
+    end = _token_end(mediatype, 0)
+    if end == 0 or end == len(mediatype):
+        return end > 0
+    if mediatype[end] != "/":
+        return False
+    sub_end = _token_end(mediatype, end + 1)
+    return end + 1 < sub_end == len(mediatype)
+
+
+def _media_value(text: str, i: int) -> tuple[str, int]:
+    """``consumeValue``: a token or a quoted string; ``("", i)`` when there is none."""
+    if i >= len(text) or text[i] != '"':
+        end = _token_end(text, i)
+        return text[i:end], end
+    out: list[str] = []
+    j = i + 1
+    while j < len(text):
+        ch = text[j]
+        if ch == '"':
+            return "".join(out), j + 1
+        if ch == "\\" and j + 1 < len(text) and text[j + 1] in _TSPECIALS:
+            out.append(text[j + 1])
+            j += 2
+            continue
+        if ch in "\r\n":
+            return "", i
+        out.append(ch)
+        j += 1
+    return "", i  # no closing quote
+
+
+def _media_param(text: str, i: int) -> tuple[str, str, int] | None:
+    """``consumeMediaParam`` at ``text[i:]``: ``(name, value, end)``, or ``None``."""
+    i = _skip_space(text, i)
+    if i >= len(text) or text[i] != ";":
+        return None
+    i = _skip_space(text, i + 1)
+    end = _token_end(text, i)
+    if end == i:
+        return None
+    name = text[i:end].lower()
+    i = _skip_space(text, end)
+    if i >= len(text) or text[i] != "=":
+        return None
+    i = _skip_space(text, i + 1)
+    value, end = _media_value(text, i)
+    if value == "" and end == i:
+        return None
+    return name, value, end
 
 
 def parse_media_type(raw: str) -> str | None:
-    """The lower-cased ``type/subtype`` of a Content-Type value, or ``None`` if it will not
-    parse (Go's ``mime.ParseMediaType``: parameters must be ``name=token`` or quoted)."""
-    parts = raw.split(";")
-    m = _MEDIA_TYPE.match(parts[0].strip())
-    if m is None:
+    """The lower-cased media type of a Content-Type value, or ``None`` where Go's
+    ``mime.ParseMediaType`` returns an error: a bad type, a parameter that is not
+    ``name=token`` or ``name="quoted"``, an empty parameter (``;;``; one trailing ``;`` is
+    tolerated), or a name given twice with different values. Linear in ``len(raw)``."""
+    base = raw.split(";", 1)[0]
+    # strings.ToLower maps U+0130 to "i" (simple case folding); Python's full mapping does not
+    mediatype = base.replace("\u0130", "i").lower().strip(_GO_SPACES)
+    if not _media_type_ok(mediatype):
         return None
-    for param in parts[1:]:
-        param = param.strip()
-        if not param:
-            continue  # a trailing ';' is tolerated
-        if _PARAM.match(param) is None:
+    params: dict[str, str] = {}
+    continued: dict[str, dict[str, str]] = {}  # RFC 2231 `name*` / `name*0` pieces, per name
+    i = len(base)
+    while i < len(raw):
+        i = _skip_space(raw, i)
+        if i >= len(raw):
+            break
+        param = _media_param(raw, i)
+        if param is None:
+            if raw[i:].strip(_GO_SPACES) == ";":
+                break  # a trailing semicolon
             return None
-    return f"{m.group(1)}/{m.group(2)}".lower()
+        name, value, i = param
+        seen = continued.setdefault(name.split("*", 1)[0], {}) if "*" in name else params
+        if seen.setdefault(name, value) != value:
+            return None  # "mime: duplicate parameter name" (equal values are allowed)
+    return mediatype
+
+
+def _header_bytes(raw: str) -> bytes:
+    """The bytes of a header value as the server hands it over (ASGI servers decode header
+    bytes as Latin-1, one character per byte); text beyond Latin-1 is taken as UTF-8."""
+    try:
+        return raw.encode("latin-1")
+    except UnicodeEncodeError:
+        return raw.encode("utf-8", "surrogateescape")
 
 
 def check_content_type(raw: str | None) -> None:
-    """§2.3 step 1. A missing or empty header is allowed (plain curl)."""
+    """§2.3 step 1. A missing or empty header is allowed (plain curl). ``raw`` is the header
+    as the server decoded it (Latin-1); it is parsed, and echoed, as the client's bytes."""
     if raw is None or raw == "":
         return
-    if parse_media_type(raw) != "application/json":
+    text = _header_bytes(raw).decode("utf-8", "surrogateescape")
+    if parse_media_type(text) != "application/json":
         raise WireError(msg_content_type(raw), status=400)
 
 
@@ -316,7 +455,7 @@ def parse_dispatch(body: bytes) -> DispatchRequest:
         text = decode_utf8(body)
         if text.strip(_WS) == "":
             raise JsonSyntaxError("EOF")
-        members = scan_object(text)
+        members = scan_members(text)
     except JsonSyntaxError as exc:
         raise WireError(msg_malformed(str(exc))) from None
     if members is None:
@@ -326,26 +465,34 @@ def parse_dispatch(body: bytes) -> DispatchRequest:
         raise WireError(
             msg_malformed(
                 f"json: cannot unmarshal {json_kind(value)} into Go value of type "
-                "fleetnode.dispatchRequest"
+                f"fleetnode.{ENVELOPE_GO_TYPE}"
             )
         )
-    for name, (value, _raw) in members.items():
+    # As encoding/json: each copy of a member is decoded in turn into its field, so the first
+    # error in document order wins (an earlier wrong-typed copy included), a later string
+    # replaces an earlier one, and `null` into a string field leaves it as it was.
+    strings: dict[str, str] = {}
+    payload_raw: str | None = None
+    for name, value, raw in members:
         if name not in ENVELOPE_MEMBERS:
             raise WireError(msg_malformed(f"json: unknown field {go_quote(name)}"))
-        if name in STRING_MEMBERS and value is not None and not isinstance(value, str):
-            raise WireError(
-                msg_malformed(
-                    f"json: cannot unmarshal {json_kind(value)} into Go struct field "
-                    f"dispatchRequest.{name} of type string"
+        if name in STRING_MEMBERS:
+            if isinstance(value, str):
+                strings[name] = value
+            elif value is not None:
+                raise WireError(
+                    msg_malformed(
+                        f"json: cannot unmarshal {json_kind(value)} into Go struct field "
+                        f"{ENVELOPE_GO_TYPE}.{name} of type string"
+                    )
                 )
-            )
-    job_id = members.get("job_id", (None, ""))[0] or ""
-    task_type = members.get("task_type", (None, ""))[0] or ""
-    payload = members.get("payload")
+        elif name == "payload":
+            payload_raw = raw  # a json.RawMessage: the last copy, `null` included
+    job_id = strings.get("job_id", "")
     if not job_id:
         raise WireError(MSG_JOB_ID_REQUIRED)
     return DispatchRequest(
-        job_id=job_id, task_type=task_type, payload_raw=None if payload is None else payload[1]
+        job_id=job_id, task_type=strings.get("task_type", ""), payload_raw=payload_raw
     )
 
 
