@@ -33,7 +33,7 @@ EXIT_USAGE = 2
 WAIT_FOR_WORKER = 30.0
 """How long ``sim submit`` waits for a worker to register before giving up."""
 WAIT_FOR_CONTROLLER = 10.0
-"""How long ``sim worker|submit|jobs|devices`` wait for a ``sim controller`` that is starting
+"""How long ``sim worker|submit`` wait for a ``sim controller`` that is starting
 (``sim controller &`` returns before it serves: a pasted block's next line must not race it)."""
 
 
@@ -309,15 +309,17 @@ def _read_session() -> dict[str, Any] | None:
     return info
 
 
-async def _wait_for_session(timeout: float) -> dict[str, Any] | None:
-    """:func:`_read_session`, waiting up to ``timeout`` seconds for a controller that is
-    starting; says so once on stderr."""
+async def _wait_for_session(seconds: float) -> dict[str, Any] | None:
+    """:func:`_read_session`, waiting up to ``seconds`` for a controller that is starting;
+    says so once on stderr."""
     told = False
-    with trio.move_on_after(timeout):
+    with trio.move_on_after(seconds):
         while (info := _read_session()) is None:
+            if seconds <= 0:
+                return None
             if not told:
                 print(
-                    f"{PROG}: waiting up to {timeout:g}s for a sim controller to start…",
+                    f"{PROG}: waiting up to {seconds:g}s for a sim controller to start…",
                     file=sys.stderr,
                     flush=True,
                 )
@@ -327,19 +329,20 @@ async def _wait_for_session(timeout: float) -> dict[str, Any] | None:
     return None
 
 
-NO_CONTROLLER = (
-    f"no sim controller is running (waited {WAIT_FOR_CONTROLLER:g}s; start "
-    "`fleet-trio sim controller` first"
-)
+def _no_controller(waited: float) -> str:
+    waiting = f"waited {waited:g}s; " if waited else ""
+    return f"no sim controller is running ({waiting}start `fleet-trio sim controller` first"
 
 
-def _endpoint(args: argparse.Namespace) -> tuple[str, str]:
+def _endpoint(args: argparse.Namespace, wait: float = 0.0) -> tuple[str, str]:
+    """The controller's URL and client token: the flags, else the running sim's session
+    (waiting up to ``wait`` seconds for one that is starting)."""
     url, token = args.url, args.token
     if not url or not token:
-        info = trio.run(_wait_for_session, WAIT_FOR_CONTROLLER if not url else 0.0)
+        info = trio.run(_wait_for_session, wait if not url else 0.0)
         if info is None:
             if not url:
-                raise SimCliError(f"{NO_CONTROLLER}, or pass --url and --token)")
+                raise SimCliError(f"{_no_controller(wait)}, or pass --url and --token)")
             info = {}
         url = url or info.get("url", "")
         token = token or info.get("client_token", "")
@@ -365,9 +368,9 @@ async def _request(method: str, url: str, token: str, body: Any = None) -> Any:
     return r.json()
 
 
-def _run_client(main: Any, args: argparse.Namespace) -> int:
+def _run_client(main: Any, args: argparse.Namespace, wait: float = 0.0) -> int:
     try:
-        args.url, args.token = _endpoint(args)
+        args.url, args.token = _endpoint(args, wait)
         result: int = trio.run(main, args)
     except SimCliError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -387,7 +390,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         return 130
     if info is None:
-        print(f"error: {NO_CONTROLLER})", file=sys.stderr)
+        print(f"error: {_no_controller(WAIT_FOR_CONTROLLER)})", file=sys.stderr)
         return EXIT_FAILED
     config = info.get("worker_config")
     if not isinstance(config, str) or not config:
@@ -411,7 +414,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
         print("error: sim submit: missing command (use -- CMD [ARG...])", file=sys.stderr)
         return EXIT_USAGE
     args.command = command
-    return _run_client(_submit, args)
+    return _run_client(_submit, args, WAIT_FOR_CONTROLLER)
 
 
 async def _submit(args: argparse.Namespace) -> int:
