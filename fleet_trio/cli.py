@@ -112,8 +112,9 @@ def _add_exec(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "exec",
         usage=(
-            "%(prog)s [-h] [--job-id ID] [--grace DUR] [--max-runtime DUR] [--idle-timeout DUR]"
-            " [--cwd DIR] [--json] [--log-level LEVEL] [--log-format FORMAT] -- CMD [ARG...]"
+            "%(prog)s [-h] [--job-id ID] [--grace DUR] [--max-runtime DUR]\n"
+            "       [--idle-timeout DUR] [--cwd DIR] [--json]\n"
+            "       [--log-level LEVEL] [--log-format FORMAT] -- CMD [ARG...]"
         ),
         help="run one command exactly as the worker runs a job",
         description=(

@@ -13,6 +13,7 @@ import pytest
 
 from fleet_trio import __version__
 from fleet_trio.cli import PROG, build_parser, main
+from fleet_trio.gpu.fake import build_parser as build_fake_gpu_parser
 
 
 def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
@@ -36,6 +37,7 @@ def _walk(
 
 
 PATHS = [path for path, _ in _walk(build_parser())]
+FAKE_GPU_VERBS = [path for path, _ in _walk(build_fake_gpu_parser()) if path]
 
 
 def _parser_at(path: tuple[str, ...]) -> argparse.ArgumentParser:
@@ -136,3 +138,36 @@ def test_top_level_help_is_the_same_without_the_harness_loaded() -> None:
     """``fleet-trio --help`` is printed with stand-ins for the harness commands (sim, demo),
     whose parsers are imported only when named: their lines are the real parsers' lines."""
     assert build_parser(full=()).format_help() == build_parser().format_help()
+
+
+def _no_help_text(parser: argparse.ArgumentParser) -> list[str]:
+    return [
+        "/".join(action.option_strings) or str(action.metavar or action.dest)
+        for action in parser._actions
+        if action.help is not argparse.SUPPRESS
+        and not isinstance(action, argparse._SubParsersAction)
+        and not (action.help or "").strip()
+    ]
+
+
+def _wide_usage(parser: argparse.ArgumentParser) -> list[str]:
+    return [line for line in parser.format_usage().splitlines() if len(line) > 88]
+
+
+@pytest.mark.parametrize("path", PATHS, ids=lambda p: " ".join(p) or "top")
+def test_every_argument_has_help_text(path: tuple[str, ...]) -> None:
+    """Every option and positional of every subcommand says what it is (a test walks the
+    parser), and the usage block fits a terminal (a hand-written usage line is wrapped)."""
+    parser = _parser_at(path)
+    missing = _no_help_text(parser)
+    assert not missing, f"{' '.join([PROG, *path])}: no help text for {missing}"
+    assert not _wide_usage(parser)
+
+
+@pytest.mark.parametrize("path", FAKE_GPU_VERBS, ids=" ".join)
+def test_every_fake_gpu_argument_has_help_text(path: tuple[str, ...]) -> None:
+    """``fleet-trio fake-gpu VERB`` parses its verb's arguments with a parser of its own."""
+    parser = dict(_walk(build_fake_gpu_parser("fleet-trio fake-gpu")))[path]
+    missing = _no_help_text(parser)
+    assert not missing, f"fleet-trio fake-gpu {' '.join(path)}: no help text for {missing}"
+    assert not _wide_usage(parser)

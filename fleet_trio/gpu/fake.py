@@ -379,31 +379,66 @@ def _finite_float(text: str) -> float:
     return value
 
 
-def main(argv: Sequence[str] | None = None, prog: str = "python -m fleet_trio.gpu.fake") -> int:
+def build_parser(prog: str = "python -m fleet_trio.gpu.fake") -> argparse.ArgumentParser:
+    """The fake GPU's command line (``fleet-trio fake-gpu VERB …``)."""
     parser = argparse.ArgumentParser(prog=prog)
-    sub = parser.add_subparsers(dest="verb", required=True)
+    sub = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
     with_dir = argparse.ArgumentParser(add_help=False)  # every verb takes --dir
-    with_dir.add_argument("--dir", default=default_fake_dir(), help=f"default: ${ENV_DIR}")
+    with_dir.add_argument(
+        "--dir",
+        default=default_fake_dir(),
+        help=f"the fake GPU's directory (default: ${ENV_DIR}, else the state directory's)",
+    )
+    size = "a size: bytes, or a number with K, M, G or T (powers of 1024), e.g. 2.5G"
     hold = sub.add_parser(
         "hold", parents=[with_dir], help="hold SIZE until killed (or --for SECONDS)"
     )
-    hold.add_argument("size")
-    hold.add_argument("--for", dest="seconds", type=_positive("seconds"), default=None)
+    hold.add_argument("size", help=f"how much VRAM to hold: {size}")
+    hold.add_argument(
+        "--for",
+        dest="seconds",
+        metavar="SECONDS",
+        type=_positive("seconds"),
+        default=None,
+        help="release it after this many seconds (default: hold until killed)",
+    )
     who = hold.add_mutually_exclusive_group()
-    who.add_argument("--pid", type=int, default=None)
-    who.add_argument("--parent", action="store_true")
+    who.add_argument(
+        "--pid",
+        type=int,
+        default=None,
+        help="the process the holding is counted for (default: this one)",
+    )
+    who.add_argument(
+        "--parent",
+        action="store_true",
+        help="count the holding for the calling process (a job script's shell)",
+    )
     alloc = sub.add_parser("alloc", parents=[with_dir], help="set PID's holding to SIZE and return")
-    alloc.add_argument("size")
-    alloc.add_argument("--pid", type=int, required=True)
+    alloc.add_argument("size", help=f"PID's holding: {size}")
+    alloc.add_argument("--pid", type=int, required=True, help="the process that holds it")
     free = sub.add_parser("free", parents=[with_dir], help="drop PID's holding")
-    free.add_argument("--pid", type=int, required=True)
+    free.add_argument("--pid", type=int, required=True, help="the process whose holding goes")
     init = sub.add_parser("init", parents=[with_dir], help="create the directory and device.json")
-    init.add_argument("--name", default=DEFAULT_NAME)
-    init.add_argument("--total-gib", type=_positive("GiB"), default=DEFAULT_TOTAL_GIB)
+    init.add_argument(
+        "--name", default=DEFAULT_NAME, help=f"the device's name (default {DEFAULT_NAME!r})"
+    )
+    init.add_argument(
+        "--total-gib",
+        type=_positive("GiB"),
+        default=DEFAULT_TOTAL_GIB,
+        help=f"the device's VRAM in GiB (default {DEFAULT_TOTAL_GIB:g})",
+    )
     fail = sub.add_parser("fail", parents=[with_dir], help="make every snapshot fail")
-    fail.add_argument("message", nargs="?", default="")
+    fail.add_argument(
+        "message", nargs="?", default="", help="the error every snapshot reports (default none)"
+    )
     sub.add_parser("recover", parents=[with_dir], help="undo fail")
+    return parser
 
+
+def main(argv: Sequence[str] | None = None, prog: str = "python -m fleet_trio.gpu.fake") -> int:
+    parser = build_parser(prog)
     args = parser.parse_args(argv)
     directory: str = args.dir
     if not directory:
@@ -447,6 +482,7 @@ __all__ = [
     "ENV_DIR",
     "FakeDevice",
     "FakeGpu",
+    "build_parser",
     "default_fake_dir",
     "device_dirs",
     "fake_uuid",

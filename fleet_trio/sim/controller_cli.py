@@ -32,6 +32,9 @@ EXIT_FAILED = 1
 EXIT_USAGE = 2
 WAIT_FOR_WORKER = 30.0
 """How long ``sim submit`` waits for a worker to register before giving up."""
+WAIT_FOR_CONTROLLER = 10.0
+"""How long ``sim worker|submit`` wait for a ``sim controller`` that is starting
+(``sim controller &`` returns before it serves: a pasted block's next line must not race it)."""
 
 
 class SimCliError(Exception):
@@ -114,16 +117,32 @@ def add_to_sim(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         description=(
             "Submit CMD as a job (POST /v1/jobs, as rc run does), print its output as the "
             "worker uploads it, and exit with the job's exit code (1 when it failed without "
-            "one, 2 for a usage or connection error). --detach prints the job id and returns."
+            "one or the controller cannot be reached, 2 for a usage error, 130 after Ctrl-C, "
+            "which kills the job). --detach prints the job id and returns."
         ),
-        usage="%(prog)s [-h] [--device ID] [--max-runtime SECONDS] [--detach] [--url URL] "
-        "[--token TOKEN] [--log-level LEVEL] [--log-format FORMAT] -- CMD [ARG...]",
+        usage=(
+            "%(prog)s [-h] [--device ID] [--max-runtime SECONDS] [--detach]\n"
+            "       [--url URL] [--token TOKEN] [--log-level LEVEL] [--log-format FORMAT]\n"
+            "       -- CMD [ARG...]"
+        ),
     )
     q.add_argument("--device", metavar="ID", default="", help="host:gpuN (default: any ready)")
-    q.add_argument("--max-runtime", metavar="SECONDS", type=int, default=0)
+    q.add_argument(
+        "--max-runtime",
+        metavar="SECONDS",
+        type=int,
+        default=0,
+        help="the job's max_runtime_seconds: the worker stops it after this long "
+        "(default 0: no limit)",
+    )
     q.add_argument("--detach", action="store_true", help="print the job id and return")
     client_args(q)
-    q.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD ARG...")
+    q.add_argument(
+        "command",
+        nargs=argparse.REMAINDER,
+        metavar="-- CMD ARG...",
+        help="the job's command and its arguments, after --",
+    )
     q.set_defaults(handler=cmd_submit)
     for name, text in (
         ("jobs", "list the sim controller's jobs"),
@@ -266,21 +285,65 @@ async def _serve(args: argparse.Namespace, host: str, port: int, root: str, conf
 # -- the client commands ----------------------------------------------------------------------
 
 
-def _endpoint(args: argparse.Namespace) -> tuple[str, str]:
+def _read_session() -> dict[str, Any] | None:
+    """The running sim controller's session record, or ``None`` when none is running (no
+    file, or the file of a controller that was killed and could not remove it)."""
+    path = session_path()
+    try:
+        with open(path, encoding="utf-8") as f:
+            info = json.load(f)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        raise SimCliError(f"{path}: {exc}") from None
+    if not isinstance(info, dict):
+        raise SimCliError(f"{path}: not a sim controller record")
+    pid = info.get("pid")
+    if isinstance(pid, int) and pid > 0:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return None  # left behind by a controller that was killed
+        except PermissionError:
+            pass  # alive, another user's
+    return info
+
+
+async def _wait_for_session(seconds: float) -> dict[str, Any] | None:
+    """:func:`_read_session`, waiting up to ``seconds`` for a controller that is starting;
+    says so once on stderr."""
+    told = False
+    with trio.move_on_after(seconds):
+        while (info := _read_session()) is None:
+            if seconds <= 0:
+                return None
+            if not told:
+                print(
+                    f"{PROG}: waiting up to {seconds:g}s for a sim controller to start…",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                told = True
+            await trio.sleep(0.1)
+        return info
+    return None
+
+
+def _no_controller(waited: float) -> str:
+    waiting = f"waited {waited:g}s; " if waited else ""
+    return f"no sim controller is running ({waiting}start `fleet-trio sim controller` first"
+
+
+def _endpoint(args: argparse.Namespace, wait: float = 0.0) -> tuple[str, str]:
+    """The controller's URL and client token: the flags, else the running sim's session
+    (waiting up to ``wait`` seconds for one that is starting)."""
     url, token = args.url, args.token
     if not url or not token:
-        try:
-            with open(session_path(), encoding="utf-8") as f:
-                info = json.load(f)
-        except FileNotFoundError:
+        info = trio.run(_wait_for_session, wait if not url else 0.0)
+        if info is None:
             if not url:
-                raise SimCliError(
-                    "no sim controller is running (start `fleet-trio sim controller`, or "
-                    "pass --url and --token)"
-                ) from None
+                raise SimCliError(f"{_no_controller(wait)}, or pass --url and --token)")
             info = {}
-        except (OSError, ValueError) as exc:
-            raise SimCliError(f"{session_path()}: {exc}") from None
         url = url or info.get("url", "")
         token = token or info.get("client_token", "")
     return str(url).rstrip("/"), str(token)
@@ -305,9 +368,9 @@ async def _request(method: str, url: str, token: str, body: Any = None) -> Any:
     return r.json()
 
 
-def _run_client(main: Any, args: argparse.Namespace) -> int:
+def _run_client(main: Any, args: argparse.Namespace, wait: float = 0.0) -> int:
     try:
-        args.url, args.token = _endpoint(args)
+        args.url, args.token = _endpoint(args, wait)
         result: int = trio.run(main, args)
     except SimCliError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -320,16 +383,18 @@ def _run_client(main: Any, args: argparse.Namespace) -> int:
 def cmd_worker(args: argparse.Namespace) -> int:
     """Replace this process by ``fleet-trio worker -c <the sim's worker.yaml>``."""
     try:
-        with open(session_path(), encoding="utf-8") as f:
-            config = json.load(f)["worker_config"]
-    except FileNotFoundError:
-        print(
-            "error: no sim controller is running (start `fleet-trio sim controller` first)",
-            file=sys.stderr,
-        )
+        info = trio.run(_wait_for_session, WAIT_FOR_CONTROLLER)
+    except SimCliError as exc:
+        print(f"error: {exc}", file=sys.stderr)
         return EXIT_FAILED
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        print(f"error: {session_path()}: {exc}", file=sys.stderr)
+    except KeyboardInterrupt:
+        return 130
+    if info is None:
+        print(f"error: {_no_controller(WAIT_FOR_CONTROLLER)})", file=sys.stderr)
+        return EXIT_FAILED
+    config = info.get("worker_config")
+    if not isinstance(config, str) or not config:
+        print(f"error: {session_path()}: no worker_config in it", file=sys.stderr)
         return EXIT_FAILED
     argv = [sys.executable, "-m", "fleet_trio", "worker", "-c", str(config)]
     sys.stdout.flush()
@@ -349,7 +414,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
         print("error: sim submit: missing command (use -- CMD [ARG...])", file=sys.stderr)
         return EXIT_USAGE
     args.command = command
-    return _run_client(_submit, args)
+    return _run_client(_submit, args, WAIT_FOR_CONTROLLER)
 
 
 async def _submit(args: argparse.Namespace) -> int:
@@ -373,15 +438,36 @@ async def _submit(args: argparse.Namespace) -> int:
 
     follow = f"{url}/v1/jobs/{job_id}/logs?follow=1"
     out_limiter = trio.CapacityLimiter(1)  # one write at a time: chunks keep their order
-    try:
-        async with (
-            httpx.AsyncClient(timeout=httpx.Timeout(10.0, read=None)) as client,
-            client.stream("GET", follow, headers={"Authorization": f"Bearer {token}"}) as r,
-        ):
-            async for chunk in r.aiter_bytes():  # a slow terminal must not stall the loop
-                await trio.to_thread.run_sync(_write_stdout, chunk, limiter=out_limiter)
-    except httpx.HTTPError as exc:
-        raise SimCliError(f"lost the job's log stream: {exc}") from None
+    interrupted = False
+    with trio.open_signal_receiver(signal.SIGINT) as sigint:
+        async with trio.open_nursery() as nursery:
+
+            async def on_sigint() -> None:
+                nonlocal interrupted
+                async for _ in sigint:
+                    interrupted = True
+                    nursery.cancel_scope.cancel()
+                    return
+
+            nursery.start_soon(on_sigint)
+            try:
+                async with (
+                    httpx.AsyncClient(timeout=httpx.Timeout(10.0, read=None)) as client,
+                    client.stream(
+                        "GET", follow, headers={"Authorization": f"Bearer {token}"}
+                    ) as r,
+                ):
+                    async for chunk in r.aiter_bytes():  # a slow terminal: not on the loop
+                        await trio.to_thread.run_sync(_write_stdout, chunk, limiter=out_limiter)
+            except httpx.HTTPError as exc:
+                raise SimCliError(f"lost the job's log stream: {exc}") from None
+            nursery.cancel_scope.cancel()
+    if interrupted:
+        # Ctrl-C while following: the job is not left running behind the user's back
+        killed = (await _request("POST", f"{url}/v1/jobs/{job_id}/kill", token))["killed"]
+        what = "killed" if killed else "had already ended"
+        print(f"{PROG}: interrupted: job {job_id} {what} (Ctrl-C)", file=sys.stderr)
+        return 130
     final = (await _request("GET", f"{url}/v1/jobs/{job_id}", token))["job"]
     state, code = final["state"], final.get("exit_code")
     if state != "succeeded":

@@ -123,3 +123,113 @@ async def test_try_it_from_the_shell(tmp_path: Path) -> None:
     nobody = await cli("sim", "jobs")
     assert nobody.returncode == 1
     assert nobody.stderr.decode().startswith("error: no sim controller is running")
+
+
+def _shell_env(tmp_path: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "STATE_DIRECTORY"}
+    env.update(HOME=str(tmp_path), XDG_STATE_HOME=str(tmp_path / "state"))
+    return env
+
+
+async def test_a_left_behind_session_file_is_not_a_running_controller(tmp_path: Path) -> None:
+    """A controller killed with SIGKILL cannot remove its session file: its dead pid says no
+    controller is running (not a connection error to a dead URL)."""
+    env = _shell_env(tmp_path)
+    gone = await trio.lowlevel.open_process(["true"])
+    await gone.wait()
+    session = tmp_path / "state" / "fleet-trio" / "sim-controller.json"
+    session.parent.mkdir(parents=True)
+    info = {
+        "url": "http://127.0.0.1:9",
+        "client_token": "c",
+        "worker_config": "/nonexistent",
+        "pid": gone.pid,
+    }
+    session.write_text(json.dumps(info))
+    with trio.fail_after(60):
+        done = await trio.run_process(
+            [*FLEET_TRIO, "sim", "jobs"], env=env, capture_stderr=True, check=False
+        )
+    assert done.returncode == 1
+    assert done.stderr.decode().startswith("error: no sim controller is running"), done.stderr
+
+
+@pytest.mark.slow
+async def test_sim_worker_and_submit_wait_for_a_controller_that_is_starting(
+    tmp_path: Path,
+) -> None:
+    """``sim controller &`` returns before the controller serves: ``sim worker`` and ``sim
+    submit`` started right after it wait for it (saying so once), instead of failing."""
+    env = _shell_env(tmp_path)
+    with trio.fail_after(90):
+        worker = await trio.lowlevel.open_process(
+            [*FLEET_TRIO, "sim", "worker"], env=env, stderr=subprocess.PIPE
+        )
+        ctrl = None
+        try:
+            said = bytearray()
+            await _read_until(worker.stderr, b"waiting up to 10s for a sim controller", said)
+            assert worker.returncode is None
+            ctrl = await trio.lowlevel.open_process(
+                [*FLEET_TRIO, "sim", "controller", "--listen", "127.0.0.1:0"],
+                env=env,
+                stdout=subprocess.DEVNULL,
+            )
+            done = await trio.run_process(
+                [*FLEET_TRIO, "sim", "submit", "--", "sh", "-c", "echo ran"],
+                env=env,
+                capture_stdout=True,
+                capture_stderr=True,
+                check=False,
+            )
+            assert done.returncode == 0, done.stderr
+            assert done.stdout == b"ran\n"
+        finally:
+            for proc in (worker, ctrl):
+                if proc is not None:
+                    proc.send_signal(signal.SIGTERM)
+                    await proc.wait()
+
+
+@pytest.mark.slow
+async def test_ctrl_c_on_sim_submit_kills_the_job_and_says_so(tmp_path: Path) -> None:
+    env = _shell_env(tmp_path)
+    with trio.fail_after(90):
+        ctrl = await trio.lowlevel.open_process(
+            [*FLEET_TRIO, "sim", "controller", "--listen", "127.0.0.1:0"],
+            env=env,
+            stdout=subprocess.PIPE,
+        )
+        worker = submit = None
+        try:
+            out = bytearray()
+            await _read_until(ctrl.stdout, b"worker config: ", out)
+            worker = await trio.lowlevel.open_process(
+                [*FLEET_TRIO, "sim", "worker"], env=env, stderr=subprocess.DEVNULL
+            )
+            submit = await trio.lowlevel.open_process(
+                [*FLEET_TRIO, "sim", "submit", "--", "sh", "-c", "echo started; exec sleep 600"],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+            )
+            seen = bytearray()
+            await _read_until(submit.stdout, b"started\n", seen)
+            submit.send_signal(signal.SIGINT)
+            assert await submit.wait() == 130
+            err = (await submit.stderr.receive_some()).decode()
+            assert "interrupted: job " in err and "killed (Ctrl-C)" in err, err
+            jobs = await trio.run_process(
+                [*FLEET_TRIO, "sim", "jobs", "--json"], env=env, capture_stdout=True
+            )
+            while json.loads(jobs.stdout)[0]["state"] not in ("killed", "failed"):
+                await trio.sleep(0.2)
+                jobs = await trio.run_process(
+                    [*FLEET_TRIO, "sim", "jobs", "--json"], env=env, capture_stdout=True
+                )
+            assert json.loads(jobs.stdout)[0]["state"] == "killed"
+        finally:
+            for proc in (submit, worker, ctrl):
+                if proc is not None and proc.returncode is None:
+                    proc.send_signal(signal.SIGTERM)
+                    await proc.wait()
