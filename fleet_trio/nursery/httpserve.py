@@ -21,22 +21,44 @@ The bound this gives: a server scope closes within a scheduler pass or two of it
 whatever its clients do. Tested with a real client that never reads
 (``tests/nursery/test_stalled_tail_shutdown.py``).
 
+Descriptors (no client can take the server's descriptors for long; docs/security.md
+"Descriptors", ``tests/nursery/test_descriptors.py`` on real processes under ``ulimit -n 64``):
+
+- a client's **EOF ends its connection at once** when no request is in flight: hypercorn keeps
+  its idle timer running after the read loop ends, so a client that connected and closed held
+  its descriptor for the whole keep-alive timeout (120 s);
+- a **header timeout** (``header_timeout``, 5 s: §2.1's read-header): a connection whose first
+  request head is not complete that long after the accept is closed; after a response, the
+  keep-alive timeout (120 s) waits for the next request, and once its first bytes arrive the
+  rest of its head has ``header_timeout`` (as Go's ``ReadHeaderTimeout`` and ``IdleTimeout``);
+- **accept** is this module's loop, not ``trio.serve_listeners`` (which logs a traceback every
+  100 ms while the process is out of descriptors): on EMFILE/ENFILE/ENOBUFS/ENOMEM it backs
+  off from 0.1 s to 1 s, waking at once when one of its own connections closes, and logs one
+  WARNING per 10 s (with the count of refusals since the previous one), then one INFO line
+  when accepting works again (:class:`AcceptBackoff`).
+
+Hypercorn internals relied on (hypercorn 0.16-0.18, ``TCPServer``): ``_read_data`` (replaced),
+``_idle_timeout`` (replaced), ``idle_task`` and the ``Updated`` events that restart and stop it.
+``tests/nursery/test_httpserve.py`` covers each.
+
 Both roles serve through :func:`serve_http` (a failed bind: the role's own start error).
 """
 
 from __future__ import annotations
 
-import functools
+import errno
 import logging
 import math
+import os
+import resource
 from collections.abc import Callable
 from typing import Any
 
 import trio
 from hypercorn.config import Config as HypercornConfig
-from hypercorn.events import Closed, Event, RawData
+from hypercorn.events import Closed, Event, RawData, Updated
 from hypercorn.trio.lifespan import Lifespan
-from hypercorn.trio.tcp_server import TCPServer
+from hypercorn.trio.tcp_server import MAX_RECV, TCPServer
 from hypercorn.trio.worker_context import WorkerContext
 from hypercorn.typing import AppWrapper, ConnectionState, LifespanState
 from hypercorn.utils import repr_socket_addr, wrap_app
@@ -47,6 +69,17 @@ WRITE_TIMEOUT = 30.0
 """Seconds one write to a client may take before the client is dropped (§2.1 write: 30 s)."""
 IDLE_TIMEOUT = 120.0
 """§2.1: an idle keep-alive connection is closed after 120 s."""
+HEADER_TIMEOUT = 5.0
+"""§2.1 read-header: seconds from a connection's accept (or from the first byte of a next
+request on a kept-alive one) until its request head must be complete; else it is closed."""
+ACCEPT_BACKOFF_MIN = 0.1
+"""First wait after an accept failed for lack of descriptors (or memory)."""
+ACCEPT_BACKOFF_MAX = 1.0
+"""Longest wait between accept attempts while out of descriptors (doubling from the first)."""
+ACCEPT_WARN_INTERVAL = 10.0
+"""At most one WARNING per this many seconds while accept keeps failing."""
+ACCEPT_CAPACITY_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+"""``accept`` errors that mean "not now" (the same set as ``trio.serve_listeners``)."""
 TAIL_PING_INTERVAL = 30.0
 """Seconds between server pings on a tail websocket (keeps a silent client inside
 ``read_timeout``)."""
@@ -71,10 +104,17 @@ def hypercorn_config(listen: str) -> HypercornConfig:
 class Connections:
     """The live connections of one server and their write deadlines (no I/O)."""
 
-    def __init__(self, write_timeout: float) -> None:
-        if not (math.isfinite(write_timeout) and write_timeout > 0):
-            raise ValueError(f"write_timeout must be a finite number > 0, got {write_timeout!r}")
+    def __init__(self, write_timeout: float, header_timeout: float = HEADER_TIMEOUT) -> None:
+        for name, value in (("write_timeout", write_timeout), ("header_timeout", header_timeout)):
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
         self.write_timeout = write_timeout
+        self.header_timeout = header_timeout
+        self.header_timeouts = 0
+        """Connections closed because their request head did not come in time."""
+        self.freed = trio.Event()
+        """Set (and replaced) each time a connection's descriptor is given back: an accept loop
+        backing off for lack of descriptors retries at once."""
         self.drop_at = math.inf
         """``trio.current_time()`` from which every write is cut (set by :meth:`drop_all`)."""
         self.live: set[BoundedConnection] = set()
@@ -83,6 +123,11 @@ class Connections:
 
     def write_deadline(self) -> float:
         return min(trio.current_time() + self.write_timeout, self.drop_at)
+
+    def connection_closed(self) -> None:
+        """A connection's socket is closed: wake an accept loop that waits for a descriptor."""
+        self.freed.set()
+        self.freed = trio.Event()
 
     def drop_all(self) -> None:
         """Cut every write in progress now, and every later one (the server is going)."""
@@ -109,6 +154,14 @@ class BoundedConnection(TCPServer):
         super().__init__(app, config, context, state, stream)
         self.connections = connections
         self.send_scope: trio.CancelScope | None = None
+        self.requests = 0
+        """Request heads received on this connection."""
+        self.reading_done = False
+        """The client's side ended (EOF, reset, read timeout): no next request can come."""
+        self.awaiting_head = True
+        """The header timeout runs: no request yet, or bytes of a next one have come."""
+        self.idle_scope: trio.CancelScope | None = None
+        """The idle (or header) timer's scope while it runs."""
 
     async def run(self) -> None:
         """Serve this connection until the client goes or the server is cancelled.
@@ -136,6 +189,14 @@ class BoundedConnection(TCPServer):
                 await super().protocol_send(event)
             with trio.CancelScope(shield=True):
                 await self.stream.aclose()  # at once when the deadline cut the close short
+            return
+        if isinstance(event, Updated):
+            if not event.idle:
+                self.requests += 1  # a request head is complete: the header timer stops
+                self.awaiting_head = False
+            elif self.reading_done:
+                return  # the client is gone: no keep-alive wait for a next request
+            await super().protocol_send(event)
             return
         if not isinstance(event, RawData):
             await super().protocol_send(event)
@@ -165,6 +226,170 @@ class BoundedConnection(TCPServer):
         if broken:
             await self.protocol.handle(Closed())
 
+    async def _read_data(self) -> None:
+        """Hypercorn's read loop (``TCPServer._read_data``), plus: the first bytes of a next
+        request on a kept-alive connection start its header timeout; when the client's side
+        ends, the idle timer stops and is not restarted, so the connection (and its
+        descriptor) ends as soon as no request is in flight, not at the keep-alive timeout.
+
+        Cancellation: ends the loop (the connection's close follows in ``run``)."""
+        while True:
+            try:
+                with trio.fail_after(self.config.read_timeout or math.inf):
+                    data = await self.stream.receive_some(MAX_RECV)
+            except (trio.ClosedResourceError, trio.BrokenResourceError, trio.TooSlowError):
+                break
+            idle = self.idle_scope
+            if data and idle is not None and not self.awaiting_head:
+                # bytes of the next request after a keep-alive wait: its head has the
+                # header timeout from now
+                self.awaiting_head = True
+                header_by = trio.current_time() + self.connections.header_timeout
+                idle.deadline = min(idle.deadline, header_by)
+            await self.protocol.handle(RawData(bytes(data)))
+            if data == b"":
+                break
+        self.reading_done = True
+        await self.protocol.handle(Closed())
+        await self.idle_task.stop()
+
+    async def _idle_timeout(self) -> None:
+        """Hypercorn's idle timer (``TCPServer._idle_timeout``), with the header timeout until
+        the first request head is complete and the keep-alive timeout after each response.
+        At the end the connection is closed.
+
+        Cancellation: the timer is stopped (a request came); its close is shielded."""
+        if self.requests:
+            wait = float(self.config.keep_alive_timeout)
+        else:
+            wait = self.connections.header_timeout
+        try:
+            with trio.move_on_after(wait) as scope:
+                self.idle_scope = scope
+                await self.context.terminated.wait()
+        finally:
+            self.idle_scope = None
+        if scope.cancelled_caught and self.awaiting_head:
+            self.connections.header_timeouts += 1
+        with trio.CancelScope(shield=True):
+            await self._initiate_server_close()
+
+
+class AcceptBackoff:
+    """What to do when ``accept`` fails for lack of descriptors (or memory): how long to wait
+    before the next try, and which line to log (no I/O; the loop is :func:`accept_loop`).
+
+    The wait starts at ``first`` and doubles up to ``most`` while accepts keep failing; a
+    success resets it. A WARNING at the first failure and then at most one per ``warn_every``
+    seconds, each with the number of failures it did not report; one INFO line when an accept
+    succeeds again after a warned episode."""
+
+    def __init__(
+        self,
+        *,
+        first: float = ACCEPT_BACKOFF_MIN,
+        most: float = ACCEPT_BACKOFF_MAX,
+        warn_every: float = ACCEPT_WARN_INTERVAL,
+    ) -> None:
+        if not (0 < first <= most and math.isfinite(most) and warn_every >= 0):
+            raise ValueError("need 0 < first <= most (finite) and warn_every >= 0")
+        self.first = first
+        self.most = most
+        self.warn_every = warn_every
+        self.delay = 0.0
+        """The last wait given; 0 while accepts succeed."""
+        self.unreported = 0
+        """Failures since the last warning (not in any line yet)."""
+        self.warned_at = -math.inf
+        self.episode_began: float | None = None
+        self.episode_failures = 0
+        self.episode_warned = False
+
+    def failed(self, now: float, reason: str) -> tuple[float, str | None]:
+        """An accept failed at ``now`` with ``reason``: ``(seconds to wait, warning or None)``."""
+        self.delay = self.first if self.delay == 0 else min(self.delay * 2, self.most)
+        if self.episode_began is None:
+            self.episode_began = now
+            self.episode_failures = 0
+            self.episode_warned = False
+        self.episode_failures += 1
+        if now - self.warned_at < self.warn_every:
+            self.unreported += 1
+            return self.delay, None
+        line = f"cannot accept connections: {reason}; retrying within {self.most:g}s"
+        if self.unreported:
+            line += f" ({self.unreported} more failed accepts since the last warning)"
+        self.warned_at = now
+        self.unreported = 0
+        self.episode_warned = True
+        return self.delay, line
+
+    def accepted(self, now: float) -> str | None:
+        """An accept succeeded at ``now``: the line to log (INFO) after a warned episode."""
+        began, failures, warned = self.episode_began, self.episode_failures, self.episode_warned
+        self.delay = 0.0
+        self.episode_began = None
+        self.episode_failures = 0
+        self.episode_warned = False
+        if began is None or not warned:
+            return None
+        return f"accepting connections again ({failures} failed accepts over {now - began:.1f}s)"
+
+
+def accept_failure_reason(code: int) -> str:
+    """``EMFILE (too many open files; descriptor limit 64)``: what an operator needs."""
+    name = errno.errorcode.get(code, str(code))
+    text = f"{name} ({os.strerror(code).lower()}"
+    if code == errno.EMFILE:
+        soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        text += f"; descriptor limit {soft}, see ulimit -n / LimitNOFILE"
+    return text + ")"
+
+
+async def accept_loop(
+    listener: trio.SocketListener,
+    handler: Callable[[trio.SocketStream], Any],
+    handler_nursery: trio.Nursery,
+    connections: Connections,
+    backoff: AcceptBackoff | None = None,
+) -> None:
+    """Accept connections on ``listener`` and start ``handler(stream)`` for each in
+    ``handler_nursery`` (the stream is closed when the handler ends), until cancelled.
+
+    An accept that fails for lack of descriptors or memory (``ACCEPT_CAPACITY_ERRNOS``) is
+    retried after :class:`AcceptBackoff`'s wait, sooner when one of ``connections`` closes;
+    logged as it says (no traceback). Any other ``OSError`` of ``accept`` ends the loop with it
+    (trio's listener already retries the transient ones, such as ``ECONNABORTED``).
+
+    Cancellation: closes the listener and ends; handlers run on in their nursery."""
+    backoff = backoff if backoff is not None else AcceptBackoff()
+
+    async def run_handler(stream: trio.SocketStream) -> None:
+        try:
+            await handler(stream)
+        finally:
+            await trio.aclose_forcefully(stream)
+            connections.connection_closed()
+
+    async with listener:
+        while True:
+            freed = connections.freed
+            try:
+                stream = await listener.accept()
+            except OSError as exc:
+                if exc.errno not in ACCEPT_CAPACITY_ERRNOS:
+                    raise
+                delay, line = backoff.failed(trio.current_time(), accept_failure_reason(exc.errno))
+                if line is not None:
+                    log.warning("%s", line)
+                with trio.move_on_after(delay):
+                    await freed.wait()
+                continue
+            line = backoff.accepted(trio.current_time())
+            if line is not None:
+                log.info("%s", line)
+            handler_nursery.start_soon(run_handler, stream)
+
 
 async def _drop_on_cancel(connections: Connections) -> None:
     """Sleeps in the connections' nursery; its cancel (the server's) cuts every write."""
@@ -179,6 +404,7 @@ async def serve_http_bounded(
     config: HypercornConfig,
     *,
     write_timeout: float = WRITE_TIMEOUT,
+    header_timeout: float = HEADER_TIMEOUT,
     connections: Connections | None = None,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
@@ -193,7 +419,9 @@ async def serve_http_bounded(
     """
     if config.ssl_enabled or config.quic_bind:
         raise ValueError("serve_http_bounded serves plain TCP only")
-    conns = connections if connections is not None else Connections(write_timeout)
+    if connections is None:
+        connections = Connections(write_timeout, header_timeout)
+    conns = connections
     asgi = wrap_app(app, config.wsgi_max_body_size, None)
     lifespan_state: LifespanState = {}
     lifespan = Lifespan(asgi, config, lifespan_state)
@@ -216,9 +444,10 @@ async def serve_http_bounded(
         async with trio.open_nursery() as server_nursery:
             server_nursery.start_soon(_drop_on_cancel, conns, name="http write deadlines")
             task_status.started(binds)
-            await trio.serve_listeners(
-                functools.partial(handle), listeners, handler_nursery=server_nursery
-            )
+            for listener in listeners:
+                server_nursery.start_soon(
+                    accept_loop, listener, handle, server_nursery, conns, name="http accept"
+                )
 
 
 async def serve_http(
@@ -248,11 +477,19 @@ async def serve_http(
 
 
 __all__ = [
+    "ACCEPT_BACKOFF_MAX",
+    "ACCEPT_BACKOFF_MIN",
+    "ACCEPT_CAPACITY_ERRNOS",
+    "ACCEPT_WARN_INTERVAL",
+    "HEADER_TIMEOUT",
     "IDLE_TIMEOUT",
     "TAIL_PING_INTERVAL",
     "WRITE_TIMEOUT",
+    "AcceptBackoff",
     "BoundedConnection",
     "Connections",
+    "accept_failure_reason",
+    "accept_loop",
     "hypercorn_config",
     "serve_http",
     "serve_http_bounded",
