@@ -196,7 +196,12 @@ class BoundedConnection(TCPServer):
                 self.awaiting_head = False
             elif self.reading_done:
                 return  # the client is gone: no keep-alive wait for a next request
-            await super().protocol_send(event)
+            # Shielded: the keep-alive restart comes from the request's task as the app
+            # cancels it; unshielded, the restart took the cancel and no timer ran, so a
+            # kept-alive connection lived until the read timeout. (Quick: a lock held only
+            # around a ``nursery.start`` that starts at once.)
+            with trio.CancelScope(shield=True):
+                await super().protocol_send(event)
             return
         if not isinstance(event, RawData):
             await super().protocol_send(event)
@@ -253,16 +258,27 @@ class BoundedConnection(TCPServer):
         await self.protocol.handle(Closed())
         await self.idle_task.stop()
 
+    def next_request_buffered(self) -> bool:
+        """Bytes the client sent are waiting to be parsed (h11's ``trailing_data``; hypercorn
+        keeps its ``h11.Connection`` at ``protocol.protocol.connection``)."""
+        h11_connection = getattr(getattr(self.protocol, "protocol", None), "connection", None)
+        trailing = getattr(h11_connection, "trailing_data", None)
+        return bool(trailing and trailing[0])
+
     async def _idle_timeout(self) -> None:
         """Hypercorn's idle timer (``TCPServer._idle_timeout``), with the header timeout until
         the first request head is complete and the keep-alive timeout after each response.
         At the end the connection is closed.
 
         Cancellation: the timer is stopped (a request came); its close is shielded."""
-        if self.requests:
-            wait = float(self.config.keep_alive_timeout)
-        else:
+        if not self.requests:
             wait = self.connections.header_timeout
+        elif self.next_request_buffered():
+            # bytes of the next request came while the last one was still in flight
+            self.awaiting_head = True
+            wait = self.connections.header_timeout
+        else:
+            wait = float(self.config.keep_alive_timeout)
         try:
             with trio.move_on_after(wait) as scope:
                 self.idle_scope = scope
