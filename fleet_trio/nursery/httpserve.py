@@ -31,11 +31,9 @@ Descriptors (no client can take the server's descriptors for long; docs/security
   request head is not complete that long after the accept is closed; after a response, the
   keep-alive timeout (120 s) waits for the next request, and once its first bytes arrive the
   rest of its head has ``header_timeout`` (as Go's ``ReadHeaderTimeout`` and ``IdleTimeout``);
-- **accept** is this module's loop, not ``trio.serve_listeners`` (which logs a traceback every
-  100 ms while the process is out of descriptors): on EMFILE/ENFILE/ENOBUFS/ENOMEM it backs
-  off from 0.1 s to 1 s, waking at once when one of its own connections closes, and logs one
-  WARNING per 10 s (with the count of refusals since the previous one), then one INFO line
-  when accepting works again (:class:`AcceptBackoff`).
+- **accept** is :func:`fleet_trio.nursery.accept.accept_loop`, not ``trio.serve_listeners``
+  (which logs a traceback every 100 ms while the process is out of descriptors): it backs off
+  and logs one WARNING per 10 s, waking at once when one of the server's connections closes.
 
 Hypercorn internals relied on (hypercorn 0.16-0.18, ``TCPServer``): ``_read_data`` (replaced),
 ``_idle_timeout`` (replaced), ``idle_task`` and the ``Updated`` events that restart and stop it.
@@ -46,11 +44,8 @@ Both roles serve through :func:`serve_http` (a failed bind: the role's own start
 
 from __future__ import annotations
 
-import errno
 import logging
 import math
-import os
-import resource
 from collections.abc import Callable
 from typing import Any
 
@@ -63,6 +58,8 @@ from hypercorn.trio.worker_context import WorkerContext
 from hypercorn.typing import AppWrapper, ConnectionState, LifespanState
 from hypercorn.utils import repr_socket_addr, wrap_app
 
+from fleet_trio.nursery.accept import accept_loop
+
 log = logging.getLogger(__name__)
 
 WRITE_TIMEOUT = 30.0
@@ -72,14 +69,6 @@ IDLE_TIMEOUT = 120.0
 HEADER_TIMEOUT = 5.0
 """§2.1 read-header: seconds from a connection's accept (or from the first byte of a next
 request on a kept-alive one) until its request head must be complete; else it is closed."""
-ACCEPT_BACKOFF_MIN = 0.1
-"""First wait after an accept failed for lack of descriptors (or memory)."""
-ACCEPT_BACKOFF_MAX = 1.0
-"""Longest wait between accept attempts while out of descriptors (doubling from the first)."""
-ACCEPT_WARN_INTERVAL = 10.0
-"""At most one WARNING per this many seconds while accept keeps failing."""
-ACCEPT_CAPACITY_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
-"""``accept`` errors that mean "not now" (the same set as ``trio.serve_listeners``)."""
 TAIL_PING_INTERVAL = 30.0
 """Seconds between server pings on a tail websocket (keeps a silent client inside
 ``read_timeout``)."""
@@ -291,122 +280,6 @@ class BoundedConnection(TCPServer):
             await self._initiate_server_close()
 
 
-class AcceptBackoff:
-    """What to do when ``accept`` fails for lack of descriptors (or memory): how long to wait
-    before the next try, and which line to log (no I/O; the loop is :func:`accept_loop`).
-
-    The wait starts at ``first`` and doubles up to ``most`` while accepts keep failing; a
-    success resets it. A WARNING at the first failure and then at most one per ``warn_every``
-    seconds, each with the number of failures it did not report; one INFO line when an accept
-    succeeds again after a warned episode."""
-
-    def __init__(
-        self,
-        *,
-        first: float = ACCEPT_BACKOFF_MIN,
-        most: float = ACCEPT_BACKOFF_MAX,
-        warn_every: float = ACCEPT_WARN_INTERVAL,
-    ) -> None:
-        if not (0 < first <= most and math.isfinite(most) and warn_every >= 0):
-            raise ValueError("need 0 < first <= most (finite) and warn_every >= 0")
-        self.first = first
-        self.most = most
-        self.warn_every = warn_every
-        self.delay = 0.0
-        """The last wait given; 0 while accepts succeed."""
-        self.unreported = 0
-        """Failures since the last warning (not in any line yet)."""
-        self.warned_at = -math.inf
-        self.episode_began: float | None = None
-        self.episode_failures = 0
-        self.episode_warned = False
-
-    def failed(self, now: float, reason: str) -> tuple[float, str | None]:
-        """An accept failed at ``now`` with ``reason``: ``(seconds to wait, warning or None)``."""
-        self.delay = self.first if self.delay == 0 else min(self.delay * 2, self.most)
-        if self.episode_began is None:
-            self.episode_began = now
-            self.episode_failures = 0
-            self.episode_warned = False
-        self.episode_failures += 1
-        if now - self.warned_at < self.warn_every:
-            self.unreported += 1
-            return self.delay, None
-        line = f"cannot accept connections: {reason}; retrying within {self.most:g}s"
-        if self.unreported:
-            line += f" ({self.unreported} more failed accepts since the last warning)"
-        self.warned_at = now
-        self.unreported = 0
-        self.episode_warned = True
-        return self.delay, line
-
-    def accepted(self, now: float) -> str | None:
-        """An accept succeeded at ``now``: the line to log (INFO) after a warned episode."""
-        began, failures, warned = self.episode_began, self.episode_failures, self.episode_warned
-        self.delay = 0.0
-        self.episode_began = None
-        self.episode_failures = 0
-        self.episode_warned = False
-        if began is None or not warned:
-            return None
-        return f"accepting connections again ({failures} failed accepts over {now - began:.1f}s)"
-
-
-def accept_failure_reason(code: int) -> str:
-    """``EMFILE (too many open files; descriptor limit 64)``: what an operator needs."""
-    name = errno.errorcode.get(code, str(code))
-    text = f"{name} ({os.strerror(code).lower()}"
-    if code == errno.EMFILE:
-        soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-        text += f"; descriptor limit {soft}, see ulimit -n / LimitNOFILE"
-    return text + ")"
-
-
-async def accept_loop(
-    listener: trio.SocketListener,
-    handler: Callable[[trio.SocketStream], Any],
-    handler_nursery: trio.Nursery,
-    connections: Connections,
-    backoff: AcceptBackoff | None = None,
-) -> None:
-    """Accept connections on ``listener`` and start ``handler(stream)`` for each in
-    ``handler_nursery`` (the stream is closed when the handler ends), until cancelled.
-
-    An accept that fails for lack of descriptors or memory (``ACCEPT_CAPACITY_ERRNOS``) is
-    retried after :class:`AcceptBackoff`'s wait, sooner when one of ``connections`` closes;
-    logged as it says (no traceback). Any other ``OSError`` of ``accept`` ends the loop with it
-    (trio's listener already retries the transient ones, such as ``ECONNABORTED``).
-
-    Cancellation: closes the listener and ends; handlers run on in their nursery."""
-    backoff = backoff if backoff is not None else AcceptBackoff()
-
-    async def run_handler(stream: trio.SocketStream) -> None:
-        try:
-            await handler(stream)
-        finally:
-            await trio.aclose_forcefully(stream)
-            connections.connection_closed()
-
-    async with listener:
-        while True:
-            freed = connections.freed
-            try:
-                stream = await listener.accept()
-            except OSError as exc:
-                if exc.errno not in ACCEPT_CAPACITY_ERRNOS:
-                    raise
-                delay, line = backoff.failed(trio.current_time(), accept_failure_reason(exc.errno))
-                if line is not None:
-                    log.warning("%s", line)
-                with trio.move_on_after(delay):
-                    await freed.wait()
-                continue
-            line = backoff.accepted(trio.current_time())
-            if line is not None:
-                log.info("%s", line)
-            handler_nursery.start_soon(run_handler, stream)
-
-
 async def _drop_on_cancel(connections: Connections) -> None:
     """Sleeps in the connections' nursery; its cancel (the server's) cuts every write."""
     try:
@@ -493,19 +366,12 @@ async def serve_http(
 
 
 __all__ = [
-    "ACCEPT_BACKOFF_MAX",
-    "ACCEPT_BACKOFF_MIN",
-    "ACCEPT_CAPACITY_ERRNOS",
-    "ACCEPT_WARN_INTERVAL",
     "HEADER_TIMEOUT",
     "IDLE_TIMEOUT",
     "TAIL_PING_INTERVAL",
     "WRITE_TIMEOUT",
-    "AcceptBackoff",
     "BoundedConnection",
     "Connections",
-    "accept_failure_reason",
-    "accept_loop",
     "hypercorn_config",
     "serve_http",
     "serve_http_bounded",

@@ -29,7 +29,8 @@ import pytest
 import trio
 
 from fleet_trio.gpu.fake import init_device
-from fleet_trio.nursery.httpserve import ACCEPT_BACKOFF_MAX, HEADER_TIMEOUT
+from fleet_trio.nursery.accept import ACCEPT_BACKOFF_MAX
+from fleet_trio.nursery.httpserve import HEADER_TIMEOUT
 from fleet_trio.sim import serve_controller
 from fleet_trio.sim.controller import SimController
 from fleet_trio.sim.fleet import free_port, wait_exit, worker_yaml

@@ -21,13 +21,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 from quart_trio import QuartTrio
 
-from fleet_trio.nursery.httpserve import (
-    AcceptBackoff,
-    Connections,
-    accept_failure_reason,
-    accept_loop,
-    serve_http_bounded,
-)
+from fleet_trio.nursery.accept import AcceptBackoff, accept_failure_reason, accept_loop
+from fleet_trio.nursery.httpserve import Connections, serve_http_bounded
 from tests.helpers import quiet_for, wait_until
 
 PING = b"GET /ping HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
