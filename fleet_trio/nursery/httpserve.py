@@ -35,9 +35,10 @@ Descriptors (no client can take the server's descriptors for long; docs/security
   (which logs a traceback every 100 ms while the process is out of descriptors): it backs off
   and logs one WARNING per 10 s, waking at once when one of the server's connections closes.
 
-Hypercorn internals relied on (hypercorn 0.16-0.18, ``TCPServer``): ``_read_data`` (replaced),
-``_idle_timeout`` (replaced), ``idle_task`` and the ``Updated`` events that restart and stop it.
-``tests/nursery/test_httpserve.py`` covers each.
+Hypercorn internals relied on (read in hypercorn 0.18, ``TCPServer``): ``_read_data`` and
+``_idle_timeout`` (both replaced), ``idle_task`` and the ``Updated`` events that restart and
+stop it, and its ``h11.Connection`` at ``protocol.protocol.connection`` (for h11's public
+``trailing_data``). ``tests/nursery/test_httpserve_descriptors.py`` covers each.
 
 Both roles serve through :func:`serve_http` (a failed bind: the role's own start error).
 """
@@ -299,8 +300,10 @@ async def serve_http_bounded(
 ) -> None:
     """Serve the ASGI ``app`` on ``config.bind`` (plain TCP) until cancelled.
 
-    ``started`` with the bound URLs (``http://HOST:PORT``). A bind failure raises ``OSError``
-    before ``started``. TLS and QUIC are not served (``config`` must not ask for them).
+    ``header_timeout``: see :data:`HEADER_TIMEOUT` (both timeouts are ``connections``' when
+    it is given). ``started`` with the bound URLs (``http://HOST:PORT``). A bind failure
+    raises ``OSError`` before ``started``. TLS and QUIC are not served (``config`` must not
+    ask for them).
 
     Cancellation: the cancel ends the server at once: the listeners close, every connection
     task is cancelled, and every write in progress to a client is cut (its client dropped)
