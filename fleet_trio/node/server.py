@@ -67,7 +67,7 @@ from fleet_trio.node.recovery import recover
 from fleet_trio.node.retention import attach_result_budget
 from fleet_trio.node.tasks import JOB_MARKER, PreparedJob, TaskRegistry, TaskRunner
 from fleet_trio.nursery import DEFAULT_SIGNALS, TaskTree, open_task_tree
-from fleet_trio.nursery.httpserve import hypercorn_config, serve_http
+from fleet_trio.nursery.httpserve import HEADER_TIMEOUT, hypercorn_config, serve_http
 
 log = logging.getLogger(__name__)
 
@@ -121,7 +121,8 @@ class GpuServices:
 def server_timeouts(hc: HypercornConfig, app: Any) -> dict[str, float | None]:
     """What §2.1's four server timeouts map to (checklist 43); ``None``: no equivalent.
 
-    - ``read_header`` (5 s): hypercorn has no header timeout → ``None``;
+    - ``read_header`` (5 s): ``fleet_trio.nursery.httpserve.HEADER_TIMEOUT`` (hypercorn has
+      none; the server adds it: from the accept, or from a next request's first byte);
     - ``read`` (30 s): Quart's ``BODY_TIMEOUT`` (the whole body must arrive in 30 s);
     - ``write`` (30 s): Quart's ``RESPONSE_TIMEOUT``;
     - ``idle`` (120 s): hypercorn's ``keep_alive_timeout``. Hypercorn's per-read
@@ -129,7 +130,7 @@ def server_timeouts(hc: HypercornConfig, app: Any) -> dict[str, float | None]:
       so a smaller value would cut the keep-alive short); it bounds a silent client.
     """
     return {
-        "read_header": None,
+        "read_header": HEADER_TIMEOUT,
         "read": float(app.config["BODY_TIMEOUT"]),
         "write": float(app.config["RESPONSE_TIMEOUT"]),
         "idle": float(hc.keep_alive_timeout),

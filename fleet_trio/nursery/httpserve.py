@@ -21,12 +21,30 @@ The bound this gives: a server scope closes within a scheduler pass or two of it
 whatever its clients do. Tested with a real client that never reads
 (``tests/nursery/test_stalled_tail_shutdown.py``).
 
+Descriptors (no client can take the server's descriptors for long; docs/security.md
+"Descriptors", ``tests/nursery/test_descriptors.py`` on real processes under ``ulimit -n 64``):
+
+- a client's **EOF ends its connection at once** when no request is in flight: hypercorn keeps
+  its idle timer running after the read loop ends, so a client that connected and closed held
+  its descriptor for the whole keep-alive timeout (120 s);
+- a **header timeout** (``header_timeout``, 5 s: §2.1's read-header): a connection whose first
+  request head is not complete that long after the accept is closed; after a response, the
+  keep-alive timeout (120 s) waits for the next request, and once its first bytes arrive the
+  rest of its head has ``header_timeout`` (as Go's ``ReadHeaderTimeout`` and ``IdleTimeout``);
+- **accept** is :func:`fleet_trio.nursery.accept.accept_loop`, not ``trio.serve_listeners``
+  (which logs a traceback every 100 ms while the process is out of descriptors): it backs off
+  and logs one WARNING per 10 s, waking at once when one of the server's connections closes.
+
+Hypercorn internals relied on (read in hypercorn 0.18, ``TCPServer``): ``_read_data`` and
+``_idle_timeout`` (both replaced), ``idle_task`` and the ``Updated`` events that restart and
+stop it, and its ``h11.Connection`` at ``protocol.protocol.connection`` (for h11's public
+``trailing_data``). ``tests/nursery/test_httpserve_descriptors.py`` covers each.
+
 Both roles serve through :func:`serve_http` (a failed bind: the role's own start error).
 """
 
 from __future__ import annotations
 
-import functools
 import logging
 import math
 from collections.abc import Callable
@@ -34,12 +52,14 @@ from typing import Any
 
 import trio
 from hypercorn.config import Config as HypercornConfig
-from hypercorn.events import Closed, Event, RawData
+from hypercorn.events import Closed, Event, RawData, Updated
 from hypercorn.trio.lifespan import Lifespan
-from hypercorn.trio.tcp_server import TCPServer
+from hypercorn.trio.tcp_server import MAX_RECV, TCPServer
 from hypercorn.trio.worker_context import WorkerContext
 from hypercorn.typing import AppWrapper, ConnectionState, LifespanState
 from hypercorn.utils import repr_socket_addr, wrap_app
+
+from fleet_trio.nursery.accept import accept_loop
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +67,9 @@ WRITE_TIMEOUT = 30.0
 """Seconds one write to a client may take before the client is dropped (§2.1 write: 30 s)."""
 IDLE_TIMEOUT = 120.0
 """§2.1: an idle keep-alive connection is closed after 120 s."""
+HEADER_TIMEOUT = 5.0
+"""§2.1 read-header: seconds from a connection's accept (or from the first byte of a next
+request on a kept-alive one) until its request head must be complete; else it is closed."""
 TAIL_PING_INTERVAL = 30.0
 """Seconds between server pings on a tail websocket (keeps a silent client inside
 ``read_timeout``)."""
@@ -71,10 +94,17 @@ def hypercorn_config(listen: str) -> HypercornConfig:
 class Connections:
     """The live connections of one server and their write deadlines (no I/O)."""
 
-    def __init__(self, write_timeout: float) -> None:
-        if not (math.isfinite(write_timeout) and write_timeout > 0):
-            raise ValueError(f"write_timeout must be a finite number > 0, got {write_timeout!r}")
+    def __init__(self, write_timeout: float, header_timeout: float = HEADER_TIMEOUT) -> None:
+        for name, value in (("write_timeout", write_timeout), ("header_timeout", header_timeout)):
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
         self.write_timeout = write_timeout
+        self.header_timeout = header_timeout
+        self.header_timeouts = 0
+        """Connections closed because their request head did not come in time."""
+        self.freed = trio.Event()
+        """Set (and replaced) each time a connection's descriptor is given back: an accept loop
+        backing off for lack of descriptors retries at once."""
         self.drop_at = math.inf
         """``trio.current_time()`` from which every write is cut (set by :meth:`drop_all`)."""
         self.live: set[BoundedConnection] = set()
@@ -83,6 +113,11 @@ class Connections:
 
     def write_deadline(self) -> float:
         return min(trio.current_time() + self.write_timeout, self.drop_at)
+
+    def connection_closed(self) -> None:
+        """A connection's socket is closed: wake an accept loop that waits for a descriptor."""
+        self.freed.set()
+        self.freed = trio.Event()
 
     def drop_all(self) -> None:
         """Cut every write in progress now, and every later one (the server is going)."""
@@ -109,6 +144,14 @@ class BoundedConnection(TCPServer):
         super().__init__(app, config, context, state, stream)
         self.connections = connections
         self.send_scope: trio.CancelScope | None = None
+        self.requests = 0
+        """Request heads received on this connection."""
+        self.reading_done = False
+        """The client's side ended (EOF, reset, read timeout): no next request can come."""
+        self.awaiting_head = True
+        """The header timeout runs: no request yet, or bytes of a next one have come."""
+        self.idle_scope: trio.CancelScope | None = None
+        """The idle (or header) timer's scope while it runs."""
 
     async def run(self) -> None:
         """Serve this connection until the client goes or the server is cancelled.
@@ -136,6 +179,19 @@ class BoundedConnection(TCPServer):
                 await super().protocol_send(event)
             with trio.CancelScope(shield=True):
                 await self.stream.aclose()  # at once when the deadline cut the close short
+            return
+        if isinstance(event, Updated):
+            if not event.idle:
+                self.requests += 1  # a request head is complete: the header timer stops
+                self.awaiting_head = False
+            elif self.reading_done:
+                return  # the client is gone: no keep-alive wait for a next request
+            # Shielded: the keep-alive restart comes from the request's task as the app
+            # cancels it; unshielded, the restart took the cancel and no timer ran, so a
+            # kept-alive connection lived until the read timeout. (Quick: a lock held only
+            # around a ``nursery.start`` that starts at once.)
+            with trio.CancelScope(shield=True):
+                await super().protocol_send(event)
             return
         if not isinstance(event, RawData):
             await super().protocol_send(event)
@@ -165,6 +221,65 @@ class BoundedConnection(TCPServer):
         if broken:
             await self.protocol.handle(Closed())
 
+    async def _read_data(self) -> None:
+        """Hypercorn's read loop (``TCPServer._read_data``), plus: the first bytes of a next
+        request on a kept-alive connection start its header timeout; when the client's side
+        ends, the idle timer stops and is not restarted, so the connection (and its
+        descriptor) ends as soon as no request is in flight, not at the keep-alive timeout.
+
+        Cancellation: ends the loop (the connection's close follows in ``run``)."""
+        while True:
+            try:
+                with trio.fail_after(self.config.read_timeout or math.inf):
+                    data = await self.stream.receive_some(MAX_RECV)
+            except (trio.ClosedResourceError, trio.BrokenResourceError, trio.TooSlowError):
+                break
+            idle = self.idle_scope
+            if data and idle is not None and not self.awaiting_head:
+                # bytes of the next request after a keep-alive wait: its head has the
+                # header timeout from now
+                self.awaiting_head = True
+                header_by = trio.current_time() + self.connections.header_timeout
+                idle.deadline = min(idle.deadline, header_by)
+            await self.protocol.handle(RawData(bytes(data)))
+            if data == b"":
+                break
+        self.reading_done = True
+        await self.protocol.handle(Closed())
+        await self.idle_task.stop()
+
+    def next_request_buffered(self) -> bool:
+        """Bytes the client sent are waiting to be parsed (h11's ``trailing_data``; hypercorn
+        keeps its ``h11.Connection`` at ``protocol.protocol.connection``)."""
+        h11_connection = getattr(getattr(self.protocol, "protocol", None), "connection", None)
+        trailing = getattr(h11_connection, "trailing_data", None)
+        return bool(trailing and trailing[0])
+
+    async def _idle_timeout(self) -> None:
+        """Hypercorn's idle timer (``TCPServer._idle_timeout``), with the header timeout until
+        the first request head is complete and the keep-alive timeout after each response.
+        At the end the connection is closed.
+
+        Cancellation: the timer is stopped (a request came); its close is shielded."""
+        if not self.requests:
+            wait = self.connections.header_timeout
+        elif self.next_request_buffered():
+            # bytes of the next request came while the last one was still in flight
+            self.awaiting_head = True
+            wait = self.connections.header_timeout
+        else:
+            wait = float(self.config.keep_alive_timeout)
+        try:
+            with trio.move_on_after(wait) as scope:
+                self.idle_scope = scope
+                await self.context.terminated.wait()
+        finally:
+            self.idle_scope = None
+        if scope.cancelled_caught and self.awaiting_head:
+            self.connections.header_timeouts += 1
+        with trio.CancelScope(shield=True):
+            await self._initiate_server_close()
+
 
 async def _drop_on_cancel(connections: Connections) -> None:
     """Sleeps in the connections' nursery; its cancel (the server's) cuts every write."""
@@ -179,13 +294,16 @@ async def serve_http_bounded(
     config: HypercornConfig,
     *,
     write_timeout: float = WRITE_TIMEOUT,
+    header_timeout: float = HEADER_TIMEOUT,
     connections: Connections | None = None,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve the ASGI ``app`` on ``config.bind`` (plain TCP) until cancelled.
 
-    ``started`` with the bound URLs (``http://HOST:PORT``). A bind failure raises ``OSError``
-    before ``started``. TLS and QUIC are not served (``config`` must not ask for them).
+    ``header_timeout``: see :data:`HEADER_TIMEOUT` (both timeouts are ``connections``' when
+    it is given). ``started`` with the bound URLs (``http://HOST:PORT``). A bind failure
+    raises ``OSError`` before ``started``. TLS and QUIC are not served (``config`` must not
+    ask for them).
 
     Cancellation: the cancel ends the server at once: the listeners close, every connection
     task is cancelled, and every write in progress to a client is cut (its client dropped)
@@ -193,7 +311,9 @@ async def serve_http_bounded(
     """
     if config.ssl_enabled or config.quic_bind:
         raise ValueError("serve_http_bounded serves plain TCP only")
-    conns = connections if connections is not None else Connections(write_timeout)
+    if connections is None:
+        connections = Connections(write_timeout, header_timeout)
+    conns = connections
     asgi = wrap_app(app, config.wsgi_max_body_size, None)
     lifespan_state: LifespanState = {}
     lifespan = Lifespan(asgi, config, lifespan_state)
@@ -216,9 +336,10 @@ async def serve_http_bounded(
         async with trio.open_nursery() as server_nursery:
             server_nursery.start_soon(_drop_on_cancel, conns, name="http write deadlines")
             task_status.started(binds)
-            await trio.serve_listeners(
-                functools.partial(handle), listeners, handler_nursery=server_nursery
-            )
+            for listener in listeners:
+                server_nursery.start_soon(
+                    accept_loop, listener, handle, server_nursery, conns, name="http accept"
+                )
 
 
 async def serve_http(
@@ -248,6 +369,7 @@ async def serve_http(
 
 
 __all__ = [
+    "HEADER_TIMEOUT",
     "IDLE_TIMEOUT",
     "TAIL_PING_INTERVAL",
     "WRITE_TIMEOUT",
