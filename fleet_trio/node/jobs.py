@@ -17,7 +17,9 @@ passed in) and no I/O. It carries the invariants of §3:
   ``error: "interrupted"``;
 - with a journal, a change is first *claimed* (decided, so no other outcome can take its
   place), then written, then *published* (visible): an entry registered but not yet recorded
-  reads as absent (:meth:`JobTable.get`), a claimed outcome is invisible until published.
+  reads as absent (:meth:`JobTable.get`), a claimed outcome is invisible until published;
+- an ``accepted`` entry whose 202 never reached its client is withdrawn
+  (:meth:`JobTable.withdraw`): the id is unknown again (docs/node.md "Delivery-checked acks").
 
 :class:`JobStore` is the trio shell (executions, journal, janitor; every job lives in the
 task tree's jobs scope). The drain itself is the task tree's (``fleet_trio.nursery.tree``): the

@@ -18,9 +18,14 @@ the store submits a record and makes the change visible in the commit's callback
   through ``trio.to_thread.run_sync`` with a limiter of one, then runs the submitters' callbacks
   in order. Concurrent acks therefore share one commit.
 
+A submission may carry a *veto*, asked when its batch is taken for the commit: an ack whose
+client is gone or whose request is past ``ack_deadline`` is dropped then, never written
+(:class:`Vetoed`; docs/node.md "Delivery-checked acks").
+
 The records are small frozen values (:class:`Accept`, :class:`Start`, :class:`Finish`,
-:class:`Evict`); the journal enforces the table's rules too (``done``/``error`` are write-once;
-``running`` only from ``accepted``), so a replay cannot disagree with what was shown.
+:class:`Evict`, :class:`Drop`, :class:`Withdraw`: an ack taken back); the journal enforces
+the table's rules too (``done``/``error`` are write-once; ``running`` only from ``accepted``),
+so a replay cannot disagree with what was shown.
 """
 
 from __future__ import annotations
