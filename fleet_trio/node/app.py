@@ -265,7 +265,7 @@ async def dispatch(ctx: NodeContext, *, arrived: float | None = None) -> Respons
         ack = Ack(
             req.job_id,
             veto=delivery.before_commit,  # check 1 again, when the journal takes the ack
-            gone=delivery.gone,
+            gone=delivery.gone_before_202,
             release=trio.Event() if sends_after() else None,
         )
         outcome = ctx.store.register(

@@ -78,6 +78,12 @@ class Delivery:
             return late
         return None
 
+    def gone_before_202(self) -> str | None:
+        """For a job whose release waited its full bound: why its client is gone while its
+        202 is still unwritten (EOF or reset), or — once the handler returned the 202, whose
+        bytes may have reached the client since — only a reset (:meth:`lost`)."""
+        return self.lost() if self.answered else self.gone()
+
     def lost(self) -> str | None:
         """Checkpoint 3, after the 202 was handed over: why it cannot have been read (the
         connection was reset), or ``None``."""

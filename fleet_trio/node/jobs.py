@@ -650,7 +650,7 @@ class JobStore:
                 # the 202 is still not written after the bound: start, unless its client is gone
                 gone = _ask(ack.gone, job_id)
                 if gone is not None:
-                    self.withdraw(ack, f"{gone} (its 202 not written {RELEASE_BOUND:g} s on)")
+                    self.withdraw(ack, f"{gone} (its release waited {RELEASE_BOUND:g} s)")
             if ack.withdrawn is not None:
                 return
             ack.started = True

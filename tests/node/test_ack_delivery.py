@@ -30,7 +30,7 @@ from fleet_trio.errors import ConfigError
 from fleet_trio.node.app import NodeContext, create_app
 from fleet_trio.node.config import config_from_mapping
 from fleet_trio.node.delivery import DEFAULT_ACK_DEADLINE, Delivery
-from fleet_trio.node.jobs import Ack, Done, JobStore
+from fleet_trio.node.jobs import RELEASE_BOUND, Ack, Done, JobStore
 from fleet_trio.node.journal import Accept, Journal, JournalWriter, Start, Withdraw
 from fleet_trio.nursery.peer import GONE_CLOSED, GONE_RESET, SCOPE_KEY, Peer
 from tests.helpers import wait_until
@@ -359,6 +359,45 @@ async def test_withdraw_while_the_ack_is_being_written_is_undone_in_the_journal(
         store.register("w", work, ack=fresh)
         assert await store.wait_ack(fresh) is None
         await wait_until(lambda: ran == ["w"], timeout=10)
+
+
+async def test_a_release_that_waited_its_bound_starts_the_job_only_if_its_client_is_there(
+    autojump_clock: trio.abc.Clock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The 202 is not written within RELEASE_BOUND (the node was frozen between the commit and
+    the write, or the client reads nothing): the job starts then — unless its client is gone."""
+    ran: list[str] = []
+
+    def work(job_id: str) -> Any:
+        async def run() -> Done:
+            ran.append(job_id)
+            return Done(b"{}")
+
+        return run
+
+    async with store_in_tree(janitor=False) as (store, _tree):
+        with caplog.at_level(logging.WARNING):
+            gone = Ack("gone", gone=lambda: GONE_CLOSED, release=trio.Event())
+            there = Ack("there", gone=lambda: None, release=trio.Event())
+            store.register("gone", work("gone"), ack=gone)
+            store.register("there", work("there"), ack=there)
+            await wait_until(lambda: ran == ["there"], timeout=RELEASE_BOUND + 5)
+            await wait_until(lambda: gone.withdrawn, timeout=RELEASE_BOUND + 5)
+        assert store.get("gone") is None and "gone" not in store.table
+        assert "job gone: not acked: the client closed its connection" in caplog.text
+
+
+def test_after_the_202_is_returned_only_a_reset_counts_at_the_release_bound() -> None:
+    """Once the handler returned the 202, its bytes may have reached the client, which may
+    have read them and closed: an EOF then is no loss, a reset is."""
+    eof = Delivery(ScriptedPeer(gone=[GONE_CLOSED, GONE_CLOSED]), 0.0, 2.0)
+    assert eof.gone_before_202() == GONE_CLOSED
+    eof.answered = True
+    assert eof.gone_before_202() is None
+    reset = Delivery(ScriptedPeer(reset=GONE_RESET), 0.0, 2.0)
+    reset.answered = True
+    reason = reset.gone_before_202()
+    assert reason is not None and GONE_RESET in reason
 
 
 def test_the_journal_withdraws_only_an_accepted_row(tmp_path: Path) -> None:
