@@ -254,7 +254,12 @@ async def dispatch(ctx: NodeContext, *, arrived: float | None = None) -> Respons
     except WireError as exc:
         return error_response(str(exc), exc.status)
     delivery = Delivery(peer_of(request.scope), arrived, ctx.ack_deadline)
-    for _attempt in range(2):
+    for attempt in range(2):
+        if attempt:  # the registration this met was refused or withdrawn meanwhile: a new one
+            try:
+                prepared = ctx.registry.prepare(req.task_type, req.payload_raw, req.job_id)
+            except WireError as exc:
+                return error_response(str(exc), exc.status)
         # delivery check 1: a gone client or a late request is refused before anything is stored
         refusal = delivery.before_commit()
         if refusal is not None:
@@ -277,17 +282,14 @@ async def dispatch(ctx: NodeContext, *, arrived: float | None = None) -> Respons
         )
         if outcome is Registration.CREATED:
             return await _ack(ctx, prepared, delivery, ack)
+        prepared.cleanup()
         known = await _known_job(ctx, req.job_id)
         if known is not None:
-            prepared.cleanup()
             return known
         if outcome is Registration.DRAINING or ctx.store.draining:  # drain began at 4–6
-            prepared.cleanup()
             return error_response(MSG_DRAINING, 503)
         if req.job_id in ctx.store.table:
             break  # a duplicate of an ack being refused
-        # the registration this met was refused or withdrawn meanwhile: register this one
-    prepared.cleanup()
     return error_response(MSG_JOURNAL_UNAVAILABLE, 503)  # a duplicate of an ack that failed
 
 
@@ -299,8 +301,8 @@ async def _ack(ctx: NodeContext, prepared: PreparedJob, delivery: Delivery, ack:
     ctx.runner.reserve(prepared)
     if ack.release is not None:
         # the job starts once its 202 is written, never competing with its own ack
-        # (fleet_trio.node.after_send), and only if its client can have read it; a request
-        # that ends any other way takes its ack back (delivery checks 3 and 2b)
+        # (fleet_trio.node.after_send), and only if its client can have read it (delivery
+        # check 3); a request that ends any other way takes its ack back
         def sent() -> None:
             lost = delivery.lost() if delivery.answered else NOT_WRITTEN
             if lost is None:
@@ -322,7 +324,7 @@ async def _ack(ctx: NodeContext, prepared: PreparedJob, delivery: Delivery, ack:
         return error_response(MSG_CLIENT_GONE, 503)
     _open_job_log(ctx, prepared)  # live log tail: subscribable from the ack on
     delivery.answered = True
-    return _json(ack_body(prepared.job_id), 202)
+    return _json(ack_body(ack.job_id), 202)
 
 
 async def _known_job(ctx: NodeContext, job_id: str) -> Response | None:
