@@ -33,7 +33,7 @@ from fleet_trio.node.delivery import DEFAULT_ACK_DEADLINE, Delivery
 from fleet_trio.node.jobs import RELEASE_BOUND, Ack, Done, JobStore
 from fleet_trio.node.journal import Accept, Journal, JournalWriter, Start, Withdraw
 from fleet_trio.nursery.peer import GONE_CLOSED, GONE_RESET, SCOPE_KEY, Peer
-from tests.helpers import wait_until
+from tests.helpers import elapse, wait_until
 from tests.node.harness import echo_task, make_ctx, node_config, running_node, runs
 from tests.node.store_tree import store_in_tree
 
@@ -418,9 +418,9 @@ async def test_the_deadline_counts_from_arrival_and_is_inclusive(
     autojump_clock: trio.abc.Clock,
 ) -> None:
     delivery = Delivery(None, trio.current_time(), 2.0)
-    await trio.sleep(2.0)
+    await elapse(2.0)
     assert delivery.before_commit() is None  # exactly the deadline: still acked
-    await trio.sleep(0.001)
+    await elapse(0.001)
     reason = delivery.before_commit()
     assert reason is not None and "past ack_deadline 2 s" in reason
     assert delivery.refused == "ack deadline passed"
@@ -482,7 +482,7 @@ def test_a_real_connection_closed_by_its_client_is_gone_even_with_data_unread() 
         peer = Peer(server)
         client.sendall(b"GET / HTTP/1.1\r\n\r\n")
         client.shutdown(socket.SHUT_WR)  # EOF after a request: the timed-out client's close
-        wait_for(server, select.POLLRDHUP)
+        kernel_reports(server, select.POLLRDHUP)
         assert peer.gone() == GONE_CLOSED
         assert peer.reset() is None  # after a written answer an EOF is a normal close
         assert server.recv(100).startswith(b"GET")
@@ -493,7 +493,7 @@ def test_a_real_connection_reset_by_its_client_is_gone_before_and_after_the_answ
         peer = Peer(server)
         client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
         client.close()  # linger 0: an RST
-        wait_for(server, select.POLLERR | select.POLLHUP)
+        kernel_reports(server, select.POLLERR | select.POLLHUP)
         assert peer.reset() == GONE_RESET
         assert peer.gone() == GONE_RESET
 
@@ -506,7 +506,7 @@ def test_a_socket_the_server_closed_is_gone_but_its_written_answer_is_not_lost()
         assert peer.reset() is None
 
 
-def wait_for(sock: socket.socket, events: int) -> None:
+def kernel_reports(sock: socket.socket, events: int) -> None:
     """Block until the kernel reports one of ``events`` on ``sock`` (a FIN: ``POLLRDHUP``; an
     RST: ``POLLERR``), at most 10 s: a wait on the fact, not on time."""
     poller = select.poll()
