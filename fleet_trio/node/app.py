@@ -30,8 +30,21 @@ from fleet_trio.errors import WireError
 from fleet_trio.inputs import id_problem
 from fleet_trio.logbus.bus import LogBus
 from fleet_trio.logbus.ui import mount_ui, stream_tail, token_ok
-from fleet_trio.node.after_send import AfterSend, after_response
-from fleet_trio.node.jobs import MSG_JOURNAL_UNAVAILABLE, JobState, JobStore, Registration
+from fleet_trio.node.after_send import AfterSend, after_response, sends_after
+from fleet_trio.node.delivery import (
+    DEFAULT_ACK_DEADLINE,
+    MSG_CLIENT_GONE,
+    NOT_WRITTEN,
+    Delivery,
+)
+from fleet_trio.node.jobs import (
+    MSG_JOURNAL_UNAVAILABLE,
+    NOT_ACKED,
+    Ack,
+    JobState,
+    JobStore,
+    Registration,
+)
 from fleet_trio.node.journal import RESULT_LOST, ResultLost
 from fleet_trio.node.linger import PollLinger
 from fleet_trio.node.metrics import NodeMetrics
@@ -55,6 +68,7 @@ from fleet_trio.node.wire import (
     parse_dispatch,
     snapshot_usable,
 )
+from fleet_trio.nursery.peer import peer_of
 
 log = logging.getLogger(__name__)
 
@@ -117,6 +131,9 @@ class NodeContext:
     non-loopback ``--listen`` and adds ``--allow-origin`` / ``node.allow_origins``."""
     linger: PollLinger = attrs.field(factory=PollLinger, repr=False)
     """The poll linger after the drain (docs/node.md "Linger"): only polls are served."""
+    ack_deadline: float = DEFAULT_ACK_DEADLINE
+    """A dispatch whose ack would be committed later than this after its arrival is answered
+    503 ``ack deadline passed`` (docs/node.md "Delivery-checked acks")."""
 
     def __attrs_post_init__(self) -> None:
         # live log tail: the runner tees into this bus (a stand-in runner without one: no tee)
@@ -215,8 +232,10 @@ def _check_ids(job_id: str, task_type: str) -> None:
             raise WireError(f"invalid {name}: {problem}")
 
 
-async def dispatch(ctx: NodeContext) -> Response:
-    """§2.3, in its exact order."""
+async def dispatch(ctx: NodeContext, *, arrived: float | None = None) -> Response:
+    """§2.3, in its exact order; a gone client or a late request is not acked (``arrived``:
+    when the request reached the handler; now when not given)."""
+    arrived = trio.current_time() if arrived is None else arrived
     if not bearer_ok(ctx.token, request.headers.get("Authorization")):
         return unauthorized()
     try:
@@ -234,35 +253,78 @@ async def dispatch(ctx: NodeContext) -> Response:
         prepared = ctx.registry.prepare(req.task_type, req.payload_raw, req.job_id)  # 5
     except WireError as exc:
         return error_response(str(exc), exc.status)
-    # 6: no await between the lookup and the insert (exactly-once).
-    release = trio.Event()
-    runner = ctx.runner
-    outcome = store.register(
-        req.job_id,
-        functools.partial(runner.execute, prepared),
-        work_dir=prepared.work_dir,
-        discard=functools.partial(runner.discard, prepared),
-        release=release,
-    )
-    if outcome is Registration.CREATED:
-        # GPU placement: the job's place in line is its ack's (jobs acked together start in
-        # any order)
-        runner.reserve(prepared)
-        # the job starts once its 202 is written (or this request ends any other way): its
-        # spawn never competes with its own ack (fleet_trio.node.after_send)
-        after_response(release.set)
-        # with the journal: the ack is committed before the 202 (and before the job runs)
-        if not await store.wait_recorded(req.job_id):
-            return error_response(MSG_JOURNAL_UNAVAILABLE, 503)
-        _open_job_log(ctx, prepared)  # live log tail: subscribable from the ack on
-        return _json(ack_body(req.job_id), 202)
-    prepared.cleanup()
-    known = await _known_job(ctx, req.job_id)
-    if known is not None:
-        return known
-    if outcome is Registration.DRAINING or store.draining:  # drain began at 4–6
-        return error_response(MSG_DRAINING, 503)
+    delivery = Delivery(peer_of(request.scope), arrived, ctx.ack_deadline)
+    for attempt in range(2):
+        if attempt:  # the registration this met was refused or withdrawn meanwhile: a new one
+            try:
+                prepared = ctx.registry.prepare(req.task_type, req.payload_raw, req.job_id)
+            except WireError as exc:
+                return error_response(str(exc), exc.status)
+        # delivery check 1: a gone client or a late request is refused before anything is stored
+        refusal = delivery.before_commit()
+        if refusal is not None:
+            prepared.cleanup()
+            log.warning(NOT_ACKED, req.job_id, refusal, extra={"job_id": req.job_id})
+            return error_response(delivery.refused or MSG_CLIENT_GONE, 503)
+        # 6: no await between the lookup and the insert (exactly-once).
+        ack = Ack(
+            req.job_id,
+            veto=delivery.before_commit,  # check 1 again, when the journal takes the ack
+            gone=delivery.gone_before_202,
+            release=trio.Event() if sends_after() else None,
+        )
+        outcome = ctx.store.register(
+            req.job_id,
+            functools.partial(ctx.runner.execute, prepared),
+            work_dir=prepared.work_dir,
+            discard=functools.partial(ctx.runner.discard, prepared),
+            ack=ack,
+        )
+        if outcome is Registration.CREATED:
+            return await _ack(ctx, prepared, delivery, ack)
+        prepared.cleanup()
+        known = await _known_job(ctx, req.job_id)
+        if known is not None:
+            return known
+        if outcome is Registration.DRAINING or ctx.store.draining:  # drain began at 4–6
+            return error_response(MSG_DRAINING, 503)
+        if req.job_id in ctx.store.table:
+            break  # a duplicate of an ack being refused
     return error_response(MSG_JOURNAL_UNAVAILABLE, 503)  # a duplicate of an ack that failed
+
+
+async def _ack(ctx: NodeContext, prepared: PreparedJob, delivery: Delivery, ack: Ack) -> Response:
+    """A new id is registered: commit its ack, check its client, answer 202 (or 503)."""
+    store = ctx.store
+    # GPU placement: the job's place in line is its ack's (jobs acked together start in any
+    # order)
+    ctx.runner.reserve(prepared)
+    if ack.release is not None:
+        # the job starts once its 202 is written, never competing with its own ack
+        # (fleet_trio.node.after_send), and only if its client can have read it (delivery
+        # check 3); a request that ends any other way takes its ack back
+        def sent() -> None:
+            lost = delivery.lost() if delivery.answered else NOT_WRITTEN
+            if lost is None:
+                store.release(ack)
+            else:
+                store.withdraw(ack, lost)
+
+        def unsent() -> None:
+            store.withdraw(ack, NOT_WRITTEN)
+
+        after_response(sent, unsent=unsent)
+    # with the journal: the ack is committed before the 202 (and before the job runs)
+    refusal = await store.wait_ack(ack)
+    if refusal is not None:
+        # refused at its commit (delivery check 1: the client's 503 message), or not written
+        return error_response(delivery.refused or MSG_JOURNAL_UNAVAILABLE, 503)
+    gone = delivery.gone()  # delivery check 2: the client is still there for its 202
+    if gone is not None and store.withdraw(ack, f"{gone} before its 202 was written"):
+        return error_response(MSG_CLIENT_GONE, 503)
+    _open_job_log(ctx, prepared)  # live log tail: subscribable from the ack on
+    delivery.answered = True
+    return _json(ack_body(ack.job_id), 202)
 
 
 async def _known_job(ctx: NodeContext, job_id: str) -> Response | None:
@@ -276,6 +338,7 @@ async def _known_job(ctx: NodeContext, job_id: str) -> Response | None:
         return None
     if existing.state is JobState.ERROR:
         return error_response(msg_previously_failed(existing.error or ""), 409)
+    store.hold(job_id)  # acked to this request too: its first client going no longer undoes it
     return _json(ack_body(job_id), 202)
 
 
@@ -368,7 +431,7 @@ def create_app(ctx: NodeContext) -> QuartTrio:
 
     async def _dispatch() -> Response:
         started = trio.current_time()
-        response = await dispatch(ctx)
+        response = await dispatch(ctx, arrived=started)
         ctx.metrics.dispatch_answered(response.status_code, trio.current_time() - started)
         return response
 

@@ -74,6 +74,10 @@ class Timings:
     poll_linger: Duration = Duration(5.0)
     """After the drain, how long polls (only) keep being answered (0 = none); the linger ends
     earlier once every job that ended in the shutdown has been polled."""
+    ack_deadline: Duration = Duration(2.0)
+    """A dispatch whose ack would be committed later than this after the request arrived is
+    answered 503 ``ack deadline passed``, never acked late (keep it under the dispatcher's
+    client timeout; docs/node.md "Delivery-checked acks")."""
 
 
 JOURNAL_SYNC_MODES = ("normal", "full")
@@ -416,6 +420,8 @@ def config_from_mapping(raw: object, *, path: str = "", base_dir: str = "") -> N
             raise _KeyedError("must be > 0", "node.footprints.margin")
         if node.timings.kill_grace <= 0:
             raise _KeyedError("must be > 0", "node.timings.kill_grace")
+        if node.timings.ack_deadline <= 0:
+            raise _KeyedError("must be > 0", "node.timings.ack_deadline")
         _check_origins((raw.get("node") or {}).get("allow_origins"), node.allow_origins)
         if found := first_control(node.node_id):
             raise _KeyedError(

@@ -17,7 +17,9 @@ passed in) and no I/O. It carries the invariants of §3:
   ``error: "interrupted"``;
 - with a journal, a change is first *claimed* (decided, so no other outcome can take its
   place), then written, then *published* (visible): an entry registered but not yet recorded
-  reads as absent (:meth:`JobTable.get`), a claimed outcome is invisible until published.
+  reads as absent (:meth:`JobTable.get`), a claimed outcome is invisible until published;
+- an ``accepted`` entry whose 202 never reached its client is withdrawn
+  (:meth:`JobTable.withdraw`): the id is unknown again (docs/node.md "Delivery-checked acks").
 
 :class:`JobStore` is the trio shell (executions, journal, janitor; every job lives in the
 task tree's jobs scope). The drain itself is the task tree's (``fleet_trio.nursery.tree``): the
@@ -28,6 +30,7 @@ node passes :meth:`JobStore.begin_drain` as its ``on_stop_accepting`` and
 from __future__ import annotations
 
 import enum
+import functools
 import logging
 import math
 import time
@@ -45,6 +48,8 @@ from fleet_trio.node.journal import (
     Record,
     Row,
     Start,
+    Vetoed,
+    Withdraw,
 )
 
 log = logging.getLogger(__name__)
@@ -221,6 +226,17 @@ class JobTable:
             self._in_flight -= 1
         return True
 
+    def withdraw(self, job_id: str) -> bool:
+        """Drop a recorded ``accepted`` entry whose ack was never delivered (its client was
+        gone before the 202 reached it): the id is unknown again. False in any other state,
+        once claimed (the drain marked it), or for an unknown id."""
+        entry = self._entries.get(job_id)
+        if entry is None or entry.state is not JobState.ACCEPTED or entry.claimed:
+            return False
+        del self._entries[job_id]
+        self._in_flight -= 1
+        return True
+
     def start(self, job_id: str) -> bool:
         """``accepted → running``; a no-op (False) in any other state or once claimed."""
         entry = self._entries.get(job_id)
@@ -363,12 +379,55 @@ def finish_record(
     return Finish(job_id, "error", wall, error=outcome.message or DEFERRED)
 
 
-class _Ack:
-    """An ack waiting for its commit."""
+NOT_ACKED = "job %s: not acked: %s; it does not run (a re-dispatch of this id is a new job)"
+"""The log line of a dispatch that is not an ack after all (docs/node.md "Delivery-checked
+acks"): the job id and why."""
 
-    def __init__(self) -> None:
+Check = Callable[[], str | None]
+"""A check of a dispatch's delivery: why the ack must not stand (a reason), or ``None``."""
+
+
+class Ack:
+    """One registration on its way to becoming an ack, then a running job (docs/node.md
+    "Delivery-checked acks").
+
+    ``veto`` is asked when the ack's commit comes up (a client gone, a request past its
+    deadline: the ack is never written); ``gone`` when the job's release waited its full bound
+    without the 202 written (a client gone then: the job never starts); ``release`` is set once
+    the 202 is written. :meth:`JobStore.withdraw` takes the ack back until its job starts."""
+
+    def __init__(
+        self,
+        job_id: str,
+        *,
+        veto: Check | None = None,
+        gone: Check | None = None,
+        release: trio.Event | None = None,
+    ) -> None:
+        self.job_id = job_id
+        self.veto = veto
+        self.gone = gone
+        self.release = release
         self.done = trio.Event()
+        """Set once the ack's commit is settled (at once without a journal)."""
         self.ok = False
+        """The ack is recorded and visible (until withdrawn)."""
+        self.refusal: str | None = None
+        """Why the ack was not recorded (the veto's reason, or the journal's error)."""
+        self.withdrawn: str | None = None
+        """Why the ack was taken back (:meth:`JobStore.withdraw`)."""
+        self.started = False
+        self.held = False
+        """Another request was answered 202 for this id: the ack is never withdrawn."""
+
+
+def _ask(check: Check, job_id: str) -> str | None:
+    """Run a delivery check; one that raises is logged and counts as "delivered"."""
+    try:
+        return check()
+    except Exception:
+        log.exception("job %s: a delivery check failed", job_id)
+        return None
 
 
 class JobStore:
@@ -392,7 +451,10 @@ class JobStore:
         self.janitor_interval = janitor_interval
         self.journal = journal
         self._spawn = spawn
-        self._acks: dict[str, _Ack] = {}
+        self._acks: dict[str, Ack] = {}
+        """Acks waiting for their commit."""
+        self._unstarted: dict[str, Ack] = {}
+        """Acks whose job has not started: the ones :meth:`withdraw` may take back."""
         self._acks_settled = trio.lowlevel.ParkingLot()
         """Unparked whenever no ack is waiting for its commit (jobs yield to acks)."""
         self._read_limiter = trio.CapacityLimiter(2)
@@ -440,16 +502,18 @@ class JobStore:
         work_dir: str = "",
         discard: Callable[[], None] | None = None,
         release: trio.Event | None = None,
+        ack: Ack | None = None,
     ) -> Registration:
         """Atomically register ``job_id`` and, when created, launch its execution.
 
         No ``await`` between the check and the insert: registration is exactly-once. With a
         journal the entry is invisible until :meth:`wait_recorded` says its ack is committed;
         the execution does not begin before that, and ``discard`` (the prepared job's
-        cleanup) is called instead when the ack is refused.
+        cleanup) is called instead when the ack is refused or withdrawn.
 
-        ``release``: the execution also waits for this event (the dispatch sets it once its
-        202 is written), at most :data:`RELEASE_BOUND` seconds.
+        ``ack``: the dispatch's :class:`Ack` (its ``veto``, ``gone`` and ``release``); one is
+        made otherwise. ``release``: the execution also waits for this event (the dispatch sets
+        it once its 202 is written), at most :data:`RELEASE_BOUND` seconds.
         """
         journal = self.journal
         outcome = self.table.register(job_id, recorded=journal is None)
@@ -457,27 +521,100 @@ class JobStore:
             return outcome
         if self._spawn is None:
             raise RuntimeError("the job store has nowhere to run executions")
-        if journal is not None:
-            ack = self._acks[job_id] = _Ack()
+        if ack is None:
+            ack = Ack(job_id, release=release)
+        self._unstarted[job_id] = ack
+        if journal is None:
+            ack.ok = True
+            ack.done.set()
+        else:
+            self._acks[job_id] = ack
 
-            def committed(error: JournalError | None) -> None:
-                self._acks.pop(job_id, None)
-                if not self._acks:
-                    self._acks_settled.unpark_all()
-                if error is None:
-                    self.table.confirm(job_id)
-                    ack.ok = True
-                else:
-                    self.table.forget(job_id)
-                ack.done.set()
+            def veto() -> str | None:
+                if ack.withdrawn is not None:
+                    return ack.withdrawn
+                return ack.veto() if ack.veto is not None else None
 
-            journal.submit([Accept(job_id, time.time(), work_dir)], committed)
+            journal.submit(
+                [Accept(job_id, time.time(), work_dir)],
+                functools.partial(self._committed, ack),
+                veto=veto,
+            )
         try:
-            self._spawn(self._execute, job_id, execution, discard, release, name=f"job {job_id}")
+            self._spawn(self._execute, ack, execution, discard, name=f"job {job_id}")
         except BaseException as exc:
             self.table.finish(job_id, Failed(f"could not start: {exc}"), trio.current_time())
             raise
         return outcome
+
+    def _committed(self, ack: Ack, error: JournalError | None) -> None:
+        """The ack's commit settled: visible, refused (vetoed, journal error) or, withdrawn
+        while it was being written, taken back in the journal too."""
+        job_id = ack.job_id
+        if self._acks.get(job_id) is ack:
+            del self._acks[job_id]
+        if not self._acks:
+            self._acks_settled.unpark_all()
+        if error is None and ack.withdrawn is None:
+            self.table.confirm(job_id)
+            ack.ok = True
+        else:
+            self.table.forget(job_id)
+            if self._unstarted.get(job_id) is ack:
+                del self._unstarted[job_id]
+            if error is None and self.journal is not None:  # written, then withdrawn
+                self.journal.submit([Withdraw(job_id)], self._withdraw_recorded(job_id))
+            elif isinstance(error, Vetoed):
+                ack.refusal = error.reason
+                if ack.withdrawn is None:
+                    log.warning(NOT_ACKED, job_id, error.reason, extra={"job_id": job_id})
+            else:
+                ack.refusal = MSG_JOURNAL_UNAVAILABLE
+        ack.done.set()
+
+    @staticmethod
+    def _withdraw_recorded(job_id: str) -> Callable[[JournalError | None], None]:
+        def committed(error: JournalError | None) -> None:
+            if error is not None:  # a restart would read the ack as interrupted: said here
+                log.error("job %s: its withdrawal is not recorded (%s)", job_id, error)
+
+        return committed
+
+    def withdraw(self, ack: Ack, reason: str) -> bool:
+        """Take back ``ack``: its client is gone before its 202 reached it. The id is unknown
+        again (a re-dispatch is a new job), the job never starts, the journal forgets the ack
+        (a commit still queued is dropped; one already written is undone by a
+        :class:`~fleet_trio.node.journal.Withdraw`), and one line is logged. False (nothing
+        done) once the job started, the drain claimed it, another request was answered 202
+        for it, or the ack is already refused or withdrawn."""
+        job_id = ack.job_id
+        if ack.started or ack.held or self._unstarted.get(job_id) is not ack:
+            return False
+        if ack.done.is_set():
+            if not self.table.withdraw(job_id):
+                return False
+            if self.journal is not None:
+                self.journal.submit([Withdraw(job_id)], self._withdraw_recorded(job_id))
+        # else: the commit is pending; the veto drops it, or _committed undoes it
+        del self._unstarted[job_id]
+        ack.withdrawn = reason
+        ack.ok = False
+        if ack.release is not None:
+            ack.release.set()  # the execution wakes and ends without running
+        log.warning(NOT_ACKED, job_id, reason, extra={"job_id": job_id})
+        return True
+
+    def release(self, ack: Ack) -> None:
+        """The ack's 202 is written: its job may start."""
+        if ack.release is not None:
+            ack.release.set()
+
+    def hold(self, job_id: str) -> None:
+        """A duplicate dispatch of ``job_id`` is answered 202: the ack stands whatever its
+        first client does (:meth:`withdraw` refuses from now on)."""
+        ack = self._unstarted.get(job_id)
+        if ack is not None:
+            ack.held = True
 
     async def wait_recorded(self, job_id: str) -> bool:
         """Wait until the ack of ``job_id`` is committed: True when it is visible, False when
@@ -488,18 +625,37 @@ class JobStore:
             return ack.ok
         return self.table.get(job_id) is not None
 
+    async def wait_ack(self, ack: Ack) -> str | None:
+        """Wait until ``ack``'s commit is settled: ``None`` when it is recorded and visible,
+        else why not (a veto's reason, :data:`MSG_JOURNAL_UNAVAILABLE`, a withdrawal's)."""
+        await ack.done.wait()
+        if ack.ok:
+            return None
+        return ack.refusal or ack.withdrawn or MSG_JOURNAL_UNAVAILABLE
+
     async def _execute(
         self,
-        job_id: str,
+        ack: Ack,
         execution: Execution,
         discard: Callable[[], None] | None = None,
-        release: trio.Event | None = None,
     ) -> None:
+        job_id = ack.job_id
         ran = False
         try:
-            if not await self.wait_recorded(job_id):
-                return  # the ack was never recorded: the dispatch answered 503
-            await self._yield_to_acks(release)
+            await ack.done.wait()
+            if not ack.ok:
+                return  # never recorded (the dispatch answered 503) or withdrawn
+            released = await self._yield_to_acks(ack.release)
+            if not released and ack.gone is not None and ack.withdrawn is None:
+                # the 202 is still not written after the bound: start, unless its client is gone
+                gone = _ask(ack.gone, job_id)
+                if gone is not None:
+                    self.withdraw(ack, f"{gone} (its release waited {RELEASE_BOUND:g} s)")
+            if ack.withdrawn is not None:
+                return
+            ack.started = True
+            if self._unstarted.get(job_id) is ack:
+                del self._unstarted[job_id]
             self._start(job_id)
             ran = True
             try:
@@ -509,20 +665,24 @@ class JobStore:
                 result = Failed(f"internal error: {exc}" if str(exc) else "internal error")
             await self.finish(job_id, result)
         finally:
+            if self._unstarted.get(job_id) is ack:
+                del self._unstarted[job_id]
             if not ran and discard is not None:
                 discard()  # the job never ran: its prepared files go (the runner's would)
             # Whatever happened (a cancel from the tree), an acked job ends terminal: a no-op
-            # when it already is or its outcome is claimed (the drain marked it first).
-            if self.table.claim(job_id):
+            # when it already is or its outcome is claimed (the drain marked it first). Only
+            # this ack's own entry: a refused or withdrawn ack's id may be a new job's now.
+            if ack.ok and ack.withdrawn is None and self.table.claim(job_id):
                 with trio.CancelScope(shield=True):
                     await self._publish([job_id], Failed(INTERRUPTED))
 
-    async def _yield_to_acks(self, release: trio.Event | None) -> None:
+    async def _yield_to_acks(self, release: trio.Event | None) -> bool:
         """Before a job starts: its own 202 is written first (``release``), then the acks of
         other dispatches still waiting for their commit go first — a dispatcher waits on its
         ack, nobody waits on a job's first milliseconds, and a job's spawn and interpreter
         start-up on the same cores would delay those acks. At most :data:`RELEASE_BOUND`
-        seconds in all; without a journal no ack ever waits, so nothing is waited for."""
+        seconds in all; without a journal no ack ever waits, so nothing is waited for.
+        True unless ``release`` was still unset when the bound passed."""
         with trio.move_on_after(RELEASE_BOUND):
             if release is not None:
                 await release.wait()
@@ -530,6 +690,7 @@ class JobStore:
                 with trio.move_on_after(ACK_PRIORITY_BOUND):
                     while self._acks:
                         await self._acks_settled.park()
+        return release is None or release.is_set()
 
     def _start(self, job_id: str) -> None:
         if self.journal is None:
@@ -631,7 +792,9 @@ __all__ = [
     "DEFERRED",
     "INTERRUPTED",
     "MSG_JOURNAL_UNAVAILABLE",
+    "NOT_ACKED",
     "RELEASE_BOUND",
+    "Ack",
     "Done",
     "Execution",
     "Failed",

@@ -18,9 +18,14 @@ the store submits a record and makes the change visible in the commit's callback
   through ``trio.to_thread.run_sync`` with a limiter of one, then runs the submitters' callbacks
   in order. Concurrent acks therefore share one commit.
 
+A submission may carry a *veto*, asked when its batch is taken for the commit: an ack whose
+client is gone or whose request is past ``ack_deadline`` is dropped then, never written
+(:class:`Vetoed`; docs/node.md "Delivery-checked acks").
+
 The records are small frozen values (:class:`Accept`, :class:`Start`, :class:`Finish`,
-:class:`Evict`); the journal enforces the table's rules too (``done``/``error`` are write-once;
-``running`` only from ``accepted``), so a replay cannot disagree with what was shown.
+:class:`Evict`, :class:`Drop`, :class:`Withdraw`: an ack taken back); the journal enforces
+the table's rules too (``done``/``error`` are write-once; ``running`` only from ``accepted``),
+so a replay cannot disagree with what was shown.
 """
 
 from __future__ import annotations
@@ -66,6 +71,15 @@ _SCHEMA = (
 
 class JournalError(Exception):
     """The journal cannot be opened or written (one line, naming the file)."""
+
+
+class Vetoed(JournalError):
+    """A submission dropped before its commit because its ``veto`` gave a reason (nothing of
+    it was written): an ack whose client is gone, or whose request is past ``ack_deadline``."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
 
 
 class ResultLost(Exception):
@@ -138,6 +152,15 @@ class Evict:
 
 
 @attrs.frozen
+class Withdraw:
+    """An ack committed, then withdrawn before its job started (its client was gone before the
+    202 could reach it; docs/node.md "Delivery-checked acks"): the id is unknown again. Only an
+    ``accepted`` row goes; a later ``Accept`` of the same id is a new job."""
+
+    job_id: str
+
+
+@attrs.frozen
 class Drop:
     """A ``done`` job's result was dropped (the memory budget, or its file was lost): it
     becomes ``error`` with ``error``, so a restart answers what polls were answered."""
@@ -146,7 +169,7 @@ class Drop:
     error: str
 
 
-Record = Accept | Start | Finish | Evict | Drop
+Record = Accept | Start | Finish | Evict | Drop | Withdraw
 Statement = tuple[str, list[object]]
 """One SQL statement and its parameters."""
 
@@ -408,7 +431,7 @@ class Journal:
         evictions as one statement per chunk of :data:`_CHUNK` (each statement retakes the
         GIL, and a busy event loop makes every retake wait), results one each."""
         first = run[0]
-        if len(run) == 1 or isinstance(first, Finish | Drop):
+        if len(run) == 1 or isinstance(first, Finish | Drop | Withdraw):
             return [cls._statement(rec) for rec in run]
         out: list[Statement] = []
         for at in range(0, len(run), _CHUNK):
@@ -458,6 +481,8 @@ class Journal:
                 "WHERE job_id = ? AND state IN ('accepted', 'running')",
                 [rec.state, rec.data, rec.data_file, rec.error, rec.wall, rec.job_id],
             )
+        if isinstance(rec, Withdraw):
+            return ("DELETE FROM jobs WHERE job_id = ? AND state = 'accepted'", [rec.job_id])
         if isinstance(rec, Drop):
             return (
                 "UPDATE jobs SET state = 'error', data = NULL, data_file = NULL, error = ? "
@@ -520,14 +545,39 @@ def _fsync_dir(folder: str) -> None:
 Callback = Callable[[JournalError | None], None]
 
 
+Veto = Callable[[], str | None]
+"""Asked when a submission's commit comes up: a reason not to write it, or ``None``."""
+
+
 class Ticket:
     """One submission: its records, its callback, and an event set after the callback ran."""
 
-    def __init__(self, records: Sequence[Record], callback: Callback | None) -> None:
+    def __init__(
+        self, records: Sequence[Record], callback: Callback | None, veto: Veto | None = None
+    ) -> None:
         self.records = tuple(records)
         self.callback = callback
+        self.veto = veto
         self.error: JournalError | None = None
         self.done = trio.Event()
+
+    def vetoed(self) -> bool:
+        """Ask the veto (if any); when it gives a reason, settle with :class:`Vetoed` (nothing
+        is written) and return True. A veto that raises is logged and the records written."""
+        if self.veto is None:
+            return False
+        try:
+            reason = self.veto()
+        except Exception:
+            log.exception("journal: a veto failed; writing the records")
+            return False
+        if reason is None:
+            return False
+        try:
+            self.settle(Vetoed(reason))
+        except Exception:
+            log.exception("journal: a commit callback failed")
+        return True
 
     def settle(self, error: JournalError | None) -> None:
         self.error = error
@@ -568,10 +618,18 @@ class JournalWriter:
         self._closed = False
         self._failing = False
 
-    def submit(self, records: Sequence[Record], callback: Callback | None = None) -> Ticket:
+    def submit(
+        self,
+        records: Sequence[Record],
+        callback: Callback | None = None,
+        *,
+        veto: Veto | None = None,
+    ) -> Ticket:
         """Queue ``records``; ``callback(error)`` runs on the event loop after their commit
-        (``error`` is ``None`` when it committed). Synchronous; never raises."""
-        ticket = Ticket(records, callback)
+        (``error`` is ``None`` when it committed). ``veto`` is asked when the batch holding
+        them is taken for its commit: a reason drops them (``callback(Vetoed(reason))``).
+        Synchronous; never raises."""
+        ticket = Ticket(records, callback, veto)
         if self._closed:
             ticket.settle(JournalError(f"journal {self.journal.path}: closed"))
             return ticket
@@ -592,6 +650,9 @@ class JournalWriter:
                 while not self._queue:
                     await self._lot.park()
                 batch, self._queue = self._queue, []
+                batch = [ticket for ticket in batch if not ticket.vetoed()]
+                if not batch:
+                    continue
                 records = [rec for ticket in batch for rec in ticket.records]
                 error: JournalError | None = None
                 try:
@@ -640,5 +701,8 @@ __all__ = [
     "Row",
     "Start",
     "Ticket",
+    "Veto",
+    "Vetoed",
+    "Withdraw",
     "result_problem",
 ]

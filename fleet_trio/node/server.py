@@ -495,6 +495,7 @@ async def serve_node(
                 edge=edge,
                 bus=LogBus(budget=budget),
                 linger=linger,
+                ack_deadline=t.ack_deadline,
             )
             bus_holder.append(ctx)
             store.set_spawn(tree.start_job)

@@ -60,6 +60,7 @@ from hypercorn.typing import AppWrapper, ConnectionState, LifespanState
 from hypercorn.utils import repr_socket_addr, wrap_app
 
 from fleet_trio.nursery.accept import accept_loop
+from fleet_trio.nursery.peer import with_peer
 
 log = logging.getLogger(__name__)
 
@@ -141,6 +142,9 @@ class BoundedConnection(TCPServer):
         *,
         connections: Connections,
     ) -> None:
+        sock = getattr(stream, "socket", None)
+        if sock is not None:  # each request's scope carries its connection (nursery/peer.py)
+            app = with_peer(app, sock)
         super().__init__(app, config, context, state, stream)
         self.connections = connections
         self.send_scope: trio.CancelScope | None = None
