@@ -32,13 +32,21 @@ reads ``token`` for browsers).
 
 :func:`serve_tail` is the server side, independent of any web framework. The frames it sends
 are :func:`dumps` of the messages above, byte for byte (:func:`output_text`).
+
+Fan-out (:class:`Tails`): a server admits at most ``max_tails`` tails at once and
+``max_tails_per_job`` of one job (:class:`TailLimits`; beyond them the route answers 503
+``too many tails`` before the upgrade). The tails of one job share their frames' text (each
+frame is encoded once, :class:`TailSlot`) and take turns for their paced catch-ups, so that
+watching a job costs it about as much with many tails as with one.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import collections
 import json
+import logging
 import math
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from typing import Any, Literal, cast
@@ -78,6 +86,10 @@ CLOSE_UNKNOWN_JOB = 4404
 """After an ``error`` frame for a job the node has no log for."""
 
 MSG_UNKNOWN_JOB = "unknown job"
+MSG_TOO_MANY_TAILS = "too many tails"
+"""The 503 answer (the error envelope, before the upgrade) beyond a :class:`TailLimits` cap."""
+
+logger = logging.getLogger(__name__)
 
 Start = Literal["start", "now"] | int
 
@@ -331,6 +343,223 @@ def loads(text: str | bytes) -> TailEvent:
     return decode_message(msg)
 
 
+# -- fan-out: caps, shared frames, catch-up turns ------------------------------------------------
+
+DEFAULT_MAX_TAILS = 256
+DEFAULT_MAX_TAILS_PER_JOB = 32
+FRAME_CACHE_BYTES = 4 << 20
+"""Bytes of encoded frames (and the raw bytes they were built from) a server keeps for the
+tails of jobs that have more than one: the frames of the newest few MiB, which every reader
+that keeps up asks for."""
+REFUSAL_LOG_INTERVAL = 60.0
+"""Seconds between two WARNING lines about tails refused beyond a cap (the first is logged)."""
+
+
+@attrs.frozen
+class TailLimits:
+    """How many live tails a server admits: ``max_tails`` in all, ``max_tails_per_job`` of one
+    job (node config ``node.max_tails`` / ``node.max_tails_per_job``; the worker's
+    ``max_tails`` / ``max_tails_per_job``, docs/tail.md)."""
+
+    max_tails: int = DEFAULT_MAX_TAILS
+    max_tails_per_job: int = DEFAULT_MAX_TAILS_PER_JOB
+
+    def __attrs_post_init__(self) -> None:
+        for name in ("max_tails", "max_tails_per_job"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
+
+
+_Key = tuple[str, str, int, float, int]
+"""A frame in the cache: job id, stream, offset, the chunk's time, the number of raw bytes."""
+
+
+SENDING_PER_JOB = 2
+"""Tails of one job that send a frame at once; the others wait for their turn (and fall behind,
+and skip, as a slow reader does). The job's pump shares the node's event loop with the tasks
+that are ready to run: with every tail of a flooding job sending, it got one turn in a hundred
+with a hundred tails. A send that takes longer than :data:`STUCK_SEND` no longer holds a turn
+(a client that stopped reading costs the other tails nothing)."""
+STUCK_SEND = 0.05
+"""Seconds after which a tail's frame send no longer counts against :data:`SENDING_PER_JOB`."""
+
+
+class _JobTails:
+    """The open tails of one job: how many, the time of the next paced catch-up turn, and the
+    sends under way (by slot, since when)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.next_turn = -math.inf
+        self.sending: dict[TailSlot, float] = {}
+        self.waiting = trio.lowlevel.ParkingLot()
+        self.watching = False
+        """One waiter (not all: a hundred timers firing at once cost more than the sends)
+        wakes when the oldest send under way stops counting."""
+
+    def busy_until(self, now: float) -> float | None:
+        """``None`` when a send may start now, else when the oldest send under way stops
+        counting (a turn may free earlier, when a send ends)."""
+        recent = [t for t in self.sending.values() if now - t < STUCK_SEND]
+        if len(recent) < SENDING_PER_JOB:
+            return None
+        return min(recent) + STUCK_SEND
+
+
+class Tails:
+    """The live tails a server has open, by job, under :class:`TailLimits`; the frames the
+    tails of one job share. Synchronous (the caller opens a :class:`TailSlot` before the
+    websocket upgrade and closes it, in a ``finally``, once the tail is over)."""
+
+    def __init__(self, limits: TailLimits | None = None, *, cache_bytes: int = FRAME_CACHE_BYTES):
+        self.limits = limits if limits is not None else TailLimits()
+        self._jobs: dict[str, _JobTails] = {}
+        self._open = 0
+        self._cache: collections.OrderedDict[_Key, tuple[bytes, str]] = collections.OrderedDict()
+        self._cache_size = 0
+        self._cache_limit = cache_bytes
+        self._refused = 0
+        self._warned_at: float | None = None
+        self.encoded = 0
+        """Frames encoded for a job with more than one tail (misses of the shared cache)."""
+        self.shared = 0
+        """Frames a tail took from the shared cache instead of encoding them again."""
+
+    @property
+    def open_count(self) -> int:
+        """Tails open now (all jobs)."""
+        return self._open
+
+    def count(self, job_id: str) -> int:
+        """Tails of ``job_id`` open now."""
+        job = self._jobs.get(job_id)
+        return job.count if job is not None else 0
+
+    def open(self, job_id: str, now: float) -> TailSlot | None:
+        """A slot for one more tail of ``job_id``, or ``None`` beyond a cap (then the route
+        answers 503 :data:`MSG_TOO_MANY_TAILS`). ``now``: the current time (for the refusal's
+        log line, at most one per :data:`REFUSAL_LOG_INTERVAL`)."""
+        job = self._jobs.get(job_id)
+        per_job = job.count if job is not None else 0
+        limits = self.limits
+        if self._open >= limits.max_tails or per_job >= limits.max_tails_per_job:
+            self._refused += 1
+            if self._warned_at is None or now - self._warned_at >= REFUSAL_LOG_INTERVAL:
+                self._warned_at = now
+                logger.warning(
+                    "live tail refused (503 %s): %d open of max_tails %d, %d of job %s of "
+                    "max_tails_per_job %d; %d refused so far",
+                    MSG_TOO_MANY_TAILS,
+                    self._open,
+                    limits.max_tails,
+                    per_job,
+                    printable(job_id, limit=MAX_PARAM_LEN),
+                    limits.max_tails_per_job,
+                    self._refused,
+                )
+            return None
+        if job is None:
+            job = self._jobs[job_id] = _JobTails()
+        job.count += 1
+        self._open += 1
+        return TailSlot(self, job_id, job)
+
+    def _close(self, job_id: str, job: _JobTails) -> None:
+        job.count -= 1
+        self._open -= 1
+        if job.count == 0 and self._jobs.get(job_id) is job:
+            del self._jobs[job_id]
+
+    def _text(self, job_id: str, event: Output) -> str:
+        """The frame text of ``event`` (at most :data:`MAX_FRAME_DATA` bytes) for a tail of
+        a job with others: built once, then shared while it is in the cache. A hit is checked
+        against the raw bytes it was built from (a job id can come back with another log)."""
+        data = bytes(event.data)
+        key = (job_id, event.stream, event.offset, event.t, len(data))
+        hit = self._cache.get(key)
+        if hit is not None and (hit[0] is data or hit[0] == data):
+            self.shared += 1
+            return hit[1]
+        text = output_text(event.stream, event.offset, data, event.t)
+        self.encoded += 1
+        if hit is not None:
+            self._cache_size -= len(hit[0]) + len(hit[1])
+            del self._cache[key]
+        self._cache[key] = (data, text)
+        self._cache_size += len(data) + len(text)
+        while self._cache_size > self._cache_limit and self._cache:
+            _, (old_data, old_text) = self._cache.popitem(last=False)
+            self._cache_size -= len(old_data) + len(old_text)
+        return text
+
+
+class TailSlot:
+    """One admitted tail (:meth:`Tails.open`): its frames (shared with the job's other
+    tails) and its catch-up turns. :meth:`close` gives the slot back (idempotent)."""
+
+    def __init__(self, tails: Tails, job_id: str, job: _JobTails) -> None:
+        self._tails = tails
+        self.job_id = job_id
+        self._job = job
+        self._closed = False
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._tails._close(self.job_id, self._job)
+
+    def texts(self, event: TailEvent) -> Iterator[str]:
+        """:func:`event_texts` of ``event``; an output frame of a job with more than one tail
+        comes from the shared cache (one encoding for all of them)."""
+        if isinstance(event, Output) and self._job.count > 1 and len(event.data) <= MAX_FRAME_DATA:
+            yield self._tails._text(self.job_id, event)
+            return
+        yield from event_texts(event)
+
+    async def send(self, send_text: SendText, text: str) -> None:
+        """``send_text(text)`` once it is this tail's turn among its job's tails (at once
+        for a job's only tail): at most :data:`SENDING_PER_JOB` of them send at a time.
+
+        Cancellation: a plain wait, then the send's own."""
+        job = self._job
+        if job.count > 1:
+            await self._wait_turn()
+        job.sending[self] = trio.current_time()
+        try:
+            await send_text(text)
+        finally:
+            del job.sending[self]
+            job.waiting.unpark()
+
+    async def _wait_turn(self) -> None:
+        job = self._job
+        while (until := job.busy_until(trio.current_time())) is not None:
+            timed = not job.watching
+            job.watching = True
+            try:
+                with trio.move_on_at(until if timed else math.inf):
+                    await job.waiting.park()
+            except BaseException:
+                job.waiting.unpark()  # a wake-up meant for this one goes to the next in line
+                raise
+            finally:
+                if timed:
+                    job.watching = False
+        if not job.watching and job.waiting.statistics().tasks_waiting:
+            job.waiting.unpark()  # the next in line watches for a stuck send now
+
+    def catch_up_turn(self, now: float) -> float:
+        """When a paced reader of this job may look again: :data:`CATCH_UP_PAUSE` from now,
+        and the job's paced readers take turns, one per :data:`CATCH_UP_PAUSE` (so a job
+        with N readers that keep falling behind sends them as many catch-ups in all as it
+        sends one)."""
+        job = self._job
+        at = max(now + CATCH_UP_PAUSE, job.next_turn)
+        job.next_turn = at + CATCH_UP_PAUSE
+        return at
+
+
 # -- the server side -----------------------------------------------------------------------------
 
 SendText = Callable[[str], Awaitable[None]]
@@ -338,7 +567,11 @@ SendText = Callable[[str], Awaitable[None]]
 
 
 async def serve_tail(
-    bus: LogBus, job_id: str, send_text: SendText, query: Mapping[str, str]
+    bus: LogBus,
+    job_id: str,
+    send_text: SendText,
+    query: Mapping[str, str],
+    slot: TailSlot | None = None,
 ) -> int:
     """Stream one job's log as frames through ``send_text`` until its ``end``.
 
@@ -347,7 +580,9 @@ async def serve_tail(
     message. A failure of ``send_text`` (the peer went away) propagates; so does a cancel.
 
     Each frame is encoded only when the one before it has been sent (:func:`event_texts`), so
-    the task never holds the node's event loop for more than one frame's encoding.
+    the task never holds the node's event loop for more than one frame's encoding. ``slot``
+    (from :meth:`Tails.open`): the frames are shared with the job's other tails, and its
+    paced catch-ups take turns with theirs; the caller closes it.
 
     Cancellation: safe at any point; the subscription is closed. The caller's ``send_text``
     must bound its own writes (the node and the worker's listener run on
@@ -369,6 +604,13 @@ async def serve_tail(
         return CLOSE_BAD_REQUEST
     since_skip: int | None = None  # output bytes sent since the last catch-up (None: none yet)
     was_paced = False
+    texts = slot.texts if slot is not None else event_texts
+    send: SendText = send_text
+    if slot is not None:
+        tail_slot = slot
+
+        async def send(text: str) -> None:  # in turn with the job's other tails
+            await tail_slot.send(send_text, text)
     async with subscription as events:
         async for event in events:
             if isinstance(event, Skipped):
@@ -387,21 +629,23 @@ async def serve_tail(
                 while isinstance(following, Skipped):
                     event = Skipped(event.offset, event.nbytes + following.nbytes)
                     following = events.next_ready()
-                for text in event_texts(event):
-                    await send_text(text)
+                for text in texts(event):
+                    await send(text)
                 if following is None:
                     continue
                 event = following
                 if not isinstance(event, End):
-                    for text in event_texts(event):
-                        await send_text(text)
+                    for text in texts(event):
+                        await send(text)
                     since_skip += len(event.data) if isinstance(event, Output) else 0
                     if paced:
-                        with trio.move_on_after(CATCH_UP_PAUSE):  # paced, but not the end
+                        now = trio.current_time()
+                        turn = slot.catch_up_turn(now) if slot else now + CATCH_UP_PAUSE
+                        with trio.move_on_at(turn):  # paced, but not the end
                             await log.wait_ended()
                     continue
-            for text in event_texts(event):
-                await send_text(text)
+            for text in texts(event):
+                await send(text)
             if isinstance(event, End):
                 return CLOSE_NORMAL
             if since_skip is not None and isinstance(event, Output):
@@ -418,17 +662,24 @@ __all__ = [
     "CLOSE_INTERNAL",
     "CLOSE_NORMAL",
     "CLOSE_UNKNOWN_JOB",
+    "DEFAULT_MAX_TAILS",
+    "DEFAULT_MAX_TAILS_PER_JOB",
+    "FRAME_CACHE_BYTES",
     "MAX_FRAME_DATA",
     "MAX_OFFSET",
     "MAX_PARAM_LEN",
+    "MSG_TOO_MANY_TAILS",
     "MSG_UNKNOWN_JOB",
     "STREAMS",
     "SendText",
     "Start",
     "TailError",
     "TailEvent",
+    "TailLimits",
     "TailProtocolError",
     "TailQuery",
+    "TailSlot",
+    "Tails",
     "decode_message",
     "dumps",
     "encode_event",
