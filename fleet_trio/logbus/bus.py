@@ -333,8 +333,10 @@ class Cursor:
             if 0 < self.batch < hi - lo:  # a large chunk: handed out batch bytes at a time
                 # cut on the chunk's grid of batch bytes: readers that entered the chunk at
                 # different places (after a skip) cut the rest of it alike, so a tail can
-                # share their frames
-                hi = utf8_cut(chunk.data, (lo // self.batch + 1) * self.batch, lo)
+                # share their frames (a cut within a character's length of lo: the piece
+                # ends batch bytes on, as a UTF-8 cut needs room)
+                grid = (lo // self.batch + 1) * self.batch
+                hi = utf8_cut(chunk.data, grid if grid - lo > 3 else lo + self.batch, lo)
             data = chunk.data if lo == 0 and hi == len(chunk.data) else chunk.data[lo:hi]
             self.pos = offset + hi
             if self.batch > len(data) and self.pos < total and hi == len(chunk.data):

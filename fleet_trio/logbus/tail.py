@@ -387,24 +387,40 @@ STUCK_SEND = 0.05
 
 class _JobTails:
     """The open tails of one job: how many, the time of the next paced catch-up turn, and the
-    sends under way (by slot, since when)."""
+    turns to send (:meth:`TailSlot.wait_turn`)."""
 
     def __init__(self) -> None:
         self.count = 0
         self.next_turn = -math.inf
         self.sending: dict[TailSlot, float] = {}
+        """The sends under way, by tail, since when."""
+        self.handed = 0
+        """Waiters woken for a turn that have not run yet (their turn is taken)."""
         self.waiting = trio.lowlevel.ParkingLot()
         self.watching = False
         """One waiter (not all: a hundred timers firing at once cost more than the sends)
         wakes when the oldest send under way stops counting."""
 
-    def busy_until(self, now: float) -> float | None:
-        """``None`` when a send may start now, else when the oldest send under way stops
-        counting (a turn may free earlier, when a send ends)."""
-        recent = [t for t in self.sending.values() if now - t < STUCK_SEND]
-        if len(recent) < SENDING_PER_JOB:
-            return None
-        return min(recent) + STUCK_SEND
+    def _counted(self, now: float) -> list[float]:
+        return [t for t in self.sending.values() if now - t < STUCK_SEND]
+
+    def free(self, now: float) -> bool:
+        """May one more send start?"""
+        return len(self._counted(now)) + self.handed < SENDING_PER_JOB
+
+    def stuck_at(self, now: float) -> float:
+        """When the oldest send that counts stops counting (``inf``: none under way)."""
+        counted = self._counted(now)
+        return min(counted) + STUCK_SEND if counted else math.inf
+
+    def wake(self) -> None:
+        """Wake the next waiter (its turn is taken from now until it runs)."""
+        self.handed += len(self.waiting.unpark())
+
+    def hand_on(self, now: float) -> None:
+        """A send ended (or a turn went unused): wake waiters for the turns free now."""
+        while self.waiting.statistics().tasks_waiting and self.free(now):
+            self.wake()
 
 
 class Tails:
@@ -503,6 +519,7 @@ class TailSlot:
         self.job_id = job_id
         self._job = job
         self._closed = False
+        self._granted = False
 
     def close(self) -> None:
         if not self._closed:
@@ -521,33 +538,59 @@ class TailSlot:
         """``send_text(text)`` once it is this tail's turn among its job's tails (at once
         for a job's only tail): at most :data:`SENDING_PER_JOB` of them send at a time.
 
-        Cancellation: a plain wait, then the send's own."""
+        Cancellation: a plain wait, then the send's own; the turn is given back."""
         job = self._job
-        if job.count > 1:
-            await self._wait_turn()
+        await self.wait_turn()
+        self._granted = False
         job.sending[self] = trio.current_time()
         try:
             await send_text(text)
         finally:
             del job.sending[self]
-            job.waiting.unpark()
+            job.hand_on(trio.current_time())
 
-    async def _wait_turn(self) -> None:
+    async def wait_turn(self) -> None:
+        """Return once it is this tail's turn to send: at once, without a checkpoint, for a
+        job's only tail, or when a turn is free and no other tail of the job waits for one;
+        else in line (first come, first served). The turn is this tail's until its next
+        checkpoint: :meth:`send` takes it, or :meth:`forgo` gives it back.
+
+        Cancellation: a plain wait."""
         job = self._job
-        while (until := job.busy_until(trio.current_time())) is not None:
+        if job.count < 2 or self._granted:
+            return
+        now = trio.current_time()
+        if not job.waiting.statistics().tasks_waiting and job.free(now):
+            self._granted = True
+            return
+        while True:
             timed = not job.watching
             job.watching = True
+            woken = False
             try:
-                with trio.move_on_at(until if timed else math.inf):
+                with trio.move_on_at(job.stuck_at(now) if timed else math.inf):
                     await job.waiting.park()
+                    woken = True
             except BaseException:
-                job.waiting.unpark()  # a wake-up meant for this one goes to the next in line
+                job.hand_on(trio.current_time())  # a turn meant for this one goes on
                 raise
             finally:
                 if timed:
                     job.watching = False
+                if woken:
+                    job.handed -= 1
+            now = trio.current_time()
+            if job.free(now):
+                break
+        self._granted = True
         if not job.watching and job.waiting.statistics().tasks_waiting:
-            job.waiting.unpark()  # the next in line watches for a stuck send now
+            job.wake()  # the next in line watches for a stuck send now
+
+    def forgo(self) -> None:
+        """Give back a turn :meth:`wait_turn` gave and no send took."""
+        if self._granted:
+            self._granted = False
+            self._job.hand_on(trio.current_time())
 
     def catch_up_turn(self, now: float) -> float:
         """When a paced reader of this job may look again: :data:`CATCH_UP_PAUSE` from now,
@@ -611,8 +654,24 @@ async def serve_tail(
 
         async def send(text: str) -> None:  # in turn with the job's other tails
             await tail_slot.send(send_text, text)
+
+    async def fetch() -> TailEvent | None:
+        """The next event; with other tails of the job, taken when this one's turn to send
+        has come (not before: a tail waiting for its turn holds no frame, and finds out then
+        how far behind it has fallen)."""
+        if slot is not None:
+            await slot.wait_turn()
+            ready = events.next_ready()
+            if ready is not None:
+                return ready
+            slot.forgo()  # nothing to send yet: wait for output without a turn
+        try:
+            return await events.__anext__()
+        except StopAsyncIteration:
+            return None
+
     async with subscription as events:
-        async for event in events:
+        while (event := await fetch()) is not None:
             if isinstance(event, Skipped):
                 # Behind again within MAX_LAG bytes of the last catch-up: it keeps falling
                 # behind, so it is paced; skipped once (it was away), it reads on at full speed.
