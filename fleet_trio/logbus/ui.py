@@ -32,14 +32,8 @@ from quart import Quart, Response, request, websocket
 
 from fleet_trio.edge import error_response
 from fleet_trio.logbus.bus import JobInfo, LogBus
-from fleet_trio.logbus.tail import (
-    CLOSE_INTERNAL,
-    MSG_TOO_MANY_TAILS,
-    Tails,
-    TailSlot,
-    error_message,
-    serve_tail,
-)
+from fleet_trio.logbus.fanout import MSG_TOO_MANY_TAILS, Tails, TailSlot
+from fleet_trio.logbus.tail import CLOSE_INTERNAL, error_message, serve_tail
 from fleet_trio.logbus.tail import dumps as tail_dumps
 
 log = logging.getLogger(__name__)

@@ -29,7 +29,7 @@ from fleet_trio.edge import EdgeGuard, EdgePolicy, error_response, unauthorized
 from fleet_trio.errors import WireError
 from fleet_trio.inputs import id_problem
 from fleet_trio.logbus.bus import LogBus
-from fleet_trio.logbus.tail import Tails
+from fleet_trio.logbus.fanout import Tails
 from fleet_trio.logbus.ui import mount_ui, stream_tail, token_ok
 from fleet_trio.node.after_send import AfterSend, after_response
 from fleet_trio.node.jobs import MSG_JOURNAL_UNAVAILABLE, JobState, JobStore, Registration

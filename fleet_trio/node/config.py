@@ -27,7 +27,7 @@ from fleet_trio.durations import parse_duration_seconds
 from fleet_trio.edge import is_loopback_host, split_host_port
 from fleet_trio.errors import ConfigError, DurationError
 from fleet_trio.inputs import first_control, id_problem, printable
-from fleet_trio.logbus.tail import DEFAULT_MAX_TAILS, DEFAULT_MAX_TAILS_PER_JOB
+from fleet_trio.logbus.fanout import DEFAULT_MAX_TAILS, DEFAULT_MAX_TAILS_PER_JOB
 from fleet_trio.memory import DEFAULT_BUDGET, check_budget, parse_size
 from fleet_trio.node.wire import go_quote
 

@@ -45,7 +45,7 @@ from fleet_trio.edge import EdgePolicy, OriginError, listen_is_loopback
 from fleet_trio.errors import NodeStartError
 from fleet_trio.inputs import first_control, token_problem
 from fleet_trio.logbus import LogBus
-from fleet_trio.logbus.tail import TailLimits, Tails
+from fleet_trio.logbus.fanout import TailLimits, Tails
 from fleet_trio.memory import MemoryBudget
 from fleet_trio.node.app import FootprintSource, NodeContext, VramStatus, create_app
 from fleet_trio.node.config import (

@@ -37,7 +37,7 @@ from fleet_trio.edge import (
 )
 from fleet_trio.errors import FleetTrioError
 from fleet_trio.logbus.bus import LogBus
-from fleet_trio.logbus.tail import TailLimits, Tails
+from fleet_trio.logbus.fanout import TailLimits, Tails
 from fleet_trio.logbus.ui import mount_ui, stream_tail
 from fleet_trio.nursery.httpserve import hypercorn_config, serve_http
 

@@ -45,7 +45,7 @@ from fleet_trio import proc
 from fleet_trio.backoff import Backoff
 from fleet_trio.durations import SECOND
 from fleet_trio.logbus import JobLog, LogBus
-from fleet_trio.logbus.tail import TailLimits
+from fleet_trio.logbus.fanout import TailLimits
 from fleet_trio.logs import ENV_SECRETS, console, job_context
 from fleet_trio.memory import MemoryBudget
 from fleet_trio.nursery import TaskTree, TaskTreeClosed, open_task_tree

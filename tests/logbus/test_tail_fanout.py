@@ -12,14 +12,8 @@ import trio
 import trio.testing
 
 from fleet_trio.logbus.bus import MAX_LAG, LogBus
-from fleet_trio.logbus.tail import (
-    CLOSE_NORMAL,
-    SENDING_PER_JOB,
-    TailLimits,
-    Tails,
-    output_bytes,
-    serve_tail,
-)
+from fleet_trio.logbus.fanout import SENDING_PER_JOB, TailLimits, Tails
+from fleet_trio.logbus.tail import CLOSE_NORMAL, output_bytes, serve_tail
 from tests.helpers import wait_until
 
 

@@ -20,13 +20,13 @@ from trio_websocket import ConnectionRejected, open_websocket_url
 
 from fleet_trio.errors import ConfigError
 from fleet_trio.logbus import End, JobLog, LogBus, Output
+from fleet_trio.logbus.fanout import TailLimits
 from fleet_trio.logbus.tail import (
     CLOSE_BAD_REQUEST,
     CLOSE_NORMAL,
     CLOSE_UNKNOWN_JOB,
     TailError,
     TailEvent,
-    TailLimits,
 )
 from fleet_trio.logbus.tail import loads as tail_loads
 from fleet_trio.logbus.tail_client import tail_url

@@ -15,7 +15,7 @@ import attrs
 from fleet_trio.durations import MINUTE, SECOND, go_duration
 from fleet_trio.edge import is_loopback_host, split_host_port
 from fleet_trio.errors import ConfigError
-from fleet_trio.logbus.tail import DEFAULT_MAX_TAILS, DEFAULT_MAX_TAILS_PER_JOB
+from fleet_trio.logbus.fanout import DEFAULT_MAX_TAILS, DEFAULT_MAX_TAILS_PER_JOB
 from fleet_trio.memory import DEFAULT_BUDGET, format_size
 
 DEFAULT_CONFIG_PATH = "/etc/rc/worker.yaml"
