@@ -445,6 +445,8 @@ def _build(
             values[key] = _origins(value)
         elif attrs.has(kind := file_type(WorkerConfig, key)):  # hooks:
             values[key] = _mapping(converter, {} if value is None else value, kind, key, ignored)
+        elif kind is int and value is None:  # max_tails: (empty): the default, as yaml.v3
+            continue
         else:
             values[key] = _structure(converter, value, kind, key)
 
