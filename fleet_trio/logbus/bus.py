@@ -257,8 +257,10 @@ class Cursor:
         self.history = history
         self.batch = batch
         """Join following chunks of the same stream into one ``Output`` up to this many bytes,
-        and hand out a larger chunk in pieces of at most this many (cut at a UTF-8 character
-        boundary where :func:`utf8_cut` finds one); 0: one chunk per ``Output``. Fewer, larger
+        and hand out a larger chunk in pieces of at most this many, cut at multiples of
+        ``batch`` from the chunk's start (moved back to a UTF-8 character boundary where
+        :func:`utf8_cut` finds one; a reader that enters the chunk elsewhere first gets the
+        bytes up to the next cut); 0: one chunk per ``Output``. Fewer, larger
         events for a reader that is behind, never larger than it asked for (a reader that is
         behind is checked against ``max_lag`` between pieces, and no slice of a large chunk
         is copied beyond what is handed out)."""
@@ -329,7 +331,12 @@ class Cursor:
                 continue
             lo, hi = start - offset, len(chunk.data)
             if 0 < self.batch < hi - lo:  # a large chunk: handed out batch bytes at a time
-                hi = utf8_cut(chunk.data, lo + self.batch, lo)
+                # cut on the chunk's grid of batch bytes: readers that entered the chunk at
+                # different places (after a skip) cut the rest of it alike, so a tail can
+                # share their frames (a cut within a character's length of lo: the piece
+                # ends batch bytes on, as a UTF-8 cut needs room)
+                grid = (lo // self.batch + 1) * self.batch
+                hi = utf8_cut(chunk.data, grid if grid - lo > 3 else lo + self.batch, lo)
             data = chunk.data if lo == 0 and hi == len(chunk.data) else chunk.data[lo:hi]
             self.pos = offset + hi
             if self.batch > len(data) and self.pos < total and hi == len(chunk.data):

@@ -32,6 +32,12 @@ reads ``token`` for browsers).
 
 :func:`serve_tail` is the server side, independent of any web framework. The frames it sends
 are :func:`dumps` of the messages above, byte for byte (:func:`output_text`).
+
+Fan-out (:mod:`fleet_trio.logbus.fanout`): a server admits at most ``max_tails`` tails at
+once and ``max_tails_per_job`` of one job (beyond them the route answers 503
+``too many tails`` before the upgrade). The tails of one job share their frames' text (each
+frame is encoded once) and take turns for their paced catch-ups, so that
+watching a job costs it about as much with many tails as with one.
 """
 
 from __future__ import annotations
@@ -41,10 +47,13 @@ import binascii
 import json
 import math
 from collections.abc import Awaitable, Callable, Iterator, Mapping
-from typing import Any, Literal, cast
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import attrs
 import trio
+
+if TYPE_CHECKING:
+    from fleet_trio.logbus.fanout import TailSlot
 
 from fleet_trio.inputs import InputError, loads_json, printable
 from fleet_trio.logbus.bus import MAX_LAG, End, LogBus, Output, Skipped, Stream, utf8_cut
@@ -338,7 +347,11 @@ SendText = Callable[[str], Awaitable[None]]
 
 
 async def serve_tail(
-    bus: LogBus, job_id: str, send_text: SendText, query: Mapping[str, str]
+    bus: LogBus,
+    job_id: str,
+    send_text: SendText,
+    query: Mapping[str, str],
+    slot: TailSlot | None = None,
 ) -> int:
     """Stream one job's log as frames through ``send_text`` until its ``end``.
 
@@ -347,7 +360,9 @@ async def serve_tail(
     message. A failure of ``send_text`` (the peer went away) propagates; so does a cancel.
 
     Each frame is encoded only when the one before it has been sent (:func:`event_texts`), so
-    the task never holds the node's event loop for more than one frame's encoding.
+    the task never holds the node's event loop for more than one frame's encoding. ``slot``
+    (from :meth:`~fleet_trio.logbus.fanout.Tails.open`): the frames are shared with the job's
+    other tails, and its paced catch-ups take turns with theirs; the caller closes it.
 
     Cancellation: safe at any point; the subscription is closed. The caller's ``send_text``
     must bound its own writes (the node and the worker's listener run on
@@ -369,8 +384,31 @@ async def serve_tail(
         return CLOSE_BAD_REQUEST
     since_skip: int | None = None  # output bytes sent since the last catch-up (None: none yet)
     was_paced = False
+    texts = slot.texts if slot is not None else event_texts
+    send: SendText = send_text
+    if slot is not None:
+        tail_slot = slot
+
+        async def send(text: str) -> None:  # in turn with the job's other tails
+            await tail_slot.send(send_text, text)
+
+    async def fetch() -> TailEvent | None:
+        """The next event; with other tails of the job, taken when this one's turn to send
+        has come (not before: a tail waiting for its turn holds no frame, and finds out then
+        how far behind it has fallen)."""
+        if slot is not None:
+            await slot.wait_turn()
+            ready = events.next_ready()
+            if ready is not None:
+                return ready
+            slot.forgo()  # nothing to send yet: wait for output without a turn
+        try:
+            return await events.__anext__()
+        except StopAsyncIteration:
+            return None
+
     async with subscription as events:
-        async for event in events:
+        while (event := await fetch()) is not None:
             if isinstance(event, Skipped):
                 # Behind again within MAX_LAG bytes of the last catch-up: it keeps falling
                 # behind, so it is paced; skipped once (it was away), it reads on at full speed.
@@ -387,21 +425,23 @@ async def serve_tail(
                 while isinstance(following, Skipped):
                     event = Skipped(event.offset, event.nbytes + following.nbytes)
                     following = events.next_ready()
-                for text in event_texts(event):
-                    await send_text(text)
+                for text in texts(event):
+                    await send(text)
                 if following is None:
                     continue
                 event = following
                 if not isinstance(event, End):
-                    for text in event_texts(event):
-                        await send_text(text)
+                    for text in texts(event):
+                        await send(text)
                     since_skip += len(event.data) if isinstance(event, Output) else 0
                     if paced:
-                        with trio.move_on_after(CATCH_UP_PAUSE):  # paced, but not the end
+                        now = trio.current_time()
+                        turn = slot.catch_up_turn(now) if slot else now + CATCH_UP_PAUSE
+                        with trio.move_on_at(turn):  # paced, but not the end
                             await log.wait_ended()
                     continue
-            for text in event_texts(event):
-                await send_text(text)
+            for text in texts(event):
+                await send(text)
             if isinstance(event, End):
                 return CLOSE_NORMAL
             if since_skip is not None and isinstance(event, Output):

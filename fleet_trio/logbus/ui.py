@@ -30,7 +30,9 @@ from typing import Any
 import trio
 from quart import Quart, Response, request, websocket
 
+from fleet_trio.edge import error_response
 from fleet_trio.logbus.bus import JobInfo, LogBus
+from fleet_trio.logbus.fanout import MSG_TOO_MANY_TAILS, Tails, TailSlot
 from fleet_trio.logbus.tail import CLOSE_INTERNAL, error_message, serve_tail
 from fleet_trio.logbus.tail import dumps as tail_dumps
 
@@ -57,15 +59,34 @@ TokenCheck = Callable[[str | None], bool]
 """``Authorization`` header value (or ``None``) → acceptable?"""
 
 
-async def stream_tail(bus: LogBus, job_id: str) -> None:
+async def stream_tail(bus: LogBus, job_id: str, tails: Tails | None = None) -> Response | None:
     """Inside a quart websocket route whose token check passed: accept the socket, stream
     ``job_id``'s log with :func:`~fleet_trio.logbus.tail.serve_tail` (query parameters from the
     websocket's URL), and close with its code (1000 after ``end``, 4404 unknown job, 4400 bad
     query, 1011 internal). What the client sends is read and dropped.
 
+    ``tails``: the server's open tails under their caps. Beyond a cap the socket is not
+    accepted: the answer is 503 ``too many tails`` (the error envelope), returned for the
+    route to return. The slot is given back however the tail ends (its end, the client
+    gone, a cancel).
+
     Cancellation: the handler ends at once (the tree's role or services scope is cancelled,
     or the client went away); the close frame is then not sent, and a write still pending
     to a client that stopped reading is cut by the server (the client is dropped)."""
+    slot: TailSlot | None = None
+    if tails is not None:
+        slot = tails.open(job_id, trio.current_time())
+        if slot is None:
+            return error_response(MSG_TOO_MANY_TAILS, 503)
+    try:
+        await _stream(bus, job_id, slot)
+    finally:
+        if slot is not None:
+            slot.close()
+    return None
+
+
+async def _stream(bus: LogBus, job_id: str, slot: TailSlot | None) -> None:
     await websocket.accept()
 
     send_text = websocket.send
@@ -81,7 +102,7 @@ async def stream_tail(bus: LogBus, job_id: str) -> None:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(discard_incoming)
             try:
-                code = await serve_tail(bus, job_id, send_text, websocket.args)
+                code = await serve_tail(bus, job_id, send_text, websocket.args, slot)
             except Exception:
                 log.exception("tail of job %s failed", job_id)
                 with trio.move_on_after(1):

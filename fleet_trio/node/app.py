@@ -29,6 +29,7 @@ from fleet_trio.edge import EdgeGuard, EdgePolicy, error_response, unauthorized
 from fleet_trio.errors import WireError
 from fleet_trio.inputs import id_problem
 from fleet_trio.logbus.bus import LogBus
+from fleet_trio.logbus.fanout import Tails
 from fleet_trio.logbus.ui import mount_ui, stream_tail, token_ok
 from fleet_trio.node.after_send import AfterSend, after_response, sends_after
 from fleet_trio.node.delivery import (
@@ -134,6 +135,8 @@ class NodeContext:
     ack_deadline: float = DEFAULT_ACK_DEADLINE
     """A dispatch whose ack would be committed later than this after its arrival is answered
     503 ``ack deadline passed`` (docs/node.md "Delivery-checked acks")."""
+    tails: Tails = attrs.field(factory=Tails, repr=False)
+    """The live tails open now, under ``max_tails`` / ``max_tails_per_job`` (docs/tail.md)."""
 
     def __attrs_post_init__(self) -> None:
         # live log tail: the runner tees into this bus (a stand-in runner without one: no tee)
@@ -391,14 +394,14 @@ async def tail(ctx: NodeContext, job_id: str) -> Response | None:
     A bad token is refused before the upgrade (HTTP 401, the error envelope). Otherwise the
     socket is accepted and :func:`~fleet_trio.logbus.tail.serve_tail` streams; the close code
     is its answer (1000 after ``end``, 4404 unknown job, 4400 bad query, 1011 internal).
+    Beyond ``max_tails`` or ``max_tails_per_job``: HTTP 503 ``too many tails``, no upgrade.
     """
     # the bearer token from ``Authorization``, or (browsers) the ``token`` query parameter
     if not token_ok(lambda header: bearer_ok(ctx.token, header), websocket):
         return unauthorized()
     if ctx.linger.active:  # linger: polls only
         return error_response(MSG_DRAINING, 503)
-    await stream_tail(ctx.bus, job_id)
-    return None
+    return await stream_tail(ctx.bus, job_id, ctx.tails)  # 503 too many tails beyond a cap
 
 
 # -- end of the live log tail block --------------------------------------------------------------

@@ -27,6 +27,7 @@ from fleet_trio.durations import parse_duration_seconds
 from fleet_trio.edge import is_loopback_host, split_host_port
 from fleet_trio.errors import ConfigError, DurationError
 from fleet_trio.inputs import first_control, id_problem, printable
+from fleet_trio.logbus.fanout import DEFAULT_MAX_TAILS, DEFAULT_MAX_TAILS_PER_JOB
 from fleet_trio.memory import DEFAULT_BUDGET, check_budget, parse_size
 from fleet_trio.node.wire import go_quote
 
@@ -113,6 +114,10 @@ class NodeSettings:
     memory_budget: MemorySize = MemorySize(DEFAULT_BUDGET)
     """Results and log histories of all jobs together (``fleet_trio.memory``)."""
     journal: JournalSettings = attrs.Factory(JournalSettings)
+    max_tails: int = DEFAULT_MAX_TAILS
+    """Live log tails open at once, all jobs (docs/tail.md); beyond it: 503 too many tails."""
+    max_tails_per_job: int = DEFAULT_MAX_TAILS_PER_JOB
+    """Live log tails of one job open at once."""
 
 
 @attrs.frozen
@@ -433,6 +438,9 @@ def config_from_mapping(raw: object, *, path: str = "", base_dir: str = "") -> N
             )
         if node.journal.inline_max < 0:
             raise _KeyedError("must be >= 0", "node.journal.inline_max")
+        for key in ("max_tails", "max_tails_per_job"):
+            if getattr(node, key) < 1:
+                raise _KeyedError("must be >= 1", f"node.{key}")
         raw_tasks = raw.get("tasks") or {}
         if not isinstance(raw_tasks, Mapping):
             raise _KeyedError("expected a mapping of task type -> definition", "tasks")

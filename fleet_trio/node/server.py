@@ -45,6 +45,7 @@ from fleet_trio.edge import EdgePolicy, OriginError, listen_is_loopback
 from fleet_trio.errors import NodeStartError
 from fleet_trio.inputs import first_control, token_problem
 from fleet_trio.logbus import LogBus
+from fleet_trio.logbus.fanout import TailLimits, Tails
 from fleet_trio.memory import MemoryBudget
 from fleet_trio.node.app import FootprintSource, NodeContext, VramStatus, create_app
 from fleet_trio.node.config import (
@@ -496,6 +497,7 @@ async def serve_node(
                 bus=LogBus(budget=budget),
                 linger=linger,
                 ack_deadline=t.ack_deadline,
+                tails=Tails(TailLimits(node.max_tails, node.max_tails_per_job)),
             )
             bus_holder.append(ctx)
             store.set_spawn(tree.start_job)

@@ -7,8 +7,9 @@ docs/tail.md): JSON text frames ``output`` / ``skipped`` / ``end`` / ``error``; 
 
 With ``tail_token`` set, the token is required, as ``Authorization: Bearer <token>`` or (for
 browsers) the ``token`` query parameter, compared in constant time; a missing or wrong token
-is refused before the upgrade (HTTP 401, the node's error envelope). Every other path answers
-404 with the same envelope.
+is refused before the upgrade (HTTP 401, the node's error envelope). Beyond ``max_tails`` open
+tails, or ``max_tails_per_job`` of one job, a tail is refused before the upgrade too (HTTP 503
+``too many tails``). Every other path answers 404 with the same envelope.
 
 The listener serves only this route (plus the browser page and ``GET /metrics``, behind the same
 token, docs/metrics.md) and only reads: it can never fail or delay a job.
@@ -36,6 +37,7 @@ from fleet_trio.edge import (
 )
 from fleet_trio.errors import FleetTrioError
 from fleet_trio.logbus.bus import LogBus
+from fleet_trio.logbus.fanout import TailLimits, Tails
 from fleet_trio.logbus.ui import mount_ui, stream_tail
 from fleet_trio.nursery.httpserve import hypercorn_config, serve_http
 
@@ -56,11 +58,14 @@ def create_tail_app(
     metrics: WorkerMetrics | None = None,
     edge: EdgePolicy | None = None,
     node_id: str = "",
+    limits: TailLimits | None = None,
 ) -> QuartTrio:
     """A quart-trio app serving the tail route of ``bus`` (and ``GET /metrics`` when
     ``metrics`` is given, behind the same token: docs/metrics.md). ``edge``: the Origin/Host
     checks of every route (``fleet_trio.edge``; default: a loopback listener, no listed
-    origins)."""
+    origins). ``limits``: the caps on open tails (``max_tails``, ``max_tails_per_job``;
+    beyond them 503 ``too many tails``)."""
+    tails = Tails(limits)
     app = QuartTrio(__name__)
     app.config["PROVIDE_AUTOMATIC_OPTIONS"] = False
     EdgeGuard(edge if edge is not None else EdgePolicy()).install(app)
@@ -73,8 +78,7 @@ def create_tail_app(
             authorized = query_token is not None and token_ok(token, query_token)
         if not authorized:
             return unauthorized()
-        await stream_tail(bus, job_id)
-        return None
+        return await stream_tail(bus, job_id, tails)  # 503 too many tails beyond a cap
 
     async def _http_error(exc: HTTPException) -> Response:
         return error_response((exc.name or "error").lower(), exc.code or 500)
@@ -103,6 +107,7 @@ async def serve_tail_listener(
     metrics: WorkerMetrics | None = None,
     allow_origins: tuple[str, ...] = (),
     node_id: str = "",
+    limits: TailLimits | None = None,
     task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve the tail route of ``bus`` on ``listen`` (``HOST:PORT``) until cancelled.
@@ -112,7 +117,8 @@ async def serve_tail_listener(
     :class:`TailListenError` before ``started``; a failure after it is logged and ends the
     listener without propagating (the worker keeps running its jobs). The Host rule of
     ``fleet_trio.edge`` applies when ``listen`` is a loopback address; ``allow_origins`` are
-    the browser origins served besides the listener's own (docs/security.md).
+    the browser origins served besides the listener's own (docs/security.md); ``limits`` the
+    caps on open tails (default 256 in all, 32 of one job).
 
     Cancellation: ends the listener at once; a write still pending to a tail client (one that
     stopped reading) is cut and the client dropped, so no client can hold the worker's stop.
@@ -121,7 +127,9 @@ async def serve_tail_listener(
         edge = EdgePolicy.build(loopback=listen_is_loopback(listen), allow_origins=allow_origins)
     except OriginError as exc:
         raise TailListenError(f"tail_allow_origins: {exc}") from None
-    app = create_tail_app(bus, token=token or None, metrics=metrics, edge=edge, node_id=node_id)
+    app = create_tail_app(
+        bus, token=token or None, metrics=metrics, edge=edge, node_id=node_id, limits=limits
+    )
     serve = functools.partial(serve_http, app, hypercorn_config(listen), error=TailListenError)
     started = False
     try:

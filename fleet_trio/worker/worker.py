@@ -45,6 +45,7 @@ from fleet_trio import proc
 from fleet_trio.backoff import Backoff
 from fleet_trio.durations import SECOND
 from fleet_trio.logbus import JobLog, LogBus
+from fleet_trio.logbus.fanout import TailLimits
 from fleet_trio.logs import ENV_SECRETS, console, job_context
 from fleet_trio.memory import MemoryBudget
 from fleet_trio.nursery import TaskTree, TaskTreeClosed, open_task_tree
@@ -577,6 +578,7 @@ async def _start_tail_listener(worker: Worker, tree: TaskTree) -> None:
                 allow_origins=cfg.tail_allow_origins,
                 metrics=worker.metrics,
                 node_id=cfg.host,  # shown on the browser page
+                limits=TailLimits(cfg.max_tails, cfg.max_tails_per_job),
             ),
             name="tail-listener",
         )

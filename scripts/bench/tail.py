@@ -34,6 +34,15 @@ The node runs in its **own process** (this script re-run with ``--serve``), as i
 which the flood (on stderr) is never sent, i.e. the node's cost without the tail's frames (its
 CPU split the same way).
 
+``--tails N`` (fan-out; replaces parts 1 and 2): a job writes ``--bytes`` (default 64 MiB in this
+mode) as in part 1 and times its own writes, once with one websocket subscriber and once with
+``N``, alternated ``--rounds`` times (default 3). One subscriber of the N decodes every frame
+and checks that every byte was received or ``skipped``; the others read every frame and look
+only at its head. Prints the job's own write rate with N subscribers against one (target
+>= 0.5) and the growth of the node process's resident memory over its RSS before the first
+run (sampled every 20 ms; target <= 32 MiB with N subscribers). The node is configured to
+admit ``N`` tails of one job (``max_tails_per_job``) where it has the key.
+
 ``--before TREE`` compares two versions of the node in one session: this benchmark (the same
 script, so the same method) runs ``--runs`` times with TREE's ``fleet_trio`` first on the path
 (another checkout, e.g. the commit before a change) and as often with this tree's, each in a
@@ -60,8 +69,10 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import attrs
 import httpx
 import trio
+import trio.lowlevel
 from benchlib import (
     BrokenRun,
     cpu_seconds,
@@ -69,10 +80,13 @@ from benchlib import (
     serve_node_child,
     served_run,
     start_served,
+    stop_served,
 )
 from trio_websocket import ConnectionClosed, open_websocket_url
 
 THROUGHPUT_TARGET = 0.7
+FANOUT_TARGET = 0.5
+RSS_TARGET_MIB = 32.0
 LATENCY_TARGET_MS = 20.0
 LINE_INTERVAL = 0.01
 RUN_TIMEOUT = 120.0
@@ -95,6 +109,21 @@ while n > 0:
 sys.stdout.write("{}")
 """
 
+# FLOOD, timing its own writes: "{"write_s": seconds}" on stdout (the job's result).
+# It starts once the file p["go"] exists (the benchmark's subscribers are connected).
+TIMED_FLOOD = (
+    FLOOD.replace("import json, os, sys", "import json, os, sys, time")
+    .replace(
+        "fd = sys.stderr.fileno()",
+        "fd = sys.stderr.fileno()\nwhile not os.path.exists(p['go']):\n    time.sleep(0.002)\n"
+        "start = time.perf_counter()",
+    )
+    .replace(
+        'sys.stdout.write("{}")',
+        'sys.stdout.write(json.dumps({"write_s": time.perf_counter() - start}))',
+    )
+)
+
 # One line every p["interval"] s for p["seconds"] s: "t=<time.time()> <padding>\n" on stderr.
 TICKS = r"""
 import json, sys, time
@@ -115,9 +144,21 @@ sys.stdout.write("{}")
 # server side (``--serve STATE_DIR``), run in a child process
 
 
-def write_config(state: Path) -> Path:
+def tail_caps(tails: int) -> dict[str, int]:
+    """Node keys that admit ``tails`` subscribers of one job, where this tree's node has them
+    (a tree from before the caps refuses unknown keys)."""
+    from fleet_trio.node.config import NodeSettings
+
+    fields = {f.name for f in attrs.fields(NodeSettings)}
+    if tails <= 0 or "max_tails_per_job" not in fields:
+        return {}
+    return {"max_tails_per_job": tails + 1, "max_tails": max(256, tails + 1)}
+
+
+def write_config(state: Path, tails: int = 0) -> Path:
     cfg = {
         "node": {
+            **tail_caps(tails),
             "listen": "127.0.0.1:0",
             "node_id": "bench-tail",
             "timings": {"drain_timeout": "3s", "kill_grace": "1s"},
@@ -126,6 +167,11 @@ def write_config(state: Path) -> Path:
         "tasks": {
             "flood": {"command": [sys.executable, "-c", FLOOD], "gpu": False, "timeout": "300s"},
             "ticks": {"command": [sys.executable, "-c", TICKS], "gpu": False, "timeout": "300s"},
+            "timed": {
+                "command": [sys.executable, "-c", TIMED_FLOOD],
+                "gpu": False,
+                "timeout": "300s",
+            },
         },
     }
     path = state / "node.yaml"
@@ -133,16 +179,17 @@ def write_config(state: Path) -> Path:
     return path
 
 
-def serve_main(state: Path) -> int:
+def serve_main(state: Path, tails: int = 0) -> int:
     import fleet_trio.gpu.fake as fake
 
     fake.init_device(str(state / "gpu"), "Fake H200", 141.0)
-    trio.run(serve_node_child, write_config(state), state / "gpu", state / "node.url")
+    trio.run(serve_node_child, write_config(state, tails), state / "gpu", state / "node.url")
     return 0
 
 
-def start_node(state: Path) -> tuple[subprocess.Popen[bytes], str]:
-    return start_served(__file__, [str(state)], state / "node.url", "node")
+def start_node(state: Path, tails: int = 0) -> tuple[subprocess.Popen[bytes], str]:
+    extra = [f"--serve-tails={tails}"] if tails else []
+    return start_served(__file__, [str(state), *extra], state / "node.url", "node")
 
 
 # ------------------------------------------------------------------------------------------
@@ -301,6 +348,166 @@ async def latency(node_url: str, seconds: float) -> Tally:
     return tally
 
 
+def rss_bytes(pid: int) -> int:
+    """Resident memory of process ``pid`` (``VmRSS``; 0 where it cannot be read)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
+async def glance(url: str, counts: dict[str, int]) -> None:
+    """A subscriber that reads every frame as it comes and looks only at its ``type``."""
+    from fleet_trio.logbus.tail_client import RECEIVE_BUFFER
+
+    head = len('{"type":"')
+    mine: dict[str, int] = {}
+    async with open_websocket_url(url, receive_buffer_size=RECEIVE_BUFFER) as ws:
+        try:
+            while True:
+                text = await ws.get_message()
+                kind = str(text[head : text.index('"', head)])
+                mine[kind] = mine.get(kind, 0) + 1
+        except ConnectionClosed:
+            pass
+    if mine.get("end") != 1 or mine.get("error"):
+        raise BrokenRun(f"a subscriber's frames: {mine}")
+    for kind, n in mine.items():
+        counts[kind] = counts.get(kind, 0) + n
+
+
+async def fanout_run(
+    node_url: str, nbytes: int, tails: int, node_pid: int, go: Path
+) -> tuple[float, int, Tally, dict[str, int]]:
+    """One job writing ``nbytes`` with ``tails`` subscribers from the start, all connected
+    before it writes its first byte: the job's own write time, the node's peak RSS meanwhile,
+    the checking subscriber's tally and the other subscribers' frame counts."""
+    go.unlink(missing_ok=True)
+    tally = Tally()
+    counts: dict[str, int] = {}
+    peak = 0
+    async with httpx.AsyncClient(base_url=node_url, timeout=30) as client:
+        with trio.fail_after(RUN_TIMEOUT * 3):
+            job_id = await dispatch(client, "timed", {"bytes": nbytes, "go": str(go)})
+            url = f"{ws_base(node_url)}/fleet/jobs/{job_id}/tail?from=start"
+            async with trio.open_nursery() as nursery:
+
+                async def sample() -> None:
+                    nonlocal peak
+                    while True:
+                        peak = max(peak, rss_bytes(node_pid))
+                        await trio.sleep(0.02)
+
+                nursery.start_soon(sample)
+                async with trio.open_nursery() as readers:
+                    readers.start_soon(subscribe, ws_base(node_url), job_id, tally)
+                    for _ in range(tails - 1):
+                        readers.start_soon(glance, url, counts)
+                    await (
+                        trio.lowlevel.checkpoint()
+                    )  # the connects are under way; the job waits for go
+                    await wait_connected(node_url, job_id, tails)
+                    go.write_text("go")
+                nursery.cancel_scope.cancel()
+            peak = max(peak, rss_bytes(node_pid))
+            while True:
+                r = await client.get(f"/fleet/jobs/{job_id}")
+                body = r.json()
+                if body.get("state") == "done":
+                    break
+                if body.get("state") not in ("pending", "running"):
+                    raise BrokenRun(f"job {job_id}: {body}")
+                await trio.sleep(0.05)
+    got = tally.received + tally.received_other + tally.skipped
+    if tally.end is None or tally.end["offset"] != got or tally.received_other == nbytes:
+        raise BrokenRun(f"timed flood: {got} bytes received or skipped, end {tally.end}")
+    return float(body["data"]["write_s"]), peak, tally, counts
+
+
+async def wait_connected(node_url: str, job_id: str, tails: int) -> None:
+    """Until the node's metrics count ``tails`` open subscribers, or 30 s (then on anyway:
+    the subscribers read from the start, so a late one still gets every frame)."""
+    async with httpx.AsyncClient(base_url=node_url, timeout=30) as client:
+        with trio.move_on_after(30):
+            while True:
+                r = await client.get("/metrics")
+                m = re.search(r"^fleet_trio_log_subscribers\S* ([0-9.e+]+)$", r.text, re.M)
+                if m is None or float(m.group(1)) >= tails:
+                    return
+                await trio.sleep(0.05)
+
+
+def fanout_main(args: argparse.Namespace, nbytes: int) -> int:
+    mb = nbytes / 1e6
+    print(
+        f"fan-out: a job writes {mb:g} MB of log text on stderr and times its writes, with 1 "
+        f"and with {args.tails} websocket subscribers from the start; a fresh node process "
+        f"per run, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}"
+    )
+    seconds: dict[int, list[float]] = {1: [], args.tails: []}
+    grown: dict[int, list[float]] = {1: [], args.tails: []}
+    last: dict[int, tuple[Tally, dict[str, int]]] = {}
+    ratios: list[float] = []
+    cpu: dict[int, list[tuple[float, float]]] = {1: [], args.tails: []}
+    with served_run() as served:
+        for i in range(args.rounds):
+            for n in [1, args.tails] if i % 2 == 0 else [args.tails, 1]:
+                with tempfile.TemporaryDirectory(prefix="fleet-bench-tail-") as tmp:
+                    state = Path(tmp)
+                    proc, node_url = start_node(state, args.tails)
+                    served.append(proc)
+                    # warm: the first websocket's imports and buffers are not the tails' cost
+                    trio.run(fanout_run, node_url, 1 << 16, 2, proc.pid, state / "go")
+                    base = rss_bytes(proc.pid)
+                    c0, (n0, _) = time.process_time(), cpu_seconds(proc.pid)
+                    write_s, peak, tally, counts = trio.run(
+                        fanout_run, node_url, nbytes, n, proc.pid, state / "go"
+                    )
+                    cpu[n].append((cpu_seconds(proc.pid)[0] - n0, time.process_time() - c0))
+                    stop_served(proc)
+                seconds[n].append(write_s)
+                grown[n].append((peak - base) / (1 << 20))
+                last[n] = (tally, counts)
+            ratios.append(seconds[1][-1] / seconds[args.tails][-1])
+        for n in (1, args.tails):
+            s = statistics.median(seconds[n])
+            tally, counts = last[n]
+            print(
+                f"  {n:4d} subscriber{'s' if n > 1 else ' '} {mb / s:9.1f} MB/s   (the job's "
+                f"own write time, median {s:.3f} s; the checking subscriber got "
+                f"{tally.received / 1e6:g} MB, skipped {tally.skipped / 1e6:g} MB"
+                + (f"; each other subscriber {frames(counts, n - 1)}" if n > 1 else "")
+                + f"; CPU seconds: node {statistics.median(c[0] for c in cpu[n]):.2f}, the "
+                f"subscribers {statistics.median(c[1] for c in cpu[n]):.2f})"
+            )
+        ratio = statistics.median(ratios)
+        verdict = "ok" if ratio >= FANOUT_TARGET else "BELOW TARGET"
+        shown = " ".join(f"{r:.2f}" for r in ratios)
+        print(
+            f"  ratio {args.tails} tails/1 tail {ratio:.2f}   (the job's write rate, median of "
+            f"{args.rounds} rounds: {shown}; target >= {FANOUT_TARGET}: {verdict})"
+        )
+        growth = statistics.median(grown[args.tails])
+        verdict = "ok" if growth <= RSS_TARGET_MIB else "ABOVE TARGET"
+        shown = " ".join(f"{g:.1f}" for g in grown[args.tails])
+        print(
+            f"  node RSS growth with {args.tails} tails {growth:.1f} MiB   (peak during the run "
+            f"over the RSS before it, median of {shown}; with 1 tail "
+            f"{statistics.median(grown[1]):.1f} MiB; target <= {RSS_TARGET_MIB:g} MiB: {verdict})"
+        )
+    return 0
+
+
+def frames(counts: dict[str, int], readers: int) -> str:
+    """The other subscribers' frames, per subscriber on average."""
+    per = {k: v / readers for k, v in counts.items()}
+    return ", ".join(f"{per[k]:.0f} {k}" for k in ("output", "skipped") if k in per)
+
+
 REPO = str(Path(__file__).resolve().parents[2])
 
 SUMMARY = {
@@ -308,6 +515,8 @@ SUMMARY = {
     "floor": re.compile(r"floor: .*? ratio ([0-9.]+)"),
     "node CPU s": re.compile(r"CPU seconds per run .*? node ([0-9.]+)"),
     "p99 ms": re.compile(r"p99 +([0-9.]+) ms"),
+    "fan-out ratio": re.compile(r"ratio \d+ tails/1 tail ([0-9.]+)"),
+    "RSS growth MiB": re.compile(r"RSS growth with \d+ tails (-?[0-9.]+) MiB"),
 }
 
 
@@ -359,7 +568,17 @@ def compare(before: str, runs: int, passed: list[str]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--bytes", type=int, default=200_000_000, help="part 1 (200000000)")
+    parser.add_argument(
+        "--bytes", type=int, default=None, help="part 1 (200000000); --tails (67108864)"
+    )
+    parser.add_argument(
+        "--tails",
+        type=int,
+        default=0,
+        metavar="N",
+        help="fan-out instead of parts 1 and 2: the job's write rate with N subscribers "
+        "against one, and the node's RSS growth",
+    )
     parser.add_argument("--rounds", type=int, default=3, help="part 1's rounds per side (3)")
     parser.add_argument("--seconds", type=float, default=3.0, help="part 2's duration (3)")
     parser.add_argument(
@@ -376,9 +595,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--runs", type=int, default=4, help="runs per tree with --before (4)")
     parser.add_argument("--serve", metavar="STATE", help=argparse.SUPPRESS)
+    parser.add_argument("--serve-tails", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.serve:
-        return serve_main(Path(args.serve))
+        return serve_main(Path(args.serve), args.serve_tails)
+    if args.bytes is None:
+        args.bytes = 64 << 20 if args.tails else 200_000_000
     if args.before:
         if args.runs < 1:
             parser.error("--runs must be >= 1")
@@ -387,10 +609,15 @@ def main(argv: list[str] | None = None) -> int:
             f"--rounds={args.rounds}",
             f"--seconds={args.seconds}",
             *(["--floor"] if args.floor else []),
+            *([f"--tails={args.tails}"] if args.tails else []),
         ]
         return compare(args.before, args.runs, passed)
     if args.bytes < 1 or args.seconds < 0.1 or args.rounds < 1:
         parser.error("--bytes and --rounds must be >= 1 and --seconds >= 0.1")
+    if args.tails:
+        if args.tails < 2:
+            parser.error("--tails must be >= 2")
+        return fanout_main(args, args.bytes)
 
     with tempfile.TemporaryDirectory(prefix="fleet-bench-tail-") as tmp:
         state = Path(tmp)

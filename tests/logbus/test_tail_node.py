@@ -11,9 +11,11 @@ import pytest
 import trio
 from trio_websocket import (
     ConnectionRejected,
+    open_websocket_url,
 )
 
 from fleet_trio.cli import tail_exit_status
+from fleet_trio.errors import ConfigError
 from fleet_trio.logbus.bus import End, Output, Skipped
 from fleet_trio.logbus.tail import (
     CLOSE_BAD_REQUEST,
@@ -301,3 +303,80 @@ async def test_a_node_shutdown_sends_open_tails_their_end(tmp_path: Path) -> Non
     assert isinstance(end, End)
     assert (end.state, end.reason) == ("error", "interrupted")
     assert split(events)["stderr"].startswith(expected_stderr(2))
+
+
+# -- caps on live tails (docs/tail.md "Many tails") ------------------------------------------
+
+
+async def hold_tails(urls: list[str], held: list[object], stop: trio.Event) -> None:
+    """Open a websocket tail to each of ``urls`` and keep them open (not reading) until
+    ``stop``; ``held`` gets one entry per open socket."""
+
+    async def hold(url: str) -> None:
+        async with open_websocket_url(url) as ws:
+            held.append(ws)
+            await stop.wait()
+
+    async with trio.open_nursery() as nursery:
+        for url in urls:
+            nursery.start_soon(hold, url)
+
+
+async def refused(url: str) -> tuple[int, Any]:
+    with pytest.raises(ConnectionRejected) as info:
+        async with open_websocket_url(url):
+            pass
+    return info.value.status_code, json.loads(info.value.body or b"{}")
+
+
+TOO_MANY = {"status": "error", "error": "too many tails"}
+
+
+async def test_the_33rd_tail_of_a_job_is_refused_until_one_leaves(tmp_path: Path) -> None:
+    async with running_node(tmp_path, config(tmp_path)) as h:
+        await dispatch(h, "watched", lines=3000, pause=0.01)  # runs on through the test
+        held: list[object] = []
+        stop = trio.Event()
+        with trio.fail_after(60):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(hold_tails, [ws_url(h, "watched")] * 32, held, stop)
+                await wait_until(lambda: len(held) == 32, what="32 tails open")
+                assert await refused(ws_url(h, "watched")) == (503, TOO_MANY)
+                tails = h.node.context.tails
+                assert tails.count("watched") == 32
+                stop.set()  # the 32 clients go away
+            await wait_until(lambda: tails.open_count == 0, what="every slot given back")
+            async with open_websocket_url(ws_url(h, "watched")) as ws:  # a new tail is served
+                first = loads(await ws.get_message())
+                assert isinstance(first, Output)
+
+
+async def test_max_tails_caps_the_tails_of_all_jobs(tmp_path: Path) -> None:
+    cfg = node_config(
+        tmp_path, {"lines": {"command": [PY, "-c", LINES_SCRIPT]}}, max_tails=2, max_tails_per_job=2
+    )
+    async with running_node(tmp_path, cfg) as h:
+        for job in ("a", "b", "c"):
+            await dispatch(h, job, lines=3000, pause=0.01)
+        held: list[object] = []
+        stop = trio.Event()
+        with trio.fail_after(60):
+            async with trio.open_nursery() as nursery:
+                urls = [ws_url(h, "a"), ws_url(h, "b")]
+                nursery.start_soon(hold_tails, urls, held, stop)
+                await wait_until(lambda: len(held) == 2, what="2 tails open")
+                assert await refused(ws_url(h, "c")) == (503, TOO_MANY)
+                assert await refused(ws_url(h, "no-such-job")) == (503, TOO_MANY)
+                stop.set()
+            await wait_until(lambda: h.node.context.tails.open_count == 0, what="slots back")
+            async with open_websocket_url(ws_url(h, "c")) as ws:
+                assert isinstance(loads(await ws.get_message()), Output)
+
+
+def test_tail_caps_are_checked_in_the_node_config(tmp_path: Path) -> None:
+    for key, value in (("max_tails", 0), ("max_tails_per_job", -1), ("max_tails", "many")):
+        with pytest.raises(ConfigError) as info:
+            node_config(tmp_path, {}, **{key: value})
+        assert info.value.key == f"node.{key}"
+    assert node_config(tmp_path, {}).node.max_tails_per_job == 32
+    assert node_config(tmp_path, {}).node.max_tails == 256

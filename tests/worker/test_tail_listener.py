@@ -3,6 +3,7 @@ real job processes, real websockets (docs/tail.md)."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import socket
@@ -15,10 +16,11 @@ import attrs
 import httpx
 import pytest
 import trio
-from trio_websocket import ConnectionRejected
+from trio_websocket import ConnectionRejected, open_websocket_url
 
 from fleet_trio.errors import ConfigError
 from fleet_trio.logbus import End, JobLog, LogBus, Output
+from fleet_trio.logbus.fanout import TailLimits
 from fleet_trio.logbus.tail import (
     CLOSE_BAD_REQUEST,
     CLOSE_NORMAL,
@@ -26,6 +28,7 @@ from fleet_trio.logbus.tail import (
     TailError,
     TailEvent,
 )
+from fleet_trio.logbus.tail import loads as tail_loads
 from fleet_trio.logbus.tail_client import tail_url
 from fleet_trio.sim import serve_controller
 from fleet_trio.worker.config import WorkerConfig, check_tail_listen, load_worker_config
@@ -396,3 +399,71 @@ async def test_browser_page_and_job_list_on_the_worker_listener() -> None:
                 assert listed[job]["state"] == "succeeded"
                 by_query = await http.get("/fleet/ui/jobs", params={"token": "tt"})
                 assert by_query.status_code == 200
+
+
+# --------------------------------------------------------------------------------------------
+# Caps on live tails: max_tails, max_tails_per_job (docs/tail.md "Many tails")
+# --------------------------------------------------------------------------------------------
+
+
+async def test_listener_refuses_tails_beyond_its_caps_until_one_leaves() -> None:
+    bus = LogBus()
+    log = bus.open("w-watched")
+    await log.write("stdout", b"hello\n")
+    bus.open("w-other")
+    limits = TailLimits(max_tails=2, max_tails_per_job=1)
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            base = await nursery.start(
+                functools.partial(serve_tail_listener, bus, "127.0.0.1:0", limits=limits)
+            )
+
+            async def refused(job_id: str) -> tuple[int, object]:
+                with pytest.raises(ConnectionRejected) as info:
+                    async with open_websocket_url(tail_url(base, job_id, {})):
+                        pass
+                return info.value.status_code, json.loads(info.value.body or b"{}")
+
+            too_many = (503, {"status": "error", "error": "too many tails"})
+            async with open_websocket_url(tail_url(base, "w-watched", {})) as first:
+                assert isinstance(tail_loads(await first.get_message()), Output)
+                assert await refused("w-watched") == too_many  # the 2nd of one job
+                async with open_websocket_url(tail_url(base, "w-other", {})):
+                    assert await refused("w-third") == too_many  # the 3rd in all
+            # both clients gone: their slots come back, and a new tail is served
+
+            async def served() -> bool:
+                try:
+                    async with open_websocket_url(tail_url(base, "w-watched", {})) as ws:
+                        return isinstance(tail_loads(await ws.get_message()), Output)
+                except ConnectionRejected as exc:
+                    assert exc.status_code == 503
+                    return False
+
+            await wait_until(served, what="a tail served once the others left")
+            nursery.cancel_scope.cancel()
+
+
+def test_config_reads_the_tail_caps(tmp_path: Path) -> None:
+    cfg = load(tmp_path, "max_tails: 10\nmax_tails_per_job: 4\n")
+    assert (cfg.max_tails, cfg.max_tails_per_job) == (10, 4)
+    assert not cfg.ignored_keys
+    default = load(tmp_path, "")
+    assert (default.max_tails, default.max_tails_per_job) == (256, 32)
+
+
+@pytest.mark.parametrize(
+    ("text", "key"),
+    [
+        ("max_tails: 0\n", "max_tails"),
+        ("max_tails_per_job: -3\n", "max_tails_per_job"),
+        ("max_tails: many\n", "max_tails"),
+        ("max_tails_per_job: 2.5\n", "max_tails_per_job"),
+        ("max_tails: true\n", "max_tails"),
+    ],
+)
+def test_config_bad_tail_caps_name_key_and_file(tmp_path: Path, text: str, key: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load(tmp_path, text)
+    assert info.value.key == key
+    assert str(info.value).startswith(f"{tmp_path / 'worker.yaml'}: {key}: ")

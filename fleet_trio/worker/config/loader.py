@@ -197,6 +197,15 @@ def _structure_str(value: object, _: type) -> str:
     raise ValueError(f"expected a string, got {_describe(value)}")
 
 
+def _structure_int(value: object, _: type) -> int:
+    """A whole number written as one (fleet-trio's own keys: ``max_tails``)."""
+    if isinstance(value, _Scalar) and value.kind == "int":
+        digits = value.text.removeprefix("+")
+        if digits.isascii() and digits.lstrip("-").isdigit():
+            return int(digits)
+    raise ValueError(f"expected a whole number, got {_describe(value)}")
+
+
 def _structure_bool(value: object, _: type) -> bool:
     if value is None:
         return False
@@ -242,6 +251,7 @@ def register_hooks(converter: cattrs.Converter) -> None:
     """yaml.v3 typing for the worker config: literal-text strings, Go bools and durations."""
     converter.register_structure_hook(str, _structure_str)
     converter.register_structure_hook(bool, _structure_bool)
+    converter.register_structure_hook(int, _structure_int)
     converter.register_structure_hook(GoDuration, _structure_duration)
     converter.register_structure_hook(Size, lambda value, _: Size(_structure_str(value, str)))
     converter.register_structure_hook_func(lambda t: t == dict[str, str], _structure_labels)
@@ -435,6 +445,8 @@ def _build(
             values[key] = _origins(value)
         elif attrs.has(kind := file_type(WorkerConfig, key)):  # hooks:
             values[key] = _mapping(converter, {} if value is None else value, kind, key, ignored)
+        elif kind is int and value is None:  # max_tails: (empty): the default, as yaml.v3
+            continue
         else:
             values[key] = _structure(converter, value, kind, key)
 
@@ -475,6 +487,9 @@ def _build(
             raise _KeyedError(problem, "tail_listen")
     values["tail_listen"] = tail_listen
     values["tail_token"] = values.get("tail_token", "").strip()
+    for key in ("max_tails", "max_tails_per_job"):
+        if key in values and values[key] < 1:
+            raise _KeyedError(f"must be >= 1, got {values[key]}", key)
     budget = values.get("memory_budget", "").strip()
     try:
         values["memory_budget"] = check_budget(parse_size(budget)) if budget else DEFAULT_BUDGET

@@ -15,6 +15,7 @@ import attrs
 from fleet_trio.durations import MINUTE, SECOND, go_duration
 from fleet_trio.edge import is_loopback_host, split_host_port
 from fleet_trio.errors import ConfigError
+from fleet_trio.logbus.fanout import DEFAULT_MAX_TAILS, DEFAULT_MAX_TAILS_PER_JOB
 from fleet_trio.memory import DEFAULT_BUDGET, format_size
 
 DEFAULT_CONFIG_PATH = "/etc/rc/worker.yaml"
@@ -156,6 +157,10 @@ class WorkerConfig:
     tail_allow_origins: tuple[str, ...] = ()
     """fleet-trio only: browser origins the tail listener serves besides its own
     (``scheme://host[:port]``, docs/security.md)."""
+    max_tails: int = DEFAULT_MAX_TAILS
+    """fleet-trio only: live tails the tail listener serves at once, all jobs (docs/tail.md)."""
+    max_tails_per_job: int = DEFAULT_MAX_TAILS_PER_JOB
+    """fleet-trio only: live tails of one job the tail listener serves at once."""
     memory_budget: int = attrs.field(default=DEFAULT_BUDGET, metadata={FILE_TYPE: Size})
     """fleet-trio only: bytes of job log history kept across jobs (``fleet_trio.memory``)."""
     path: str = attrs.field(default="", metadata={NOT_IN_FILE: True})
