@@ -51,6 +51,7 @@ from fleet_trio.nursery import TaskTree, TaskTreeClosed, open_task_tree
 from fleet_trio.nursery.tree import SHUTDOWN_SLACK
 from fleet_trio.proc.recovery import gather_recovery_proof
 from fleet_trio.worker import job as job_lifecycle
+from fleet_trio.worker.check import missing_dirs
 from fleet_trio.worker.client import (
     Assignment,
     ContactTracker,
@@ -649,6 +650,8 @@ async def serve_worker(
         with trio.CancelScope() as body:
             tree.cancel_on_shutdown(body)
             await tree.services.start(worker.serve_client, name="controller-client")
+            for line in await trio.to_thread.run_sync(missing_dirs, worker.config):
+                log.warning("%s", line)
             await worker.register_at_startup()
             await tree.role.start(worker.heartbeat_loop, name="heartbeat")
             if math.isfinite(worker.probe_interval) and worker.probe_interval > 0:
