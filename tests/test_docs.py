@@ -80,10 +80,13 @@ def test_examples_are_referenced_from_the_docs(example: str) -> None:
 def test_example_configs_load() -> None:
     worker = load_worker_config(EXAMPLES / "worker.yaml")
     assert [d.name for d in worker.devices] == ["gpu0", "gpu1"]
-    # The hook paths are where examples/hooks/README.md installs the example hooks.
-    gpu1 = worker.devices[1]
-    assert Path(gpu1.on_acquire).name in os.listdir(EXAMPLES / "hooks")
-    assert Path(gpu1.on_release).name in os.listdir(EXAMPLES / "hooks")
+    # The hook paths (commented out, so the example passes --check) are where
+    # examples/hooks/README.md installs the example hooks.
+    text = (EXAMPLES / "worker.yaml").read_text(encoding="utf-8")
+    for hook in ("on_acquire", "on_release"):
+        found = re.search(rf"(?m)^ *# {hook}: (\S+)$", text)
+        assert found, f"examples/worker.yaml lacks its commented-out {hook}:"
+        assert Path(found[1]).name in os.listdir(EXAMPLES / "hooks")
     # Every documented key is in the annotated example (fleet-trio's own keys included).
     summary = worker.to_summary()
     assert summary["ignored_keys"] == []

@@ -22,6 +22,7 @@ import yaml
 
 from fleet_trio.configfile import check_yaml_shape, find_bad_value, read_config_bytes
 from fleet_trio.confighints import KeyedError as _KeyedError
+from fleet_trio.confighints import did_you_mean
 from fleet_trio.confighints import structure as _structure
 from fleet_trio.durations import parse_duration_seconds
 from fleet_trio.edge import is_loopback_host, split_host_port
@@ -402,6 +403,18 @@ def _check_origins(raw: object, origins: list[str]) -> None:
             raise _KeyedError(str(exc), f"node.allow_origins[{i}]") from None
 
 
+TASK_KEYS = tuple(f.name for f in attrs.fields(TaskDef) if f.name != "name")
+
+
+def _check_task_keys(body: Mapping[object, object], key: str) -> None:
+    """An unknown key of a task, named with the closest known one (cattrs would name it
+    too, but only after a misspelt ``command:`` was reported missing)."""
+    extra = sorted(str(k) for k in body if k not in TASK_KEYS)
+    if extra:
+        hints = "".join(did_you_mean(k, TASK_KEYS) for k in extra)
+        raise _KeyedError(f"extra fields found ({', '.join(extra)}){hints}", key)
+
+
 def config_from_mapping(raw: object, *, path: str = "", base_dir: str = "") -> NodeConfig:
     """Build a :class:`NodeConfig` from parsed YAML. Raises :class:`ConfigError`."""
     converter = make_converter()
@@ -415,7 +428,10 @@ def config_from_mapping(raw: object, *, path: str = "", base_dir: str = "") -> N
             raise _KeyedError(bad[1], bad[0])
         extra = sorted(set(raw) - {"node", "tasks"})
         if extra:
-            raise _KeyedError("unknown top-level key (expected node: and tasks:)", str(extra[0]))
+            hint = did_you_mean(str(extra[0]), ("node", "tasks"))
+            raise _KeyedError(
+                f"unknown top-level key (expected node: and tasks:){hint}", str(extra[0])
+            )
         node = _structure(converter, raw.get("node") or {}, NodeSettings, "node")
         if node.sampler not in SAMPLER_MODES:
             raise _KeyedError(
@@ -456,6 +472,7 @@ def config_from_mapping(raw: object, *, path: str = "", base_dir: str = "") -> N
                 raise _KeyedError("expected a mapping", key)
             if "name" in body:
                 raise _KeyedError("extra fields found (name)", key)
+            _check_task_keys(body, key)  # a misspelt command: named before it is missed
             if "command" not in body:
                 raise _KeyedError("required field missing", f"{key}.command")
             task = _structure(converter, {**body, "name": name}, TaskDef, key)

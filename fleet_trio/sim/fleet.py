@@ -610,6 +610,9 @@ async def open_fleet(
                 verify_dir=verify_dir,
             )
             files.append((cfg, text, 0o644))
+            # present and empty (no probes, no sheets): a configured directory that does not
+            # exist is a WARNING at the worker's start
+            files += [(os.path.join(wdir, sub), "", 0) for sub in ("probe.d", "sheets")]
             worker_procs.append(
                 WorkerProcess(
                     name,

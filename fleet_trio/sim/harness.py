@@ -28,7 +28,6 @@ from typing import Any
 import attrs
 import httpx
 import trio
-import yaml
 
 from fleet_trio.errors import ConfigError, FleetTrioError
 from fleet_trio.gpu import fake
@@ -502,13 +501,18 @@ async def _serve_node(
 # -- Worker ------------------------------------------------------------------------------------
 
 
-def _read_top_keys(path: str) -> set[str]:
-    try:
-        with open(path, encoding="utf-8-sig") as f:
-            data = yaml.safe_load(f)
-    except (OSError, yaml.YAMLError):
-        return set()
-    return {str(k) for k in data} if isinstance(data, dict) else set()
+def _read_worker_config(
+    config: ConfigSource, controller_url: str, base_dir: str | os.PathLike[str] | None
+) -> WorkerConfig:
+    """A file's relative paths from its folder, a mapping's from ``base_dir`` (default: the
+    working directory)."""
+    if config is None or isinstance(config, Mapping):
+        data = dict(config if config is not None else DEFAULT_WORKER_CONFIG)
+        data.setdefault("controller_url", controller_url)
+        where = os.path.abspath(os.fspath(base_dir) if base_dir is not None else os.getcwd())
+        return worker_config_from_mapping(data, environ={}, base_dir=where)
+    path = os.fspath(config)
+    return load_worker_config(path, environ={}, base_dir=os.path.dirname(os.path.abspath(path)))
 
 
 async def load_worker_settings(
@@ -516,10 +520,15 @@ async def load_worker_settings(
     ctrl: SimController,
     *,
     scratch: str | os.PathLike[str],
+    base_dir: str | os.PathLike[str] | None = None,
 ) -> WorkerConfig:
     """A :class:`WorkerConfig` pointed at ``ctrl`` (``controller_url`` and ``token`` are
     replaced), from a ``worker.yaml`` path, a mapping, a config, or ``None`` (the default).
 
+    Relative ``probe_dir`` / ``verify_dir`` / ``sheet_dir`` and hook paths (with a ``/``)
+    resolve against the YAML file's folder, a mapping's against ``base_dir`` (default: the
+    working directory), as node ``command:`` paths do; ``fleet-trio worker`` itself takes
+    them from its working directory, as rc worker does (docs/worker-config.md "Paths").
     The environment overrides (``RC_TOKEN``, ``RC_REQUIRE_MANUAL_CLEAR``) are not read, so a
     test does not depend on the shell it runs in. ``probe_dir``, ``verify_dir`` and
     ``sheet_dir`` that the config leaves unset point into ``scratch`` (absent directories:
@@ -530,15 +539,10 @@ async def load_worker_settings(
     if isinstance(config, WorkerConfig):
         cfg = config
         given = set(_SCRATCH_DIR_KEYS)
-    elif config is None or isinstance(config, Mapping):
-        data = dict(config if config is not None else DEFAULT_WORKER_CONFIG)
-        data.setdefault("controller_url", ctrl.base_url)
-        given = set(data)
-        cfg = worker_config_from_mapping(data, environ={})
     else:
-        path = os.fspath(config)
-        cfg = await trio.to_thread.run_sync(functools.partial(load_worker_config, path, environ={}))
-        given = await trio.to_thread.run_sync(_read_top_keys, path)
+        load = functools.partial(_read_worker_config, config, ctrl.base_url, base_dir)
+        cfg = await trio.to_thread.run_sync(load)
+        given = set(cfg.set_keys)
     scratch = os.fspath(scratch)
     return attrs.evolve(
         cfg,
@@ -618,6 +622,7 @@ async def open_worker(
     *,
     fake_gpu: FakeGpuDir | None = None,
     workdir: str | os.PathLike[str] | None = None,
+    base_dir: str | os.PathLike[str] | None = None,
     timings: WorkerTimings = TEST_WORKER_TIMINGS,
     client_timings: Timings = TEST_CLIENT_TIMINGS,
     hooks: WorkerHooks | None = None,
@@ -631,12 +636,13 @@ async def open_worker(
     shuts down and the manager waits for it: with ``drain_on_exit`` as on SIGTERM (jobs get
     ``timings.shutdown_drain``), by default without the drain (jobs not yet terminal are
     killed within ``timings.kill_grace`` and reported ``killed``). The worker's hooks and
-    verify pass run as usual.
+    verify pass run as usual. ``base_dir``: where a mapping's relative directories and hook
+    paths resolve (:func:`load_worker_settings`).
     """
     if not controller.base_url:
         raise HarnessError("the controller is not serving (use open_controller)")
     async with _workdir(workdir, "fleet-worker-") as root:
-        cfg = await load_worker_settings(config, controller, scratch=root / "rc")
+        cfg = await load_worker_settings(config, controller, scratch=root / "rc", base_dir=base_dir)
         worker = Worker(cfg, timings=timings, client_timings=client_timings, hooks=hooks)
         async with trio.open_nursery() as nursery:
             with trio.fail_after(start_timeout):

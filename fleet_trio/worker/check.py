@@ -70,4 +70,27 @@ def check_paths(config: WorkerConfig) -> list[Problem]:
     return problems
 
 
-__all__ = ["Problem", "check_paths"]
+_WITHOUT = {
+    "probe_dir": "no drop-in probe runs",
+    "verify_dir": "verify is off: no script checks a device after its jobs",
+    "sheet_dir": "no usage sheet is sent",
+}
+
+
+def missing_dirs(config: WorkerConfig) -> list[str]:
+    """One line per directory the file sets (``probe_dir``, ``verify_dir``, ``sheet_dir``)
+    that does not exist, naming the file, the key and the path (a relative one with the
+    folder it was looked up in, the working directory), and what is off without it. A
+    default directory is not named: a host without verify scripts is normal (blocking:
+    file system reads)."""
+    lines: list[str] = []
+    for key, without in _WITHOUT.items():
+        value = getattr(config, key)
+        if key not in config.set_keys or os.path.isdir(value):
+            continue
+        shown = value if os.path.isabs(value) else f"{value} ({os.path.abspath(value)})"
+        lines.append(f"{config.path or 'config'}: {key} {shown} does not exist: {without}")
+    return lines
+
+
+__all__ = ["Problem", "check_paths", "missing_dirs"]

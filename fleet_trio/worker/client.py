@@ -41,6 +41,7 @@ from fleet_trio.backoff import Backoff
 from fleet_trio.durations import go_duration_seconds
 from fleet_trio.errors import WireError
 from fleet_trio.inputs import InputError, id_problem, loads_json, printable
+from fleet_trio.worker.outage import FailureRun
 
 if TYPE_CHECKING:
     from fleet_trio.worker.metrics import WorkerMetrics
@@ -99,6 +100,11 @@ class Timings:
     fault_attempts: int = 5
     """Plain fault reports (``report_fault`` without ``keep``): at most this many attempts;
     only transport errors and 5xx retry. The worker's own faults are kept (:meth:`deliver`)."""
+    shutdown_report_attempts: int = 5
+    """Once the shutdown began, a kept report (terminal, or the worker's own fault) that this
+    many attempts in a row got no answer (no connection, or none within the attempt's
+    timeout) is given up, as the reference gives up after its 5 tries: a drain does not wait
+    its whole 45 s on a controller that is gone."""
     patience: float = 300.0
     """No contact for this long ⇒ the controller has written us off (jobs ``lost``): drop
     what is kept for delivery."""
@@ -438,6 +444,10 @@ def encode(conv: cattrs.Converter, value: object) -> bytes:
 # --------------------------------------------------------------------------------------------
 
 
+def _compact(body: object) -> bytes:
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
 class ControllerError(Exception):
     """A request that got no usable answer: transport failure or an unexpected status."""
 
@@ -557,6 +567,8 @@ class ControllerClient:
         self._attempts: set[trio.CancelScope] = set()
         self.log_retries = True
         """False once the shutdown's drain has begun (:meth:`stop_log_retries`)."""
+        self.heartbeats = FailureRun("heartbeat")
+        """Heartbeats that got no answer, told in one line a minute."""
         self._http = httpx.AsyncClient(
             transport=transport,
             timeout=httpx.Timeout(self.timings.request_timeout),
@@ -751,14 +763,21 @@ class ControllerClient:
         body: dict[str, Any] = {}
         if running_job_ids:
             body["running_job_ids"] = list(running_job_ids)
-        response = await self._post_or_warn(f"/v1/workers/{worker_id}/heartbeat", body, "heartbeat")
-        return response is not None and _ok(response.status_code)
+        path = f"/v1/workers/{worker_id}/heartbeat"
+        try:
+            response = await self.request("POST", path, content=_compact(body))
+        except ControllerError as exc:  # an outage: one line a minute, not one a heartbeat
+            if (line := self.heartbeats.failed(trio.current_time(), str(exc))) is not None:
+                log.warning("%s", line)
+            return False
+        if (line := self.heartbeats.succeeded(trio.current_time())) is not None:
+            log.info("%s", line)
+        return _ok(response.status_code)
 
     async def _post_or_warn(self, path: str, body: object, what: str) -> Answer | None:
         """POST ``body`` as compact JSON; ``None`` when no answer came (logged as ``what``)."""
         try:
-            content = json.dumps(body, separators=(",", ":")).encode()
-            return await self.request("POST", path, content=content)
+            return await self.request("POST", path, content=_compact(body))
         except ControllerError as exc:
             log.warning("%s failed: %s", what, exc)
             return None
@@ -896,6 +915,7 @@ class ControllerClient:
         refused = 0
         errors = 0
         attempt = 0
+        silent_in_shutdown = 0
         while True:
             status = await self._attempt(method, path, body, per_attempt)
             if _ok(status):
@@ -912,6 +932,17 @@ class ControllerClient:
                 errors += 1
                 if errors >= t.report_attempts_5xx:
                     log.error("%s failed (HTTP %d) %d times: giving up", what, status, errors)
+                    return False
+            silent_in_shutdown = 0 if status is not None else silent_in_shutdown
+            if status is None and not self.log_retries:  # shutting down, the controller gone
+                silent_in_shutdown += 1
+                if silent_in_shutdown >= t.shutdown_report_attempts:
+                    log.error(
+                        "%s: no answer from the controller to %d tries since the shutdown "
+                        "began: giving up (the controller reconciles the job as lost)",
+                        what,
+                        silent_in_shutdown,
+                    )
                     return False
             if status is None:
                 last = self.tracker.last_contact

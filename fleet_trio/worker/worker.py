@@ -52,6 +52,7 @@ from fleet_trio.nursery import TaskTree, TaskTreeClosed, open_task_tree
 from fleet_trio.nursery.tree import SHUTDOWN_SLACK
 from fleet_trio.proc.recovery import gather_recovery_proof
 from fleet_trio.worker import job as job_lifecycle
+from fleet_trio.worker.check import missing_dirs
 from fleet_trio.worker.client import (
     Assignment,
     ContactTracker,
@@ -75,6 +76,7 @@ from fleet_trio.worker.job import (
 )
 from fleet_trio.worker.listener import TailListenError, serve_tail_listener
 from fleet_trio.worker.metrics import WorkerMetrics
+from fleet_trio.worker.outage import OUTAGE_LINE_EVERY, FailureRun, RegistrationRun
 from fleet_trio.worker.probes import Prober
 from fleet_trio.worker.sheets import MAX_SHEET, SHEET_MARKER, read_sheets, truncate_sheet
 
@@ -196,6 +198,8 @@ class Worker:
         self._tree: TaskTree | None = None
         self._client: ControllerClient | None = None
         self._register_lock = trio.Lock()
+        self.register_failures = 0
+        """Failed startup registration attempts (the log tells only a few of them)."""
 
     # -- settings ------------------------------------------------------------------------------
     def _seconds(self, name: str) -> float:
@@ -286,6 +290,7 @@ class Worker:
         Cancellation: :func:`serve_worker` runs it in the tree's body, which the first
         shutdown request cancels: a controller that never answers cannot hold a stop."""
         backoff = Backoff(self.timings.register_backoff, empty=1.0)
+        run = RegistrationRun(f"{self.config.controller_url}/v1/workers/register", self.config.path)
         attempt = 0
         while True:
             try:
@@ -293,12 +298,12 @@ class Worker:
                 return
             except ControllerError as exc:
                 delay = backoff.delay(attempt)
-                log.error(
-                    "registration with %s failed (%s); retrying in %gs",
-                    self.config.controller_url,
-                    exc,
-                    delay,
-                )
+                self.register_failures += 1
+                line = run.failed(trio.current_time(), str(exc), exc.status, delay)
+                if line is not None:  # the first, the hint, then fewer and fewer reminders
+                    log.warning("%s", line)
+                else:
+                    log.debug("registration failed (%s); retrying in %gs", exc, delay)
                 attempt += 1
                 await trio.sleep(delay)
 
@@ -355,15 +360,21 @@ class Worker:
         Cancellation: :func:`serve_worker` cancels it at step 1 of the shutdown (no new
         assignment once stopping); a poll in flight is abandoned."""
         task_status.started()
+        failing = FailureRun("poll", every=OUTAGE_LINE_EVERY)
         while True:
             try:
                 answer = await self.client.poll(self.worker_id, self.poll_wait)
             except ControllerError as exc:
-                log.warning(
-                    "poll failed: %s; polling again in %gs", exc, self.timings.poll_error_delay
-                )
-                await trio.sleep(self.timings.poll_error_delay)
+                delay = self.timings.poll_error_delay
+                if exc.status is not None:  # an answer, but not one to use: each is told
+                    log.warning("poll failed: %s; polling again in %gs", exc, delay)
+                elif (line := failing.failed(trio.current_time(), str(exc))) is not None:
+                    # no answer (an outage): one line a minute, not one per poll
+                    log.warning("%s; polling again in %gs", line, delay)
+                await trio.sleep(delay)
                 continue
+            if (line := failing.succeeded(trio.current_time())) is not None:
+                log.info("%s", line)
             if self.handle_answer(answer):
                 continue
             await self.maybe_reregister()
@@ -651,6 +662,8 @@ async def serve_worker(
         with trio.CancelScope() as body:
             tree.cancel_on_shutdown(body)
             await tree.services.start(worker.serve_client, name="controller-client")
+            for line in await trio.to_thread.run_sync(missing_dirs, worker.config):
+                log.warning("%s", line)
             await worker.register_at_startup()
             await tree.role.start(worker.heartbeat_loop, name="heartbeat")
             if math.isfinite(worker.probe_interval) and worker.probe_interval > 0:

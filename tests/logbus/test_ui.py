@@ -21,6 +21,15 @@ from tests.helpers import wait_until
 from tests.node.harness import colour_config, colour_dispatch, running_node
 
 TOKEN = "s3cret-ui"
+LONG_ID = "6af8cddd-03f6-40c0-b9fd-ac131ecb8ca9"
+FIT_JS = """(() => {
+  const side = document.getElementById('side');
+  const right = side.getBoundingClientRect().left + side.clientWidth;
+  const cells = [...document.querySelectorAll('#jobs td')];
+  return {scroll: side.scrollWidth, client: side.clientWidth, cells: cells.length,
+          past: cells.filter(c => c.getBoundingClientRect().right > right + 0.5)
+                     .map(c => c.className)};
+})()"""
 
 
 # -- without a browser ---------------------------------------------------------------------------
@@ -164,6 +173,8 @@ async def test_page_in_headless_chromium(tmp_path: Path) -> None:
     assert binary is not None
     async with running_node(tmp_path, colour_config(tmp_path), token=TOKEN) as h:
         auth = {"Authorization": f"Bearer {TOKEN}"}
+        # a job id as long as a real one (a UUID) beside the short one
+        await colour_dispatch(h, LONG_ID, auth, lines=1)
         await colour_dispatch(h, "ui-live", auth, lines=6, pause=0.2)
         async with chromium(binary, tmp_path) as cdp:
             url = f"{h.node.url}/fleet/ui?job=ui-live&token={TOKEN}"
@@ -172,6 +183,14 @@ async def test_page_in_headless_chromium(tmp_path: Path) -> None:
                 "Target.attachToTarget", targetId=target["targetId"], flatten=True
             )
             session = attached["sessionId"]
+            await cdp.call(  # a 1280-pixel-wide window (issue 28 §9)
+                "Emulation.setDeviceMetricsOverride",
+                session,
+                width=1280,
+                height=800,
+                deviceScaleFactor=1,
+                mobile=False,
+            )
             await cdp.call("Page.enable", session)
             await cdp.call("Page.navigate", session, url=url)
             state_js = "document.getElementById('final')?.dataset.state || ''"
@@ -212,7 +231,11 @@ async def test_page_in_headless_chromium(tmp_path: Path) -> None:
                 "'#jobs tr')].map(t => t.dataset.job); rows.length ? r(rows) : setTimeout(f, 50) };"
                 " f() })",
             )
-            assert listed == ["ui-live"]
+            assert sorted(listed) == sorted(["ui-live", LONG_ID])
+            # the job list fits its panel at 1280 px: no sideways scroll, every column shown
+            fit = await cdp.evaluate(session, FIT_JS)
+            assert fit["scroll"] <= fit["client"], fit
+            assert fit["cells"] == 10 and fit["past"] == [], fit
             # the page names the node and each job's task type
             node_id = h.node.context.node_id
             heading = await cdp.evaluate(session, "document.getElementById('heading').textContent")

@@ -48,6 +48,7 @@ from fleet_trio.memory import DEFAULT_BUDGET, check_budget, parse_size
 from fleet_trio.worker.config.model import (
     CONTROLLER_MAX_POLL_WAIT,
     DEFAULT_CONFIG_PATH,
+    DIR_KEYS,
     ENV_REQUIRE_MANUAL_CLEAR,
     ENV_TOKEN,
     FILE_TYPE,
@@ -417,12 +418,35 @@ def _refuse_controls(values: Mapping[str, Any], token: str, host: str) -> None:
             raise _KeyedError(problem, key)
 
 
+def _rebased(value: str, base_dir: str, *, hook: bool = False) -> str:
+    """``value`` joined to ``base_dir`` when relative; a hook without a ``/`` is left as it
+    is (the worker looks it up on ``PATH``, as rc does)."""
+    if not value or os.path.isabs(value) or (hook and "/" not in value):
+        return value
+    return os.path.join(base_dir, value)
+
+
+def _rebase(values: dict[str, Any], base_dir: str) -> dict[str, Any]:
+    """The directories and hook paths of ``values``, relative ones taken from ``base_dir``."""
+    out = {k: _rebased(v, base_dir) if k in DIR_KEYS else v for k, v in values.items()}
+    out["devices"] = tuple(
+        attrs.evolve(
+            d,
+            on_acquire=_rebased(d.on_acquire, base_dir, hook=True),
+            on_release=_rebased(d.on_release, base_dir, hook=True),
+        )
+        for d in values["devices"]
+    )
+    return out
+
+
 def _build(
     data: object,
     *,
     path: str,
     environ: Mapping[str, str],
     hostname: Callable[[], str],
+    base_dir: str | os.PathLike[str] | None = None,
 ) -> WorkerConfig:
     converter = make_converter()
     if data is None:
@@ -513,10 +537,13 @@ def _build(
     for name in sorted({n for n in names if names.count(n) > 1}):
         log.warning("%s: device %r is declared more than once", path or "config", name)
 
+    if base_dir is not None:
+        values = _rebase(values, os.fspath(base_dir))
     cfg = WorkerConfig(
         **{**values, "token": token, "host": host, "require_manual_clear": require_manual_clear},
         path=path,
         ignored_keys=tuple(ignored),
+        set_keys=tuple(k for k in data if k in keys),
     )
     if cfg.poll_wait > CONTROLLER_MAX_POLL_WAIT:
         log.warning(
@@ -570,14 +597,18 @@ def config_from_mapping(
     path: str = "",
     environ: Mapping[str, str] = os.environ,
     hostname: Callable[[], str] = socket.gethostname,
+    base_dir: str | os.PathLike[str] | None = None,
 ) -> WorkerConfig:
     """Build a :class:`WorkerConfig` from parsed YAML (or plain Python data).
 
     Plain Python scalars are typed as yaml.v3 would type their YAML spelling (``30`` is a
-    number, so not a duration). Raises :class:`ConfigError` naming the key and ``path``.
+    number, so not a duration). ``base_dir``: as :func:`load_worker_config`'s. Raises
+    :class:`ConfigError` naming the key and ``path``.
     """
     try:
-        return _build(_from_python(data), path=path, environ=environ, hostname=hostname)
+        return _build(
+            _from_python(data), path=path, environ=environ, hostname=hostname, base_dir=base_dir
+        )
     except _KeyedError as exc:
         raise ConfigError(str(exc), key=exc.key or None, path=path or None) from None
 
@@ -599,8 +630,14 @@ def load_worker_config(
     *,
     environ: Mapping[str, str] = os.environ,
     hostname: Callable[[], str] = socket.gethostname,
+    base_dir: str | os.PathLike[str] | None = None,
 ) -> WorkerConfig:
     """Read and validate an rc ``worker.yaml``; apply ``RC_TOKEN`` / ``RC_REQUIRE_MANUAL_CLEAR``.
+
+    Relative ``probe_dir`` / ``verify_dir`` / ``sheet_dir`` and hook paths are kept as
+    written (the worker opens them from its working directory, as rc worker does) unless
+    ``base_dir`` is given: then they are joined to it (a hook only when it holds a ``/``;
+    a bare name is looked up on ``PATH``). The test harness passes the file's folder.
 
     Raises :class:`ConfigError` (one line) naming the key and the file.
     """
@@ -620,7 +657,7 @@ def load_worker_config(
         raise ConfigError("invalid YAML: nested too deep", path=path) from None
     try:
         tree = None if node is None else _from_node(node, "")
-        return _build(tree, path=path, environ=environ, hostname=hostname)
+        return _build(tree, path=path, environ=environ, hostname=hostname, base_dir=base_dir)
     except _KeyedError as exc:
         raise ConfigError(str(exc), key=exc.key or None, path=path) from None
 

@@ -33,6 +33,8 @@ DEFAULT_VERIFY_DIR = "/etc/rc/verify.d"
 DEFAULT_VERIFY_TIMEOUT = 30 * SECOND
 DEFAULT_VERIFY_PASS_BUDGET = 2 * MINUTE
 DEFAULT_SHEET_DIR = "/etc/rc"
+DIR_KEYS = ("probe_dir", "verify_dir", "sheet_dir")
+"""The directories the config names (relative ones: see ``rebase_paths``)."""
 
 ENV_TOKEN = "RC_TOKEN"
 ENV_REQUIRE_MANUAL_CLEAR = "RC_REQUIRE_MANUAL_CLEAR"
@@ -167,6 +169,9 @@ class WorkerConfig:
     """The file it came from ("" when built in code)."""
     ignored_keys: tuple[str, ...] = attrs.field(default=(), metadata={NOT_IN_FILE: True})
     """Keys in the file the worker does not read (dotted), in file order."""
+    set_keys: tuple[str, ...] = attrs.field(default=(), metadata={NOT_IN_FILE: True})
+    """The top-level keys the file sets (a configured directory that does not exist is
+    warned about at start; a default one is not)."""
 
     def __attrs_post_init__(self) -> None:
         _fill_defaults(self)
@@ -205,6 +210,7 @@ class WorkerConfig:
         Durations are rendered as Go renders them (``30s``, ``2m0s``); the tokens are redacted.
         """
         out = {"path": self.path, **_plain(self)}
+        del out["set_keys"]
         out.update(
             token=REDACTED if self.token else "",
             tail_token=REDACTED if self.tail_token else "",
