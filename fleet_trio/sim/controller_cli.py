@@ -258,6 +258,10 @@ async def _serve(args: argparse.Namespace, host: str, port: int, root: str, conf
         try:
             text = worker_yaml(url, wtok, args.host, args.devices, root)
             await trio.to_thread.run_sync(_write_private, config, text)
+            for folder in ("probe.d", "verify.d"):  # the worker.yaml names them: they exist
+                await trio.to_thread.run_sync(
+                    functools.partial(os.makedirs, os.path.join(root, folder), exist_ok=True)
+                )
             info = {
                 "url": url,
                 "client_token": ctok,

@@ -96,6 +96,8 @@ async def test_try_it_from_the_shell(tmp_path: Path) -> None:
             assert "worker token w-" in lines[1] and "client token c-" in lines[1]
             config = tmp_path / "state" / "fleet-trio" / "sim" / "worker.yaml"
             assert lines[2].startswith(f"fleet-trio sim controller: worker config: {config}")
+            for folder in ("probe.d", "verify.d"):  # named in it: a worker warns of none
+                assert (config.parent / folder).is_dir()
             session = tmp_path / "state" / "fleet-trio" / "sim-controller.json"
             assert session.stat().st_mode & 0o077 == 0
             assert json.loads(session.read_text())["worker_config"] == str(config)
