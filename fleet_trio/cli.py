@@ -43,6 +43,7 @@ from fleet_trio.proc.spec import JobSpec, Result
 from fleet_trio.proc.stop import StopToken
 
 if TYPE_CHECKING:
+    from fleet_trio.launch import EarlySignals
     from fleet_trio.worker.config import WorkerConfig
 
 log = logging.getLogger("fleet_trio.cli")
@@ -166,7 +167,7 @@ def _add_exec(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         metavar="-- CMD ARG...",
         help="the command and its arguments; bare names are looked up on our PATH",
     )
-    p.set_defaults(handler=_cmd_exec)
+    p.set_defaults(handler=_cmd_exec, serves_signals=True)
 
 
 def _add_gpu_args(p: argparse.ArgumentParser) -> None:
@@ -280,7 +281,7 @@ def _add_node(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         action="store_true",
         help="keep jobs in memory only: a restart forgets every acked job",
     )
-    p.set_defaults(handler=_cmd_node)
+    p.set_defaults(handler=_cmd_node, serves_signals=True)
 
 
 def _add_measure(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -307,7 +308,7 @@ def _add_measure(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         default=[],
         help="measure only this task (repeatable; default: every configured task)",
     )
-    p.set_defaults(handler=_cmd_measure)
+    p.set_defaults(handler=_cmd_measure, serves_signals=True)
 
 
 def _add_worker(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -354,7 +355,7 @@ def _add_worker(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         "docs/security.md",
     )
     _add_memory_budget(p, "memory_budget")
-    p.set_defaults(handler=_cmd_worker)
+    p.set_defaults(handler=_cmd_worker, serves_signals=True)
 
 
 HARNESS_COMMANDS: dict[str, tuple[str, tuple[str, ...]]] = {
@@ -932,13 +933,19 @@ def parse_command_line(argv: list[str]) -> tuple[argparse.ArgumentParser, argpar
     return parser, parser.parse_args(argv)
 
 
-def main(argv: list[str] | None = None, *, own_process: bool = False) -> int:
+def main(
+    argv: list[str] | None = None, *, own_process: bool = False, early: EarlySignals | None = None
+) -> int:
     """Run one command. ``own_process``: this process is the command's alone (the console
-    script, ``python -m fleet_trio``): a long-running command then ignores SIGTERM/SIGINT
-    once its task tree has closed, rather than dying of a late second signal on its way out.
-    An in-process caller (a test) keeps its own signal handlers."""
+    script, ``python -m fleet_trio``): a long-running command then ignores its shutdown
+    signals once its task tree has closed, rather than dying of a late second signal on its
+    way out. An in-process caller (a test) keeps its own signal handlers. ``early``: the
+    entry point's signal handler (``fleet_trio.launch``); a command whose task tree does not
+    serve the signals gets the previous handlers back before it runs."""
     parser, args = parse_command_line(list(argv) if argv is not None else sys.argv[1:])
     args.own_process = own_process
+    if early is not None and not getattr(args, "serves_signals", False):
+        early.release()
     try:
         setup_logging(args.log_level, args.log_format)  # docs/logging.md
     except LogSetupError as exc:
@@ -953,8 +960,10 @@ def main(argv: list[str] | None = None, *, own_process: bool = False) -> int:
 
 
 def entry() -> int:
-    """The ``fleet-trio`` console script and ``python -m fleet_trio``."""
-    return main(own_process=True)
+    """The console script of earlier installs; today's is ``fleet_trio.launch:entry``."""
+    from fleet_trio.launch import entry as launch
+
+    return launch()
 
 
 def _save_traceback(exc: BaseException) -> str:

@@ -434,8 +434,11 @@ async def serve_node(
     def stop_accepting() -> None:
         store.begin_drain()
         linger.drain_began(store.table.in_flight_ids())
-        if serving:  # not on a failed start
-            say(f"node {node_id}: draining for up to {t.drain_timeout:g}s")
+        why = tree.shutdown_reason  # a signal's name, None when the start failed
+        if serving:
+            say(f"node {node_id}: draining for up to {t.drain_timeout:g}s ({why or 'stopped'})")
+        elif why is not None:  # a signal during the start (the GPU probe, the journal …)
+            say(f"node {node_id}: {why} during startup: stopped before serving")
 
     async def tails_end() -> None:
         # live log tail: every job has ended; a log opened at the ack of a job that never ran
