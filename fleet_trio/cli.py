@@ -122,8 +122,8 @@ def _add_exec(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
             "SIGTERM -> grace -> SIGKILL on a stop, the max-runtime/idle watchdog, and (with "
             "--job-id) the RC_JOB_ID sweep of escaped processes. The child's stdout and stderr "
             "stream live to ours; the exit status is the job's (128+n for a death by signal n; "
-            "127 when it could not start; 2 for a bad command line). SIGINT/SIGTERM stop the "
-            "job the way `rc kill` does."
+            "127 when it could not start; 2 for a bad command line). SIGINT/SIGTERM/SIGHUP stop "
+            "the job the way `rc kill` does."
         ),
         epilog="Durations are Go-style: 300ms, 10s, 1m30s, 2h. See docs/exec.md.",
     )
@@ -232,7 +232,7 @@ def _add_node(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         description=(
             "Serve GET /fleet/health, POST /fleet/dispatch and GET /fleet/jobs/{id} on "
             "127.0.0.1:18811 (by default). Dispatched jobs run the commands declared under "
-            "tasks: in the YAML config. SIGTERM/SIGINT drain: dispatches of new ids get 503 "
+            "tasks: in the YAML config. SIGTERM/SIGINT/SIGHUP drain: dispatches of new ids get 503 "
             "(known ids re-ack), running jobs get the drain timeout, survivors end error "
             '"interrupted", then polls alone are answered for up to poll_linger. Acked jobs '
             "are journaled: after a crash the restarted node answers their polls, ends the "
@@ -317,7 +317,7 @@ def _add_worker(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         help="run as an rc worker (drop-in replacement for the Go `rc worker`)",
         description=(
             "Register with the rc controller named in the config, heartbeat, long-poll for "
-            "assignments and run them. SIGTERM/SIGINT: stop polling, stop running jobs "
+            "assignments and run them. SIGTERM/SIGINT/SIGHUP: stop polling, stop running jobs "
             "(SIGTERM, SIGKILL after their grace), deliver their final logs and reports, run "
             "the release hooks, exit 0 (within 110.5 s with the defaults). --check validates "
             "the config and prints the resolved settings (JSON) without connecting. With "
@@ -487,7 +487,7 @@ async def _exec(args: argparse.Namespace) -> int:
     spec = exec_spec(args, stderr_sink=err)
     stop = StopToken()
     box = _JobBox()
-    # SIGINT/SIGTERM → request_shutdown → on_stop_accepting sets the job's stop token, so the
+    # SIGINT/SIGTERM/SIGHUP → request_shutdown → on_stop_accepting sets the job's stop token, so the
     # job takes run()'s cancellation path and still ends in an honest "cancelled" Result.
     async with open_task_tree(
         drain=spec.grace + EXEC_DRAIN_SLACK,
