@@ -1,3 +1,3 @@
-from fleet_trio.cli import entry
+from fleet_trio.launch import entry
 
 raise SystemExit(entry())

@@ -43,6 +43,7 @@ from fleet_trio.proc.spec import JobSpec, Result
 from fleet_trio.proc.stop import StopToken
 
 if TYPE_CHECKING:
+    from fleet_trio.launch import EarlySignals
     from fleet_trio.worker.config import WorkerConfig
 
 log = logging.getLogger("fleet_trio.cli")
@@ -122,8 +123,8 @@ def _add_exec(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
             "SIGTERM -> grace -> SIGKILL on a stop, the max-runtime/idle watchdog, and (with "
             "--job-id) the RC_JOB_ID sweep of escaped processes. The child's stdout and stderr "
             "stream live to ours; the exit status is the job's (128+n for a death by signal n; "
-            "127 when it could not start; 2 for a bad command line). SIGINT/SIGTERM stop the "
-            "job the way `rc kill` does."
+            "127 when it could not start; 2 for a bad command line). SIGINT/SIGTERM/SIGHUP stop "
+            "the job the way `rc kill` does."
         ),
         epilog="Durations are Go-style: 300ms, 10s, 1m30s, 2h. See docs/exec.md.",
     )
@@ -167,7 +168,7 @@ def _add_exec(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         metavar="-- CMD ARG...",
         help="the command and its arguments; bare names are looked up on our PATH",
     )
-    p.set_defaults(handler=_cmd_exec)
+    p.set_defaults(handler=_cmd_exec, serves_signals=True)
 
 
 def _add_gpu_args(p: argparse.ArgumentParser) -> None:
@@ -232,7 +233,7 @@ def _add_node(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         description=(
             "Serve GET /fleet/health, POST /fleet/dispatch and GET /fleet/jobs/{id} on "
             "127.0.0.1:18811 (by default). Dispatched jobs run the commands declared under "
-            "tasks: in the YAML config. SIGTERM/SIGINT drain: dispatches of new ids get 503 "
+            "tasks: in the YAML config. SIGTERM/SIGINT/SIGHUP drain: dispatches of new ids get 503 "
             "(known ids re-ack), running jobs get the drain timeout, survivors end error "
             '"interrupted", then polls alone are answered for up to poll_linger. Acked jobs '
             "are journaled: after a crash the restarted node answers their polls, ends the "
@@ -281,7 +282,7 @@ def _add_node(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         action="store_true",
         help="keep jobs in memory only: a restart forgets every acked job",
     )
-    p.set_defaults(handler=_cmd_node)
+    p.set_defaults(handler=_cmd_node, serves_signals=True)
 
 
 def _add_measure(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -308,7 +309,7 @@ def _add_measure(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         default=[],
         help="measure only this task (repeatable; default: every configured task)",
     )
-    p.set_defaults(handler=_cmd_measure)
+    p.set_defaults(handler=_cmd_measure, serves_signals=True)
 
 
 def _add_worker(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -317,7 +318,7 @@ def _add_worker(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         help="run as an rc worker (drop-in replacement for the Go `rc worker`)",
         description=(
             "Register with the rc controller named in the config, heartbeat, long-poll for "
-            "assignments and run them. SIGTERM/SIGINT: stop polling, stop running jobs "
+            "assignments and run them. SIGTERM/SIGINT/SIGHUP: stop polling, stop running jobs "
             "(SIGTERM, SIGKILL after their grace), deliver their final logs and reports, run "
             "the release hooks, exit 0 (within 110.5 s with the defaults). --check validates "
             "the config and prints the resolved settings (JSON) without connecting. With "
@@ -355,7 +356,7 @@ def _add_worker(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         "docs/security.md",
     )
     _add_memory_budget(p, "memory_budget")
-    p.set_defaults(handler=_cmd_worker)
+    p.set_defaults(handler=_cmd_worker, serves_signals=True)
 
 
 HARNESS_COMMANDS: dict[str, tuple[str, tuple[str, ...]]] = {
@@ -487,7 +488,7 @@ async def _exec(args: argparse.Namespace) -> int:
     spec = exec_spec(args, stderr_sink=err)
     stop = StopToken()
     box = _JobBox()
-    # SIGINT/SIGTERM → request_shutdown → on_stop_accepting sets the job's stop token, so the
+    # SIGINT/SIGTERM/SIGHUP → request_shutdown → on_stop_accepting sets the job's stop token, so the
     # job takes run()'s cancellation path and still ends in an honest "cancelled" Result.
     async with open_task_tree(
         drain=spec.grace + EXEC_DRAIN_SLACK,
@@ -933,13 +934,19 @@ def parse_command_line(argv: list[str]) -> tuple[argparse.ArgumentParser, argpar
     return parser, parser.parse_args(argv)
 
 
-def main(argv: list[str] | None = None, *, own_process: bool = False) -> int:
+def main(
+    argv: list[str] | None = None, *, own_process: bool = False, early: EarlySignals | None = None
+) -> int:
     """Run one command. ``own_process``: this process is the command's alone (the console
-    script, ``python -m fleet_trio``): a long-running command then ignores SIGTERM/SIGINT
-    once its task tree has closed, rather than dying of a late second signal on its way out.
-    An in-process caller (a test) keeps its own signal handlers."""
+    script, ``python -m fleet_trio``): a long-running command then ignores its shutdown
+    signals once its task tree has closed, rather than dying of a late second signal on its
+    way out. An in-process caller (a test) keeps its own signal handlers. ``early``: the
+    entry point's signal handler (``fleet_trio.launch``); a command whose task tree does not
+    serve the signals gets the previous handlers back before it runs."""
     parser, args = parse_command_line(list(argv) if argv is not None else sys.argv[1:])
     args.own_process = own_process
+    if early is not None and not getattr(args, "serves_signals", False):
+        early.release()
     try:
         setup_logging(args.log_level, args.log_format)  # docs/logging.md
     except LogSetupError as exc:
@@ -954,8 +961,10 @@ def main(argv: list[str] | None = None, *, own_process: bool = False) -> int:
 
 
 def entry() -> int:
-    """The ``fleet-trio`` console script and ``python -m fleet_trio``."""
-    return main(own_process=True)
+    """The console script of earlier installs; today's is ``fleet_trio.launch:entry``."""
+    from fleet_trio.launch import entry as launch
+
+    return launch()
 
 
 def _save_traceback(exc: BaseException) -> str:

@@ -23,6 +23,7 @@ job_id=job_id, task=name))``. The keys ``job_id``, ``device``, ``task``, ``worke
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -440,7 +441,8 @@ def console(
 ) -> None:
     """A line for the operator that is always shown, whatever the level: ``text`` as is on
     stderr, or, with ``--log-format json``, a JSON line whose ``event`` is ``event`` (default
-    ``text``), so that a JSON log stays one object per line. Redacted either way."""
+    ``text``), so that a JSON log stays one object per line. Redacted either way. A stderr
+    that cannot be written (the terminal hung up) loses the line, never the caller's work."""
     for handler in logging.getLogger().handlers:
         if isinstance(handler, StderrHandler):
             if isinstance(handler.formatter, JsonFormatter):
@@ -453,7 +455,9 @@ def console(
             for f in handler.filters:
                 if isinstance(f, RedactFilter):
                     text = f.redact(text)
-    print(text, file=sys.stderr, flush=True)
+    # the terminal may be gone (a closed SSH session: EIO), or stderr closed
+    with contextlib.suppress(OSError, ValueError):
+        print(text, file=sys.stderr, flush=True)
 
 
 def job_context(

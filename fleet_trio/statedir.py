@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 
 APP = "fleet-trio"
 XDG_STATE_DEFAULT = "~/.local/state"
@@ -45,4 +46,30 @@ def expand_vars(path: str) -> str:
     return _VAR.sub(one, path)
 
 
-__all__ = ["APP", "expand_vars", "state_dir", "xdg_state_home"]
+def symlink_problem(path: str) -> str | None:
+    """The one-line reason when ``path`` itself (its last component) is a symbolic link;
+    ``None`` otherwise (a missing path included: it will be created, not followed).
+
+    fleet-trio never follows a link where it keeps its own files and folders (the journal,
+    its results folder, the footprint store, work roots): it changes their mode and removes
+    files in them, and a link would turn that onto whatever it points at
+    (docs/security.md). The folders above may be links (``/var/lib`` on another disk).
+    ``~`` is expanded and a relative path made absolute (as the stores do)."""
+    path = os.path.abspath(os.path.expanduser(path))
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    if not stat.S_ISLNK(st.st_mode):
+        return None
+    try:
+        target = os.readlink(path)
+    except OSError:
+        target = "?"
+    return (
+        f"{path} is a symbolic link (to {target}); fleet-trio does not follow links for its "
+        "own files and folders: give the real path"
+    )
+
+
+__all__ = ["APP", "expand_vars", "state_dir", "symlink_problem", "xdg_state_home"]

@@ -279,6 +279,18 @@ async def test_sigterm_cancels_the_job() -> None:
     assert res["exit_code"] == 143 and code == 143
 
 
+async def test_sighup_stops_the_job_with_its_grace_as_sigterm_does() -> None:
+    """A closed terminal (SIGHUP) used to kill ``exec`` by the default action at once (exit
+    -1), leaving the job running in its own process group; now it is a stop like SIGTERM:
+    the job gets SIGTERM, its grace, and its Result is printed."""
+    code, res, took = await _signal_case(
+        signal.SIGHUP, "trap 'echo bye; exit 7' TERM; echo ready; while :; do sleep 0.05; done"
+    )
+    assert took < 5
+    assert res["reason"] == "cancelled" and res["killed"] is True
+    assert res["exit_code"] == 7 and code == 7  # it trapped the SIGTERM: the grace was given
+
+
 async def test_sigint_cancels_the_job_and_a_trapping_job_exits_its_own_way() -> None:
     code, res, took = await _signal_case(
         signal.SIGINT,

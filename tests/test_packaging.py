@@ -268,7 +268,7 @@ def test_wheel_and_sdist_build_and_install_into_a_clean_venv(tmp_path: Path) -> 
         assert f"fleet_trio/sim/demo/jobs/{script}.py" in names
     assert "fleet_trio/__main__.py" in names
     assert not any(n.startswith(("tests/", "docs/", "examples/")) for n in names)
-    assert "fleet-trio = fleet_trio.cli:entry" in entry_points
+    assert "fleet-trio = fleet_trio.launch:entry" in entry_points
     declared = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
     for group, points in declared.get("entry-points", {}).items():
         assert f"[{group}]" in entry_points

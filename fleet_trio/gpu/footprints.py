@@ -407,9 +407,10 @@ def read_file(path: str) -> tuple[list[FootprintRecord], FileSig] | None:
 
 
 def _not_regular(path: str) -> bool:
-    """True when ``path`` exists and is not a regular file (nothing is written over it)."""
+    """True when ``path`` exists and is not a regular file (nothing is written over it; a
+    symbolic link is not one: it is left alone, never replaced nor followed)."""
     try:
-        return not stat.S_ISREG(os.stat(path).st_mode)
+        return not stat.S_ISREG(os.lstat(path).st_mode)
     except OSError:
         return False
 

@@ -44,6 +44,8 @@ from collections.abc import Callable, Iterable, Sequence
 import attrs
 import trio
 
+from fleet_trio.statedir import symlink_problem
+
 log = logging.getLogger(__name__)
 
 SCHEMA_VERSION = "1"
@@ -281,7 +283,7 @@ class Journal:
         if self.results_dir:
             try:
                 os.makedirs(self.results_dir, mode=0o700, exist_ok=True)
-                os.chmod(self.results_dir, 0o700)
+                _chmod_own_dir(self.results_dir, 0o700)
             except OSError as exc:
                 db.close()
                 raise JournalError(
@@ -291,9 +293,9 @@ class Journal:
 
     def _private_file(self) -> None:
         """The journal holds every result: ``0600`` whatever the umask (SQLite gives its
-        ``-wal`` and ``-shm`` files the database file's mode)."""
+        ``-wal`` and ``-shm`` files the database file's mode). Never through a link."""
         try:
-            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o600)
+            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         except OSError as exc:
             raise JournalError(f"journal {self.path}: cannot open: {exc.strerror}") from None
         try:
@@ -311,6 +313,10 @@ class Journal:
             raise JournalError(
                 f"journal {self.path}: cannot create its folder: {exc.strerror}"
             ) from None
+        # the file, SQLite's siblings and the results folder: never a link (docs/security.md)
+        for own in (self.path, *(self.path + s for s in SQLITE_SIBLINGS), self.results_dir):
+            if own and (problem := symlink_problem(own)):
+                raise JournalError(f"journal {self.path}: {problem}")
         try:
             st = os.stat(self.path)
         except FileNotFoundError:
@@ -507,8 +513,12 @@ class Journal:
             raise JournalError(f"journal {self.path}: cannot read: {_describe(exc)}") from None
 
     def drop_stale_files(self, keep: Iterable[str]) -> int:
-        """Remove result files no job refers to (a crash between file and commit)."""
+        """Remove result files no job refers to (a crash between file and commit). Not in a
+        results folder that has become a link since the start: nothing there is ours."""
         if not self.results_dir:
+            return 0
+        if problem := symlink_problem(self.results_dir):
+            log.error("journal %s: %s; no stale result file removed", self.path, problem)
             return 0
         wanted = set(keep)
         removed = 0
@@ -522,6 +532,20 @@ class Journal:
                 _unlink(path)
                 removed += 1
         return removed
+
+
+SQLITE_SIBLINGS = ("-wal", "-shm", "-journal")
+"""The files SQLite keeps beside the database."""
+
+
+def _chmod_own_dir(path: str, mode: int) -> None:
+    """``chmod`` of a folder of ours, through a descriptor opened without following a link
+    (a link swapped in after the start check fails with ``ELOOP``, its target untouched)."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        os.fchmod(fd, mode)
+    finally:
+        os.close(fd)
 
 
 def _unlink(path: str) -> None:

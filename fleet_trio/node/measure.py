@@ -38,7 +38,7 @@ from fleet_trio.node.server import (
 from fleet_trio.node.tasks import PreparedJob, TaskRegistry, TaskRunner
 from fleet_trio.nursery import TaskTree, open_task_tree
 
-MEASURE_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+MEASURE_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 class MeasureUsageError(FleetTrioError):

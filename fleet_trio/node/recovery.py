@@ -54,6 +54,7 @@ from fleet_trio.proc.procfs import (
 )
 from fleet_trio.proc.spec import NO_SWEEP, SweepReport
 from fleet_trio.proc.sweep import sweep_job_survivors
+from fleet_trio.statedir import symlink_problem
 
 log = logging.getLogger(__name__)
 
@@ -128,6 +129,9 @@ def remove_tagged(roots: Iterable[str], tag: str) -> int:
     me = os.geteuid()
     removed = 0
     for root in dict.fromkeys(roots):
+        if problem := symlink_problem(root):  # a recorded root since replaced by a link
+            log.warning("journal: work root %s; nothing removed there", problem)
+            continue
         try:
             entries = list(os.scandir(root))
         except OSError:

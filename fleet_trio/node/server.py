@@ -69,6 +69,7 @@ from fleet_trio.node.retention import attach_result_budget
 from fleet_trio.node.tasks import JOB_MARKER, PreparedJob, TaskRegistry, TaskRunner
 from fleet_trio.nursery import DEFAULT_SIGNALS, TaskTree, open_task_tree
 from fleet_trio.nursery.httpserve import HEADER_TIMEOUT, hypercorn_config, serve_http
+from fleet_trio.statedir import symlink_problem
 
 log = logging.getLogger(__name__)
 
@@ -215,10 +216,10 @@ async def open_gpu(config: NodeConfig, options: NodeOptions) -> GpuServices:
             arch = gpu_arch(name)
         except ImportError:
             arch = "nvidia"
-    path = options.footprints or node.footprints.path
-    footprints = await FootprintStore.open(
-        expand_path(path, config.base_dir), margin=node.footprints.margin
-    )
+    path = expand_path(options.footprints or node.footprints.path, config.base_dir)
+    if problem := symlink_problem(path):  # never followed (docs/security.md)
+        raise NodeStartError(f"footprints: {problem}")
+    footprints = await FootprintStore.open(path, margin=node.footprints.margin)
     mode = "global" if node.sampler == "pdh" else node.sampler
     return GpuServices(
         sampler=sampler,
@@ -421,6 +422,8 @@ async def serve_node(
         raise NodeStartError(f"--node-id: must not contain a control character (found {found})")
     if problem := token_problem(options.token or ""):
         raise NodeStartError(f"{options.token_from}: {problem}")
+    if work_root and (problem := symlink_problem(work_root)):
+        raise NodeStartError(f"work root: {problem}")  # never followed (docs/security.md)
     store = store_factory(ttl=t.job_ttl, janitor_interval=t.janitor_interval)
     # memory budget: kept results and log histories share one ceiling (docs/node.md)
     budget = MemoryBudget(options.memory_budget or node.memory_budget)
@@ -436,8 +439,11 @@ async def serve_node(
     def stop_accepting() -> None:
         store.begin_drain()
         linger.drain_began(store.table.in_flight_ids())
-        if serving:  # not on a failed start
-            say(f"node {node_id}: draining for up to {t.drain_timeout:g}s")
+        why = tree.shutdown_reason  # a signal's name, None when the start failed
+        if serving:
+            say(f"node {node_id}: draining for up to {t.drain_timeout:g}s ({why or 'stopped'})")
+        elif why is not None:  # a signal during the start (the GPU probe, the journal …)
+            say(f"node {node_id}: {why} during startup: stopped before serving")
 
     async def tails_end() -> None:
         # live log tail: every job has ended; a log opened at the ack of a job that never ran

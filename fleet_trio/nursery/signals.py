@@ -1,4 +1,14 @@
-"""SIGTERM and SIGINT become shutdown requests (design.md §3; node.md checklist 104).
+"""SIGTERM, SIGINT and SIGHUP become shutdown requests (design.md §3; node.md checklist 104).
+
+SIGHUP (a closed SSH session after ``fleet-trio node … &``, a terminal window closed) drains
+exactly as SIGTERM does; before, its default action killed the process at once and orphaned
+the jobs. A SIGHUP that was already ignored when the service starts (``nohup``) stays ignored:
+the operator asked for the hangup to be ignored. SIGINT and SIGTERM are served even when
+ignored at start (a script's ``cmd &`` starts ``cmd`` with SIGINT ignored).
+
+A signal that came before the service started, while the entry point's handler
+(``fleet_trio.launch.EarlySignals``) held the signals inside ``trio.run``, is taken over from
+that handler (its ``take_pending``) and served as soon as the service is ready.
 
 :func:`serve_shutdown_signals` runs in the services scope, which is cancelled last, so it keeps
 receiving signals for the whole shutdown: the first signal starts it, the second one (while the
@@ -16,7 +26,7 @@ from __future__ import annotations
 
 import logging
 import signal
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from types import FrameType
 from typing import Protocol
 
@@ -24,7 +34,10 @@ import trio
 
 log = logging.getLogger(__name__)
 
-DEFAULT_SIGNALS: tuple[signal.Signals, ...] = (signal.SIGTERM, signal.SIGINT)
+DEFAULT_SIGNALS: tuple[signal.Signals, ...] = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+RESPECTED_IF_IGNORED: frozenset[signal.Signals] = frozenset({signal.SIGHUP})
+"""Signals left ignored when the service finds them ignored (``nohup``)."""
 
 
 class ShutdownTarget(Protocol):
@@ -61,7 +74,10 @@ async def serve_shutdown_signals(
         # runs in trio's run loop, as a run_sync_soon callback: it must not raise
         name = _signal_name(signum)
         try:
-            log.info("received %s", name)
+            if signum == signal.SIGHUP:  # not an operator's usual stop: say so at any level
+                log.warning("received SIGHUP (the terminal or session closed?): draining")
+            else:
+                log.info("received %s", name)
             tree.request_shutdown(name)
         except Exception:
             log.exception("forwarding %s to the task tree failed", name)
@@ -72,8 +88,14 @@ async def serve_shutdown_signals(
     previous: dict[signal.Signals, Callable[[int, FrameType | None], object] | int | None] = {}
     try:
         for signum in signals:
+            if signum in RESPECTED_IF_IGNORED and signal.getsignal(signum) == signal.SIG_IGN:
+                log.debug("%s is ignored (nohup): left ignored", _signal_name(signum))
+                continue
             previous[signum] = signal.signal(signum, handler)
+        early = _take_early(previous.values())
         task_status.started()
+        for came in early:  # came before the service, inside trio.run: served now
+            forward(came)
         await trio.sleep_forever()
     finally:
         for signum, was in previous.items():
@@ -87,6 +109,16 @@ async def serve_shutdown_signals(
                 signal.signal(signum, signal.SIG_DFL if was is None else was)
 
 
+def _take_early(handlers: Iterable[object]) -> list[int]:
+    """The signals the entry point's handler recorded before this service replaced it."""
+    taken: list[int] = []
+    for was in handlers:
+        take = getattr(was, "take_pending", None)
+        if callable(take):
+            taken.extend(take())
+    return taken
+
+
 def _signal_name(signum: int) -> str:
     try:
         return signal.Signals(signum).name
@@ -94,4 +126,4 @@ def _signal_name(signum: int) -> str:
         return f"signal {signum}"
 
 
-__all__ = ["DEFAULT_SIGNALS", "ShutdownTarget", "serve_shutdown_signals"]
+__all__ = ["DEFAULT_SIGNALS", "RESPECTED_IF_IGNORED", "ShutdownTarget", "serve_shutdown_signals"]

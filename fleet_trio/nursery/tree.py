@@ -326,6 +326,8 @@ class TaskTree:
         self.jobs_closed_budget = jobs_closed_budget
         self._state = ShutdownState()
         self._hurried = False
+        self.shutdown_reason: str | None = None
+        """The first request's reason (a signal's name: ``SIGHUP``); None until a request."""
         self._cut_on_hurry: set[trio.CancelScope] = set()
         self._requested = trio.Event()
         self._wake = trio.lowlevel.ParkingLot()
@@ -406,6 +408,7 @@ class TaskTree:
         """
         outcome = self._state.request()
         if outcome is RequestOutcome.STARTED:
+            self.shutdown_reason = reason
             log.info(
                 "%s: shutting down (drain up to %gs, kill grace %gs, bound %gs)",
                 reason,
