@@ -113,7 +113,8 @@ def _add_exec(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "exec",
         usage=(
             "%(prog)s [-h] [--job-id ID] [--grace DUR] [--max-runtime DUR] [--idle-timeout DUR]"
-            " [--cwd DIR] [--json] [--log-level LEVEL] [--log-format FORMAT] -- CMD [ARG...]"
+            " [--cwd DIR] [--json] [--containment MODE] [--cgroup-base DIR]"
+            " [--log-level LEVEL] [--log-format FORMAT] -- CMD [ARG...]"
         ),
         help="run one command exactly as the worker runs a job",
         description=(
@@ -159,6 +160,21 @@ def _add_exec(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         action="store_true",
         help="print the Result as one JSON object on the last line of stdout, after all of "
         "the job's stdout: exit_code, killed, reason, error, sweep",
+    )
+    p.add_argument(
+        "--containment",
+        choices=("auto", "cgroup", "marker"),
+        default="auto",
+        help="how the job's processes are contained: cgroup (its own cgroup v2: every "
+        "descendant is killed at the end and listed in sweep.found), marker (the RC_JOB_ID "
+        "sweep), auto (cgroup where one can be made, else marker; the default). "
+        "See docs/containment.md",
+    )
+    p.add_argument(
+        "--cgroup-base",
+        metavar="DIR",
+        default="",
+        help="the cgroup v2 directory to make the job's cgroup in (default: our own cgroup)",
     )
     p.add_argument(
         "command",
@@ -439,6 +455,8 @@ def exec_spec(args: argparse.Namespace, stderr_sink: FdWriter | None = None) -> 
         raise UsageError("empty command")
     env = {"RC_JOB_ID": args.job_id} if args.job_id else {}
     return JobSpec(
+        containment=getattr(args, "containment_backend", None),
+        cgroup_key="run",
         command=command,
         cwd=args.cwd,
         env=env,
@@ -522,6 +540,16 @@ def _cmd_exec(args: argparse.Namespace) -> int:
     except UsageError as exc:
         print(f"{PROG} exec: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    from fleet_trio.proc.containment import ContainmentError, choose_for_exec, describe
+
+    try:
+        args.containment_backend = choose_for_exec(
+            getattr(args, "containment", "auto"), base=getattr(args, "cgroup_base", "")
+        )
+    except ContainmentError as exc:
+        print(f"{PROG} exec: {exc}", file=sys.stderr)
+        return EXIT_NOT_STARTED
+    logging.getLogger("fleet_trio.proc").debug("%s", describe(args.containment_backend))
     return trio.run(_exec, args)
 
 

@@ -61,10 +61,11 @@ import trio
 
 from fleet_trio.backoff import Backoff
 from fleet_trio.durations import signal_text
+from fleet_trio.proc.containment import JobCgroup, sweep_cgroup
 from fleet_trio.proc.sinks import Sink
-from fleet_trio.proc.spec import JobSpec, Result
+from fleet_trio.proc.spec import JobSpec, Result, SweepReport
 from fleet_trio.proc.stop import StopToken
-from fleet_trio.proc.sweep import sweep_job_survivors
+from fleet_trio.proc.sweep import SWEEP_GRACE, SWEEP_KILL_BOUND, sweep_job_survivors
 from fleet_trio.proc.target import Target
 from fleet_trio.proc.watchdog import Watchdog
 
@@ -159,8 +160,11 @@ class Supervisor:
         grow: Callable[[trio.abc.ReceiveStream], int] | None = None,
         forks_before: int | None = None,
         stoppable: bool = True,
+        cgroup: JobCgroup | None = None,
     ) -> None:
         self.spec = spec
+        self.cgroup = cgroup
+        """The job's cgroup (cgroup backend): swept and removed at the end, always."""
         self.stoppable = stoppable
         """False: the owner will never call :meth:`request_stop` nor :meth:`link`; with no
         ``stop`` token and no limit, only a shutdown can then end the wait early, and the
@@ -287,6 +291,7 @@ class Supervisor:
             shutdown is None
             and self.completed.is_set()
             and not self.spec.sweep_job_id
+            and self.cgroup is None
             and not self.target.alive()
         ):
             # The common end: completed, nothing left in the target, no sweep. Nothing here
@@ -446,7 +451,16 @@ class Supervisor:
             result = await self._finish_cancelled()
         for stream in self._release():
             await stream.aclose()
-        if self.spec.sweep_job_id:
+        if self.cgroup is not None:
+            found, remaining, scanned = await sweep_cgroup(
+                self.cgroup, grace=SWEEP_GRACE, kill_bound=SWEEP_KILL_BOUND, leader=self.proc.pid
+            )
+            report = SweepReport(
+                scanned=scanned, found=found, remaining=remaining, blind=not scanned, scope="cgroup"
+            )
+            if self.spec.sweep_job_id or found:
+                result = attrs.evolve(result, sweep=report)
+        elif self.spec.sweep_job_id:
             report = await sweep_job_survivors(
                 self.spec.sweep_job_id,
                 os.getpid(),
