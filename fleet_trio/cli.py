@@ -691,14 +691,21 @@ def _cmd_worker(args: argparse.Namespace, make_worker: Callable[..., Any] | None
         console(f"error: {exc}", event=str(exc), logger="fleet_trio.worker", level=logging.ERROR)
         return 1
     if args.check:
+        from fleet_trio.proc.containment import ContainmentError, choose_for_agent, describe
         from fleet_trio.worker.check import check_paths
 
         problems = check_paths(config)
         for problem in problems:
             level = "error" if problem.error else "warning"
             print(f"{level}: {args.config}: {problem.key}: {problem.message}", file=sys.stderr)
+        try:
+            chosen = choose_for_agent(config.containment, base=config.cgroup_base, dry_run=True)
+            print(f"info: {describe(chosen)}", file=sys.stderr)
+        except ContainmentError as exc:
+            print(f"error: {args.config}: containment: {exc}", file=sys.stderr)
+            problems.append(None)  # type: ignore[arg-type]
         print(json.dumps(config.to_summary(), indent=2), flush=True)
-        return 1 if any(p.error for p in problems) else 0
+        return 1 if any(p is None or p.error for p in problems) else 0
     if config.tail_listen and args.listen_trusted_network:
         who = (
             "tail_token is required"
@@ -712,9 +719,15 @@ def _cmd_worker(args: argparse.Namespace, make_worker: Callable[..., Any] | None
             logger="fleet_trio.worker",
             level=logging.WARNING,
         )
+    from fleet_trio.proc.containment import ContainmentError, choose_for_agent
     from fleet_trio.worker.worker import Worker, serve_worker
 
     worker = (make_worker or Worker)(config, tail_trusted_network=args.listen_trusted_network)
+    try:  # before the task tree: a cgroup that cannot be had fails the start, in one line
+        worker.containment = choose_for_agent(config.containment, base=config.cgroup_base)
+    except ContainmentError as exc:
+        console(f"error: {exc}", event=str(exc), logger="fleet_trio.worker", level=logging.ERROR)
+        return 1
     # the signals are served by the worker's task tree, from the moment it opens to its close
     trio.run(
         functools.partial(

@@ -109,6 +109,10 @@ class NodeSettings:
     memory_budget: MemorySize = MemorySize(DEFAULT_BUDGET)
     """Results and log histories of all jobs together (``fleet_trio.memory``)."""
     journal: JournalSettings = attrs.Factory(JournalSettings)
+    containment: str = "auto"
+    """How jobs are contained: ``auto``, ``cgroup`` or ``marker`` (docs/containment.md)."""
+    cgroup_base: str = ""
+    """The delegated cgroup v2 directory to use (default: our own; docs/containment.md)."""
 
 
 @attrs.frozen
@@ -424,6 +428,11 @@ def config_from_mapping(raw: object, *, path: str = "", base_dir: str = "") -> N
         if node.journal.sync not in JOURNAL_SYNC_MODES:
             raise _KeyedError(
                 f"unknown sync {node.journal.sync!r} (normal or full)", "node.journal.sync"
+            )
+        if node.containment not in ("auto", "cgroup", "marker"):
+            raise _KeyedError(
+                f"unknown containment {node.containment!r} (one of auto, cgroup, marker)",
+                "node.containment",
             )
         if node.journal.inline_max < 0:
             raise _KeyedError("must be >= 0", "node.journal.inline_max")

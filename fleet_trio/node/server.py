@@ -68,6 +68,14 @@ from fleet_trio.node.retention import attach_result_budget
 from fleet_trio.node.tasks import JOB_MARKER, PreparedJob, TaskRegistry, TaskRunner
 from fleet_trio.nursery import DEFAULT_SIGNALS, TaskTree, open_task_tree
 from fleet_trio.nursery.httpserve import hypercorn_config, serve_http
+from fleet_trio.proc.containment import (
+    AnyContainment,
+    CgroupContainment,
+    ContainmentError,
+    choose_for_agent,
+    describe,
+    recover_leftovers,
+)
 
 log = logging.getLogger(__name__)
 
@@ -373,6 +381,21 @@ def need_hook(gpu: GpuServices) -> Callable[[PreparedJob], float | None] | None:
     return need
 
 
+async def open_containment(mode: str, base: str, say: Callable[[str], None]) -> AnyContainment:
+    """The jobs' containment (docs/containment.md), said once; a crashed run's job cgroups are
+    killed and removed (the recovery log says so). Raises :class:`NodeStartError` (one line)
+    when ``containment: cgroup`` cannot be had."""
+    try:
+        containment = choose_for_agent(mode, base=base)
+    except ContainmentError as exc:
+        raise NodeStartError(str(exc)) from None
+    say(describe(containment))
+    if isinstance(containment, CgroupContainment):
+        for line in await recover_leftovers(containment):
+            say(f"recovery: {line}")
+    return containment
+
+
 async def serve_node(
     config: NodeConfig,
     options: NodeOptions = NodeOptions(),
@@ -473,7 +496,9 @@ async def serve_node(
                             f"{len(gpu.placement.uuids)} device(s); its jobs will fail"
                         )
             sample, record = footprint_hooks(gpu)
+            containment = await open_containment(node.containment, node.cgroup_base, say)
             runner = TaskRunner(
+                containment=containment,
                 kill_grace=t.kill_grace,
                 placement=gpu.placement,
                 footprint_need=need_hook(gpu),
@@ -495,6 +520,7 @@ async def serve_node(
                 bus=LogBus(budget=budget),
                 linger=linger,
             )
+            ctx.metrics.set_containment(containment.name)
             bus_holder.append(ctx)
             store.set_spawn(tree.start_job)
             await tree.services.start(gpu.sampler.serve, name="vram-sampler")

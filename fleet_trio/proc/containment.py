@@ -348,12 +348,15 @@ class CgroupContainment:
 AnyContainment = MarkerContainment | CgroupContainment
 
 
-def choose_for_agent(mode: str, *, base: str = "", move_self: bool | None = None) -> AnyContainment:
+def choose_for_agent(
+    mode: str, *, base: str = "", move_self: bool | None = None, dry_run: bool = False
+) -> AnyContainment:
     """The backend for node or worker. ``base``: the delegated cgroup to use (default: our
     own). Our own cgroup is used only when it is not the host's root cgroup; then this process
     moves into ``<own>/agent`` (a leaf) so ``<own>/jobs`` may hold the job cgroups beside it.
     ``mode == "cgroup"`` raises :class:`ContainmentError` (one line) when it cannot be had;
-    ``auto`` falls back to the marker backend and says why in ``reason``."""
+    ``auto`` falls back to the marker backend and says why in ``reason``. ``dry_run``
+    (``--check``): decide only; nothing is made and nothing moves."""
     if mode == "marker":
         return MarkerContainment(reason="configured")
     try:
@@ -365,13 +368,14 @@ def choose_for_agent(mode: str, *, base: str = "", move_self: bool | None = None
                 " (under systemd: Delegate=yes; or set cgroup_base)"
             )
         check_writable(directory)
-        if move_self if move_self is not None else not base:
+        jobs = os.path.join(directory, JOBS_DIR)
+        if not dry_run and (move_self if move_self is not None else not base):
             leaf = os.path.join(directory, AGENT_LEAF)
             os.makedirs(leaf, exist_ok=True)
             with open(os.path.join(leaf, "cgroup.procs"), "w") as f:
                 f.write("0")
-        jobs = os.path.join(directory, JOBS_DIR)
-        os.makedirs(jobs, exist_ok=True)
+        if not dry_run:
+            os.makedirs(jobs, exist_ok=True)
     except (ContainmentError, OSError) as exc:
         text = str(exc) if isinstance(exc, ContainmentError) else _oserror_text(exc)
         if mode == "cgroup":

@@ -475,6 +475,12 @@ def _build(
             raise _KeyedError(problem, "tail_listen")
     values["tail_listen"] = tail_listen
     values["tail_token"] = values.get("tail_token", "").strip()
+    containment = values.get("containment", "auto").strip() or "auto"
+    if containment not in ("auto", "cgroup", "marker"):
+        raise _KeyedError(
+            f"unknown containment {containment!r} (one of auto, cgroup, marker)", "containment"
+        )
+    values["containment"] = containment
     budget = values.get("memory_budget", "").strip()
     try:
         values["memory_budget"] = check_budget(parse_size(budget)) if budget else DEFAULT_BUDGET

@@ -157,6 +157,10 @@ class WorkerConfig:
     """fleet-trio only: browser origins the tail listener serves besides its own
     (``scheme://host[:port]``, docs/security.md)."""
     memory_budget: int = attrs.field(default=DEFAULT_BUDGET, metadata={FILE_TYPE: Size})
+    containment: str = "auto"
+    """fleet-trio only: how jobs are contained: auto, cgroup or marker (docs/containment.md)."""
+    cgroup_base: str = ""
+    """fleet-trio only: the delegated cgroup v2 directory to use (default: our own)."""
     """fleet-trio only: bytes of job log history kept across jobs (``fleet_trio.memory``)."""
     path: str = attrs.field(default="", metadata={NOT_IN_FILE: True})
     """The file it came from ("" when built in code)."""
