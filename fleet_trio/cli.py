@@ -456,7 +456,7 @@ def exec_spec(args: argparse.Namespace, stderr_sink: FdWriter | None = None) -> 
     env = {"RC_JOB_ID": args.job_id} if args.job_id else {}
     return JobSpec(
         containment=getattr(args, "containment_backend", None),
-        cgroup_key="run",
+        cgroup_key=args.job_id or "run",
         command=command,
         cwd=args.cwd,
         env=env,

@@ -811,6 +811,7 @@ class TaskRunner:
             sweep_marker=SWEEP_MARKER if job.sweep_id else JOB_MARKER,
             env_unset=ENV_SECRETS,  # the node's token is not the job's
             containment=self.containment,
+            cgroup_key=job.job_id,
         )
         sampler = self.sample_peak if job.task.footprint is not None else None
         peaks: list[float | None] = []

@@ -235,7 +235,7 @@ def open_job_cgroup(spec: JobSpec) -> JobCgroup | str | None:
     if backend is None:
         return None
     try:
-        return backend.create(spec.sweep_job_id or spec.cgroup_key or "run")
+        return backend.create(spec.cgroup_key or spec.sweep_job_id or "run")
     except OSError as exc:
         return f"cgroup {backend.jobs_dir}: {errno_text(exc.errno) if exc.errno else exc}"
 

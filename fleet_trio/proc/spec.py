@@ -51,9 +51,9 @@ class JobSpec:
     containment: CgroupContainment | MarkerContainment | None = None
     """The backend (:mod:`fleet_trio.proc.containment`); ``None`` is the marker backend. With
     a :class:`~fleet_trio.proc.containment.CgroupContainment` the run gets its own cgroup,
-    named after ``sweep_job_id`` (or ``cgroup_key``), and is swept by it."""
+    named after ``cgroup_key`` (or ``sweep_job_id``), and is swept by it."""
     cgroup_key: str = ""
-    """The job cgroup's name when ``sweep_job_id`` is empty (hooks, probes, scripts)."""
+    """The job cgroup's name (default: ``sweep_job_id``; a node's job id, a worker's hold)."""
 
     def environment(self) -> dict[str, str] | None:
         """The child's environment: the parent's less ``env_unset``, overlaid with ``env``;

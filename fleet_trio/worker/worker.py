@@ -510,7 +510,7 @@ class Worker:
             sweep_job_id="" if a.is_hold else a.job_id,
             env_unset=ENV_SECRETS,  # the worker's token is not the job's (an assignment may set it)
             containment=self.containment,
-            cgroup_key=f"hold-{a.job_id}",
+            cgroup_key=f"hold-{a.job_id}" if a.is_hold else a.job_id,
         )
 
     async def open_containment(self) -> None:
