@@ -167,7 +167,7 @@ def _add_exec(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         default="auto",
         help="how the job's processes are contained: cgroup (its own cgroup v2: every "
         "descendant is killed at the end and listed in sweep.found), marker (the RC_JOB_ID "
-        "sweep), auto (cgroup where one can be made, else marker; the default). "
+        "sweep), auto (cgroup where one can be made, else marker) (default: auto). "
         "See docs/containment.md",
     )
     p.add_argument(

@@ -1,5 +1,8 @@
 """Containment: how a job's processes are told apart from everything else (docs/containment.md).
 
+(Over 500 lines: the backends, where the cgroups come from, the spawn shim, the stop target,
+the sweep and the recovery share the one cgroup model and are read together.)
+
 Two backends behind one interface, chosen once per process (:func:`choose_for_agent` for node
 and worker, :func:`choose_for_exec` for ``fleet-trio exec``):
 
