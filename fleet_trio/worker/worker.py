@@ -524,6 +524,11 @@ class Worker:
             )
         log.info("%s", describe(self.containment))
         self.metrics.set_containment(self.containment.name)
+        # hooks, verify scripts and probes are contained like the jobs (fakes in tests may
+        # have no such attribute: they spawn nothing)
+        for part in (self.hooks, self.prober):
+            if hasattr(part, "containment"):
+                part.containment = self.containment
         if isinstance(self.containment, CgroupContainment):
             for line in await recover_leftovers(self.containment):
                 log.warning("recovery: %s", line)
