@@ -290,13 +290,17 @@ class Supervisor:
         if (
             shutdown is None
             and self.completed.is_set()
-            and not self.spec.sweep_job_id
-            and self.cgroup is None
+            and (not self.spec.sweep_job_id or self.cgroup is not None)
             and not self.target.alive()
+            and self._cgroup_emptied()
         ):
-            # The common end: completed, nothing left in the target, no sweep. Nothing here
-            # waits (the straggler reap would find the target empty), so no shielded scope.
+            # The common end: completed, nothing left in the target, no sweep (or, under the
+            # cgroup backend, a job cgroup already empty and removed: a clean sweep). Nothing
+            # here waits (the straggler reap would find the target empty), so no shielded scope.
             self.result = finish(self.proc.returncode)
+            if self.cgroup is not None and self.spec.sweep_job_id:
+                sweep = SweepReport(scanned=True, scope="cgroup")
+                self.result = attrs.evolve(self.result, sweep=sweep)
             rest = self._release()
             if rest:
                 with trio.CancelScope(shield=True):
@@ -306,6 +310,16 @@ class Supervisor:
         with trio.CancelScope(shield=True):
             self.result = await self._conclude()
         return shutdown
+
+    def _cgroup_emptied(self) -> bool:
+        """True without a job cgroup; with one: True iff it is empty (the leader reaped,
+        nothing outlived it, no stop saw an escapee) and has just been removed."""
+        cgroup = self.cgroup
+        if cgroup is None:
+            return True
+        if cgroup.escaped or cgroup.procs() != []:
+            return False
+        return cgroup.remove()
 
     async def _wait_for_end(self) -> None:
         """Wait for the end, a stop, or a deadline; a limit that is due trips the stop. A stop

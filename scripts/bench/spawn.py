@@ -15,6 +15,8 @@ which a loaded machine disturbs far less than the wall clock.
 made, entered by the spawn shim before the exec, swept and removed per job) against today's
 ``run()`` (the marker backend), interleaved the same way (target ratio ≤ 1.3); the job
 cgroups are made in a temporary cgroup in ours (``--cgroup-base DIR``: in DIR), removed after.
+``--cgroup --no-shim`` is a diagnostic: the same, but the child is spawned without the shim
+(so it is NOT in its cgroup): what the backend costs besides the shim's exec.
 
 ``--before TREE`` compares two versions of ``run()`` in one session: each round runs this
 benchmark once with TREE's ``fleet_trio`` (another checkout, e.g. the commit before a change)
@@ -105,13 +107,16 @@ async def bench(
     return ours, base
 
 
-def cgroup_bench(n: int, warmup: int, base_dir: str) -> int:
+def cgroup_bench(n: int, warmup: int, base_dir: str, no_shim: bool = False) -> int:
     try:
         directory = base_dir or own_cgroup_dir()
         check_writable(directory)
     except ContainmentError as exc:
         print(f"no cgroup to measure in: {exc}", file=sys.stderr)
         return 1
+    if no_shim:  # diagnostic only: the child is not contained
+        run_module = sys.modules["fleet_trio.proc.run"]
+        run_module.shim_argv = lambda _cgroup, argv, _env: argv  # type: ignore[attr-defined]
     parent = os.path.join(directory, f"fleet-trio-bench-{os.getpid()}")
     os.mkdir(parent)
     try:
@@ -122,7 +127,11 @@ def cgroup_bench(n: int, warmup: int, base_dir: str) -> int:
     base = statistics.median(wall for wall, _ in base_s)
     ratio = ours / base
     verdict = "ok" if ratio <= CGROUP_TARGET_RATIO else "ABOVE TARGET"
-    print(f"jobs per side      {n} (`true`, interleaved, {warmup} warm-up each)")
+    with open("/proc/loadavg") as f:
+        load = f.read().split()[0]
+    shim = " (NO SHIM: diagnostic)" if no_shim else ""
+    print(f"jobs per side      {n} (`true`, interleaved, {warmup} warm-up each){shim}")
+    print(f"load average       {load} (at the end)")
     p90_ours = statistics.quantiles([w for w, _ in ours_s], n=10)[-1]
     p90_base = statistics.quantiles([w for w, _ in base_s], n=10)[-1]
     print(f"run() cgroup       {ours:.3f} ms   (p90 {p90_ours:.3f})")
@@ -194,10 +203,13 @@ def main(argv: list[str] | None = None) -> int:
         "--cgroup", action="store_true", help="run() under the cgroup backend against run()"
     )
     parser.add_argument("--cgroup-base", default="", help="with --cgroup: where to measure")
+    parser.add_argument(
+        "--no-shim", action="store_true", help="with --cgroup: diagnostic, spawn without the shim"
+    )
     args = parser.parse_args(argv)
 
     if args.cgroup:
-        return cgroup_bench(args.n, args.warmup, args.cgroup_base)
+        return cgroup_bench(args.n, args.warmup, args.cgroup_base, args.no_shim)
 
     if args.before:
         return compare(args.before, args.n, args.warmup, args.rounds)
