@@ -265,6 +265,7 @@ async def start_journal(
     kill_grace: float,
     *,
     registry: TaskRegistry | None = None,
+    marker_sweep: bool = True,
 ) -> str | None:
     """Recover the previous run from ``journal`` into ``store`` (before the listener opens:
     no poll sees a state it will not keep, no dispatch races the sweep of the previous run's
@@ -273,13 +274,20 @@ async def start_journal(
     ``registry``: its work dirs take the journal's work tag (so do its jobs' sweep markers), and
     the previous run's dirs under that tag are removed (also those of acks that never
     committed). The previous runs' processes are found by that tag, whatever node id they ran
-    under (:func:`~fleet_trio.node.recovery.sweep_tagged`)."""
+    under (:func:`~fleet_trio.node.recovery.sweep_tagged`); ``marker_sweep=False`` (the
+    cgroup backend was in use and its recovery has run) replaces that sweep."""
     work_root = None
     if registry is not None:
         registry.work_tag = journal.work_tag
         work_root = registry.work_dir_root
     try:
-        report = await recover(journal, store.table, kill_grace=kill_grace, work_root=work_root)
+        report = await recover(
+            journal,
+            store.table,
+            kill_grace=kill_grace,
+            work_root=work_root,
+            marker_sweep=marker_sweep,
+        )
     except JournalError as exc:
         journal.close()
         raise NodeStartError(str(exc)) from None
@@ -379,6 +387,13 @@ def need_hook(gpu: GpuServices) -> Callable[[PreparedJob], float | None] | None:
         return footprint_need(footprints, job.family, job.quant, job.task.name)
 
     return need
+
+
+def cgroup_recovered(containment: AnyContainment) -> bool:
+    """Was the previous run contained by cgroups here (its ``jobs/`` was there at this start,
+    so its job cgroups have been killed and removed)? Then the journal recovery's marker sweep
+    is replaced by that, not run in addition (issue: "replaces the marker sweep")."""
+    return isinstance(containment, CgroupContainment) and containment.previous
 
 
 async def open_containment(mode: str, base: str, say: Callable[[str], None]) -> AnyContainment:
@@ -531,7 +546,14 @@ async def serve_node(
                 )
             journal = await open_journal(config, options, node_id)  # job journal (docs/node.md)
             if journal is not None:
-                line = await start_journal(tree, store, journal, t.kill_grace, registry=registry)
+                line = await start_journal(
+                    tree,
+                    store,
+                    journal,
+                    t.kill_grace,
+                    registry=registry,
+                    marker_sweep=not cgroup_recovered(containment),
+                )
                 if line:
                     say(line)
             await tree.services.start(store.serve_janitor, name="janitor")

@@ -319,6 +319,9 @@ class CgroupContainment:
     reason: str = "configured"
     prefix: str = ""
     """Put before every job cgroup's name (``exec``: ``fleet-trio-exec-<pid>-``)."""
+    previous: bool = False
+    """``jobs_dir`` was there before this start: a previous run used the cgroup backend here
+    (its job cgroups are what :func:`recover_leftovers` kills)."""
     name: str = "cgroup"
 
     def create(self, key: str) -> JobCgroup:
@@ -372,6 +375,7 @@ def choose_for_agent(
             )
         check_writable(directory)
         jobs = os.path.join(directory, JOBS_DIR)
+        previous = os.path.isdir(jobs)
         if not dry_run and (move_self if move_self is not None else not base):
             leaf = os.path.join(directory, AGENT_LEAF)
             os.makedirs(leaf, exist_ok=True)
@@ -385,7 +389,7 @@ def choose_for_agent(
             raise ContainmentError(f"containment: cgroup: {text}") from None
         return MarkerContainment(reason=f"auto: no cgroup ({text})")
     why = "configured" if mode == "cgroup" else f"auto: {directory} is delegated to us"
-    return CgroupContainment(jobs_dir=jobs, reason=why)
+    return CgroupContainment(jobs_dir=jobs, reason=why, previous=previous)
 
 
 def choose_for_exec(mode: str, *, base: str = "") -> AnyContainment:

@@ -12,8 +12,12 @@ import pytest
 import trio
 
 from fleet_trio.errors import NodeStartError
-from fleet_trio.node.server import open_containment
-from fleet_trio.proc.containment import JOBS_DIR, CgroupContainment
+from fleet_trio.node.jobs import JobTable
+from fleet_trio.node.journal import Journal
+from fleet_trio.node.recovery import recover
+from fleet_trio.node.server import cgroup_recovered, open_containment
+from fleet_trio.node.tasks import SWEEP_MARKER
+from fleet_trio.proc.containment import JOBS_DIR, CgroupContainment, choose_for_agent
 from tests.helpers import gone_within, wait_until
 from tests.node.harness import node_config, running_node
 from tests.proc.test_containment import VARIANTS, escape_command
@@ -74,3 +78,35 @@ def test_an_unknown_containment_names_its_key(tmp_path: Path) -> None:
 
     with pytest.raises(ConfigError, match=r"node\.containment"):
         node_config(tmp_path, {}, containment="jail")
+
+
+async def test_the_cgroup_recovery_replaces_the_journals_marker_sweep(
+    cgroup_parent: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A previous run under the cgroup backend (its ``jobs/`` is there): the journal's
+    recovery does not run the marker sweep as well; a first start (no ``jobs/`` yet) does."""
+    first = choose_for_agent("cgroup", base=cgroup_parent)
+    assert isinstance(first, CgroupContainment) and not first.previous
+    assert not cgroup_recovered(first)
+    again = choose_for_agent("cgroup", base=cgroup_parent)
+    assert isinstance(again, CgroupContainment) and again.previous and cgroup_recovered(again)
+    journal = Journal(str(tmp_path / "j.sqlite"))
+    journal.open()
+    marked = await trio.lowlevel.open_process(
+        ["sleep", "60"], env={**os.environ, SWEEP_MARKER: f"host.{journal.work_tag}/j1"}
+    )
+    try:
+        with trio.fail_after(30):
+            report = await recover(journal, JobTable(), kill_grace=0.5, marker_sweep=False)
+        assert report.swept == {} and report.sweep.scope == "cgroup" and report.sweep.clean()
+        assert marked.poll() is None  # not swept by marker: the cgroup recovery's job
+        assert not [r for r in caplog.records if "could not be walked" in r.getMessage()]
+        with trio.fail_after(30):
+            report = await recover(journal, JobTable(), kill_grace=0.5)
+            await marked.wait()
+        assert report.swept  # the marker sweep, when it is not replaced
+    finally:
+        journal.close()
+        marked.kill()
+        with trio.fail_after(10):
+            await marked.wait()

@@ -42,6 +42,11 @@ async def test_a_worker_jobs_escapee_dies_with_it(
             assert await gone_within(pid, 10)
     lines = [r.getMessage() for r in caplog.records if "outlived the group" in r.getMessage()]
     assert lines == [f"job {job}: processes [{pid}] outlived the group and were reaped by job id"]
+    scope = [r.getMessage() for r in caplog.records if "(scope cgroup)" in r.getMessage()]
+    assert scope == [
+        f"job {job}: (scope cgroup) those processes were found in the job's cgroup and"
+        " killed with it, whatever their environment"
+    ]
     assert any(r.getMessage().startswith("containment: cgroup") for r in caplog.records)
     jobs = Path(cgroup_parent, JOBS_DIR)
     assert [p for p in jobs.iterdir() if p.is_dir()] == []
