@@ -115,6 +115,7 @@ def _add_exec(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         usage=(
             "%(prog)s [-h] [--job-id ID] [--grace DUR] [--max-runtime DUR]\n"
             "       [--idle-timeout DUR] [--cwd DIR] [--json]\n"
+            "       [--containment MODE] [--cgroup-base DIR]\n"
             "       [--log-level LEVEL] [--log-format FORMAT] -- CMD [ARG...]"
         ),
         help="run one command exactly as the worker runs a job",
@@ -161,6 +162,21 @@ def _add_exec(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         action="store_true",
         help="print the Result as one JSON object on the last line of stdout, after all of "
         "the job's stdout: exit_code, killed, reason, error, sweep",
+    )
+    p.add_argument(
+        "--containment",
+        choices=("auto", "cgroup", "marker"),
+        default="auto",
+        help="how the job's processes are contained: cgroup (its own cgroup v2: every "
+        "descendant is killed at the end and listed in sweep.found), marker (the RC_JOB_ID "
+        "sweep), auto (cgroup where one can be made, else marker) (default: auto). "
+        "See docs/containment.md",
+    )
+    p.add_argument(
+        "--cgroup-base",
+        metavar="DIR",
+        default="",
+        help="the cgroup v2 directory to make the job's cgroup in (default: our own cgroup)",
     )
     p.add_argument(
         "command",
@@ -441,6 +457,8 @@ def exec_spec(args: argparse.Namespace, stderr_sink: FdWriter | None = None) -> 
         raise UsageError("empty command")
     env = {"RC_JOB_ID": args.job_id} if args.job_id else {}
     return JobSpec(
+        containment=getattr(args, "containment_backend", None),
+        cgroup_key=args.job_id or "run",
         command=command,
         cwd=args.cwd,
         env=env,
@@ -524,6 +542,16 @@ def _cmd_exec(args: argparse.Namespace) -> int:
     except UsageError as exc:
         print(f"{PROG} exec: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    from fleet_trio.proc.containment import ContainmentError, choose_for_exec, describe
+
+    try:
+        args.containment_backend = choose_for_exec(
+            getattr(args, "containment", "auto"), base=getattr(args, "cgroup_base", "")
+        )
+    except ContainmentError as exc:
+        print(f"{PROG} exec: {exc}", file=sys.stderr)
+        return EXIT_NOT_STARTED
+    logging.getLogger("fleet_trio.proc").debug("%s", describe(args.containment_backend))
     return trio.run(_exec, args)
 
 
@@ -665,14 +693,21 @@ def _cmd_worker(args: argparse.Namespace, make_worker: Callable[..., Any] | None
         console(f"error: {exc}", event=str(exc), logger="fleet_trio.worker", level=logging.ERROR)
         return 1
     if args.check:
+        from fleet_trio.proc.containment import ContainmentError, choose_for_agent, describe
         from fleet_trio.worker.check import check_paths
 
         problems = check_paths(config)
         for problem in problems:
             level = "error" if problem.error else "warning"
             print(f"{level}: {args.config}: {problem.key}: {problem.message}", file=sys.stderr)
+        try:
+            chosen = choose_for_agent(config.containment, base=config.cgroup_base, dry_run=True)
+            print(f"info: {describe(chosen)}", file=sys.stderr)
+        except ContainmentError as exc:
+            print(f"error: {args.config}: containment: {exc}", file=sys.stderr)
+            problems.append(None)  # type: ignore[arg-type]
         print(json.dumps(config.to_summary(), indent=2), flush=True)
-        return 1 if any(p.error for p in problems) else 0
+        return 1 if any(p is None or p.error for p in problems) else 0
     if config.tail_listen and args.listen_trusted_network:
         who = (
             "tail_token is required"
@@ -686,9 +721,15 @@ def _cmd_worker(args: argparse.Namespace, make_worker: Callable[..., Any] | None
             logger="fleet_trio.worker",
             level=logging.WARNING,
         )
+    from fleet_trio.proc.containment import ContainmentError, choose_for_agent
     from fleet_trio.worker.worker import Worker, serve_worker
 
     worker = (make_worker or Worker)(config, tail_trusted_network=args.listen_trusted_network)
+    try:  # before the task tree: a cgroup that cannot be had fails the start, in one line
+        worker.containment = choose_for_agent(config.containment, base=config.cgroup_base)
+    except ContainmentError as exc:
+        console(f"error: {exc}", event=str(exc), logger="fleet_trio.worker", level=logging.ERROR)
+        return 1
     # the signals are served by the worker's task tree, from the moment it opens to its close
     trio.run(
         functools.partial(

@@ -90,6 +90,18 @@ class BaseMetrics:
             registry=self.registry,
         )
         info.labels(version=__version__, role=self.role).set(1)
+        self._containment = Gauge(
+            "fleet_trio_containment_info",
+            "Always 1; the label says how jobs are contained: cgroup or marker "
+            "(docs/containment.md).",
+            ["backend"],
+            registry=self.registry,
+        )
+
+    def set_containment(self, backend: str) -> None:
+        """Say which containment backend the jobs run under (once, at start)."""
+        self._containment.clear()
+        self._containment.labels(backend=backend).set(1)
 
     def watch_bus(self, bus: Any) -> None:
         """Export the log bus (``fleet_trio.logbus.LogBus``) at scrape time, and the memory

@@ -53,3 +53,21 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture
 def is_root() -> bool:
     return os.geteuid() == 0
+
+
+from tests.cgroups import (  # noqa: E402
+    cgroup_parent,  # noqa: F401  (a fixture)
+    cgroup_session_root,  # noqa: F401  (a fixture)
+    dead_exec_cgroups,
+)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """No cgroup is left behind by the suite: ``fleet-trio exec`` (the cgroup backend, where
+    one can be had) makes its job's cgroup in our own and must always remove it."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        return  # checked once, by the controlling process
+    left = dead_exec_cgroups()
+    if left:
+        print(f"\ncgroups left behind by the suite: {left}", file=sys.stderr)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED

@@ -119,6 +119,10 @@ class NodeSettings:
     """Live log tails open at once, all jobs (docs/tail.md); beyond it: 503 too many tails."""
     max_tails_per_job: int = DEFAULT_MAX_TAILS_PER_JOB
     """Live log tails of one job open at once."""
+    containment: str = "auto"
+    """How jobs are contained: ``auto``, ``cgroup`` or ``marker`` (docs/containment.md)."""
+    cgroup_base: str = ""
+    """The delegated cgroup v2 directory to use (default: our own; docs/containment.md)."""
 
 
 @attrs.frozen
@@ -451,6 +455,11 @@ def config_from_mapping(raw: object, *, path: str = "", base_dir: str = "") -> N
         if node.journal.sync not in JOURNAL_SYNC_MODES:
             raise _KeyedError(
                 f"unknown sync {node.journal.sync!r} (normal or full)", "node.journal.sync"
+            )
+        if node.containment not in ("auto", "cgroup", "marker"):
+            raise _KeyedError(
+                f"unknown containment {node.containment!r} (one of auto, cgroup, marker)",
+                "node.containment",
             )
         if node.journal.inline_max < 0:
             raise _KeyedError("must be >= 0", "node.journal.inline_max")

@@ -328,8 +328,13 @@ async def recover(
     marker: str = SWEEP_MARKER,
     limiter: trio.CapacityLimiter | None = None,
     work_root: str | None = None,
+    marker_sweep: bool = True,
 ) -> RecoveryReport:
     """Replay the journal into ``table`` and stop what the previous run left running.
+
+    ``marker_sweep=False``: the previous run's jobs were contained by cgroups, and the cgroup
+    recovery (:func:`~fleet_trio.proc.containment.recover_leftovers`, run before) has killed
+    them; the marker sweep is replaced by it, not run in addition (docs/containment.md).
 
     ``work_root``: the folder this run makes its work dirs in; every entry under the journal's
     work tag there and in the previous run's folder is removed (after the sweep), and this
@@ -351,9 +356,12 @@ async def recover(
             len(ids),
             ", ".join(ids),
         )
-    sweep, swept = await sweep_tagged(
-        journal.work_tag, kill_grace=kill_grace, marker=marker, limiter=limiter
-    )
+    if marker_sweep:
+        sweep, swept = await sweep_tagged(
+            journal.work_tag, kill_grace=kill_grace, marker=marker, limiter=limiter
+        )
+    else:
+        sweep, swept = SweepReport(scanned=True, scope="cgroup"), {}
     if sweep.blind or (journal.work_tag and not sweep.scanned):
         log.error("journal: /proc could not be walked; the previous run's processes may remain")
     for value, pids in swept.items():

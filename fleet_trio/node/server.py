@@ -69,6 +69,14 @@ from fleet_trio.node.retention import attach_result_budget
 from fleet_trio.node.tasks import JOB_MARKER, PreparedJob, TaskRegistry, TaskRunner
 from fleet_trio.nursery import DEFAULT_SIGNALS, TaskTree, open_task_tree
 from fleet_trio.nursery.httpserve import HEADER_TIMEOUT, hypercorn_config, serve_http
+from fleet_trio.proc.containment import (
+    AnyContainment,
+    CgroupContainment,
+    ContainmentError,
+    choose_for_agent,
+    describe,
+    recover_leftovers,
+)
 from fleet_trio.statedir import symlink_problem
 
 log = logging.getLogger(__name__)
@@ -260,6 +268,7 @@ async def start_journal(
     kill_grace: float,
     *,
     registry: TaskRegistry | None = None,
+    marker_sweep: bool = True,
 ) -> str | None:
     """Recover the previous run from ``journal`` into ``store`` (before the listener opens:
     no poll sees a state it will not keep, no dispatch races the sweep of the previous run's
@@ -268,13 +277,20 @@ async def start_journal(
     ``registry``: its work dirs take the journal's work tag (so do its jobs' sweep markers), and
     the previous run's dirs under that tag are removed (also those of acks that never
     committed). The previous runs' processes are found by that tag, whatever node id they ran
-    under (:func:`~fleet_trio.node.recovery.sweep_tagged`)."""
+    under (:func:`~fleet_trio.node.recovery.sweep_tagged`); ``marker_sweep=False`` (the
+    cgroup backend was in use and its recovery has run) replaces that sweep."""
     work_root = None
     if registry is not None:
         registry.work_tag = journal.work_tag
         work_root = registry.work_dir_root
     try:
-        report = await recover(journal, store.table, kill_grace=kill_grace, work_root=work_root)
+        report = await recover(
+            journal,
+            store.table,
+            kill_grace=kill_grace,
+            work_root=work_root,
+            marker_sweep=marker_sweep,
+        )
     except JournalError as exc:
         journal.close()
         raise NodeStartError(str(exc)) from None
@@ -374,6 +390,28 @@ def need_hook(gpu: GpuServices) -> Callable[[PreparedJob], float | None] | None:
         return footprint_need(footprints, job.family, job.quant, job.task.name)
 
     return need
+
+
+def cgroup_recovered(containment: AnyContainment) -> bool:
+    """Was the previous run contained by cgroups here (its ``jobs/`` was there at this start,
+    so its job cgroups have been killed and removed)? Then the journal recovery's marker sweep
+    is replaced by that, not run in addition (issue: "replaces the marker sweep")."""
+    return isinstance(containment, CgroupContainment) and containment.previous
+
+
+async def open_containment(mode: str, base: str, say: Callable[[str], None]) -> AnyContainment:
+    """The jobs' containment (docs/containment.md), said once; a crashed run's job cgroups are
+    killed and removed (the recovery log says so). Raises :class:`NodeStartError` (one line)
+    when ``containment: cgroup`` cannot be had."""
+    try:
+        containment = choose_for_agent(mode, base=base)
+    except ContainmentError as exc:
+        raise NodeStartError(str(exc)) from None
+    say(describe(containment))
+    if isinstance(containment, CgroupContainment):
+        for line in await recover_leftovers(containment):
+            say(f"recovery: {line}")
+    return containment
 
 
 async def serve_node(
@@ -481,7 +519,9 @@ async def serve_node(
                             f"{len(gpu.placement.uuids)} device(s); its jobs will fail"
                         )
             sample, record = footprint_hooks(gpu)
+            containment = await open_containment(node.containment, node.cgroup_base, say)
             runner = TaskRunner(
+                containment=containment,
                 kill_grace=t.kill_grace,
                 placement=gpu.placement,
                 footprint_need=need_hook(gpu),
@@ -505,6 +545,7 @@ async def serve_node(
                 ack_deadline=t.ack_deadline,
                 tails=Tails(TailLimits(node.max_tails, node.max_tails_per_job)),
             )
+            ctx.metrics.set_containment(containment.name)
             bus_holder.append(ctx)
             store.set_spawn(tree.start_job)
             await tree.services.start(gpu.sampler.serve, name="vram-sampler")
@@ -515,7 +556,14 @@ async def serve_node(
                 )
             journal = await open_journal(config, options, node_id)  # job journal (docs/node.md)
             if journal is not None:
-                line = await start_journal(tree, store, journal, t.kill_grace, registry=registry)
+                line = await start_journal(
+                    tree,
+                    store,
+                    journal,
+                    t.kill_grace,
+                    registry=registry,
+                    marker_sweep=not cgroup_recovered(containment),
+                )
                 if line:
                     say(line)
             await tree.services.start(store.serve_janitor, name="janitor")

@@ -50,6 +50,7 @@ from fleet_trio.node.config import FamilyRule, FieldSpec, QuantRule, TaskDef, ta
 from fleet_trio.node.jobs import Done, Failed, Outcome
 from fleet_trio.node.placement import AllocationError, Placement, pin_env
 from fleet_trio.node.wire import JsonSyntaxError, msg_unsupported, scan_members, scan_object
+from fleet_trio.proc.containment import AnyContainment
 from fleet_trio.proc.run import run
 from fleet_trio.proc.sinks import CappedBuffer, Sink, TailBuffer, TeeSink
 from fleet_trio.proc.spec import JobSpec, Result
@@ -591,7 +592,8 @@ def _log_sweep(job: PreparedJob, result: Result) -> None:
         level, pids, what = (
             logging.WARNING,
             sweep.found,
-            "outlived the group and were reaped by job id",
+            "outlived the group and were reaped by "
+            + ("their cgroup" if sweep.scope == "cgroup" else "job id"),
         )
     else:
         return
@@ -646,8 +648,11 @@ class TaskRunner:
         record_peak: PeakRecorder | None = None,
         spawn_concurrency: int = SPAWN_CONCURRENCY,
         bus: LogBus | None = None,
+        containment: AnyContainment | None = None,
     ) -> None:
         self.kill_grace = kill_grace
+        self.containment = containment
+        """How each job is contained (``None``: the marker backend; docs/containment.md)."""
         self.bus = bus
         """Where each job's stdout and stderr are teed for the live tail (``None``: nowhere)."""
         # Spawns and work-dir removals run in worker threads; unbounded, a burst of dispatches
@@ -832,6 +837,8 @@ class TaskRunner:
             sweep_job_id=job.sweep_id or job.job_id,
             sweep_marker=SWEEP_MARKER if job.sweep_id else JOB_MARKER,
             env_unset=ENV_SECRETS,  # the node's token is not the job's
+            containment=self.containment,
+            cgroup_key=job.job_id,
         )
         sampler = self.sample_peak if job.task.footprint is not None else None
         peaks: list[float | None] = []

@@ -66,11 +66,18 @@ import termios
 
 import trio
 
-from fleet_trio.proc.run import argument_error, resolve_argv, spawn_error_text
+from fleet_trio.proc.containment import CgroupTarget, JobCgroup, shim_argv
+from fleet_trio.proc.run import (
+    argument_error,
+    open_job_cgroup,
+    resolve_argv,
+    spawn_error_text,
+    start_check,
+)
 from fleet_trio.proc.spec import JobSpec, Result
 from fleet_trio.proc.stop import StopToken
 from fleet_trio.proc.supervisor import Supervisor
-from fleet_trio.proc.target import SessionTarget
+from fleet_trio.proc.target import SessionTarget, Target
 
 log = logging.getLogger(__name__)
 
@@ -128,20 +135,34 @@ async def start_pty(
     if rows <= 0 or cols <= 0:
         rows, cols = DEFAULT_ROWS, DEFAULT_COLS
     env = spec.environment()
+    if (bad_exec := start_check(spec, argv)) is not None:
+        raise PtyStartError(Result(exit_code=-1, err=f"start pty: {bad_exec}"))
     created = trio.current_time()  # the idle clock starts at session creation (§8.2)
     if spawn_limiter is not None:
         await spawn_limiter.acquire()
     try:
         with trio.CancelScope(shield=True):
-            proc, master = await _spawn(argv, spec.cwd, env, rows, cols)
+            opened = open_job_cgroup(spec)
+            if isinstance(opened, str):
+                raise PtyStartError(Result(exit_code=-1, err=f"start pty: {opened}"))
+            cgroup = opened
+            try:
+                shimmed = argv if cgroup is None else shim_argv(cgroup, argv, env)
+                proc, master = await _spawn(shimmed, spec.cwd, env, rows, cols, shown=argv[0])
+            except BaseException:
+                if cgroup is not None:
+                    cgroup.remove()
+                raise
     finally:
         if spawn_limiter is not None:
             spawn_limiter.release()
-    return PtySession(spec, proc, master, created=created, spawned=trio.current_time())
+    return PtySession(
+        spec, proc, master, created=created, spawned=trio.current_time(), cgroup=cgroup
+    )
 
 
 async def _spawn(
-    argv: list[str], cwd: str, env: dict[str, str] | None, rows: int, cols: int
+    argv: list[str], cwd: str, env: dict[str, str] | None, rows: int, cols: int, *, shown: str
 ) -> tuple[trio.Process, int]:
     try:
         master, slave = os.openpty()
@@ -166,7 +187,7 @@ async def _spawn(
         )
     except OSError as exc:
         os.close(master)
-        err = spawn_error_text(exc, argv[0], cwd)
+        err = spawn_error_text(exc, shown, cwd)
         raise PtyStartError(Result(exit_code=-1, err=f"start pty: {err}")) from exc
     except subprocess.SubprocessError as exc:  # the preexec function failed in the child
         os.close(master)
@@ -191,13 +212,17 @@ class PtySession(trio.abc.AsyncResource):
         *,
         created: float,
         spawned: float,
+        cgroup: JobCgroup | None = None,
     ) -> None:
         self.spec = spec
         self._proc = proc
         self._master_fd = master_fd
         self._master = trio.lowlevel.FdStream(master_fd)
+        target: Target = SessionTarget(proc.pid)
+        if cgroup is not None:
+            target = CgroupTarget(target, cgroup, proc.pid, session=True)
         self._sup = Supervisor(
-            spec, proc, SessionTarget(proc.pid), started=spawned, idle_from=created
+            spec, proc, target, started=spawned, idle_from=created, cgroup=cgroup
         )
         self._supervising = False
         self._closed = False

@@ -34,12 +34,19 @@ from collections.abc import Callable
 import trio
 
 from fleet_trio.errors import errno_text
+from fleet_trio.proc.containment import (
+    CgroupContainment,
+    CgroupTarget,
+    JobCgroup,
+    exec_check,
+    shim_argv,
+)
 from fleet_trio.proc.procfs import forks_since_boot
 from fleet_trio.proc.sinks import Sink
 from fleet_trio.proc.spec import JobSpec, Result
 from fleet_trio.proc.stop import StopToken
 from fleet_trio.proc.supervisor import READ_CHUNK, Pump, Supervisor
-from fleet_trio.proc.target import GroupTarget
+from fleet_trio.proc.target import GroupTarget, Target
 
 log = logging.getLogger(__name__)
 
@@ -166,6 +173,8 @@ async def run(
     if lookup_error is not None:
         return _recorded(Result(exit_code=-1, err=f"start: {lookup_error}"), record)
     env = spec.environment()
+    if (bad_exec := start_check(spec, argv)) is not None:
+        return _recorded(Result(exit_code=-1, err=f"start: {bad_exec}"), record)
     idle_from = trio.current_time()  # the idle clock starts just before the spawn
     # Not shielded: a node shutting down does not start the jobs it has marked interrupted.
     if spawn_limiter is None:
@@ -175,13 +184,17 @@ async def run(
             spawned = await _spawn(spec, argv, env)
     if isinstance(spawned, str):
         return _recorded(Result(exit_code=-1, err=f"start: {spawned}"), record)
-    proc, forks_before = spawned
+    proc, forks_before, cgroup = spawned
     if on_spawn is not None:
         on_spawn(proc.pid)
+    target: Target = GroupTarget(proc.pid)
+    if cgroup is not None:
+        target = CgroupTarget(target, cgroup, proc.pid)
     sup = Supervisor(
         spec,
         proc,
-        GroupTarget(proc.pid),
+        target,
+        cgroup=cgroup,
         stop=stop,
         started=trio.current_time(),
         idle_from=idle_from,
@@ -200,20 +213,53 @@ async def run(
     return await sup.supervise(pumps, stdin, record=record)
 
 
+def cgroup_backend(spec: JobSpec) -> CgroupContainment | None:
+    """The cgroup backend of ``spec``, if it has that one."""
+    return spec.containment if isinstance(spec.containment, CgroupContainment) else None
+
+
+def start_check(spec: JobSpec, argv: list[str]) -> str | None:
+    """Under the cgroup backend the command is exec'd by the shim, not by the spawn: what
+    ``execve`` would refuse is found here, so it is still a start error (with the same text).
+    A bad working directory is left to the spawn, which reports it first, as Go does."""
+    if cgroup_backend(spec) is None or (spec.cwd and not os.path.isdir(spec.cwd)):
+        return None
+    path = argv[0] if argv[0].startswith("/") else os.path.join(spec.cwd or ".", argv[0])
+    exc = exec_check(path)
+    return None if exc is None else spawn_error_text(exc, argv[0], spec.cwd)
+
+
+def open_job_cgroup(spec: JobSpec) -> JobCgroup | str | None:
+    """The job's new cgroup (``None`` under the marker backend), or the start error's text."""
+    backend = cgroup_backend(spec)
+    if backend is None:
+        return None
+    try:
+        return backend.create(spec.cgroup_key or spec.sweep_job_id or "run")
+    except OSError as exc:
+        return f"cgroup {backend.jobs_dir}: {errno_text(exc.errno) if exc.errno else exc}"
+
+
 async def _spawn(
     spec: JobSpec, argv: list[str], env: dict[str, str] | None
-) -> tuple[trio.Process, int | None] | str:
-    """Spawn the child; ``(process, host fork counter before)`` or the start error's text.
+) -> tuple[trio.Process, int | None, JobCgroup | None] | str:
+    """Spawn the child; ``(process, host fork counter before, job cgroup)`` or the start
+    error's text. Under the cgroup backend the child enters its cgroup before it execs
+    (:func:`~fleet_trio.proc.containment.shim_argv`).
 
     Cancellation: shielded (a pre-cancelled caller still spawns, then takes the cancellation
     path, so a stop before the spawn is a "cancelled" Result, never an error: §2.3.4, E8)."""
     with trio.CancelScope(shield=True):
+        opened = open_job_cgroup(spec)
+        if isinstance(opened, str):
+            return opened
+        cgroup = opened
         # The sweep's shortcut: the host's fork counter just before the spawn (a /proc/stat
         # read, no blocking I/O).
-        forks_before = forks_since_boot() if spec.sweep_job_id else None
+        forks_before = forks_since_boot() if spec.sweep_job_id and cgroup is None else None
         try:
             proc = await trio.lowlevel.open_process(
-                argv,
+                argv if cgroup is None else shim_argv(cgroup, argv, env),
                 stdin=subprocess.PIPE if spec.stdin_source is not None else subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE if spec.stderr_sink is not None else subprocess.STDOUT,
@@ -224,8 +270,10 @@ async def _spawn(
                 restore_signals=True,
             )
         except OSError as exc:
+            if cgroup is not None:
+                cgroup.remove()
             return spawn_error_text(exc, argv[0], spec.cwd)
-    return proc, forks_before
+    return proc, forks_before, cgroup
 
 
 def _recorded(result: Result, record: Callable[[Result], None] | None) -> Result:

@@ -20,10 +20,12 @@ listed, or whether the budget ran out (:class:`ScriptPass`). The callers turn th
 from __future__ import annotations
 
 import enum
+import logging
 import math
 import os
 import stat
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 import attrs
 import trio
@@ -34,6 +36,11 @@ from fleet_trio.proc.run import run
 from fleet_trio.proc.sinks import STREAM_CAP, BufferSink, CappedBuffer, TailBuffer
 from fleet_trio.proc.spec import JobSpec, Result
 from fleet_trio.proc.stop import StopToken
+
+if TYPE_CHECKING:
+    from fleet_trio.proc.containment import AnyContainment
+
+log = logging.getLogger(__name__)
 
 TEXT_LIMIT = 200
 """Bytes of stderr quoted in a verify reason (the last) or a probe note (the first)."""
@@ -159,6 +166,18 @@ def failure_detail(result: Result) -> str:
     return f"exited {result.exit_code}"
 
 
+def report_escapees(what: str, result: Result) -> None:
+    """Say which processes outlived a script (a hook, a probe, a verify script) and were
+    killed with its cgroup (docs/containment.md): one WARN naming them. Nothing when none did."""
+    sweep = result.sweep
+    if sweep is None or not (sweep.found or sweep.remaining):
+        return
+    text = f"{what}: processes {list(sweep.found)} outlived it and were killed with its cgroup"
+    if sweep.remaining:
+        text += f"; {list(sweep.remaining)} survived SIGKILL"
+    log.warning("%s", text)
+
+
 def passed(result: Result) -> bool:
     """``err is None and not killed and exit_code == 0``."""
     return result.err is None and not result.killed and result.exit_code == 0
@@ -215,6 +234,8 @@ async def run_scripts(
     cap: int = STREAM_CAP,
     limiter: trio.CapacityLimiter | None = None,
     deadline: float = math.inf,
+    containment: AnyContainment | None = None,
+    cgroup_prefix: str = "script",
 ) -> ScriptPass:
     """Run every executable entry of ``directory`` in bytewise name order (§5.1, §6.4).
 
@@ -228,7 +249,9 @@ async def run_scripts(
     ``env`` goes on top of the worker's environment (``JobSpec.env``). Each script gets its own
     process group, default grace, no sweep, stdin ``/dev/null``, and 64 KiB (``cap``) of
     stdout and of stderr. Blocking listing/stat calls run in a thread (``limiter``: trio's
-    default when ``None``).
+    default when ``None``). ``containment``: each script runs in its own job cgroup
+    ``<cgroup_prefix>-<name>`` under the cgroup backend (what it leaves behind is killed with
+    it and named in a WARN: :func:`report_escapees`).
 
     Cancellation: a trio cancellation of the caller is not a budget: the running script is
     torn down by :func:`run` (shielded, bounded by its grace) and ``Cancelled`` propagates.
@@ -287,13 +310,21 @@ async def run_scripts(
                 )
                 continue
             out, err = CappedBuffer(cap), CappedBuffer(cap)
-            spec = JobSpec(command=[path], env=env_dict, max_runtime=max_runtime, stderr_sink=err)
+            spec = JobSpec(
+                command=[path],
+                env=env_dict,
+                max_runtime=max_runtime,
+                stderr_sink=err,
+                containment=containment,
+                cgroup_key=f"{cgroup_prefix}-{name}",
+            )
             kept: list[Result] = []
             try:
                 result = await run(spec, out, stop, record=kept.append)
             finally:
                 # Cut by the budget scope (or shutdown): the teardown's Result still counts.
                 if kept:
+                    report_escapees(path, kept[0])
                     outcomes.append(_outcome(name, path, mode, kept[0], out, err))
             if not passed(result) and stop is not None and stop.was_set:
                 stopped = True  # the caller's stop cut it: attribute it to the stop
@@ -350,21 +381,34 @@ async def run_script(
     max_runtime: float = 0.0,
     stop: StopToken | None = None,
     output_tail: int | None = None,
+    containment: AnyContainment | None = None,
+    cgroup_key: str = "script",
 ) -> ScriptRun:
     """Run one executable directly (shebang or binary) the way a hook runs (§4.2).
 
     Own process group, stdout and stderr combined into one pipe, ``max_runtime`` (the hook timeout),
     default grace, no sweep. ``output_tail=None`` keeps all output (rc parity); an integer keeps
     only the last that many bytes (e.g. 4096, what is sent to the controller).
+    ``containment``: under the cgroup backend the script runs in its own cgroup
+    (``cgroup_key``), and what it leaves behind is killed and named (:func:`report_escapees`).
 
     Cancellation: as :func:`run`: the script is torn down (shielded) and ``Cancelled`` raised.
     """
+    spec = JobSpec(
+        command=[path],
+        env=env,
+        max_runtime=max_runtime,
+        containment=containment,
+        cgroup_key=cgroup_key,
+    )
     if output_tail is None:
         full = BufferSink()
-        result = await run(JobSpec(command=[path], env=env, max_runtime=max_runtime), full, stop)
+        result = await run(spec, full, stop)
+        report_escapees(path, result)
         return ScriptRun(path=path, result=result, output=full.getvalue())
     tail = TailBuffer(output_tail)
-    result = await run(JobSpec(command=[path], env=env, max_runtime=max_runtime), tail, stop)
+    result = await run(spec, tail, stop)
+    report_escapees(path, result)
     return ScriptRun(path=path, result=result, output=tail.getvalue(), truncated=tail.truncated)
 
 
@@ -378,6 +422,7 @@ __all__ = [
     "ScriptRun",
     "failure_detail",
     "passed",
+    "report_escapees",
     "run_script",
     "run_scripts",
     "stderr_head",

@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import trio
 
 from fleet_trio.proc.sinks import Sink
+
+if TYPE_CHECKING:
+    from fleet_trio.proc.containment import CgroupContainment, MarkerContainment
 
 DEFAULT_GRACE = 10.0
 """SIGTERM → SIGKILL window when ``grace_ceiling <= 0``."""
@@ -45,6 +48,12 @@ class JobSpec:
     env_unset: tuple[str, ...] = attrs.field(default=(), converter=_to_tuple)
     """Variables of the parent's environment not passed on (``env`` may still set them): the
     parent's own secrets, such as the token it authenticates with."""
+    containment: CgroupContainment | MarkerContainment | None = None
+    """The backend (:mod:`fleet_trio.proc.containment`); ``None`` is the marker backend. With
+    a :class:`~fleet_trio.proc.containment.CgroupContainment` the run gets its own cgroup,
+    named after ``cgroup_key`` (or ``sweep_job_id``), and is swept by it."""
+    cgroup_key: str = ""
+    """The job cgroup's name (default: ``sweep_job_id``; a node's job id, a worker's hold)."""
 
     def environment(self) -> dict[str, str] | None:
         """The child's environment: the parent's less ``env_unset``, overlaid with ``env``;
@@ -62,15 +71,22 @@ class JobSpec:
 
 @attrs.frozen
 class SweepReport:
-    """What the RC_JOB_ID sweep saw and did (§3.5). A report only: it never changes a Result."""
+    """What the sweep saw and did (§3.5). A report only: it never changes a Result.
+
+    ``scope``: ``"marker"`` (the RC_JOB_ID sweep: ``found`` are the *marked* processes that
+    outlived the group, so ``clean`` means "no marked process remains") or ``"cgroup"`` (the
+    job's cgroup: ``found`` are exactly the pids that outlived the leader or left its group,
+    ``remaining`` those that survived SIGKILL; docs/containment.md)."""
 
     scanned: bool = False
     found: tuple[int, ...] = ()
     remaining: tuple[int, ...] = ()
     blind: bool = False
+    scope: str = "marker"
 
     def clean(self) -> bool:
-        """``scanned and not blind and not remaining``; an empty ``found`` alone proves nothing."""
+        """``scanned and not blind and not remaining``; an empty ``found`` alone proves nothing.
+        With scope ``marker``: no *marked* process remains."""
         return self.scanned and not self.blind and not self.remaining
 
     def to_json(self) -> dict[str, Any]:
@@ -80,6 +96,7 @@ class SweepReport:
             "remaining": list(self.remaining),
             "blind": self.blind,
             "clean": self.clean(),
+            "scope": self.scope,
         }
 
 

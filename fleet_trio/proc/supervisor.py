@@ -61,10 +61,11 @@ import trio
 
 from fleet_trio.backoff import Backoff
 from fleet_trio.durations import signal_text
+from fleet_trio.proc.containment import JobCgroup, sweep_cgroup
 from fleet_trio.proc.sinks import Sink
-from fleet_trio.proc.spec import JobSpec, Result
+from fleet_trio.proc.spec import JobSpec, Result, SweepReport
 from fleet_trio.proc.stop import StopToken
-from fleet_trio.proc.sweep import sweep_job_survivors
+from fleet_trio.proc.sweep import SWEEP_GRACE, SWEEP_KILL_BOUND, sweep_job_survivors
 from fleet_trio.proc.target import Target
 from fleet_trio.proc.watchdog import Watchdog
 
@@ -159,8 +160,11 @@ class Supervisor:
         grow: Callable[[trio.abc.ReceiveStream], int] | None = None,
         forks_before: int | None = None,
         stoppable: bool = True,
+        cgroup: JobCgroup | None = None,
     ) -> None:
         self.spec = spec
+        self.cgroup = cgroup
+        """The job's cgroup (cgroup backend): swept and removed at the end, always."""
         self.stoppable = stoppable
         """False: the owner will never call :meth:`request_stop` nor :meth:`link`; with no
         ``stop`` token and no limit, only a shutdown can then end the wait early, and the
@@ -286,12 +290,17 @@ class Supervisor:
         if (
             shutdown is None
             and self.completed.is_set()
-            and not self.spec.sweep_job_id
+            and (not self.spec.sweep_job_id or self.cgroup is not None)
             and not self.target.alive()
+            and self._cgroup_emptied()
         ):
-            # The common end: completed, nothing left in the target, no sweep. Nothing here
-            # waits (the straggler reap would find the target empty), so no shielded scope.
+            # The common end: completed, nothing left in the target, no sweep (or, under the
+            # cgroup backend, a job cgroup already empty and removed: a clean sweep). Nothing
+            # here waits (the straggler reap would find the target empty), so no shielded scope.
             self.result = finish(self.proc.returncode)
+            if self.cgroup is not None and self.spec.sweep_job_id:
+                sweep = SweepReport(scanned=True, scope="cgroup")
+                self.result = attrs.evolve(self.result, sweep=sweep)
             rest = self._release()
             if rest:
                 with trio.CancelScope(shield=True):
@@ -301,6 +310,16 @@ class Supervisor:
         with trio.CancelScope(shield=True):
             self.result = await self._conclude()
         return shutdown
+
+    def _cgroup_emptied(self) -> bool:
+        """True without a job cgroup; with one: True iff it is empty (the leader reaped,
+        nothing outlived it, no stop saw an escapee) and has just been removed."""
+        cgroup = self.cgroup
+        if cgroup is None:
+            return True
+        if cgroup.escaped or cgroup.procs() != []:
+            return False
+        return cgroup.remove()
 
     async def _wait_for_end(self) -> None:
         """Wait for the end, a stop, or a deadline; a limit that is due trips the stop. A stop
@@ -446,7 +465,16 @@ class Supervisor:
             result = await self._finish_cancelled()
         for stream in self._release():
             await stream.aclose()
-        if self.spec.sweep_job_id:
+        if self.cgroup is not None:
+            found, remaining, scanned = await sweep_cgroup(
+                self.cgroup, grace=SWEEP_GRACE, kill_bound=SWEEP_KILL_BOUND, leader=self.proc.pid
+            )
+            report = SweepReport(
+                scanned=scanned, found=found, remaining=remaining, blind=not scanned, scope="cgroup"
+            )
+            if self.spec.sweep_job_id or found:
+                result = attrs.evolve(result, sweep=report)
+        elif self.spec.sweep_job_id:
             report = await sweep_job_survivors(
                 self.spec.sweep_job_id,
                 os.getpid(),

@@ -26,6 +26,7 @@ import trio
 
 from fleet_trio import proc
 from fleet_trio.durations import SECOND
+from fleet_trio.proc.scripts import report_escapees
 from fleet_trio.proc.sinks import TailBuffer
 from fleet_trio.worker.client import Assignment
 from fleet_trio.worker.config import DeviceConfig, WorkerConfig, hook_env
@@ -42,6 +43,7 @@ from fleet_trio.worker.lease import (
 from fleet_trio.worker.verify import verify_assignment
 
 if TYPE_CHECKING:
+    from fleet_trio.proc.containment import AnyContainment
     from fleet_trio.worker.metrics import WorkerMetrics
 
 log = logging.getLogger(__name__)
@@ -76,6 +78,7 @@ async def run_hook(
     *,
     grace: float = HOOK_GRACE,
     metrics: WorkerMetrics | None = None,
+    containment: AnyContainment | None = None,
 ) -> tuple[str | None, str]:
     """Run one hook (§4.2), ``max_runtime`` being the hook timeout: ``(error or None, output)``,
     the output being the last 4096 bytes of stdout+stderr. Success is DEBUG-logged with the
@@ -84,15 +87,30 @@ async def run_hook(
     Cancellation: a cancel scope around the call (a pass budget, shutdown) tears the hook down
     through the supervisor (SIGTERM, ``grace``, SIGKILL; shielded); its failure
     (``hook P: cancelled``) is still logged and counted, then ``Cancelled`` propagates.
+
+    ``containment``: under the cgroup backend the hook runs in its own job cgroup
+    (``hook-<event>-<device>-<job id>``); what it leaves behind is killed with it and named in
+    a WARN (docs/containment.md).
     """
     out = TailBuffer(OUTPUT_TAIL)
-    spec = proc.JobSpec(command=(path,), env=env, max_runtime=max_runtime, grace_ceiling=grace)
+    key = "-".join(
+        ["hook", env.get("RC_EVENT", ""), env.get("RC_DEVICE", ""), env.get("RC_JOB_ID", "")]
+    )
+    spec = proc.JobSpec(
+        command=(path,),
+        env=env,
+        max_runtime=max_runtime,
+        grace_ceiling=grace,
+        containment=containment,
+        cgroup_key=key.rstrip("-"),
+    )
     started = trio.current_time()  # metrics
     kept: list[proc.Result] = []
     try:
         await proc.run(spec, out, stop, record=kept.append)
     finally:
         if kept:  # also when a budget scope or shutdown cut the hook: say how it ended
+            report_escapees(f"hook {path}", kept[0])
             error, output = _report_hook(path, env, kept[0], out, metrics, started)
     return error, output
 
@@ -150,6 +168,9 @@ class HostHooks:
         self.startup_done = trio.Event()
         self.metrics: WorkerMetrics | None = None
         """Hook and verify outcomes (docs/metrics.md); the worker sets it; ``None``: none."""
+        self.containment: AnyContainment | None = None
+        """How hooks and verify scripts are contained; the worker sets it at start (``None``:
+        the marker backend's group supervision)."""
 
     def _timeout(self, device_id: str) -> float:
         return self._devices[device_id].timeout / SECOND
@@ -179,6 +200,7 @@ class HostHooks:
                     stop,
                     grace=self.grace,
                     metrics=self.metrics,
+                    containment=self.containment,
                 )
                 ok = error is None
             finally:
@@ -194,7 +216,7 @@ class HostHooks:
     async def verify(self, device_id: str, job: Assignment) -> str | None:
         """The verify pass (§5): ``None`` when clean, else the reason (``verify failed: …``)."""
         started = trio.current_time()  # metrics
-        outcome = await verify_assignment(self.config, job)
+        outcome = await verify_assignment(self.config, job, containment=self.containment)
         if self.metrics is not None:
             self.metrics.verify_ran(device_id, outcome.ok, trio.current_time() - started)
         return None if outcome.ok else outcome.reason
@@ -266,6 +288,7 @@ class HostHooks:
                 stop,
                 grace=self.grace,
                 metrics=self.metrics,
+                containment=self.containment,
             )
             ok = error is None
             if error is not None:
@@ -302,6 +325,7 @@ class HostHooks:
                                 self._timeout(device_id),
                                 grace=self.grace,
                                 metrics=self.metrics,
+                                containment=self.containment,
                             )
                         finally:
                             self.book.startup_release_done(device_id)

@@ -407,6 +407,15 @@ async def _report(
             list(sweep.found),
             extra=worker.log_context(a),
         )
+        if sweep.scope == "cgroup":
+            # The line above is the spec's text (worker-process.md §3.6); what really happened
+            # under the cgroup backend is said beside it (docs/containment.md).
+            log.warning(
+                "job %s: (scope cgroup) those processes were found in the job's cgroup and"
+                " killed with it, whatever their environment",
+                a.job_id,
+                extra=worker.log_context(a),
+            )
     log.info(
         "job %s: %s (exit %s) %s",
         a.job_id,

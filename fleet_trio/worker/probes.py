@@ -42,8 +42,15 @@ import trio
 from fleet_trio.durations import SECOND, go_duration_seconds
 from fleet_trio.gpu.nvml import gpu_rows_sync
 from fleet_trio.gpu.source import GpuError
+from fleet_trio.proc.containment import AnyContainment
 from fleet_trio.proc.run import look_path, run
-from fleet_trio.proc.scripts import ScriptKind, ScriptOutcome, run_scripts, stderr_head
+from fleet_trio.proc.scripts import (
+    ScriptKind,
+    ScriptOutcome,
+    report_escapees,
+    run_scripts,
+    stderr_head,
+)
 from fleet_trio.proc.sinks import STREAM_CAP, CappedBuffer
 from fleet_trio.proc.spec import JobSpec, Result
 from fleet_trio.proc.stop import StopToken
@@ -223,6 +230,7 @@ async def nvidia_labels(
     nvml: bool = False,
     nvml_lib: Any | None = None,
     deadline: float = math.inf,
+    containment: AnyContainment | None = None,
 ) -> NvidiaFacts:
     """The GPU facts: from NVML first when ``nvml`` (the same rows, without a subprocess),
     else — or when NVML is not usable — from nvidia-smi, queried once through the supervisor
@@ -245,11 +253,18 @@ async def nvidia_labels(
         log.debug("nvidia-smi not found on PATH; no nvidia facts")
         return NvidiaFacts(facts=None, found=False, broken=False)
     out, err = CappedBuffer(OUTPUT_CAP), CappedBuffer(OUTPUT_CAP)
-    spec = JobSpec(command=[exe, *NVIDIA_QUERY], max_runtime=max_runtime, stderr_sink=err)
+    spec = JobSpec(
+        command=[exe, *NVIDIA_QUERY],
+        max_runtime=max_runtime,
+        stderr_sink=err,
+        containment=containment,
+        cgroup_key="probe-nvidia-smi",
+    )
     kept: list[Result] = []
     with trio.move_on_at(deadline):
         await run(spec, out, stop, record=kept.append)
     result = kept[0]
+    report_escapees(exe, result)
     stderr = err.getvalue().decode("utf-8", "replace").strip()
     error = ""
     if result.err is not None:
@@ -581,6 +596,9 @@ class Prober:
         self.lock = trio.Lock()
         self.preserving: set[str] = set()
         """Devices whose "preserving" warning was given in the current omission episode."""
+        self.containment: AnyContainment | None = None
+        """How nvidia-smi and the drop-ins are contained (each in its own job cgroup
+        ``probe-<name>`` under the cgroup backend); the worker sets it at start."""
 
     async def run_pass(self) -> ProbeResult:
         """One serialised pass (§6.1). A failing or hanging probe costs a label, never raises;
@@ -608,7 +626,11 @@ class Prober:
         tracker.merge(BUILTIN, merge_facts(BUILTIN, builtin, host, device))
 
         nv = await nvidia_labels(
-            max_runtime=self.timeout, path=self.path, nvml=self.nvml, deadline=pass_deadline
+            max_runtime=self.timeout,
+            path=self.path,
+            nvml=self.nvml,
+            deadline=pass_deadline,
+            containment=self.containment,
         )
         if nv.facts is not None:
             tracker.nvidia(
@@ -623,6 +645,8 @@ class Prober:
             budget=0,
             deadline=pass_deadline,
             cap=OUTPUT_CAP,
+            containment=self.containment,
+            cgroup_prefix="probe",
         )
         if scripts.list_error is not None:
             log.warning(

@@ -37,6 +37,7 @@ torn down by the supervisor and ``Cancelled`` propagates.
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 import attrs
 
@@ -50,6 +51,9 @@ from fleet_trio.proc.scripts import (
 )
 from fleet_trio.worker.client import Assignment
 from fleet_trio.worker.config import WorkerConfig, hook_env
+
+if TYPE_CHECKING:
+    from fleet_trio.proc.containment import AnyContainment
 
 log = logging.getLogger(__name__)
 
@@ -85,23 +89,30 @@ async def run_verify(
     submitter: str,
     timeout: float,  # noqa: ASYNC109 - each script's max_runtime, not a deadline on this call
     pass_budget: float,
+    containment: AnyContainment | None = None,
 ) -> VerifyOutcome:
     """Run the verify pass over ``directory`` for one ended job (§5.1).
 
     ``timeout``: each script's ``max_runtime`` in seconds (≤ 0: none). ``pass_budget``: the
     whole pass in seconds (≤ 0: unbounded). Never raises for anything a script or the directory
-    does; returns ``VerifyOutcome(ok=True)`` or the first failure's reason.
+    does; returns ``VerifyOutcome(ok=True)`` or the first failure's reason. ``containment``:
+    under the cgroup backend each script runs in its own job cgroup
+    (``verify-<job id>-<script>``).
     """
     result = await run_scripts(
         directory,
         max_runtime=timeout,
         budget=pass_budget,
         env=hook_env("verify", device_id, job_id, submitter),
+        containment=containment,
+        cgroup_prefix=f"verify-{job_id}",
     )
     return judge(result)
 
 
-async def verify_assignment(cfg: WorkerConfig, job: Assignment) -> VerifyOutcome:
+async def verify_assignment(
+    cfg: WorkerConfig, job: Assignment, *, containment: AnyContainment | None = None
+) -> VerifyOutcome:
     """:func:`run_verify` for an ended assignment, with the configured dir/timeout/budget."""
     return await run_verify(
         cfg.verify_dir,
@@ -110,6 +121,7 @@ async def verify_assignment(cfg: WorkerConfig, job: Assignment) -> VerifyOutcome
         submitter=job.submitter,
         timeout=cfg.verify_timeout / SECOND,
         pass_budget=cfg.verify_pass_budget / SECOND,
+        containment=containment,
     )
 
 

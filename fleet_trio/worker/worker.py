@@ -50,6 +50,13 @@ from fleet_trio.logs import ENV_SECRETS, console, job_context
 from fleet_trio.memory import MemoryBudget
 from fleet_trio.nursery import TaskTree, TaskTreeClosed, open_task_tree
 from fleet_trio.nursery.tree import SHUTDOWN_SLACK
+from fleet_trio.proc.containment import (
+    AnyContainment,
+    CgroupContainment,
+    choose_for_agent,
+    describe,
+    recover_leftovers,
+)
 from fleet_trio.proc.recovery import gather_recovery_proof
 from fleet_trio.worker import job as job_lifecycle
 from fleet_trio.worker.check import missing_dirs
@@ -172,6 +179,9 @@ class Worker:
         self.hooks: WorkerHooks = hooks if hooks is not None else HostHooks(config)
         # One prober for the process: it remembers which devices each probe speaks for (§6.6).
         self.prober = prober if prober is not None else Prober(config)
+        self.containment: AnyContainment | None = None
+        """How jobs are contained, chosen at start (:meth:`open_containment`); ``None``
+        before: the marker backend."""
         self.metrics = metrics if metrics is not None else WorkerMetrics()
         """``GET /metrics`` on the tail listener (docs/metrics.md): this worker's registry."""
         self.metrics.attach(self)
@@ -511,7 +521,29 @@ class Worker:
             idle_timeout=float(a.idle_timeout_seconds),
             sweep_job_id="" if a.is_hold else a.job_id,
             env_unset=ENV_SECRETS,  # the worker's token is not the job's (an assignment may set it)
+            containment=self.containment,
+            cgroup_key=f"hold-{a.job_id}" if a.is_hold else a.job_id,
         )
+
+    async def open_containment(self) -> None:
+        """Choose the jobs' containment (docs/containment.md), say it once, and kill and
+        remove a crashed run's job cgroups (the recovery log says so). Raises
+        :class:`~fleet_trio.proc.containment.ContainmentError` (one line) when
+        ``containment: cgroup`` cannot be had."""
+        if self.containment is None:
+            self.containment = choose_for_agent(
+                self.config.containment, base=self.config.cgroup_base
+            )
+        log.info("%s", describe(self.containment))
+        self.metrics.set_containment(self.containment.name)
+        # hooks, verify scripts and probes are contained like the jobs (fakes in tests may
+        # have no such attribute: they spawn nothing)
+        for part in (self.hooks, self.prober):
+            if hasattr(part, "containment"):
+                part.containment = self.containment
+        if isinstance(self.containment, CgroupContainment):
+            for line in await recover_leftovers(self.containment):
+                log.warning("recovery: %s", line)
 
     async def run_job(self, a: Assignment) -> None:
         """§7.3, steps 2–11: :func:`fleet_trio.worker.job.run_job`."""
@@ -661,6 +693,7 @@ async def serve_worker(
         worker.bind_tree(tree)
         with trio.CancelScope() as body:
             tree.cancel_on_shutdown(body)
+            await worker.open_containment()
             await tree.services.start(worker.serve_client, name="controller-client")
             for line in await trio.to_thread.run_sync(missing_dirs, worker.config):
                 log.warning("%s", line)

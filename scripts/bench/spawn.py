@@ -11,6 +11,13 @@ which a loaded machine disturbs far less than the wall clock.
 
 ``--profile`` runs only the ``run()`` side under cProfile and prints the top entries.
 
+``--cgroup`` compares ``run()`` under the cgroup backend (docs/containment.md: a job cgroup
+made, entered by the spawn shim before the exec, swept and removed per job) against today's
+``run()`` (the marker backend), interleaved the same way (target ratio ≤ 1.3); the job
+cgroups are made in a temporary cgroup in ours (``--cgroup-base DIR``: in DIR), removed after.
+``--cgroup --no-shim`` is a diagnostic: the same, but the child is spawned without the shim
+(so it is NOT in its cgroup): what the backend costs besides the shim's exec.
+
 ``--before TREE`` compares two versions of ``run()`` in one session: each round runs this
 benchmark once with TREE's ``fleet_trio`` (another checkout, e.g. the commit before a change)
 and once with this tree's, in a fresh interpreter each, the order alternating round by
@@ -34,11 +41,18 @@ from collections.abc import Awaitable, Callable
 
 import trio
 
+from fleet_trio.proc.containment import (
+    CgroupContainment,
+    ContainmentError,
+    check_writable,
+    own_cgroup_dir,
+)
 from fleet_trio.proc.run import run
 from fleet_trio.proc.sinks import NullSink
 from fleet_trio.proc.spec import JobSpec
 
 TARGET_RATIO = 1.15
+CGROUP_TARGET_RATIO = 1.3
 
 TRUE = shutil.which("true") or "/bin/true"
 
@@ -63,20 +77,71 @@ async def timed(fn: Callable[[], Awaitable[None]]) -> tuple[float, float]:
     return (time.perf_counter() - start) * 1000.0, (time.process_time() - cpu) * 1000.0
 
 
-async def bench(n: int, warmup: int) -> tuple[Samples, Samples]:
+def via_run_in(containment: CgroupContainment) -> Callable[[], Awaitable[None]]:
+    async def contained() -> None:
+        spec = JobSpec(command=["true"], containment=containment, cgroup_key="bench")
+        result = await run(spec, NullSink())
+        assert result.exit_code == 0 and not result.killed, result
+
+    return contained
+
+
+async def bench(
+    n: int,
+    warmup: int,
+    ours_fn: Callable[[], Awaitable[None]] = via_run,
+    base_fn: Callable[[], Awaitable[None]] = via_run_process,
+) -> tuple[Samples, Samples]:
     for _ in range(warmup):
-        await via_run()
-        await via_run_process()
+        await ours_fn()
+        await base_fn()
     ours: Samples = []
     base: Samples = []
     for i in range(n):
         if i % 2 == 0:
-            ours.append(await timed(via_run))
-            base.append(await timed(via_run_process))
+            ours.append(await timed(ours_fn))
+            base.append(await timed(base_fn))
         else:
-            base.append(await timed(via_run_process))
-            ours.append(await timed(via_run))
+            base.append(await timed(base_fn))
+            ours.append(await timed(ours_fn))
     return ours, base
+
+
+def cgroup_bench(n: int, warmup: int, base_dir: str, no_shim: bool = False) -> int:
+    try:
+        directory = base_dir or own_cgroup_dir()
+        check_writable(directory)
+    except ContainmentError as exc:
+        print(f"no cgroup to measure in: {exc}", file=sys.stderr)
+        return 1
+    if no_shim:  # diagnostic only: the child is not contained
+        run_module = sys.modules["fleet_trio.proc.run"]
+        run_module.shim_argv = lambda _cgroup, argv, _env: argv  # type: ignore[attr-defined]
+    parent = os.path.join(directory, f"fleet-trio-bench-{os.getpid()}")
+    os.mkdir(parent)
+    try:
+        ours_s, base_s = trio.run(bench, n, warmup, via_run_in(CgroupContainment(parent)), via_run)
+    finally:
+        os.rmdir(parent)
+    ours = statistics.median(wall for wall, _ in ours_s)
+    base = statistics.median(wall for wall, _ in base_s)
+    ratio = ours / base
+    verdict = "ok" if ratio <= CGROUP_TARGET_RATIO else "ABOVE TARGET"
+    with open("/proc/loadavg") as f:
+        load = f.read().split()[0]
+    shim = " (NO SHIM: diagnostic)" if no_shim else ""
+    print(f"jobs per side      {n} (`true`, interleaved, {warmup} warm-up each){shim}")
+    print(f"load average       {load} (at the end)")
+    p90_ours = statistics.quantiles([w for w, _ in ours_s], n=10)[-1]
+    p90_base = statistics.quantiles([w for w, _ in base_s], n=10)[-1]
+    print(f"run() cgroup       {ours:.3f} ms   (p90 {p90_ours:.3f})")
+    print(f"run() marker       {base:.3f} ms   (p90 {p90_base:.3f})")
+    print(f"ratio cgroup/marker {ratio:.3f}   (target <= {CGROUP_TARGET_RATIO}: {verdict})")
+    c_ours = statistics.median(cpu for _, cpu in ours_s)
+    c_base = statistics.median(cpu for _, cpu in base_s)
+    cpu_ratio = c_ours / c_base
+    print(f"CPU ms per job     cgroup {c_ours:.3f}   marker {c_base:.3f}   ratio {cpu_ratio:.3f}")
+    return 0
 
 
 async def profile_only(n: int) -> None:
@@ -134,7 +199,17 @@ def main(argv: list[str] | None = None) -> int:
         help="also run the benchmark with TREE's fleet_trio (another checkout), alternating",
     )
     parser.add_argument("--rounds", type=int, default=3, help="runs per tree with --before")
+    parser.add_argument(
+        "--cgroup", action="store_true", help="run() under the cgroup backend against run()"
+    )
+    parser.add_argument("--cgroup-base", default="", help="with --cgroup: where to measure")
+    parser.add_argument(
+        "--no-shim", action="store_true", help="with --cgroup: diagnostic, spawn without the shim"
+    )
     args = parser.parse_args(argv)
+
+    if args.cgroup:
+        return cgroup_bench(args.n, args.warmup, args.cgroup_base, args.no_shim)
 
     if args.before:
         return compare(args.before, args.n, args.warmup, args.rounds)

@@ -514,6 +514,12 @@ def _build(
     for key in ("max_tails", "max_tails_per_job"):
         if key in values and values[key] < 1:
             raise _KeyedError(f"must be >= 1, got {values[key]}", key)
+    containment = values.get("containment", "auto").strip() or "auto"
+    if containment not in ("auto", "cgroup", "marker"):
+        raise _KeyedError(
+            f"unknown containment {containment!r} (one of auto, cgroup, marker)", "containment"
+        )
+    values["containment"] = containment
     budget = values.get("memory_budget", "").strip()
     try:
         values["memory_budget"] = check_budget(parse_size(budget)) if budget else DEFAULT_BUDGET

@@ -164,6 +164,10 @@ class WorkerConfig:
     max_tails_per_job: int = DEFAULT_MAX_TAILS_PER_JOB
     """fleet-trio only: live tails of one job the tail listener serves at once."""
     memory_budget: int = attrs.field(default=DEFAULT_BUDGET, metadata={FILE_TYPE: Size})
+    containment: str = "auto"
+    """fleet-trio only: how jobs are contained: auto, cgroup or marker (docs/containment.md)."""
+    cgroup_base: str = ""
+    """fleet-trio only: the delegated cgroup v2 directory to use (default: our own)."""
     """fleet-trio only: bytes of job log history kept across jobs (``fleet_trio.memory``)."""
     path: str = attrs.field(default="", metadata={NOT_IN_FILE: True})
     """The file it came from ("" when built in code)."""

@@ -1,0 +1,111 @@
+"""Issue acceptance: containment by the kernel (docs/containment.md). Real cgroups under the
+test's own parent; skipped where none can be had.
+
+* ``fleet-trio exec --json``: the issue's example, and every escape variant, is killed and
+  listed in ``sweep.found`` (scope ``cgroup``); ``--containment cgroup`` that cannot be had
+  fails the start in one line.
+* A real ``fleet-trio node`` started inside a delegated cgroup moves itself into ``agent/``
+  and runs its jobs in ``jobs/<id>``; after ``kill -9`` and a restart, the crashed run's
+  contained survivors (an escapee that stripped its markers included) are killed and their
+  cgroups removed, and the log says so.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import httpx
+import pytest
+import trio
+
+from fleet_trio.proc.containment import AGENT_LEAF, JOBS_DIR
+from fleet_trio.proc.procfs import pid_alive
+from tests.helpers import fleet, gone_within, state_in, wait_until
+from tests.node.harness import Node
+from tests.proc.test_containment import STRIP, VARIANTS, escape_command
+
+ISSUE_EXAMPLE = (
+    "setsid env -u RC_JOB_ID -u FLEET_JOB_ID -u FLEET_TRIO_SWEEP sleep 4321 >/dev/null 2>&1 & "
+    "sleep 0.3; exit 0"
+)
+
+
+async def test_the_issues_example_reports_and_kills_the_escapee(cgroup_parent: str) -> None:
+    done = await fleet("exec", "--job-id", "e1", "--json", "--", "sh", "-c", ISSUE_EXAMPLE)
+    report = json.loads(done.stdout.decode().splitlines()[-1])
+    assert done.returncode == 0, done.stderr
+    assert report["sweep"]["scope"] == "cgroup", report
+    assert len(report["sweep"]["found"]) == 1 and report["sweep"]["clean"], report
+    assert await gone_within(report["sweep"]["found"][0], 10)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+async def test_exec_kills_and_lists_every_escape_variant(
+    variant: str, cgroup_parent: str, tmp_path: Path
+) -> None:
+    pidfile = tmp_path / "pid"
+    done = await fleet(
+        "exec", "--job-id", "e2", "--json", "--containment", "cgroup",
+        "--cgroup-base", cgroup_parent, "--", "sh", "-c", escape_command(variant, pidfile),
+    )  # fmt: skip
+    report = json.loads(done.stdout.decode().splitlines()[-1])
+    pid = int(pidfile.read_text())
+    assert done.returncode == 0, done.stderr
+    assert pid in report["sweep"]["found"] and report["sweep"]["scope"] == "cgroup", report
+    assert await gone_within(pid, 10)
+
+
+async def test_containment_cgroup_that_cannot_be_had_fails_in_one_line(tmp_path: Path) -> None:
+    done = await fleet(
+        "exec", "--containment", "cgroup", "--cgroup-base", str(tmp_path), "--", "true"
+    )
+    assert done.returncode == 127
+    assert done.stderr.decode().splitlines() == [
+        f"fleet-trio exec: --containment cgroup: {tmp_path} is not a cgroup v2 directory"
+    ]
+
+
+@pytest.mark.slow
+async def test_kill_9_of_the_node_then_restart_kills_the_contained_survivors(
+    cgroup_parent: str, tmp_path: Path
+) -> None:
+    node = Node(tmp_path)
+    node.log = tmp_path / "node.log"
+    config = tmp_path / "node.yaml"
+    raw = json.loads(config.read_text())
+    pidfile = tmp_path / "escapee"
+    escaper = (
+        f"setsid {STRIP} sh -c 'echo $$ > {pidfile}; exec sleep 4321' </dev/null >/dev/null 2>&1 &"
+        "\nexec sleep 600"
+    )
+    raw["tasks"]["escaper"] = {"command": ["sh", "-c", escaper]}
+    config.write_text(json.dumps(raw))
+    procs = os.path.join(cgroup_parent, "cgroup.procs")
+    node.argv = ["sh", "-c", 'echo 0 > "$0" && exec "$@"', procs, *node.argv]
+    try:
+        with trio.fail_after(90):
+            await node.start()
+            assert node.proc is not None
+            agent = Path(cgroup_parent, AGENT_LEAF, "cgroup.procs").read_text().split()
+            assert str(node.proc.pid) in agent  # the node moved itself into agent/
+            async with httpx.AsyncClient(base_url=node.url) as c:
+                body = {"job_id": "k1", "task_type": "escaper", "payload": {}}
+                assert (await c.post("/fleet/dispatch", json=body)).status_code == 202
+                await wait_until(lambda: pidfile.exists() and pidfile.read_text().strip())
+            escapee = int(pidfile.read_text())
+            job_cgroup = Path(cgroup_parent, JOBS_DIR, "k1")
+            assert str(escapee) in (job_cgroup / "cgroup.procs").read_text().split()
+            await node.kill()
+            assert pid_alive(escapee)  # the crash left it behind
+            await node.start()
+            assert not pid_alive(escapee)  # killed before the node served
+            assert not job_cgroup.exists()
+            log = node.log.read_text()
+            assert "recovery: job cgroup k1: killed 2 process(es)" in log, log
+            assert "containment: cgroup (auto:" in log, log
+            async with httpx.AsyncClient(base_url=node.url) as c:
+                assert await state_in(c, "k1", "error")
+    finally:
+        await node.close()

@@ -1,0 +1,112 @@
+"""Node jobs under the cgroup backend (docs/containment.md): an escapee that left the job's
+session and stripped its markers is killed at the job's end and named in the node's log; a
+crashed run's job cgroups are killed and removed at the next start, and the log says so."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import pytest
+import trio
+
+from fleet_trio.errors import NodeStartError
+from fleet_trio.node.jobs import JobTable
+from fleet_trio.node.journal import Journal
+from fleet_trio.node.recovery import recover
+from fleet_trio.node.server import cgroup_recovered, open_containment
+from fleet_trio.node.tasks import SWEEP_MARKER
+from fleet_trio.proc.containment import JOBS_DIR, CgroupContainment, choose_for_agent
+from tests.helpers import gone_within, wait_until
+from tests.node.harness import node_config, running_node
+from tests.proc.test_containment import VARIANTS, escape_command
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+async def test_a_node_jobs_escapee_dies_with_it(
+    variant: str, cgroup_parent: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    pidfile = tmp_path / "pid"
+    command = escape_command(variant, pidfile).replace("exit 0", "echo '{}'")  # a JSON result
+    task = {"command": ["sh", "-c", command]}
+    config = node_config(
+        tmp_path, {"escape": task}, containment="cgroup", cgroup_base=cgroup_parent
+    )
+    caplog.set_level(logging.WARNING, logger="fleet_trio.node")
+    async with running_node(tmp_path, config) as h:
+        assert (await h.dispatch("e1", "escape", {})).status_code == 202
+        final = await h.wait_terminal("e1")
+        assert final["state"] == "done", final
+        pid = int(pidfile.read_text())
+        assert await gone_within(pid, 10)
+        assert f"processes [{pid}] outlived the group" in caplog.text
+        metrics = (await h.client.get("/metrics")).text
+        assert 'fleet_trio_containment_info{backend="cgroup"} 1.0' in metrics
+    jobs = Path(cgroup_parent, JOBS_DIR)
+    assert [p for p in jobs.iterdir() if p.is_dir()] == []  # the job's cgroup was removed
+
+
+async def test_a_crashed_runs_job_cgroups_are_emptied_and_removed(cgroup_parent: str) -> None:
+    jobs = CgroupContainment(jobs_dir=os.path.join(cgroup_parent, JOBS_DIR))
+    os.mkdir(jobs.jobs_dir)
+    cg = jobs.create("j-crashed")
+    survivor = await trio.lowlevel.open_process(
+        ["sh", "-c", f"echo 0 > {cg.procs_file}; exec sleep 600"]
+    )
+    await wait_until(lambda: cg.procs() == [survivor.pid], timeout=10)
+    said: list[str] = []
+    with trio.fail_after(20):
+        chosen = await open_containment("cgroup", cgroup_parent, said.append)
+        await survivor.wait()
+    assert chosen.name == "cgroup"
+    assert (
+        said[1] == f"recovery: job cgroup j-crashed: killed 1 process(es) [{survivor.pid}], removed"
+    )
+    assert not os.path.exists(cg.path)
+
+
+async def test_containment_cgroup_that_cannot_be_had_fails_the_start(tmp_path: Path) -> None:
+    with pytest.raises(
+        NodeStartError, match=r"^containment: cgroup: .* is not a cgroup v2 directory$"
+    ):
+        await open_containment("cgroup", str(tmp_path), lambda line: None)
+
+
+def test_an_unknown_containment_names_its_key(tmp_path: Path) -> None:
+    from fleet_trio.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"node\.containment"):
+        node_config(tmp_path, {}, containment="jail")
+
+
+async def test_the_cgroup_recovery_replaces_the_journals_marker_sweep(
+    cgroup_parent: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A previous run under the cgroup backend (its ``jobs/`` is there): the journal's
+    recovery does not run the marker sweep as well; a first start (no ``jobs/`` yet) does."""
+    first = choose_for_agent("cgroup", base=cgroup_parent)
+    assert isinstance(first, CgroupContainment) and not first.previous
+    assert not cgroup_recovered(first)
+    again = choose_for_agent("cgroup", base=cgroup_parent)
+    assert isinstance(again, CgroupContainment) and again.previous and cgroup_recovered(again)
+    journal = Journal(str(tmp_path / "j.sqlite"))
+    journal.open()
+    marked = await trio.lowlevel.open_process(
+        ["sleep", "60"], env={**os.environ, SWEEP_MARKER: f"host.{journal.work_tag}/j1"}
+    )
+    try:
+        with trio.fail_after(30):
+            report = await recover(journal, JobTable(), kill_grace=0.5, marker_sweep=False)
+        assert report.swept == {} and report.sweep.scope == "cgroup" and report.sweep.clean()
+        assert marked.poll() is None  # not swept by marker: the cgroup recovery's job
+        assert not [r for r in caplog.records if "could not be walked" in r.getMessage()]
+        with trio.fail_after(30):
+            report = await recover(journal, JobTable(), kill_grace=0.5)
+            await marked.wait()
+        assert report.swept  # the marker sweep, when it is not replaced
+    finally:
+        journal.close()
+        marked.kill()
+        with trio.fail_after(10):
+            await marked.wait()

@@ -1,0 +1,152 @@
+"""Worker jobs under the cgroup backend (docs/containment.md): every escape variant, markers
+stripped, is killed at the job's end and named in the worker's log; the job cgroup is
+removed; ``--check`` and the config say which backend."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import attrs
+import pytest
+import trio
+
+from fleet_trio.errors import ConfigError
+from fleet_trio.proc.containment import JOBS_DIR, CgroupContainment
+from fleet_trio.proc.scripts import ScriptKind, run_scripts
+from fleet_trio.worker.config import hook_env
+from fleet_trio.worker.config.loader import config_from_mapping
+from fleet_trio.worker.hooks import run_hook
+from fleet_trio.worker.verify import run_verify
+from fleet_trio.worker.worker import Worker
+from tests.helpers import dev, gone_within, running, until_terminal
+from tests.proc.test_containment import VARIANTS, escape_command
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+async def test_a_worker_jobs_escapee_dies_with_it(
+    variant: str, cgroup_parent: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level("INFO", logger="fleet_trio.worker")
+    pidfile = tmp_path / "pid"
+
+    def contained(c):  # type: ignore[no-untyped-def]
+        return attrs.evolve(c, containment="cgroup", cgroup_base=cgroup_parent)
+
+    with trio.fail_after(60):
+        async with running(configure=contained) as (ctrl, worker):
+            assert worker.containment is not None and worker.containment.name == "cgroup"
+            job = ctrl.submit(dev("gpu0"), ["sh", "-c", escape_command(variant, pidfile)])
+            assert await until_terminal(ctrl, job) == ["running", "succeeded"]
+            pid = int(pidfile.read_text())
+            assert await gone_within(pid, 10)
+    lines = [r.getMessage() for r in caplog.records if "outlived the group" in r.getMessage()]
+    assert lines == [f"job {job}: processes [{pid}] outlived the group and were reaped by job id"]
+    scope = [r.getMessage() for r in caplog.records if "(scope cgroup)" in r.getMessage()]
+    assert scope == [
+        f"job {job}: (scope cgroup) those processes were found in the job's cgroup and"
+        " killed with it, whatever their environment"
+    ]
+    assert any(r.getMessage().startswith("containment: cgroup") for r in caplog.records)
+    jobs = Path(cgroup_parent, JOBS_DIR)
+    assert [p for p in jobs.iterdir() if p.is_dir()] == []
+    assert os.path.isdir(jobs)
+
+
+def test_an_unknown_containment_names_its_key() -> None:
+    raw = {"controller_url": "http://c:1", "devices": ["gpu0"], "containment": "jail"}
+    with pytest.raises(ConfigError, match="containment"):
+        config_from_mapping(raw)
+    ok = config_from_mapping({**raw, "containment": "marker"})
+    assert ok.containment == "marker"
+
+
+def _script(path: Path, body: str) -> str:
+    path.write_text(f"#!/bin/sh\n{body}\n")
+    path.chmod(0o755)
+    return str(path)
+
+
+def _escapee_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if "killed with its cgroup" in r.getMessage()]
+
+
+async def test_a_hooks_escapee_is_killed_and_reported(
+    cgroup_parent: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A hook that leaves a stripped-environment setsid process behind: the hook's own cgroup
+    (``hook-<event>-<device>-<job>``) kills it at the hook's end and a WARN names it."""
+    pidfile = tmp_path / "pid"
+    hook = _script(tmp_path / "acquire.sh", escape_command("setsid", pidfile))
+    with trio.fail_after(30):
+        error, _ = await run_hook(
+            hook,
+            hook_env("acquire", "gpu0", "j7", "alice"),
+            20.0,
+            containment=CgroupContainment(jobs_dir=cgroup_parent),
+        )
+    pid = int(pidfile.read_text())
+    assert error is None
+    assert await gone_within(pid, 10)
+    assert _escapee_lines(caplog) == [
+        f"hook {hook}: processes [{pid}] outlived it and were killed with its cgroup"
+    ]
+    assert not [n for n in os.listdir(cgroup_parent) if n.startswith("hook-")]
+
+
+async def test_a_verify_scripts_escapee_is_killed_and_reported(
+    cgroup_parent: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    pidfile = tmp_path / "pid"
+    vdir = tmp_path / "verify.d"
+    vdir.mkdir()
+    script = _script(vdir / "10-leak", escape_command("double_fork", pidfile))
+    with trio.fail_after(30):
+        outcome = await run_verify(
+            str(vdir),
+            device_id="gpu0",
+            job_id="j8",
+            submitter="bob",
+            timeout=20.0,
+            pass_budget=0,
+            containment=CgroupContainment(jobs_dir=cgroup_parent),
+        )
+    pid = int(pidfile.read_text())
+    assert outcome.ok
+    assert await gone_within(pid, 10)
+    assert _escapee_lines(caplog) == [
+        f"{script}: processes [{pid}] outlived it and were killed with its cgroup"
+    ]
+
+
+async def test_a_probes_escapee_is_killed_and_reported(
+    cgroup_parent: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    pidfile = tmp_path / "pid"
+    pdir = tmp_path / "probe.d"
+    pdir.mkdir()
+    _script(pdir / "facts", escape_command("renamed_argv0", pidfile) + "\n")
+    with trio.fail_after(30):
+        result = await run_scripts(
+            str(pdir),
+            max_runtime=20.0,
+            budget=0,
+            containment=CgroupContainment(jobs_dir=cgroup_parent),
+            cgroup_prefix="probe",
+        )
+    pid = int(pidfile.read_text())
+    assert [o.kind for o in result.outcomes] == [ScriptKind.OK]
+    assert result.outcomes[0].result.sweep.scope == "cgroup"
+    assert pid in result.outcomes[0].result.sweep.found
+    assert await gone_within(pid, 10)
+    assert len(_escapee_lines(caplog)) == 1
+
+
+async def test_the_worker_hands_its_containment_to_hooks_and_probes(cgroup_parent: str) -> None:
+    raw = {"controller_url": "http://c:1", "devices": ["gpu0"], "containment": "cgroup"}
+    cfg = attrs.evolve(config_from_mapping(raw), cgroup_base=cgroup_parent)
+    worker = Worker(cfg)
+    await worker.open_containment()
+    assert isinstance(worker.containment, CgroupContainment)
+    assert worker.hooks.containment is worker.containment  # type: ignore[attr-defined]
+    assert worker.prober.containment is worker.containment
