@@ -46,7 +46,7 @@ from fleet_trio.node.jobs import (
     JobStore,
     Registration,
 )
-from fleet_trio.node.journal import RESULT_LOST, ResultLost
+from fleet_trio.node.journal import JOURNAL_LOST, RESULT_LOST, ResultLost
 from fleet_trio.node.linger import PollLinger
 from fleet_trio.node.metrics import NodeMetrics
 from fleet_trio.node.tasks import PreparedJob, TaskRegistry, TaskRunner, job_log_meta
@@ -178,6 +178,8 @@ async def health(ctx: NodeContext) -> Response:
         return unauthorized()
     if ctx.linger.active:  # linger: polls only
         return error_response(MSG_DRAINING, 503)
+    if ctx.store.journal_lost:  # deleted, replaced or moved under the node (docs/node.md)
+        return error_response(JOURNAL_LOST, 503)
     now = trio.current_time()
     snap, reason = ctx.sampler.status(now) if ctx.sampler is not None else (None, None)
     message = snapshot_problem(snap, reason, now, ctx.max_snapshot_age)
@@ -253,6 +255,9 @@ async def dispatch(ctx: NodeContext, *, arrived: float | None = None) -> Respons
         if store.draining:  # 4: a known id re-acks through a drain; only a new one gets 503
             known = await _known_job(ctx, req.job_id)
             return known if known is not None else error_response(MSG_DRAINING, 503)
+        if store.journal_lost:  # a known id re-acks (its ack was saved); a new one: 503
+            known = await _known_job(ctx, req.job_id)
+            return known if known is not None else error_response(JOURNAL_LOST, 503)
         prepared = ctx.registry.prepare(req.task_type, req.payload_raw, req.job_id)  # 5
     except WireError as exc:
         return error_response(str(exc), exc.status)
@@ -321,7 +326,10 @@ async def _ack(ctx: NodeContext, prepared: PreparedJob, delivery: Delivery, ack:
     refusal = await store.wait_ack(ack)
     if refusal is not None:
         # refused at its commit (delivery check 1: the client's 503 message), or not written
-        return error_response(delivery.refused or MSG_JOURNAL_UNAVAILABLE, 503)
+        lost = store.journal_lost  # the journal was deleted, replaced or moved: 503 journal lost
+        return error_response(
+            delivery.refused or (JOURNAL_LOST if lost else MSG_JOURNAL_UNAVAILABLE), 503
+        )
     gone = delivery.gone()  # delivery check 2: the client is still there for its 202
     if gone is not None and store.withdraw(ack, f"{gone} before its 202 was written"):
         return error_response(MSG_CLIENT_GONE, 503)

@@ -40,10 +40,12 @@ import attrs
 import trio
 
 from fleet_trio.node.journal import (
+    JOURNAL_LOST,
     Accept,
     Evict,
     Finish,
     JournalError,
+    JournalLost,
     JournalWriter,
     Record,
     Row,
@@ -474,6 +476,12 @@ class JobStore:
     def queue_depth(self) -> int:
         return self.table.queue_depth
 
+    @property
+    def journal_lost(self) -> bool:
+        """The journal was deleted, replaced or moved under the node: health and new
+        dispatches answer 503 ``journal lost``; polls are answered from memory."""
+        return self.journal is not None and self.journal.lost
+
     def get(self, job_id: str) -> JobView | None:
         return self.table.get(job_id)
 
@@ -568,6 +576,8 @@ class JobStore:
                 ack.refusal = error.reason
                 if ack.withdrawn is None:
                     log.warning(NOT_ACKED, job_id, error.reason, extra={"job_id": job_id})
+            elif isinstance(error, JournalLost):
+                ack.refusal = JOURNAL_LOST
             else:
                 ack.refusal = MSG_JOURNAL_UNAVAILABLE
         ack.done.set()
@@ -576,7 +586,10 @@ class JobStore:
     def _withdraw_recorded(job_id: str) -> Callable[[JournalError | None], None]:
         def committed(error: JournalError | None) -> None:
             if error is not None:  # a restart would read the ack as interrupted: said here
-                log.error("job %s: its withdrawal is not recorded (%s)", job_id, error)
+                lost = isinstance(error, JournalLost)  # the journal's loss is the ERROR line
+                (log.warning if lost else log.error)(
+                    "job %s: its withdrawal is not recorded (%s)", job_id, error
+                )
 
         return committed
 
@@ -699,7 +712,7 @@ class JobStore:
         self.journal.submit([Start(job_id)], lambda error: self._started(job_id, error))
 
     def _started(self, job_id: str, error: JournalError | None) -> None:
-        if error is not None:
+        if error is not None and not isinstance(error, JournalLost):  # lost: logged once
             log.error("job %s: running is not recorded (%s)", job_id, error)
         self.table.start(job_id)
 
@@ -717,7 +730,7 @@ class JobStore:
         files: dict[str, str | None] = {}
 
         def committed(error: JournalError | None) -> None:
-            if error is not None:
+            if error is not None and not isinstance(error, JournalLost):  # lost: logged once
                 log.error("jobs %s: outcome not recorded (%s)", ", ".join(job_ids), error)
             now = trio.current_time()
             for job_id in job_ids:

@@ -13,6 +13,14 @@ the store submits a record and makes the change visible in the commit's callback
   ``kill -9`` — but not a power cut; ``synchronous: full`` survives both at the cost of an
   ``fsync`` per commit). Results larger than ``inline_max`` bytes live in files in the folder
   ``<journal>.results`` beside it, not in the database and not in RAM.
+- **Identity**: the journal records a random journal id, the node id and the absolute path it
+  was created at (``meta``). At :meth:`Journal.open` a journal whose recorded path is not its
+  path is a *copy* (a copied state folder, a restored backup elsewhere): its jobs are dropped and
+  it takes a new work tag, so the recovery never sweeps or removes anything of the original
+  (:attr:`Journal.copied`). The running node holds the device and inode of the file and of its
+  ``-wal`` and checks them before and after each commit batch and on a timer
+  (:meth:`Journal.verify`): deleted, replaced or moved, the journal is *lost* — it saves what
+  it holds (:meth:`Journal._salvage`) and never writes again (:class:`JournalLost`).
 - :class:`JournalWriter` is the trio shell: one task (in the services scope) that takes every
   record submitted since its last commit and writes them in one transaction (a group commit)
   through ``trio.to_thread.run_sync`` with a limiter of one, then runs the submitters' callbacks
@@ -34,6 +42,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import math
 import os
 import re
 import secrets
@@ -82,6 +91,48 @@ class Vetoed(JournalError):
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
         self.reason = reason
+
+
+class JournalLost(JournalError):
+    """The journal's file (or its ``-wal``) is no longer the one this node opened: deleted,
+    replaced or moved while the node ran. Permanent for this run: nothing more is written (a
+    write would go to an unlinked file and be lost at the next crash). The message is the one
+    ERROR line the node logs (what happened, where its content was saved)."""
+
+
+JOURNAL_LOST = "journal lost"
+"""The 503 message of health and dispatch once the journal is lost (:class:`JournalLost`)."""
+
+IDENTITY_CHECK_INTERVAL = 2.0
+"""Seconds between two checks of the journal's identity while no commit comes (a commit batch
+checks it too, before and after)."""
+
+
+@attrs.frozen
+class Identity:
+    """Who a journal belongs to (its ``meta`` rows ``journal_id``, ``node_id``, ``path``)."""
+
+    journal_id: str
+    node_id: str
+    path: str
+
+
+@attrs.frozen
+class Copied:
+    """:meth:`Journal.open` found a copy: the identity it recorded (the original's) and how
+    many jobs were dropped with it."""
+
+    original: Identity
+    jobs: int
+
+    def describe(self, path: str, tag: str) -> str:
+        node = f" by node {self.original.node_id!r}" if self.original.node_id else ""
+        return (
+            f"journal {path}: a copy of journal {self.original.journal_id} "
+            f"(created at {self.original.path}{node}): its {self.jobs} job(s) were another "
+            f"node's and are dropped, and it takes a new work tag {tag}; no process or work "
+            "dir of the original is swept or removed"
+        )
 
 
 class ResultLost(Exception):
@@ -209,6 +260,7 @@ class Journal:
         inline_max: int = DEFAULT_INLINE_MAX,
         sync: str = "normal",
         max_pages: int | None = None,
+        node_id: str | None = None,
     ) -> None:
         if sync not in SYNC_MODES:
             raise ValueError(f"sync must be one of {', '.join(SYNC_MODES)}, got {sync!r}")
@@ -222,6 +274,21 @@ class Journal:
         """This node's work-dir tag (:data:`WORK_TAG`), read at :meth:`open`."""
         self.previous_work_root: str | None = None
         """The folder the previous run made its work dirs in (``meta.work_root``)."""
+        self.node_id = node_id
+        """The running node's id, recorded in the journal (``None``: not recorded, not
+        compared)."""
+        self.identity: Identity | None = None
+        """This journal's identity, once open (``None`` in memory)."""
+        self.copied: Copied | None = None
+        """Set by :meth:`open` when the file was a copy of another journal (see the module)."""
+        self.migrated = False
+        """Set by :meth:`open` when an older journal got its identity record now."""
+        self.renamed_from: str | None = None
+        """Set by :meth:`open` when the journal was recorded under another node id."""
+        self.lost: str | None = None
+        """Why the journal is lost (the ERROR line), once :meth:`verify` found it so."""
+        self._main: tuple[int, int] | None = None
+        self._wal: tuple[int, int] | None = None
         self._db: sqlite3.Connection | None = None
 
     # -- opening -------------------------------------------------------------------------------
@@ -257,6 +324,7 @@ class Journal:
                 raise JournalError(
                     f"journal {self.path}: schema {version!r}, this node reads {SCHEMA_VERSION!r}"
                 )
+            self._identify(db)
             db.execute(
                 "INSERT OR IGNORE INTO meta (key, value) VALUES ('work_tag', ?)",
                 (secrets.token_hex(6),),
@@ -289,7 +357,56 @@ class Journal:
                 raise JournalError(
                     f"journal {self.path}: cannot create {self.results_dir}: {exc.strerror}"
                 ) from None
+        if self.path != ":memory:":
+            self._main = _ident(self.path)
+            self._wal = _ident(self.path + "-wal")
+            if self._main is None:
+                db.close()
+                raise JournalError(f"journal {self.path}: gone while it was opened")
         self._db = db
+
+    def where(self) -> str:
+        """The absolute path recorded in the identity: the folder resolved (two spellings of
+        one folder are one journal), the file's own name kept."""
+        full = os.path.abspath(self.path)
+        return os.path.join(os.path.realpath(os.path.dirname(full)), os.path.basename(full))
+
+    def _identify(self, db: sqlite3.Connection) -> None:
+        """Inside :meth:`open`'s transaction: read the identity, write it when missing (a new
+        journal, or an older one: migrated, kept as it is); a copy (another recorded path)
+        drops its jobs and its work tag and takes an identity of its own."""
+        if self.path == ":memory:":
+            return
+        meta = dict(db.execute("SELECT key, value FROM meta").fetchall())
+        here = self.where()
+        node = self.node_id if self.node_id is not None else str(meta.get("node_id") or "")
+        recorded = meta.get("journal_id")
+        if recorded:
+            original = Identity(
+                str(recorded), str(meta.get("node_id") or ""), str(meta.get("path") or "")
+            )
+            if original.path == here:
+                self.identity = attrs.evolve(original, node_id=node)
+                if node and original.node_id and node != original.node_id:
+                    self.renamed_from = original.node_id
+                if node != original.node_id:
+                    db.execute("INSERT OR REPLACE INTO meta VALUES ('node_id', ?)", (node,))
+                return
+            (jobs,) = db.execute("SELECT count(*) FROM jobs").fetchone()
+            self.copied = Copied(original, int(jobs))
+            db.execute("DELETE FROM jobs")
+            db.execute("DELETE FROM meta WHERE key IN ('work_tag', 'work_root')")
+        else:
+            self.migrated = "work_tag" in meta  # an older journal: its jobs and tag are its own
+        self.identity = Identity(secrets.token_hex(8), node, here)
+        db.executemany(
+            "INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
+            [
+                ("journal_id", self.identity.journal_id),
+                ("node_id", self.identity.node_id),
+                ("path", self.identity.path),
+            ],
+        )
 
     def _private_file(self) -> None:
         """The journal holds every result: ``0600`` whatever the umask (SQLite gives its
@@ -326,10 +443,35 @@ class Journal:
         if not stat.S_ISREG(st.st_mode):
             raise JournalError(f"journal {self.path}: not a regular file")
 
-    def close(self) -> None:
-        if self._db is not None:
+    def close(self) -> str | None:
+        """Close the connection. A journal found lost now is saved first (the returned line
+        says so: log it); SQLite's close deletes ``<journal>-wal`` by its name, so a file
+        there that is not this journal's own is kept aside and put back."""
+        if self._db is None:
+            return None
+        found = None
+        if self.lost is None:
+            try:
+                self.verify()
+            except JournalLost as exc:
+                found = str(exc)
+        wal = self.path + "-wal"
+        foreign = self._wal is not None and _ident(wal) not in (None, self._wal)
+        keep = f"{wal}.{secrets.token_hex(4)}.keep"
+        if foreign:
+            try:
+                os.link(wal, keep)
+            except OSError:
+                foreign = False
+        try:
             self._db.close()
+        finally:
             self._db = None
+            if foreign:
+                with contextlib.suppress(OSError):
+                    os.link(keep, wal)
+                _unlink(keep)
+        return found
 
     @property
     def db(self) -> sqlite3.Connection:
@@ -337,8 +479,94 @@ class Journal:
             raise JournalError(f"journal {self.path}: not open")
         return self._db
 
+    # -- identity --------------------------------------------------------------------------------
+    def _problem(self) -> str | None:
+        """What happened to the journal's file or its ``-wal`` since :meth:`open`, or ``None``."""
+        main = _ident(self.path)
+        if main != self._main:
+            if main is None:
+                return "its file was deleted or moved away"
+            return "its file was replaced by another file"
+        if self._wal is not None:
+            wal = _ident(self.path + "-wal")
+            if wal != self._wal:
+                if wal is None:
+                    return "its -wal file was deleted or moved away"
+                return "its -wal file was replaced by another file"
+        return None
+
+    def verify(self, undo: Sequence[str] = ()) -> None:
+        """Check that the journal is still the file this node opened (blocking; two
+        ``lstat``). Raises :class:`JournalLost` when it is not — the first time after saving
+        what the open connection holds (:meth:`_salvage`); ``undo``: job ids whose ack the
+        batch just committed is refused, removed from what is saved."""
+        if self.lost is not None:
+            raise JournalLost(self.lost)
+        if self._db is None or self._main is None:
+            return
+        problem = self._problem()
+        if problem is None:
+            return
+        try:
+            if undo:
+                marks = ", ".join(["?"] * len(undo))
+                self._db.execute(
+                    f"DELETE FROM jobs WHERE state = 'accepted' AND job_id IN ({marks})",
+                    list(undo),
+                )
+            saved = self._salvage()
+        except (sqlite3.Error, OSError) as exc:
+            saved = f"its content could not be saved ({_describe(exc)})"
+        self.lost = (
+            f"journal {self.path} lost: {problem} while the node ran; {saved}; health and new "
+            f"dispatches answer 503 {JOURNAL_LOST}, running jobs go on (their outcomes are "
+            "kept in memory only) and nothing more is written; restart the node"
+        )
+        raise JournalLost(self.lost)
+
+    def _salvage(self) -> str:
+        """Save what the open connection holds (every commit so far) where a restart finds it,
+        overwriting nothing: the ``-wal`` alone gone → a checkpoint into the journal's own file;
+        the file gone → a copy at its path; the file replaced → a copy at ``<journal>.lost``.
+        Our own stale ``-wal`` beside a path that is no longer ours is removed (SQLite would
+        replay it into whatever is opened there). Returns the clause for the ERROR line."""
+        db = self.db
+        wal = self.path + "-wal"
+        main = _ident(self.path)
+        if main == self._main:
+            db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            return "every commit is saved in its file (checkpointed)"
+        folder = os.path.dirname(os.path.abspath(self.path))
+        tmp = os.path.join(folder, f".{os.path.basename(self.path)}.{secrets.token_hex(4)}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        os.close(fd)
+        try:
+            copy = sqlite3.connect(tmp, isolation_level=None)
+            try:
+                db.backup(copy)
+            finally:
+                copy.close()
+            with open(tmp, "rb+") as f:
+                os.fsync(f.fileno())
+            if self._wal is not None and _ident(wal) == self._wal:
+                _unlink(wal)
+            target = self.path
+            if main is not None or _ident(wal) is not None:
+                target = self.path + ".lost"
+            try:
+                os.link(tmp, target)
+            except FileExistsError:
+                return f"its content could not be saved ({target} exists)"
+            _fsync_dir(folder)
+        finally:
+            _unlink(tmp)
+        if target == self.path:
+            return f"every commit is saved to a new {target}"
+        return f"every commit is saved to {target} (stop the node, then move it to {self.path})"
+
     def set_meta(self, key: str, value: str) -> None:
         """Write one ``meta`` entry (blocking). Raises :class:`JournalError`."""
+        self.verify()
         try:
             self.db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (key, value))
         except sqlite3.Error as exc:
@@ -385,8 +613,11 @@ class Journal:
         statement alone — SQLite makes every statement atomic — rather than between ``BEGIN``
         and ``COMMIT``: each statement releases and retakes the GIL, and on a busy event loop
         every retake can wait a switch interval. Raises :class:`JournalError`; nothing of the
-        batch is committed then."""
+        batch is committed then. The journal's identity is checked before the batch (nothing is
+        written into a file that is gone) and after it (:class:`JournalLost`: its acks are
+        refused, and taken out of what is saved)."""
         db = self.db
+        self.verify()
         try:
             for rec in records:
                 if isinstance(rec, Finish) and rec.data_file and rec.file_data is not None:
@@ -406,6 +637,7 @@ class Journal:
                     raise
         except (sqlite3.Error, OSError) as exc:
             raise JournalError(f"journal {self.path}: write failed: {_describe(exc)}") from None
+        self.verify(undo=[rec.job_id for rec in records if isinstance(rec, Accept)])
         for rec in records:
             if isinstance(rec, Evict) and rec.data_file:
                 _unlink(rec.data_file)
@@ -548,6 +780,15 @@ def _chmod_own_dir(path: str, mode: int) -> None:
         os.close(fd)
 
 
+def _ident(path: str) -> tuple[int, int] | None:
+    """``(device, inode)`` of ``path`` itself (never followed), or ``None`` when it is gone."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino)
+
+
 def _unlink(path: str) -> None:
     with contextlib.suppress(OSError):
         os.unlink(path)
@@ -634,13 +875,17 @@ def _runs(records: Sequence[Record]) -> list[list[Record]]:
 class JournalWriter:
     """Writes what is submitted, in submission order, many submissions per transaction."""
 
-    def __init__(self, journal: Journal) -> None:
+    def __init__(self, journal: Journal, *, check_interval: float | None = None) -> None:
         self.journal = journal
+        self.check_interval = check_interval
+        """Seconds between identity checks while no commit comes (``None``: only the commits
+        check it; the node passes :data:`IDENTITY_CHECK_INTERVAL`)."""
         self._queue: list[Ticket] = []
         self._lot = trio.lowlevel.ParkingLot()
         self._limiter = trio.CapacityLimiter(1)
         self._closed = False
         self._failing = False
+        self._lost_logged = False
 
     def submit(
         self,
@@ -671,8 +916,9 @@ class JournalWriter:
         task_status.started()
         try:
             while True:
-                while not self._queue:
-                    await self._lot.park()
+                if not self._queue:
+                    await self._idle()
+                    continue
                 batch, self._queue = self._queue, []
                 batch = [ticket for ticket in batch if not ticket.vetoed()]
                 if not batch:
@@ -697,7 +943,37 @@ class JournalWriter:
             for ticket in pending:
                 ticket.settle(JournalError(f"journal {self.journal.path}: closed"))
 
+    @property
+    def lost(self) -> bool:
+        """The journal is lost (:class:`JournalLost`): nothing more is written this run."""
+        return self.journal.lost is not None
+
+    async def _idle(self) -> None:
+        """Wait for a submission; every ``check_interval`` without one, check the identity."""
+        interval = self.check_interval
+        if interval is None or self.lost:
+            interval = math.inf
+        with trio.move_on_after(interval):
+            while not self._queue:
+                await self._lot.park()
+            return
+        try:
+            await trio.to_thread.run_sync(self.journal.verify, limiter=self._limiter)
+        except JournalError as exc:
+            self._note(exc)
+
+    def close(self) -> None:
+        """Close the journal (the writer's end); a loss found only now is logged."""
+        found = self.journal.close()
+        if found is not None:
+            self._note(JournalLost(found))
+
     def _note(self, error: JournalError | None) -> None:
+        if isinstance(error, JournalLost):
+            if not self._lost_logged:  # one ERROR line: what happened, where it was saved
+                self._lost_logged = True
+                log.error("%s", error)
+            return
         if error is None:
             if self._failing:
                 self._failing = False
@@ -710,15 +986,20 @@ class JournalWriter:
 
 __all__ = [
     "DEFAULT_INLINE_MAX",
+    "IDENTITY_CHECK_INTERVAL",
+    "JOURNAL_LOST",
     "RESULT_LOST",
     "SYNC_MODES",
     "WORK_TAG",
     "Accept",
+    "Copied",
     "Drop",
     "Evict",
     "Finish",
+    "Identity",
     "Journal",
     "JournalError",
+    "JournalLost",
     "JournalWriter",
     "Record",
     "ResultLost",

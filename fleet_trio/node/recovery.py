@@ -19,6 +19,13 @@ On start, :func:`recover` reads the journal (:mod:`fleet_trio.node.journal`) and
    no row. Another node's dirs (another tag) are never touched; a symlink is removed, never
    followed.
 
+A journal that is a copy of another (:attr:`Journal.copied`: its recorded path is not its path —
+a copied state folder) was emptied and given a new work tag when it was opened: steps 3 and 4
+are skipped, nothing under the original's tag is signalled or removed, and the reason is
+logged. A journal recorded under another node id at the same path (a renamed node) is this
+node's own: the path is held with an exclusive lock, and a copy at another path takes a new
+tag at its start, so no other live node carries its tag.
+
 The node serves HTTP only after this returns, so no poll sees a job of the previous run in a
 state it will not keep, and no dispatch races the sweep.
 """
@@ -345,6 +352,19 @@ async def recover(
     interruptions are committed before any signal is sent).
     """
     limiter = limiter if limiter is not None else trio.CapacityLimiter(2)
+    identity = journal.identity
+    if journal.copied is not None:
+        log.warning("%s", journal.copied.describe(journal.path, journal.work_tag))
+    elif journal.migrated and identity is not None:
+        log.info("journal %s: identity recorded (journal id %s)", journal.path, identity.journal_id)
+    if journal.renamed_from is not None and identity is not None:
+        log.warning(
+            "journal %s: recorded under node id %r, now %r; its jobs and the previous run's "
+            "processes are this node's (same path)",
+            journal.path,
+            journal.renamed_from,
+            identity.node_id,
+        )
     now, wall = trio.current_time(), time.time()
     restored, in_flight, expired, lost = await trio.to_thread.run_sync(
         replay, table, journal, now, wall, limiter=limiter
@@ -356,13 +376,17 @@ async def recover(
             len(ids),
             ", ".join(ids),
         )
-    if marker_sweep:
+    sweep: SweepReport = NO_SWEEP
+    swept: dict[str, tuple[int, ...]] = {}
+    if journal.copied is not None:
+        pass  # a copy's recorded tag is another node's: never swept
+    elif marker_sweep:
         sweep, swept = await sweep_tagged(
             journal.work_tag, kill_grace=kill_grace, marker=marker, limiter=limiter
         )
     else:
         sweep, swept = SweepReport(scanned=True, scope="cgroup"), {}
-    if sweep.blind or (journal.work_tag and not sweep.scanned):
+    if sweep.blind or (journal.work_tag and journal.copied is None and not sweep.scanned):
         log.error("journal: /proc could not be walked; the previous run's processes may remain")
     for value, pids in swept.items():
         log.warning("journal: %s=%s: leftover process(es) %s stopped", marker, value, list(pids))

@@ -60,7 +60,13 @@ from fleet_trio.node.config import (
     task_gpus,
 )
 from fleet_trio.node.jobs import INTERRUPTED, JobStore
-from fleet_trio.node.journal import Drop, Journal, JournalError, JournalWriter
+from fleet_trio.node.journal import (
+    IDENTITY_CHECK_INTERVAL,
+    Drop,
+    Journal,
+    JournalError,
+    JournalWriter,
+)
 from fleet_trio.node.linger import PollLinger
 from fleet_trio.node.metrics import NodeMetrics
 from fleet_trio.node.placement import Placement, footprint_need
@@ -253,7 +259,7 @@ async def open_journal(config: NodeConfig, options: NodeOptions, node_id: str) -
         options.footprints or config.node.footprints.path,
         config.base_dir,
     )
-    journal = Journal(path, inline_max=settings.inline_max, sync=settings.sync)
+    journal = Journal(path, inline_max=settings.inline_max, sync=settings.sync, node_id=node_id)
     try:
         await trio.to_thread.run_sync(journal.open)
     except JournalError as exc:
@@ -297,7 +303,9 @@ async def start_journal(
     except BaseException:
         journal.close()
         raise
-    writer = JournalWriter(journal)
+    # the journal's identity is checked with each commit batch and on this timer: a journal
+    # deleted, replaced or moved under the node is lost (health and dispatch 503 `journal lost`)
+    writer = JournalWriter(journal, check_interval=IDENTITY_CHECK_INTERVAL)
 
     async def serve_writer(
         *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
@@ -305,7 +313,7 @@ async def start_journal(
         try:
             await writer.serve(task_status=task_status)
         finally:
-            journal.close()
+            writer.close()
 
     await tree.services.start(serve_writer, name="journal-writer")
     store.journal = writer
