@@ -83,7 +83,9 @@ async def test_children_are_stopped_when_the_scenario_is_gone(tmp_path: Path) ->
         async with open_zygote() as zygote:
             child = await zygote.spawn(node_args(tmp_path), str(tmp_path / "node.log"))
             log = tmp_path / "node.log"
-            await wait_until(lambda: "serving on" in log.read_text(), what="the node to serve")
+            await wait_until(
+                lambda: log.exists() and "serving on" in log.read_text(), what="the node to serve"
+            )
             assert zygote._proc.stdin is not None
             await zygote._proc.stdin.aclose()  # what the scenario's death does
             assert await child.wait() == 0  # drained and reaped by the zygote, not killed
