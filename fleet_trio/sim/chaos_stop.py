@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import os
 import random
+import secrets
 import signal
 import subprocess
 import sys
@@ -332,6 +333,17 @@ async def spawn_fresh(role_args: list[str], log_path: str) -> RoleProcess:
         log.close()
 
 
+def node_job_id(plan: StopPlan, run: str, index: int, kind: str) -> str:
+    """The id of a node seed's ``index``-th job in the play ``run`` (a random token per play).
+
+    The survivors are looked for across the whole host (:func:`scan_markers`), by job id:
+    an id made of the seed alone (``stop38-0-stubborn``) is carried just as well by the job of
+    another run of the same seed on the machine (a second checkout's suite, or a run killed
+    earlier whose node still runs), which the check then reported as this seed's survivor
+    and SIGKILLed (issue 25). A worker seed's ids are the controller's UUIDs already."""
+    return f"stop{plan.seed}-{run}-{index}-{kind}"
+
+
 async def play_node(plan: StopPlan, root: str, spawn: Spawner = spawn_fresh) -> StopRecord:
     """One node seed under ``root`` (an empty folder)."""
     gpu = os.path.join(root, "gpu")
@@ -370,8 +382,9 @@ async def play_node(plan: StopPlan, root: str, spawn: Spawner = spawn_fresh) -> 
                         if (await http.get("/fleet/health")).status_code == 200:
                             break
                     await trio.sleep(0.05)
+            run = secrets.token_hex(4)  # this play's own ids (see node_job_id)
             for i, kind in enumerate(plan.jobs):
-                job_id = f"stop{plan.seed}-{i}-{kind}"
+                job_id = node_job_id(plan, run, i, kind)
                 body = {"job_id": job_id, "task_type": kind, "payload": {}}
                 if (await http.post("/fleet/dispatch", json=body)).status_code == 202:
                     job_ids.append(job_id)

@@ -11,7 +11,9 @@ Protocol, one JSON object per line: requests on the zygote's stdin
 environment, when given); answers on its stdout ``{"id": N, "pid": PID}``
 (or ``{"id": N, "error": TEXT}``) and, when a child ends, ``{"exit": PID, "code": CODE}``
 (the code as :func:`os.waitstatus_to_exitcode` gives it). The zygote exits when its stdin
-closes. It is not threaded and runs no event loop, so forking it is safe.
+closes, once every child still running has been stopped (:func:`stop_children`: a scenario
+killed mid-run must not leave its nodes running for good). It is not threaded and runs no
+event loop, so forking it is safe.
 
 :class:`Zygote` is the trio side; :class:`ForkedProcess` quacks like the parts of
 ``trio.Process`` the scenario uses (``pid``, ``returncode``, ``wait``, ``send_signal``,
@@ -28,6 +30,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 import traceback
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
@@ -68,6 +71,43 @@ def _child(argv: list[str], log_path: str, env: dict[str, str] | None) -> None:
             os._exit(code)
 
 
+CHILDREN_STOP_WAIT = 60.0
+"""Seconds the children still running when the zygote's stdin closes get to exit after
+SIGTERM (a node's or a worker's documented stop bound, with room) before SIGKILL."""
+
+
+def stop_children(children: set[int], wait: float = CHILDREN_STOP_WAIT) -> dict[int, int]:
+    """SIGTERM every child in ``children``, reap each (SIGKILL for one still running after
+    ``wait`` seconds); their exit codes by pid. ``children`` ends empty.
+
+    For the zygote's stdin closing while children still run: the scenario that asked for
+    them is gone (killed mid-run) or did not wait for them. Left alone they would run for good,
+    with their jobs: a node drains on SIGTERM and sweeps its jobs' processes, a worker too.
+    The pids are this process's unreaped children, so none of them can name another process.
+    """
+    for pid in children:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+    codes: dict[int, int] = {}
+    deadline = time.monotonic() + wait
+    while True:
+        for pid in list(children):
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                children.discard(pid)
+                codes[pid] = os.waitstatus_to_exitcode(status)
+        if not children or time.monotonic() >= deadline:
+            break
+        time.sleep(0.02)
+    for pid in list(children):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        _, status = os.waitpid(pid, 0)
+        children.discard(pid)
+        codes[pid] = os.waitstatus_to_exitcode(status)
+    return codes
+
+
 def serve() -> int:
     """The zygote's loop (blocking): fork on request, report every child's exit."""
     import fleet_trio.cli
@@ -94,6 +134,9 @@ def serve() -> int:
             continue
         chunk = os.read(stdin, 65536)
         if not chunk:
+            for pid, code in stop_children(children).items():
+                with contextlib.suppress(OSError):  # nobody may be reading any more
+                    say({"exit": pid, "code": code})
             return 0
         buf += chunk
         while b"\n" in buf:
@@ -286,7 +329,7 @@ async def open_zygote() -> AsyncIterator[Zygote]:
                 await proc.wait()
 
 
-__all__ = ["ForkedProcess", "Zygote", "open_zygote", "serve"]
+__all__ = ["ForkedProcess", "Zygote", "open_zygote", "serve", "stop_children"]
 
 
 if __name__ == "__main__":

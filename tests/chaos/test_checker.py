@@ -309,3 +309,14 @@ async def test_node_job_escaping_its_process_group_is_swept(tmp_path) -> None:
             result = await run_schedule(fleet, 1, schedule)
     assert result.records.node_jobs[0].state == "done"
     assert result.ok, [str(v) for v in result.violations]
+
+
+def test_two_plays_of_a_seed_never_share_a_node_job_id() -> None:
+    """Issue 25: the sweep promise is checked by a scan of the whole host for the jobs' ids;
+    an id made of the seed and the step alone (``s7-n1``) is carried as well by the job of
+    another run of seed 7 on the same machine. Each play's ids are its own."""
+    from fleet_trio.sim.chaos.runner import _Play
+
+    one, two = (_Play(None, 7, print) for _ in range(2))  # type: ignore[arg-type]
+    assert one.node_job_id("n1") != two.node_job_id("n1")
+    assert one.node_job_id("n1").startswith("s7-") and one.node_job_id("n1").endswith("-n1")

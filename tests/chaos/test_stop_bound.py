@@ -9,19 +9,27 @@ job's marker survives.
 
 from __future__ import annotations
 
+import os
+import signal
+
 import pytest
 import trio
 
+from fleet_trio.sim.chaos.runner import scan_markers
+from fleet_trio.sim.chaos.schedule import NODE_MARKER
 from fleet_trio.sim.chaos_stop import (
     NODE_BOUND,
     MarkedProcess,
     StopRecord,
+    StopResult,
     check_stop,
     make_stop_plan,
+    play_stop_seed,
     run_stop_seeds,
     stop_verdict,
     worker_bound,
 )
+from tests.helpers import wait_until
 
 SEEDS = list(range(1, 51))
 HUNG_GPU = True
@@ -123,3 +131,37 @@ async def test_a_seed_that_lost_its_port_is_tried_again(
     plan = next(p for p in map(make_stop_plan, SEEDS) if p.role == "worker")
     assert await chaos_stop.play_stop_seed(plan, str(tmp_path)) == "played"
     assert calls == [str(tmp_path), str(tmp_path / "try1")]
+
+
+@pytest.mark.slow
+async def test_another_run_of_the_same_seed_is_not_taken_for_a_survivor(tmp_path) -> None:
+    """Issue 25: the scan for survivors walks the whole host, and a node seed's job ids were a
+    function of the seed alone (``stop38-0-stubborn``). Another run of the scenario on the same
+    machine (a second checkout's suite, a run killed earlier whose node still runs) holds job
+    processes with those very ids: the check reported them as this seed's survivors, and
+    SIGKILLed them. Every play's job ids are its own: a live process carrying the ids of an
+    earlier play of the same seed is neither reported nor touched."""
+    plan = make_stop_plan(2)  # a node; one job that ignores SIGTERM
+    assert plan.role == "node"
+    with trio.fail_after(120):
+        first = await play_stop_seed(plan, str(tmp_path / "first"))
+        assert check_stop(first) == [], stop_verdict(StopResult(first, check_stop(first)))
+        # what a run killed mid-seed leaves: its job, still running, carrying its job id
+        job_id = next(iter(first.jobs))
+        leftover = await trio.lowlevel.open_process(
+            ["sleep", "60"], env={**os.environ, NODE_MARKER: job_id}, process_group=0
+        )
+        try:
+            await wait_until(
+                lambda: job_id in {p.job_id for p in scan_markers({job_id})},
+                what="the leftover's marker",
+            )
+            second = await play_stop_seed(plan, str(tmp_path / "second"))
+            assert check_stop(second) == [], stop_verdict(StopResult(second, check_stop(second)))
+        finally:
+            with trio.CancelScope(shield=True):
+                leftover.terminate()
+                code = await leftover.wait()
+    # ended by our SIGTERM, not by a SIGKILL of the check (a signal it sent came first)
+    assert code == -signal.SIGTERM, "the check killed another run's process"
+    assert not set(first.jobs) & set(second.jobs)

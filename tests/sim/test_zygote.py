@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -69,3 +70,41 @@ async def test_a_forked_process_is_signalled_through_its_pidfd(
         child.send_signal(signal.SIGKILL)  # gone and reaped, exit not yet reported: nobody
         assert killed == []
         child._exit(0)
+
+
+@pytest.mark.slow
+async def test_children_are_stopped_when_the_scenario_is_gone(tmp_path: Path) -> None:
+    """Issue 25: a scenario killed mid-run (a ``timeout`` around the suite, SIGTERM to
+    pytest) closes the zygote's stdin without stopping what it had asked for. The zygote
+    exited and left its nodes running for good, each with its jobs: a later run of the same
+    seeds met their job processes. Now the zygote SIGTERMs every child still running when its
+    stdin closes (a node drains and sweeps its jobs), and reaps it."""
+    with trio.fail_after(60):
+        async with open_zygote() as zygote:
+            child = await zygote.spawn(node_args(tmp_path), str(tmp_path / "node.log"))
+            log = tmp_path / "node.log"
+            await wait_until(
+                lambda: log.exists() and "serving on" in log.read_text(), what="the node to serve"
+            )
+            assert zygote._proc.stdin is not None
+            await zygote._proc.stdin.aclose()  # what the scenario's death does
+            assert await child.wait() == 0  # drained and reaped by the zygote, not killed
+            assert await zygote._proc.wait() == 0
+    assert "draining" in log.read_text()
+
+
+def test_a_child_that_ignores_sigterm_is_killed_after_the_wait() -> None:
+    from fleet_trio.sim.zygote import stop_children
+
+    polite = subprocess.Popen(["sleep", "30"])
+    stubborn = subprocess.Popen(
+        ["sh", "-c", "trap '' TERM; echo ready; exec sleep 30"], stdout=subprocess.PIPE
+    )
+    assert stubborn.stdout is not None
+    assert stubborn.stdout.readline() == b"ready\n"  # the trap is set
+    children = {polite.pid, stubborn.pid}
+    codes = stop_children(children, wait=0.5)
+    assert codes == {polite.pid: -signal.SIGTERM, stubborn.pid: -signal.SIGKILL}
+    assert children == set()
+    polite.returncode, stubborn.returncode = codes[polite.pid], codes[stubborn.pid]  # reaped
+    stubborn.stdout.close()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import os
+import secrets
 import signal
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
@@ -115,11 +116,20 @@ class _Play:
         """ref → (job id, kind, device, lines)."""
         self.notes: list[str] = []
         self.restarting: set[str] = set()
+        self.run = secrets.token_hex(4)
+        """This play's token in its node job ids (:meth:`node_job_id`)."""
+
+    def node_job_id(self, ref: str) -> str:
+        """``s<seed>-<token>-<ref>``: the survivors are looked for across the whole host by
+        job id (:func:`scan_markers`), so an id is this play's alone; made of the seed and ref
+        alone, it was carried as well by the jobs of another run of the same seed on the
+        machine, taken for survivors (issue 25). An rc job's id is the controller's UUID."""
+        return f"s{self.seed}-{self.run}-{ref}"
 
     async def step(self, s: Step) -> None:
         fleet = self.fleet
         if s.action == "dispatch":
-            job_id = f"s{self.seed}-{s.ref}"
+            job_id = self.node_job_id(s.ref)
             self.node_refs[s.ref] = (job_id, s.kind)
             self.sent_at[job_id] = trio.current_time()
             rec = await fleet.dispatcher.submit(s.kind, job_id=job_id)
