@@ -17,6 +17,7 @@ import json
 import os
 import secrets
 import signal
+import stat
 import sys
 import uuid
 from typing import Any
@@ -176,18 +177,48 @@ def worker_yaml(url: str, token: str, host: str, devices: int, root: str) -> str
 
 
 def _write_private(path: str, text: str) -> None:
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(text)
+    """Write ``text`` to ``path`` (mode 0600) whole: into a new file beside it, then renamed
+    over it. A client reading the session file as a controller starts sees the old file or
+    the new one, never an empty or half-written one; whatever was at ``path`` (a FIFO that an
+    ``open`` for writing would block on) is replaced, not opened. A symlink is written
+    through (its target is replaced)."""
+    target = os.path.realpath(path)
+    folder = os.path.dirname(target) or "."
+    os.makedirs(folder, exist_ok=True)
+    tmp = os.path.join(folder, f".{os.path.basename(target)}.{secrets.token_hex(4)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def _read_regular(path: str) -> str:
+    """The text of the regular file ``path``; ``OSError`` for anything else (a FIFO is not
+    opened for a blocking read, a directory is not read)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(f"not a regular file ({_file_kind(os.fstat(fd).st_mode)})")
+        return f.read().decode("utf-8")
+
+
+def _file_kind(mode: int) -> str:
+    for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISDIR, "a directory")):
+        if test(mode):
+            return name
+    return "not a file"
 
 
 def _remove_session(path: str) -> None:
     """Remove the session file if it is still ours (a second sim controller replaced it)."""
     with contextlib.suppress(OSError, ValueError, AttributeError):
-        with open(path, encoding="utf-8") as f:
-            if json.load(f).get("pid") != os.getpid():
-                return
+        if json.loads(_read_regular(path)).get("pid") != os.getpid():
+            return
         os.unlink(path)
 
 
@@ -290,10 +321,11 @@ def _read_session() -> dict[str, Any] | None:
     file, or the file of a controller that was killed and could not remove it)."""
     path = session_path()
     try:
-        with open(path, encoding="utf-8") as f:
-            info = json.load(f)
+        info = json.loads(_read_regular(path))
     except FileNotFoundError:
         return None
+    except IsADirectoryError:
+        raise SimCliError(f"{path}: not a regular file (a directory)") from None
     except (OSError, ValueError) as exc:
         raise SimCliError(f"{path}: {exc}") from None
     if not isinstance(info, dict):
