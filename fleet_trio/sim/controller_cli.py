@@ -471,6 +471,7 @@ async def _submit(args: argparse.Namespace) -> int:
     follow = f"{url}/v1/jobs/{job_id}/logs?follow=1"
     out_limiter = trio.CapacityLimiter(1)  # one write at a time: chunks keep their order
     interrupted = False
+    lost: str | None = None  # raised after the nursery: a group of one is not a SimCliError
     with trio.open_signal_receiver(signal.SIGINT) as sigint:
         async with trio.open_nursery() as nursery:
 
@@ -492,8 +493,10 @@ async def _submit(args: argparse.Namespace) -> int:
                     async for chunk in r.aiter_bytes():  # a slow terminal: not on the loop
                         await trio.to_thread.run_sync(_write_stdout, chunk, limiter=out_limiter)
             except httpx.HTTPError as exc:
-                raise SimCliError(f"lost the job's log stream: {exc}") from None
+                lost = f"lost the job's log stream: {exc}"
             nursery.cancel_scope.cancel()
+    if lost is not None and not interrupted:
+        raise SimCliError(lost)
     if interrupted:
         # Ctrl-C while following: the job is not left running behind the user's back
         killed = (await _request("POST", f"{url}/v1/jobs/{job_id}/kill", token))["killed"]

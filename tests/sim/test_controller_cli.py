@@ -294,3 +294,48 @@ async def test_a_fifo_at_the_session_path_does_not_hang_the_controller(tmp_path:
             ctrl.send_signal(signal.SIGTERM)
             await ctrl.wait()
         assert not _session_file(tmp_path).exists()  # removed at the end
+
+
+@pytest.mark.slow
+async def test_sim_submit_says_the_log_stream_was_lost_when_the_controller_dies(
+    tmp_path: Path,
+) -> None:
+    """The controller killed while ``sim submit`` follows the job's output: one ``error:``
+    line and exit 1 (before: the error escaped the Ctrl-C nursery as an exception group, an
+    "internal error" with a crash report)."""
+    env = _shell_env(tmp_path)
+    with trio.fail_after(90):
+        ctrl = await trio.lowlevel.open_process(
+            [*FLEET_TRIO, "sim", "controller", "--listen", "127.0.0.1:0"],
+            env=env,
+            stdout=subprocess.PIPE,
+        )
+        worker = submit = None
+        try:
+            out = bytearray()
+            await _read_until(ctrl.stdout, b"worker config: ", out)
+            worker = await trio.lowlevel.open_process(
+                [*FLEET_TRIO, "sim", "worker"], env=env, stderr=subprocess.DEVNULL
+            )
+            submit = await trio.lowlevel.open_process(
+                [*FLEET_TRIO, "sim", "submit", "--", "sh", "-c", "echo started; exec sleep 600"],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+            )
+            seen = bytearray()
+            await _read_until(submit.stdout, b"started\n", seen)
+            ctrl.kill()
+            await ctrl.wait()
+            err = bytearray()
+            while chunk := await submit.stderr.receive_some():
+                err += chunk
+            assert await submit.wait() == 1
+            text = err.decode()
+            assert "error: lost the job's log stream: " in text, text
+            assert "internal error" not in text and "Traceback" not in text, text
+        finally:
+            for proc in (submit, worker, ctrl):
+                if proc is not None and proc.returncode is None:
+                    proc.kill()
+                    await proc.wait()
