@@ -158,6 +158,9 @@ class BoundedConnection(TCPServer):
         self.answered = trio.Event()
         """Set when the request in flight has its whole answer (or the connection closes);
         replaced at each request head."""
+        self.read_scope: trio.CancelScope | None = None
+        """The read loop's scope: cancelled when a write to the client fails (the client is
+        gone; the loop may be paused by hypercorn with next requests buffered)."""
 
     async def run(self) -> None:
         """Serve this connection until the client goes or the server is cancelled.
@@ -230,12 +233,18 @@ class BoundedConnection(TCPServer):
                     await self.stream.aclose()
         if broken:
             await self.protocol.handle(Closed())
+            # The client is gone: a read loop that hypercorn paused until this answer was
+            # complete (next requests buffered) would wait for ever, holding the descriptor.
+            if self.read_scope is not None:
+                self.read_scope.cancel()
 
     async def _read_data(self) -> None:
         """Hypercorn's read loop (``TCPServer._read_data``), plus: the first bytes of a next
         request on a kept-alive connection start its header timeout; when the client's side
         ends, the idle timer stops and is not restarted, so the connection (and its
         descriptor) ends as soon as no request is in flight, not at the keep-alive timeout.
+
+        A write to the client that fails (a reset, a dropped client) ends the loop too.
 
         A client's EOF while an HTTP request is in flight is a half-close
         (``shutdown(SHUT_WR)`` after whole requests): the answers still go out, then the
@@ -244,25 +253,27 @@ class BoundedConnection(TCPServer):
         websocket end the connection at once.
 
         Cancellation: ends the loop (the connection's close follows in ``run``)."""
-        while True:
-            try:
-                with trio.fail_after(self.config.read_timeout or math.inf):
-                    data = await self.stream.receive_some(MAX_RECV)
-            except (trio.ClosedResourceError, trio.BrokenResourceError, trio.TooSlowError):
-                break
-            idle = self.idle_scope
-            if data and idle is not None and not self.awaiting_head:
-                # bytes of the next request after a keep-alive wait: its head has the
-                # header timeout from now
-                self.awaiting_head = True
-                header_by = trio.current_time() + self.connections.header_timeout
-                idle.deadline = min(idle.deadline, header_by)
-            await self.protocol.handle(RawData(bytes(data)))
-            if data == b"":
-                self.reading_done = True
-                if self.http_request_in_flight():
-                    await self.answered.wait()
-                break
+        with trio.CancelScope() as self.read_scope:
+            while True:
+                try:
+                    with trio.fail_after(self.config.read_timeout or math.inf):
+                        data = await self.stream.receive_some(MAX_RECV)
+                except (trio.ClosedResourceError, trio.BrokenResourceError, trio.TooSlowError):
+                    break
+                idle = self.idle_scope
+                if data and idle is not None and not self.awaiting_head:
+                    # bytes of the next request after a keep-alive wait: its head has the
+                    # header timeout from now
+                    self.awaiting_head = True
+                    header_by = trio.current_time() + self.connections.header_timeout
+                    idle.deadline = min(idle.deadline, header_by)
+                await self.protocol.handle(RawData(bytes(data)))
+                if data == b"":
+                    self.reading_done = True
+                    if self.http_request_in_flight():
+                        await self.answered.wait()
+                    break
+        self.read_scope = None
         self.reading_done = True
         await self.protocol.handle(Closed())
         await self.idle_task.stop()
