@@ -6,6 +6,9 @@ file, and records the URL and the client token in ``sim-controller.json`` under 
 directory (mode 0600, removed when it stops), so ``sim submit``/``sim jobs``/``sim devices``
 find it without flags. They speak the client routes of :mod:`fleet_trio.sim.client_api`, the
 same ``POST /v1/jobs`` that ``rc run`` sends to a real controller.
+
+(Over 500 lines: the parser, the controller command and its session file, and the client
+commands that read it belong together; the session file's safe write and read are here.)
 """
 
 from __future__ import annotations
