@@ -35,6 +35,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -46,7 +47,7 @@ ROOT = Path(__file__).resolve().parent.parent
 VENV = ROOT / ".venv"
 SYSTEM_PATH = "/usr/local/bin:/usr/bin:/bin"
 
-_BLOCK = re.compile(r"^```sh\n(.*?)^```", re.M | re.S)
+_BLOCK = re.compile(r"^(?P<indent>[ \t]*)```sh[ \t]*\n(?P<body>.*?)^(?P=indent)```", re.M | re.S)
 _SKIP = re.compile(r"^<!-- quickstart: skip \((?P<why>.*)\) -->$")
 _VENV_PREFIX = re.compile(r"^python3 -m venv \.venv && \.venv/bin/pip install [^&]*&& ", re.M)
 _SERVER = re.compile(r"^(?P<cmd>(?:\S*/)?fleet-trio (?:node|sim controller))\b(?P<rest>.*)$")
@@ -62,7 +63,8 @@ def all_blocks() -> list[tuple[str, str, str | None]]:
             before = text[: m.start()].rstrip("\n").rsplit("\n", 1)[-1].strip()
             skip = _SKIP.match(before)
             why = skip.group("why").strip() if skip else None
-            found.append((f"{path.relative_to(ROOT)}#{n}", m.group(1), why))
+            body = textwrap.dedent(m.group("body"))  # a block in a list item is indented
+            found.append((f"{path.relative_to(ROOT)}#{n}", body, why))
     return found
 
 
@@ -116,6 +118,16 @@ def test_the_quickstarts_are_found() -> None:
     assert any(i.startswith("docs/node.md#") for i in ids)
     assert any(i.startswith("docs/worker.md#") for i in ids)
     assert not any("pytest" in text for _, text in BLOCKS)  # the test-suite blocks are skipped
+
+
+def test_every_sh_block_is_found_indented_ones_too() -> None:
+    """A fenced ``sh`` block inside a list item is indented: it is a quickstart too (before:
+    only blocks at column 0 were found, so docs/worker.md's migration step ran nowhere and
+    needed no reason to be skipped)."""
+    fence = re.compile(r"^[ \t]*```sh[ \t]*$", re.M)
+    paths = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    fences = sum(len(fence.findall(p.read_text(encoding="utf-8"))) for p in paths)
+    assert len(ALL) == fences
 
 
 def test_every_skipped_block_says_why() -> None:

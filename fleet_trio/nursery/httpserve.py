@@ -38,7 +38,9 @@ Descriptors (no client can take the server's descriptors for long; docs/security
 Hypercorn internals relied on (read in hypercorn 0.18, ``TCPServer``): ``_read_data`` and
 ``_idle_timeout`` (both replaced), ``idle_task`` and the ``Updated`` events that restart and
 stop it, and its ``h11.Connection`` at ``protocol.protocol.connection`` (for h11's public
-``trailing_data``). ``tests/nursery/test_httpserve_descriptors.py`` covers each.
+``trailing_data``), and its ``HTTPStream`` at ``protocol.protocol.stream`` while a request
+is answered (a half-closed client still gets its answers).
+``tests/nursery/test_httpserve_descriptors.py`` covers each.
 
 Both roles serve through :func:`serve_http` (a failed bind: the role's own start error).
 """
@@ -53,6 +55,7 @@ from typing import Any
 import trio
 from hypercorn.config import Config as HypercornConfig
 from hypercorn.events import Closed, Event, RawData, Updated
+from hypercorn.protocol.http_stream import HTTPStream
 from hypercorn.trio.lifespan import Lifespan
 from hypercorn.trio.tcp_server import MAX_RECV, TCPServer
 from hypercorn.trio.worker_context import WorkerContext
@@ -156,6 +159,12 @@ class BoundedConnection(TCPServer):
         """The header timeout runs: no request yet, or bytes of a next one have come."""
         self.idle_scope: trio.CancelScope | None = None
         """The idle (or header) timer's scope while it runs."""
+        self.answered = trio.Event()
+        """Set when the request in flight has its whole answer (or the connection closes);
+        replaced at each request head."""
+        self.read_scope: trio.CancelScope | None = None
+        """The read loop's scope: cancelled when a write to the client fails (the client is
+        gone; the loop may be paused by hypercorn with next requests buffered)."""
 
     async def run(self) -> None:
         """Serve this connection until the client goes or the server is cancelled.
@@ -175,6 +184,7 @@ class BoundedConnection(TCPServer):
         then continued) but never outlives its deadline, which the server's cancel moves to
         now: the client is then dropped."""
         if isinstance(event, Closed):
+            self.answered.set()
             # The close comes from the request's task when the client asked for it
             # (``Connection: close``, HTTP/1.0), and the app cancels that task as it finishes:
             # unshielded, hypercorn's ``send_eof`` took the cancel and the socket stayed open
@@ -188,8 +198,11 @@ class BoundedConnection(TCPServer):
             if not event.idle:
                 self.requests += 1  # a request head is complete: the header timer stops
                 self.awaiting_head = False
-            elif self.reading_done:
-                return  # the client is gone: no keep-alive wait for a next request
+                self.answered = trio.Event()
+            else:
+                self.answered.set()
+                if self.reading_done:
+                    return  # the client is done: no keep-alive wait for a next request
             # Shielded: the keep-alive restart comes from the request's task as the app
             # cancels it; unshielded, the restart took the cancel and no timer ran, so a
             # kept-alive connection lived until the read timeout. (Quick: a lock held only
@@ -224,6 +237,10 @@ class BoundedConnection(TCPServer):
                     await self.stream.aclose()
         if broken:
             await self.protocol.handle(Closed())
+            # The client is gone: a read loop that hypercorn paused until this answer was
+            # complete (next requests buffered) would wait for ever, holding the descriptor.
+            if self.read_scope is not None:
+                self.read_scope.cancel()
 
     async def _read_data(self) -> None:
         """Hypercorn's read loop (``TCPServer._read_data``), plus: the first bytes of a next
@@ -231,26 +248,45 @@ class BoundedConnection(TCPServer):
         ends, the idle timer stops and is not restarted, so the connection (and its
         descriptor) ends as soon as no request is in flight, not at the keep-alive timeout.
 
+        A write to the client that fails (a reset, a dropped client) ends the loop too.
+
+        A client's EOF while an HTTP request is in flight is a half-close
+        (``shutdown(SHUT_WR)`` after whole requests): the answers still go out, then the
+        connection closes. (Hypercorn handed that EOF to the app as a disconnect at once: the
+        app was cancelled and its answer cut.) A reset, a read timeout, or an EOF on a
+        websocket end the connection at once.
+
         Cancellation: ends the loop (the connection's close follows in ``run``)."""
-        while True:
-            try:
-                with trio.fail_after(self.config.read_timeout or math.inf):
-                    data = await self.stream.receive_some(MAX_RECV)
-            except (trio.ClosedResourceError, trio.BrokenResourceError, trio.TooSlowError):
-                break
-            idle = self.idle_scope
-            if data and idle is not None and not self.awaiting_head:
-                # bytes of the next request after a keep-alive wait: its head has the
-                # header timeout from now
-                self.awaiting_head = True
-                header_by = trio.current_time() + self.connections.header_timeout
-                idle.deadline = min(idle.deadline, header_by)
-            await self.protocol.handle(RawData(bytes(data)))
-            if data == b"":
-                break
+        with trio.CancelScope() as self.read_scope:
+            while True:
+                try:
+                    with trio.fail_after(self.config.read_timeout or math.inf):
+                        data = await self.stream.receive_some(MAX_RECV)
+                except (trio.ClosedResourceError, trio.BrokenResourceError, trio.TooSlowError):
+                    break
+                idle = self.idle_scope
+                if data and idle is not None and not self.awaiting_head:
+                    # bytes of the next request after a keep-alive wait: its head has the
+                    # header timeout from now
+                    self.awaiting_head = True
+                    header_by = trio.current_time() + self.connections.header_timeout
+                    idle.deadline = min(idle.deadline, header_by)
+                await self.protocol.handle(RawData(bytes(data)))
+                if data == b"":
+                    self.reading_done = True
+                    if self.http_request_in_flight():
+                        await self.answered.wait()
+                    break
+        self.read_scope = None
         self.reading_done = True
         await self.protocol.handle(Closed())
         await self.idle_task.stop()
+
+    def http_request_in_flight(self) -> bool:
+        """An HTTP (not websocket) request is being answered (hypercorn's ``H11Protocol``
+        keeps it at ``protocol.protocol.stream`` until its answer is complete)."""
+        stream = getattr(getattr(self.protocol, "protocol", None), "stream", None)
+        return isinstance(stream, HTTPStream) and not self.answered.is_set()
 
     def next_request_buffered(self) -> bool:
         """Bytes the client sent are waiting to be parsed (h11's ``trailing_data``; hypercorn

@@ -6,6 +6,9 @@ file, and records the URL and the client token in ``sim-controller.json`` under 
 directory (mode 0600, removed when it stops), so ``sim submit``/``sim jobs``/``sim devices``
 find it without flags. They speak the client routes of :mod:`fleet_trio.sim.client_api`, the
 same ``POST /v1/jobs`` that ``rc run`` sends to a real controller.
+
+(Over 500 lines: the parser, the controller command and its session file, and the client
+commands that read it belong together; the session file's safe write and read are here.)
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import json
 import os
 import secrets
 import signal
+import stat
 import sys
 import uuid
 from typing import Any
@@ -176,18 +180,48 @@ def worker_yaml(url: str, token: str, host: str, devices: int, root: str) -> str
 
 
 def _write_private(path: str, text: str) -> None:
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(text)
+    """Write ``text`` to ``path`` (mode 0600) whole: into a new file beside it, then renamed
+    over it. A client reading the session file as a controller starts sees the old file or
+    the new one, never an empty or half-written one; whatever was at ``path`` (a FIFO that an
+    ``open`` for writing would block on) is replaced, not opened. A symlink is written
+    through (its target is replaced)."""
+    target = os.path.realpath(path)
+    folder = os.path.dirname(target) or "."
+    os.makedirs(folder, exist_ok=True)
+    tmp = os.path.join(folder, f".{os.path.basename(target)}.{secrets.token_hex(4)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def _read_regular(path: str) -> str:
+    """The text of the regular file ``path``; ``OSError`` for anything else (a FIFO is not
+    opened for a blocking read, a directory is not read)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(f"not a regular file ({_file_kind(os.fstat(fd).st_mode)})")
+        return f.read().decode("utf-8")
+
+
+def _file_kind(mode: int) -> str:
+    for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISDIR, "a directory")):
+        if test(mode):
+            return name
+    return "not a file"
 
 
 def _remove_session(path: str) -> None:
     """Remove the session file if it is still ours (a second sim controller replaced it)."""
     with contextlib.suppress(OSError, ValueError, AttributeError):
-        with open(path, encoding="utf-8") as f:
-            if json.load(f).get("pid") != os.getpid():
-                return
+        if json.loads(_read_regular(path)).get("pid") != os.getpid():
+            return
         os.unlink(path)
 
 
@@ -294,10 +328,11 @@ def _read_session() -> dict[str, Any] | None:
     file, or the file of a controller that was killed and could not remove it)."""
     path = session_path()
     try:
-        with open(path, encoding="utf-8") as f:
-            info = json.load(f)
+        info = json.loads(_read_regular(path))
     except FileNotFoundError:
         return None
+    except IsADirectoryError:
+        raise SimCliError(f"{path}: not a regular file (a directory)") from None
     except (OSError, ValueError) as exc:
         raise SimCliError(f"{path}: {exc}") from None
     if not isinstance(info, dict):
@@ -443,6 +478,7 @@ async def _submit(args: argparse.Namespace) -> int:
     follow = f"{url}/v1/jobs/{job_id}/logs?follow=1"
     out_limiter = trio.CapacityLimiter(1)  # one write at a time: chunks keep their order
     interrupted = False
+    lost: str | None = None  # raised after the nursery: a group of one is not a SimCliError
     with trio.open_signal_receiver(signal.SIGINT) as sigint:
         async with trio.open_nursery() as nursery:
 
@@ -464,8 +500,10 @@ async def _submit(args: argparse.Namespace) -> int:
                     async for chunk in r.aiter_bytes():  # a slow terminal: not on the loop
                         await trio.to_thread.run_sync(_write_stdout, chunk, limiter=out_limiter)
             except httpx.HTTPError as exc:
-                raise SimCliError(f"lost the job's log stream: {exc}") from None
+                lost = f"lost the job's log stream: {exc}"
             nursery.cancel_scope.cancel()
+    if lost is not None and not interrupted:
+        raise SimCliError(lost)
     if interrupted:
         # Ctrl-C while following: the job is not left running behind the user's back
         killed = (await _request("POST", f"{url}/v1/jobs/{job_id}/kill", token))["killed"]

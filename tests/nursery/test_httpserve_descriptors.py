@@ -10,6 +10,8 @@ import errno
 import functools
 import logging
 import math
+import socket
+import struct
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -28,11 +30,18 @@ from tests.helpers import quiet_for, wait_until
 PING = b"GET /ping HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
 
 
-def _app() -> QuartTrio:
+def _app(release: trio.Event | None = None) -> QuartTrio:
     app = QuartTrio(__name__)
 
     @app.route("/ping")
     async def ping() -> str:
+        return "pong"
+
+    @app.route("/held")
+    async def held() -> str:
+        # answers when the test says so (after the server has seen the client's EOF)
+        if release is not None:
+            await release.wait()
         return "pong"
 
     return app
@@ -49,10 +58,12 @@ def _config(keep_alive: float = 120.0) -> HypercornConfig:
 
 
 @asynccontextmanager
-async def _server(conns: Connections, keep_alive: float = 120.0) -> AsyncIterator[int]:
+async def _server(
+    conns: Connections, keep_alive: float = 120.0, release: trio.Event | None = None
+) -> AsyncIterator[int]:
     async with trio.open_nursery() as nursery:
         serve = functools.partial(
-            serve_http_bounded, _app(), _config(keep_alive), connections=conns
+            serve_http_bounded, _app(release), _config(keep_alive), connections=conns
         )
         urls = await nursery.start(serve)
         yield int(urls[0].rsplit(":", 1)[1])
@@ -156,6 +167,66 @@ async def test_the_next_request_head_has_the_header_timeout_from_its_first_byte(
                 assert await _closed_by_server(stream)
                 assert trio.current_time() - began < 10  # not the 100 s keep-alive
             assert conns.header_timeouts == 1
+
+
+async def _until_eof(stream: trio.SocketStream) -> bytes:
+    data = b""
+    while chunk := await stream.receive_some(65536):
+        data += chunk
+    return data
+
+
+@pytest.mark.parametrize("requests", [1, 3])
+async def test_a_client_that_half_closes_after_its_requests_still_gets_every_answer(
+    requests: int,
+) -> None:
+    # ``shutdown(SHUT_WR)`` after whole requests (``curl`` with stdin closed, ``nc -N``, a
+    # proxy): the EOF says "no more requests", not "gone". Before: the EOF was handed to the
+    # app as a disconnect, the app was cancelled and the answer cut (headers and no body, or
+    # nothing at all; for a dispatch: the job taken, its ack lost).
+    conns = Connections(write_timeout=30.0, header_timeout=100.0)
+    release = trio.Event()
+    held = b"GET /held HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+    with trio.fail_after(30):
+        async with _server(conns, release=release) as port:
+            stream = await trio.open_tcp_stream("127.0.0.1", port)
+            async with stream:
+                await stream.send_all(PING * (requests - 1) + held)
+                await wait_until(lambda: conns.live, what="the connection accepted")
+                (conn,) = conns.live
+                await stream.send_eof()
+                await wait_until(
+                    lambda: conn.reading_done, what="the server seeing the client's EOF"
+                )
+                release.set()
+                data = await _until_eof(stream)  # the server closes after the answers
+            assert data.count(b"HTTP/1.1 200") == requests, data
+            assert data.count(b"pong") == requests, data
+            await wait_until(lambda: not conns.live, timeout=10, what="the connection ended")
+            assert conns.header_timeouts == 0
+
+
+async def test_a_client_that_resets_with_requests_still_queued_is_let_go() -> None:
+    # Pipelined requests, then a reset (RST) before the first answer is written: that write
+    # fails, and the read loop (paused by hypercorn until the answer is complete, with the
+    # next requests buffered) was never woken: the connection, its task and its descriptor
+    # stayed for ever (22 of 60 such clients in a 300-client run against a node).
+    conns = Connections(write_timeout=30.0, header_timeout=100.0)
+    release = trio.Event()
+    held = b"GET /held HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+    with trio.fail_after(30):
+        async with _server(conns, release=release) as port:
+            stream = await trio.open_tcp_stream("127.0.0.1", port)
+            await stream.send_all(held + PING + PING)
+            await wait_until(lambda: conns.live, what="the connection accepted")
+            (conn,) = conns.live
+            await wait_until(lambda: conn.requests == 1, what="the first request taken")
+            linger = struct.pack("ii", 1, 0)  # close with a reset
+            stream.socket.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, linger)
+            stream.socket.close()
+            release.set()  # the answer's write meets the reset
+            await wait_until(lambda: not conns.live, timeout=10, what="the connection ended")
+            assert conns.header_timeouts == 0
 
 
 # -- the accept loop --------------------------------------------------------------------------

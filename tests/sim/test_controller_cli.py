@@ -235,3 +235,109 @@ async def test_ctrl_c_on_sim_submit_kills_the_job_and_says_so(tmp_path: Path) ->
                 if proc is not None and proc.returncode is None:
                     proc.send_signal(signal.SIGTERM)
                     await proc.wait()
+
+
+def _session_file(tmp_path: Path) -> Path:
+    session = tmp_path / "state" / "fleet-trio" / "sim-controller.json"
+    session.parent.mkdir(parents=True, exist_ok=True)
+    return session
+
+
+async def test_a_session_file_that_is_a_fifo_is_an_error_not_a_hang(tmp_path: Path) -> None:
+    """Before: ``open`` of a FIFO blocks until a writer comes: ``sim jobs`` and ``sim submit``
+    hung for ever (the 10 s wait for a starting controller could not cut it)."""
+    env = _shell_env(tmp_path)
+    os.mkfifo(_session_file(tmp_path))
+    with trio.fail_after(60):
+        done = await trio.run_process(
+            [*FLEET_TRIO, "sim", "jobs"], env=env, capture_stderr=True, check=False
+        )
+    assert done.returncode == 1
+    err = done.stderr.decode()
+    assert err.startswith("error: ") and "sim-controller.json: not a regular file" in err, err
+
+
+def test_the_session_file_is_replaced_whole_never_seen_half_written(tmp_path: Path) -> None:
+    """A client that reads the session file while a controller writes it (``sim controller &``
+    then ``sim submit`` at once) sees the old file or the new one, never an empty or half one
+    (before: written in place after ``O_TRUNC``: ``Expecting value: line 1 column 1``)."""
+    from fleet_trio.sim.controller_cli import _write_private
+
+    path = tmp_path / "s.json"
+    path.write_text('{"old": 1}\n')
+    with path.open() as before:  # the file a reader had opened just before the write
+        _write_private(str(path), '{"new": 2}\n')
+        assert before.read() == '{"old": 1}\n'  # not truncated under the reader
+    assert path.read_text() == '{"new": 2}\n'
+    assert oct(path.stat().st_mode & 0o777) == oct(0o600)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s.json"]  # no temporary left
+
+
+@pytest.mark.slow
+async def test_a_fifo_at_the_session_path_does_not_hang_the_controller(tmp_path: Path) -> None:
+    """Before: the controller's write of its session file opened the FIFO and blocked for ever,
+    silently (in a thread: not even Ctrl-C got it out)."""
+    env = _shell_env(tmp_path)
+    os.mkfifo(_session_file(tmp_path))
+    with trio.fail_after(60):
+        ctrl = await trio.lowlevel.open_process(
+            [*FLEET_TRIO, "sim", "controller", "--listen", "127.0.0.1:0"],
+            env=env,
+            stdout=subprocess.PIPE,
+        )
+        try:
+            out = bytearray()
+            await _read_until(ctrl.stdout, b"worker config: ", out)
+            devices = await trio.run_process(
+                [*FLEET_TRIO, "sim", "devices"], env=env, capture_stderr=True, check=False
+            )
+            assert devices.returncode == 0, devices.stderr
+        finally:
+            ctrl.send_signal(signal.SIGTERM)
+            await ctrl.wait()
+        assert not _session_file(tmp_path).exists()  # removed at the end
+
+
+@pytest.mark.slow
+async def test_sim_submit_says_the_log_stream_was_lost_when_the_controller_dies(
+    tmp_path: Path,
+) -> None:
+    """The controller killed while ``sim submit`` follows the job's output: one ``error:``
+    line and exit 1 (before: the error escaped the Ctrl-C nursery as an exception group, an
+    "internal error" with a crash report)."""
+    env = _shell_env(tmp_path)
+    with trio.fail_after(90):
+        ctrl = await trio.lowlevel.open_process(
+            [*FLEET_TRIO, "sim", "controller", "--listen", "127.0.0.1:0"],
+            env=env,
+            stdout=subprocess.PIPE,
+        )
+        worker = submit = None
+        try:
+            out = bytearray()
+            await _read_until(ctrl.stdout, b"worker config: ", out)
+            worker = await trio.lowlevel.open_process(
+                [*FLEET_TRIO, "sim", "worker"], env=env, stderr=subprocess.DEVNULL
+            )
+            submit = await trio.lowlevel.open_process(
+                [*FLEET_TRIO, "sim", "submit", "--", "sh", "-c", "echo started; exec sleep 600"],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+            )
+            seen = bytearray()
+            await _read_until(submit.stdout, b"started\n", seen)
+            ctrl.kill()
+            await ctrl.wait()
+            err = bytearray()
+            while chunk := await submit.stderr.receive_some():
+                err += chunk
+            assert await submit.wait() == 1
+            text = err.decode()
+            assert "error: lost the job's log stream: " in text, text
+            assert "internal error" not in text and "Traceback" not in text, text
+        finally:
+            for proc in (submit, worker, ctrl):
+                if proc is not None and proc.returncode is None:
+                    proc.kill()
+                    await proc.wait()
