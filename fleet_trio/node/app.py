@@ -146,6 +146,10 @@ class NodeContext:
             listeners = getattr(self.store, "on_published", None)
             if hold is not None and listeners is not None:  # a log ends once its poll agrees
                 listeners.append(hold())
+        withdrawn = getattr(self.store, "on_withdrawn", None)
+        if getattr(self.runner, "bus", None) is self.bus and withdrawn is not None:
+            # an ack taken back: the log its 202 opened goes, the id is unknown again
+            withdrawn.append(self.bus.discard_unwritten)
         self.metrics.attach(self)  # metrics: read at scrape time; the runner counts job ends
         if getattr(self.runner, "metrics", False) is None:
             self.runner.metrics = self.metrics

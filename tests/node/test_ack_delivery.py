@@ -27,6 +27,8 @@ import trio
 import trio.testing
 
 from fleet_trio.errors import ConfigError
+from fleet_trio.logbus.bus import LogBus
+from fleet_trio.logbus.tail import CLOSE_NORMAL, CLOSE_UNKNOWN_JOB, serve_tail
 from fleet_trio.node.app import NodeContext, create_app
 from fleet_trio.node.config import config_from_mapping
 from fleet_trio.node.delivery import DEFAULT_ACK_DEADLINE, Delivery
@@ -547,3 +549,57 @@ async def test_a_pipelined_request_on_a_keep_alive_connection_is_not_taken_for_a
         done = await h.wait_terminal("p1")
         assert done["state"] == "done"
         assert runs(tmp_path, "p1") == 1
+
+
+# -- the live log of a withdrawn ack ------------------------------------------------------------
+
+
+async def test_a_withdrawn_ack_leaves_no_live_log_a_tail_would_wait_on_forever(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The 202 went out (the job's live log opened with it), then the reset withdrew the ack:
+    the id is unknown, so a tail of it is answered ``unknown job`` at once — never left
+    waiting on a log no job will ever write or end — and a re-dispatch of the id gets a
+    fresh log."""
+    async with setup(tmp_path) as s:
+        assert s.ctx.runner.bus is s.ctx.bus  # the dispatch opens each job's log at its ack
+        r = await s.dispatch("g6", ScriptedPeer(reset=GONE_RESET))
+        assert r.status_code == 202
+        await wait_until(lambda: "g6" not in s.store.table, timeout=10, what="g6 withdrawn")
+        sent: list[str] = []
+
+        async def send_text(text: str) -> None:
+            sent.append(text)
+
+        with trio.fail_after(10):
+            code = await serve_tail(s.ctx.bus, "g6", send_text, {})
+        assert code == CLOSE_UNKNOWN_JOB, sent
+        assert s.ctx.bus.get("g6") is None
+        await _fresh_ack_runs_once(s, "g6")
+        fresh = s.ctx.bus.get("g6")
+        assert fresh is not None and fresh.ended is None
+
+
+async def test_a_tail_waiting_on_a_withdrawn_ack_gets_its_end() -> None:
+    """A tail that subscribed between the 202 and the withdrawal: the log is dropped from the
+    bus and its readers get an ``end`` (the job never ran), not a wait without end."""
+    bus = LogBus()
+    bus.open("w1")
+    sent: list[str] = []
+
+    async def send_text(text: str) -> None:
+        sent.append(text)
+
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            codes: list[int] = []
+
+            async def tail() -> None:
+                codes.append(await serve_tail(bus, "w1", send_text, {}))
+
+            nursery.start_soon(tail)
+            await trio.testing.wait_all_tasks_blocked()
+            assert bus.discard_unwritten("w1")
+    assert codes == [CLOSE_NORMAL]
+    assert bus.get("w1") is None
+    assert bus.open("w1").ended is None  # the id's next log is a new one
