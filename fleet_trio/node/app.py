@@ -330,6 +330,7 @@ async def _ack(ctx: NodeContext, prepared: PreparedJob, delivery: Delivery, ack:
     if gone is not None and store.withdraw(ack, f"{gone} before its 202 was written"):
         return error_response(MSG_CLIENT_GONE, 503)
     _open_job_log(ctx, prepared)  # live log tail: subscribable from the ack on
+    delivery.answering()  # a reset once the client's kernel acknowledged the 202: delivered
     delivery.answered = True
     return _json(ack_body(ack.job_id), 202)
 

@@ -15,6 +15,7 @@ import json
 import logging
 import select
 import socket
+import sys
 import threading
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
@@ -498,6 +499,39 @@ def test_a_real_connection_reset_by_its_client_is_gone_before_and_after_the_answ
         kernel_reports(server, select.POLLERR | select.POLLHUP)
         assert peer.reset() == GONE_RESET
         assert peer.gone() == GONE_RESET
+
+
+LINGER_0 = b"\x01\x00\x00\x00\x00\x00\x00\x00"
+"""``SO_LINGER`` on, 0 s: the client's close is an RST (an abortive close)."""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="TCP_INFO counts: Linux")
+def test_a_reset_after_the_client_read_its_202_is_not_a_lost_answer() -> None:
+    """A client that read its 202 and closed abortively (an RST right after reading, as
+    clients with ``SO_LINGER`` 0 and some proxies do): the 202 reached it, the ack stands."""
+    with tcp_pair() as (server, client):
+        peer = Peer(server)
+        peer.answering()  # right before the 202 is written
+        server.sendall(b"HTTP/1.1 202 \r\ncontent-length: 2\r\n\r\n{}")
+        assert client.recv(100).endswith(b"{}")
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, LINGER_0)
+        client.close()
+        kernel_reports(server, select.POLLERR | select.POLLHUP)
+        assert peer.reset() is None
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="TCP_INFO counts: Linux")
+def test_a_reset_before_the_202_reached_the_client_is_a_lost_answer() -> None:
+    """The client closed before the 202 arrived (its timeout): its kernel answers the 202
+    with an RST, never acknowledging it — the 202 was not read, the ack is taken back."""
+    with tcp_pair() as (server, client):
+        peer = Peer(server)
+        client.close()
+        kernel_reports(server, select.POLLRDHUP)
+        peer.answering()
+        server.sendall(b"HTTP/1.1 202 \r\ncontent-length: 2\r\n\r\n{}")
+        kernel_reports(server, select.POLLERR | select.POLLHUP)
+        assert peer.reset() == GONE_RESET
 
 
 def test_a_socket_the_server_closed_is_gone_but_its_written_answer_is_not_lost() -> None:
