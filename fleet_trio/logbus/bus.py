@@ -773,6 +773,21 @@ class LogBus:
             self._logs[job_id].end(state, exit_code, reason)
         return ended
 
+    def discard_unwritten(self, job_id: str, reason: str = "not acked") -> bool:
+        """Drop the log of a job that will never run (its ack was withdrawn, docs/node.md
+        "Delivery-checked acks"): only a log that has not ended and holds no byte. Its
+        readers get an ``end`` (``error``, ``reason``); the id is free for a new log (a
+        re-dispatch) and a tail of it now is ``unknown job``. True when a log was dropped."""
+        log = self._logs.get(job_id)
+        if log is None or log.ended is not None or log.nbytes:
+            return False
+        del self._logs[job_id]
+        log._on_end = None  # never kept among the ended logs: the id is unknown again
+        log.end("error", None, reason)
+        if self.budget is not None:
+            self.budget.release(("log", job_id))
+        return True
+
     def open(self, job_id: str, *, meta: Mapping[str, str] | None = None) -> JobLog:
         """The log of ``job_id``, created if needed (``ValueError`` for an unsafe id)."""
         _spill.check_job_id(job_id)

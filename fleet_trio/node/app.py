@@ -146,6 +146,10 @@ class NodeContext:
             listeners = getattr(self.store, "on_published", None)
             if hold is not None and listeners is not None:  # a log ends once its poll agrees
                 listeners.append(hold())
+        withdrawn = getattr(self.store, "on_withdrawn", None)
+        if getattr(self.runner, "bus", None) is self.bus and withdrawn is not None:
+            # an ack taken back: the log its 202 opened goes, the id is unknown again
+            withdrawn.append(self.bus.discard_unwritten)
         self.metrics.attach(self)  # metrics: read at scrape time; the runner counts job ends
         if getattr(self.runner, "metrics", False) is None:
             self.runner.metrics = self.metrics
@@ -334,6 +338,7 @@ async def _ack(ctx: NodeContext, prepared: PreparedJob, delivery: Delivery, ack:
     if gone is not None and store.withdraw(ack, f"{gone} before its 202 was written"):
         return error_response(MSG_CLIENT_GONE, 503)
     _open_job_log(ctx, prepared)  # live log tail: subscribable from the ack on
+    delivery.answering()  # a reset once the client's kernel acknowledged the 202: delivered
     delivery.answered = True
     return _json(ack_body(ack.job_id), 202)
 

@@ -84,6 +84,12 @@ class Delivery:
         bytes may have reached the client since — only a reset (:meth:`lost`)."""
         return self.lost() if self.answered else self.gone()
 
+    def answering(self) -> None:
+        """Right before the 202 is returned: its connection notes what must be acknowledged
+        for the 202 to have reached the client (:meth:`Peer.answering`)."""
+        if self.peer is not None:
+            self.peer.answering()
+
     def lost(self) -> str | None:
         """Checkpoint 3, after the 202 was handed over: why it cannot have been read (the
         connection was reset), or ``None``."""

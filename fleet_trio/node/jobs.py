@@ -462,6 +462,9 @@ class JobStore:
         self._read_limiter = trio.CapacityLimiter(2)
         self.on_evict: list[Callable[[list[JobView]], None]] = []
         """Called with what each janitor sweep removed (memory accounting hooks)."""
+        self.on_withdrawn: list[Callable[[str], None]] = []
+        """Called with each job id whose ack was withdrawn (:meth:`withdraw`): the id is
+        unknown again (the live log tail drops the log the ack opened)."""
         self.on_published: list[Callable[[str], None]] = []
         """Called with each job id once its terminal state is visible to polls (the live log
         tail ends a job's log only then, so a client that polls after the tail's ``end`` never
@@ -615,6 +618,11 @@ class JobStore:
         if ack.release is not None:
             ack.release.set()  # the execution wakes and ends without running
         log.warning(NOT_ACKED, job_id, reason, extra={"job_id": job_id})
+        for hook in self.on_withdrawn:
+            try:
+                hook(job_id)
+            except Exception:
+                log.exception("job %s: a hook after its withdrawal failed", job_id)
         return True
 
     def release(self, ack: Ack) -> None:

@@ -18,12 +18,23 @@ a zero timeout on the socket (nothing is read, nothing blocks):
 
 Where ``POLLRDHUP`` does not exist, a ``MSG_PEEK`` read of one byte tells EOF (``b""``) apart
 from unread data (then the client is taken as present).
+
+A reset after the answer was written is a lost answer only while the client's kernel never
+acknowledged it: a client that read its answer and then closed abortively (an RST at once:
+``SO_LINGER`` 0, some proxies) is no loss. On Linux the socket's ``TCP_INFO`` counts the bytes
+the client acknowledged (``tcpi_bytes_acked``, kept after the reset) and ``SIOCOUTQ`` the bytes
+written and not yet acknowledged: :meth:`Peer.answering`, right before the answer is written,
+notes how many the client must acknowledge for the answer to have reached it. Elsewhere (or on
+an older kernel) every reset after the answer counts as a loss.
 """
 
 from __future__ import annotations
 
+import fcntl
 import select
 import socket
+import struct
+import termios
 from typing import Any
 
 SCOPE_KEY = "fleet_trio.peer"
@@ -34,6 +45,36 @@ _RDHUP: int = getattr(select, "POLLRDHUP", 0)
 GONE_RESET = "the client reset its connection"
 GONE_CLOSED = "the client closed its connection"
 
+_TCP_INFO: int | None = getattr(socket, "TCP_INFO", None)
+_BYTES_ACKED_AT = 120
+"""Offset of ``tcpi_bytes_acked`` (a u64) in Linux's ``struct tcp_info`` (since 4.1)."""
+_OUTQ: int | None = getattr(termios, "TIOCOUTQ", None)
+"""``SIOCOUTQ``: bytes in the send queue the peer has not acknowledged (Linux)."""
+
+
+def _acked(sock: Any) -> int | None:
+    """Bytes the peer has acknowledged on ``sock`` (kept after a reset), or ``None``."""
+    if _TCP_INFO is None:
+        return None
+    try:
+        raw = sock.getsockopt(socket.IPPROTO_TCP, _TCP_INFO, 256)
+    except (OSError, AttributeError, TypeError):
+        return None
+    if len(raw) < _BYTES_ACKED_AT + 8:
+        return None
+    return int(struct.unpack_from("Q", raw, _BYTES_ACKED_AT)[0])
+
+
+def _unacked(fd: int) -> int | None:
+    """Bytes written on ``fd`` and not yet acknowledged by the peer, or ``None``."""
+    if _OUTQ is None:
+        return None
+    try:
+        raw = fcntl.ioctl(fd, _OUTQ, b"\0\0\0\0")
+    except OSError:
+        return None
+    return int(struct.unpack("i", raw)[0])
+
 
 class Peer:
     """The client end of one connection, as its socket shows it (no I/O but ``poll``)."""
@@ -41,6 +82,9 @@ class Peer:
     def __init__(self, sock: Any) -> None:
         self.sock = sock
         """A trio or standard socket (anything with ``fileno()`` and ``recv``)."""
+        self._reached_at: int | None = None
+        """Acknowledged bytes that mean the answer being written reached the client's kernel
+        (:meth:`answering`); ``None`` when unknown."""
 
     def _events(self) -> int | None:
         """The socket's ready events now; ``None`` once the server closed the socket."""
@@ -75,15 +119,36 @@ class Peer:
             return GONE_CLOSED if head == b"" else None
         return None
 
+    def answering(self) -> None:
+        """Right before an answer is written: note what the client must acknowledge for it to
+        have reached the client's kernel (every byte written before it, and its first)."""
+        self._reached_at = None
+        fileno = getattr(self.sock, "fileno", None)
+        fd = fileno() if fileno is not None else -1
+        if fd < 0:
+            return
+        acked, unacked = _acked(self.sock), _unacked(fd)
+        if acked is not None and unacked is not None:
+            self._reached_at = acked + unacked + 1
+
     def reset(self) -> str | None:
         """After an answer was written: why it cannot have been read (the connection was
         reset: ``POLLERR``, or ``POLLHUP`` on a socket the server still holds open and so has
         not shut), or ``None``. An EOF now is a client that read its answer and closed, and a
-        socket the server closed (``Connection: close``) was written whole: neither is a loss."""
+        socket the server closed (``Connection: close``) was written whole: neither is a loss.
+        Nor is a reset once the client's kernel acknowledged the answer (:meth:`answering`):
+        the client read it and closed abortively, or its timeout fired the very instant the
+        answer arrived (the window no server can close, docs/node.md)."""
         events = self._events()
         if events is None:
             return None
-        return GONE_RESET if events & (select.POLLERR | select.POLLHUP) else None
+        if not events & (select.POLLERR | select.POLLHUP):
+            return None
+        if self._reached_at is not None:
+            acked = _acked(self.sock)
+            if acked is not None and acked >= self._reached_at:
+                return None
+        return GONE_RESET
 
 
 def peer_of(scope: Any) -> Peer | None:

@@ -15,6 +15,7 @@ import json
 import logging
 import select
 import socket
+import sys
 import threading
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
@@ -27,6 +28,8 @@ import trio
 import trio.testing
 
 from fleet_trio.errors import ConfigError
+from fleet_trio.logbus.bus import LogBus
+from fleet_trio.logbus.tail import CLOSE_NORMAL, CLOSE_UNKNOWN_JOB, serve_tail
 from fleet_trio.node.app import NodeContext, create_app
 from fleet_trio.node.config import config_from_mapping
 from fleet_trio.node.delivery import DEFAULT_ACK_DEADLINE, Delivery
@@ -498,6 +501,39 @@ def test_a_real_connection_reset_by_its_client_is_gone_before_and_after_the_answ
         assert peer.gone() == GONE_RESET
 
 
+LINGER_0 = b"\x01\x00\x00\x00\x00\x00\x00\x00"
+"""``SO_LINGER`` on, 0 s: the client's close is an RST (an abortive close)."""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="TCP_INFO counts: Linux")
+def test_a_reset_after_the_client_read_its_202_is_not_a_lost_answer() -> None:
+    """A client that read its 202 and closed abortively (an RST right after reading, as
+    clients with ``SO_LINGER`` 0 and some proxies do): the 202 reached it, the ack stands."""
+    with tcp_pair() as (server, client):
+        peer = Peer(server)
+        peer.answering()  # right before the 202 is written
+        server.sendall(b"HTTP/1.1 202 \r\ncontent-length: 2\r\n\r\n{}")
+        assert client.recv(100).endswith(b"{}")
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, LINGER_0)
+        client.close()
+        kernel_reports(server, select.POLLERR | select.POLLHUP)
+        assert peer.reset() is None
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="TCP_INFO counts: Linux")
+def test_a_reset_before_the_202_reached_the_client_is_a_lost_answer() -> None:
+    """The client closed before the 202 arrived (its timeout): its kernel answers the 202
+    with an RST, never acknowledging it — the 202 was not read, the ack is taken back."""
+    with tcp_pair() as (server, client):
+        peer = Peer(server)
+        client.close()
+        kernel_reports(server, select.POLLRDHUP)
+        peer.answering()
+        server.sendall(b"HTTP/1.1 202 \r\ncontent-length: 2\r\n\r\n{}")
+        kernel_reports(server, select.POLLERR | select.POLLHUP)
+        assert peer.reset() == GONE_RESET
+
+
 def test_a_socket_the_server_closed_is_gone_but_its_written_answer_is_not_lost() -> None:
     with tcp_pair() as (server, _client):
         peer = Peer(server)
@@ -547,3 +583,57 @@ async def test_a_pipelined_request_on_a_keep_alive_connection_is_not_taken_for_a
         done = await h.wait_terminal("p1")
         assert done["state"] == "done"
         assert runs(tmp_path, "p1") == 1
+
+
+# -- the live log of a withdrawn ack ------------------------------------------------------------
+
+
+async def test_a_withdrawn_ack_leaves_no_live_log_a_tail_would_wait_on_forever(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The 202 went out (the job's live log opened with it), then the reset withdrew the ack:
+    the id is unknown, so a tail of it is answered ``unknown job`` at once — never left
+    waiting on a log no job will ever write or end — and a re-dispatch of the id gets a
+    fresh log."""
+    async with setup(tmp_path) as s:
+        assert s.ctx.runner.bus is s.ctx.bus  # the dispatch opens each job's log at its ack
+        r = await s.dispatch("g6", ScriptedPeer(reset=GONE_RESET))
+        assert r.status_code == 202
+        await wait_until(lambda: "g6" not in s.store.table, timeout=10, what="g6 withdrawn")
+        sent: list[str] = []
+
+        async def send_text(text: str) -> None:
+            sent.append(text)
+
+        with trio.fail_after(10):
+            code = await serve_tail(s.ctx.bus, "g6", send_text, {})
+        assert code == CLOSE_UNKNOWN_JOB, sent
+        assert s.ctx.bus.get("g6") is None
+        await _fresh_ack_runs_once(s, "g6")
+        fresh = s.ctx.bus.get("g6")
+        assert fresh is not None and fresh.ended is None
+
+
+async def test_a_tail_waiting_on_a_withdrawn_ack_gets_its_end() -> None:
+    """A tail that subscribed between the 202 and the withdrawal: the log is dropped from the
+    bus and its readers get an ``end`` (the job never ran), not a wait without end."""
+    bus = LogBus()
+    bus.open("w1")
+    sent: list[str] = []
+
+    async def send_text(text: str) -> None:
+        sent.append(text)
+
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            codes: list[int] = []
+
+            async def tail() -> None:
+                codes.append(await serve_tail(bus, "w1", send_text, {}))
+
+            nursery.start_soon(tail)
+            await trio.testing.wait_all_tasks_blocked()
+            assert bus.discard_unwritten("w1")
+    assert codes == [CLOSE_NORMAL]
+    assert bus.get("w1") is None
+    assert bus.open("w1").ended is None  # the id's next log is a new one

@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
+import struct
 import sys
 from pathlib import Path
 
@@ -101,5 +103,51 @@ async def test_a_dispatch_whose_client_gave_up_during_a_freeze_never_runs(
                 done = (await c.get("/fleet/jobs/frozen-1")).json()
                 assert done == {"job_id": "frozen-1", "state": "done", "data": {"ran": True}}
                 assert _runs(tmp_path, "frozen-1") == 1
+    finally:
+        await node.close()
+
+
+@pytest.mark.slow
+async def test_a_client_that_resets_right_after_reading_its_202_has_its_job_run_once(
+    tmp_path: Path,
+) -> None:
+    """Clients that close abortively (an RST: ``SO_LINGER`` 0) the moment they have read
+    their 202: every job so acked runs, once — never a 202 then 404."""
+    node = Node(tmp_path)
+    node.argv[node.argv.index("-c") + 1] = str(_config(tmp_path))
+    ids = [f"rst-{i}" for i in range(5)]
+
+    def dispatch_and_reset(job_id: str) -> bytes:
+        body = json.dumps({"job_id": job_id, "task_type": "once", "payload": {}}).encode()
+        head = (
+            f"POST /fleet/dispatch HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+        ).encode()
+        with socket.create_connection(("127.0.0.1", node.port), timeout=10) as s:
+            s.sendall(head + body)
+            answer = b""
+            while b"accepted" not in answer and b"error" not in answer:
+                data = s.recv(4096)
+                if not data:
+                    break
+                answer += data
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        return answer
+
+    try:
+        with trio.fail_after(60):
+            await node.start()
+            for job_id in ids:
+                answer = await trio.to_thread.run_sync(dispatch_and_reset, job_id)
+                assert answer.startswith(b"HTTP/1.1 202"), answer
+            async with httpx.AsyncClient(base_url=node.url, timeout=10) as c:
+                for job_id in ids:
+                    await wait_until(
+                        lambda j=job_id: state_in(c, j, "done", "error"),
+                        what=job_id,
+                    )
+                    done = (await c.get(f"/fleet/jobs/{job_id}")).json()
+                    assert done["state"] == "done", done
+                    assert _runs(tmp_path, job_id) == 1
     finally:
         await node.close()
