@@ -39,6 +39,7 @@ import re
 import select
 import shlex
 import signal
+import stat
 from collections.abc import Mapping
 from typing import Literal, Protocol
 
@@ -157,6 +158,41 @@ class JobCgroup:
     def __init__(self, path: str) -> None:
         self.path = path
         self.escaped: dict[int, None] = {}
+        self._report: tuple[int, int] | None = None
+
+    # The shim's report: a pipe that only a shim which could not enter the cgroup writes to
+    # (the shell's own error line, by the path /proc/<our pid>/fd/<write end>, so the job never
+    # inherits it). Empty: the shim entered, whatever the job's exit status is.
+    def report_path(self) -> str:
+        """The path a failing shim writes its error to (the pipe is made on first use)."""
+        if self._report is None:
+            self._report = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+        return f"/proc/{os.getpid()}/fd/{self._report[1]}"
+
+    def entry_error(self) -> str | None:
+        """The errno text of a shim that could not enter the cgroup (``None``: it entered, or
+        there was no shim); the report pipe is closed. Call once the shim has exited."""
+        if self._report is None:
+            return None
+        r, w = self._report
+        self._report = None
+        try:
+            data = os.read(r, 4096)
+        except OSError:
+            data = b""
+        finally:
+            os.close(r)
+            os.close(w)
+        if not data:
+            return None
+        return shell_errno_text(data.decode("utf-8", "replace"))
+
+    def close_report(self) -> None:
+        """Close the report pipe unread (the spawn failed)."""
+        if self._report is not None:
+            for fd in self._report:
+                os.close(fd)
+            self._report = None
 
     @property
     def procs_file(self) -> str:
@@ -246,6 +282,18 @@ class JobCgroup:
             log.warning("cgroup %s not removed: %s", self.path, errno_text(exc.errno or 0))
             return False
         return True
+
+
+def shell_errno_text(line: str) -> str:
+    """The errno text (Go's lower case) in a shell's ``cannot create FILE: TEXT`` line; the
+    line's last part as it is when the text is no ``strerror`` (another locale)."""
+    text = line.strip().rsplit(": ", 1)[-1]
+    if text == "Directory nonexistent":  # dash's own words for ENOENT on a redirection
+        return errno_text(errno.ENOENT)
+    for number in errno.errorcode:
+        if os.strerror(number) == text:
+            return errno_text(number)
+    return text
 
 
 def _populated(events: bytes) -> bool:
@@ -428,26 +476,61 @@ def shim_argv(cgroup: JobCgroup, argv: list[str], env: Mapping[str, str] | None)
         fixups.append("unset PWD")
     if "IFS" in environ:
         fixups.append(f"IFS={shlex.quote(environ['IFS'])}")
-    script = f'echo 0 >"$0" || exit {EXIT_SHIM}; ' + "; ".join(fixups) + '; exec "$@"'
+    # On failure, the write is tried once more with the shell's error line into the report
+    # pipe (JobCgroup.entry_error); the common path opens nothing but cgroup.procs.
+    enter = (
+        f'echo 0 2>/dev/null >"$0" || '
+        f'{{ echo 0 2>{shlex.quote(cgroup.report_path())} >"$0" || exit {EXIT_SHIM}; }}'
+    )
+    script = f"{enter}; " + "; ".join(fixups) + '; exec "$@"'
     if all(_IDENT.match(name) for name in environ):
         return [SH, "-c", script, cgroup.procs_file, *argv]
     # names a shell drops: the environment goes through env -i, on the command line
     assignments = [f"{k}={v}" for k, v in environ.items()]
-    script = f'echo 0 >"$0" || exit {EXIT_SHIM}; exec "$@"'
+    script = f'{enter}; exec "$@"'
     return [SH, "-c", script, cgroup.procs_file, ENV, "-i", "--", *assignments, *argv]
+
+
+BINFMT_MISC = "/proc/sys/fs/binfmt_misc"
 
 
 def exec_check(path: str) -> OSError | None:
     """What ``execve(path)`` would refuse before running anything (the shim would otherwise
-    report it as an exit status): missing, a directory, not executable."""
+    report it as an exit status, or run it differently): missing, not a regular file, not
+    executable, and a file whose first bytes are neither ``#!`` nor an ELF header (the kernel's
+    ``ENOEXEC``, which the shim's ``exec`` would answer by running it as a shell script).
+    Unless :func:`binfmt_misc_active`: a format registered there may run it."""
     try:
         st = os.stat(path)
     except OSError as exc:
         return exc
-    if os.path.isdir(path) or not os.access(path, os.X_OK):
+    if not stat.S_ISREG(st.st_mode) or not os.access(path, os.X_OK):
         return PermissionError(errno.EACCES, os.strerror(errno.EACCES), path)
-    del st
-    return None
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError:
+        return None  # execute-only: the kernel alone may read it
+    try:
+        head = os.read(fd, 4)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    if head[:2] == b"#!" or head == b"\x7fELF" or binfmt_misc_active():
+        return None
+    return OSError(errno.ENOEXEC, os.strerror(errno.ENOEXEC), path)
+
+
+def binfmt_misc_active() -> bool:
+    """Are extra executable formats registered (``binfmt_misc`` enabled, an entry present)?
+    Then a file without ``#!`` or ELF header is left to the kernel."""
+    try:
+        with open(os.path.join(BINFMT_MISC, "status"), "rb") as f:
+            if f.read().strip() != b"enabled":
+                return False
+        return any(n not in ("status", "register") for n in os.listdir(BINFMT_MISC))
+    except OSError:
+        return False
 
 
 # -- the sweep under the cgroup backend ---------------------------------------------------------
@@ -531,6 +614,7 @@ __all__ = [
     "own_cgroup",
     "own_cgroup_dir",
     "recover_leftovers",
+    "shell_errno_text",
     "shim_argv",
     "sweep_cgroup",
 ]

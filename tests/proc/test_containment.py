@@ -14,6 +14,7 @@ import trio
 from fleet_trio.proc.containment import (
     CgroupContainment,
     ContainmentError,
+    JobCgroup,
     MarkerContainment,
     cgroup2_mount,
     cgroup_name,
@@ -179,6 +180,77 @@ async def test_start_errors_are_the_same(cgroup_parent: str, tmp_path: Path) -> 
                 )
             errs.append(result.err)
         assert errs[0] == errs[1] and errs[0], errs
+
+
+async def test_a_file_the_kernel_refuses_is_the_same_start_error(
+    cgroup_parent: str, tmp_path: Path
+) -> None:
+    """A command file without ``#!`` that is no binary: ``execve`` refuses it (ENOEXEC). The
+    shim's ``exec`` (dash) would run it as a shell script; the cgroup backend refuses it too."""
+    ran = tmp_path / "ran"
+    for name, text in (("script", f"touch {ran}\n"), ("empty", "")):
+        path = tmp_path / name
+        path.write_text(text)
+        path.chmod(0o755)
+        results = []
+        for containment in (None, CgroupContainment(jobs_dir=cgroup_parent)):
+            with trio.fail_after(20):
+                results.append(
+                    await run(
+                        JobSpec(command=(str(path),), containment=containment), CappedBuffer(1024)
+                    )
+                )
+        assert results[0] == results[1], results
+        assert results[0].exit_code == -1
+        assert results[0].err == f"start: fork/exec {path}: exec format error"
+        assert not ran.exists()
+    for command in ((sys.executable, "-c", "pass"), ("sh", "-c", "exit 0")):
+        with trio.fail_after(20):
+            ok = await run(
+                JobSpec(command=command, containment=CgroupContainment(jobs_dir=cgroup_parent)),
+                CappedBuffer(1024),
+            )
+        assert ok.exit_code == 0 and ok.err is None, ok
+
+
+class VanishingCgroups(CgroupContainment):
+    """Makes the job's cgroup, then removes it before the spawn: the shim cannot enter it."""
+
+    def create(self, key: str) -> JobCgroup:
+        cg = super().create(key)
+        os.rmdir(cg.path)
+        return cg
+
+
+async def test_a_shim_that_cannot_enter_its_cgroup_is_a_start_error(cgroup_parent: str) -> None:
+    backend = VanishingCgroups(jobs_dir=cgroup_parent)
+    path = os.path.join(cgroup_parent, "gone")
+    with trio.fail_after(20):
+        result = await run(
+            JobSpec(command=("true",), containment=backend, cgroup_key="gone"), CappedBuffer(1024)
+        )
+    assert result.exit_code == -1 and not result.killed, result
+    assert result.err == f"start: cgroup {path}: cannot enter: no such file or directory"
+    with trio.fail_after(20):
+        async with await start_pty(
+            JobSpec(command=("true",), containment=backend, cgroup_key="gone")
+        ) as session:
+            while await session.read():
+                pass
+            pty_result = await session.wait()
+    assert pty_result.err == f"start pty: cgroup {path}: cannot enter: no such file or directory"
+
+
+async def test_a_job_that_exits_125_itself_is_no_start_error(cgroup_parent: str) -> None:
+    job = JobSpec(
+        command=("sh", "-c", "echo 'cannot create x: No such file or directory' >&2; exit 125"),
+        containment=CgroupContainment(jobs_dir=cgroup_parent),
+    )
+    out = CappedBuffer(1024)
+    with trio.fail_after(20):
+        result = await run(job, out)
+    assert result.exit_code == 125 and result.err is None, result
+    assert b"cannot create" in out.getvalue()
 
 
 async def test_recovery_kills_and_removes_a_crashed_runs_cgroups(cgroup_parent: str) -> None:
