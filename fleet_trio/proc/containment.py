@@ -145,6 +145,68 @@ def cgroup_name(key: str) -> str:
     return name or "job"
 
 
+# -- accounting -----------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class CgroupUsage:
+    """What a job used, read from its cgroup at its end (docs/containment.md, "Accounting").
+    ``cpu.stat`` is there without any controller; ``memory.peak`` and ``memory.events``
+    only where the memory controller is enabled for the job's cgroup (else ``None``)."""
+
+    cpu_usec: int
+    user_usec: int
+    system_usec: int
+    memory_peak: int | None = None
+    oom_kills: int | None = None
+
+    @property
+    def cpu_seconds(self) -> float:
+        return self.cpu_usec / 1e6
+
+    def text(self) -> str:
+        """One line for a job log: ``cpu 1.50 s (user 1.00 s, system 0.50 s)`` and, where
+        known, ``, memory peak N bytes, oom kills N``."""
+        text = (
+            f"cpu {self.cpu_usec / 1e6:.2f} s (user {self.user_usec / 1e6:.2f} s,"
+            f" system {self.system_usec / 1e6:.2f} s)"
+        )
+        if self.memory_peak is not None:
+            text += f", memory peak {self.memory_peak} bytes"
+        if self.oom_kills is not None:
+            text += f", oom kills {self.oom_kills}"
+        return text
+
+
+def read_usage(path: str) -> CgroupUsage | None:
+    """The usage of the cgroup at ``path`` (``None``: its ``cpu.stat`` cannot be read)."""
+    try:
+        stats = _keyed(os.path.join(path, "cpu.stat"))
+    except (OSError, ValueError):
+        return None
+    try:
+        with open(os.path.join(path, "memory.peak"), "rb") as f:
+            peak: int | None = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        peak = None
+    try:
+        oom: int | None = _keyed(os.path.join(path, "memory.events")).get("oom_kill", 0)
+    except (OSError, ValueError):
+        oom = None
+    return CgroupUsage(
+        cpu_usec=stats.get("usage_usec", 0),
+        user_usec=stats.get("user_usec", 0),
+        system_usec=stats.get("system_usec", 0),
+        memory_peak=peak,
+        oom_kills=oom,
+    )
+
+
+def _keyed(path: str) -> dict[str, int]:
+    with open(path, "rb") as f:
+        return {k.decode(): int(v) for k, v in (line.split()[:2] for line in f if line.strip())}
+
+
 # -- one job's cgroup ---------------------------------------------------------------------------
 
 
@@ -159,6 +221,8 @@ class JobCgroup:
         self.path = path
         self.escaped: dict[int, None] = {}
         self._report: tuple[int, int] | None = None
+        self.usage: CgroupUsage | None = None
+        """What the job used, read just before the cgroup was removed (:meth:`remove`)."""
 
     # The shim's report: a pipe that only a shim which could not enter the cgroup writes to
     # (the shell's own error line, by the path /proc/<our pid>/fd/<write end>, so the job never
@@ -273,7 +337,11 @@ class JobCgroup:
             os.close(fd)
 
     def remove(self) -> bool:
-        """``rmdir`` the cgroup (it must be empty); True when it is gone."""
+        """``rmdir`` the cgroup (it must be empty); True when it is gone. Its usage is read
+        first (:attr:`usage`), while it can be."""
+        usage = read_usage(self.path)
+        if usage is not None:
+            self.usage = usage
         try:
             os.rmdir(self.path)
         except FileNotFoundError:
@@ -601,6 +669,7 @@ __all__ = [
     "AnyContainment",
     "CgroupContainment",
     "CgroupTarget",
+    "CgroupUsage",
     "Containment",
     "ContainmentError",
     "JobCgroup",
@@ -613,6 +682,7 @@ __all__ = [
     "exec_check",
     "own_cgroup",
     "own_cgroup_dir",
+    "read_usage",
     "recover_leftovers",
     "shell_errno_text",
     "shim_argv",

@@ -61,7 +61,7 @@ import trio
 
 from fleet_trio.backoff import Backoff
 from fleet_trio.durations import signal_text
-from fleet_trio.proc.containment import EXIT_SHIM, JobCgroup, sweep_cgroup
+from fleet_trio.proc.containment import EXIT_SHIM, JobCgroup, read_usage, sweep_cgroup
 from fleet_trio.proc.sinks import Sink
 from fleet_trio.proc.spec import JobSpec, Result, SweepReport
 from fleet_trio.proc.stop import StopToken
@@ -325,7 +325,8 @@ class Supervisor:
             return result
         entry = cgroup.entry_error()
         if entry is None or self.proc.returncode != EXIT_SHIM:
-            return result
+            usage = cgroup.usage or read_usage(cgroup.path)
+            return result if usage is None else attrs.evolve(result, usage=usage)
         return Result(
             exit_code=-1, err=f"{self.start_label}: cgroup {cgroup.path}: cannot enter: {entry}"
         )

@@ -232,3 +232,35 @@ async def test_kill_9_of_the_worker_then_restart_kills_the_contained_survivors(
                 proc.kill()
                 with trio.move_on_after(10):
                     await proc.wait()
+
+
+async def test_a_worker_jobs_cpu_time_is_logged_and_counted(
+    cgroup_parent: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level("INFO", logger="fleet_trio.worker")
+    burn = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass\n"
+
+    def contained(c):  # type: ignore[no-untyped-def]
+        return attrs.evolve(c, containment="cgroup", cgroup_base=cgroup_parent)
+
+    with trio.fail_after(60):
+        async with running(configure=contained) as (ctrl, worker):
+            job = ctrl.submit(dev("gpu0"), [sys.executable, "-c", burn])
+            assert await until_terminal(ctrl, job) == ["running", "succeeded"]
+
+            def counted() -> float:
+                registry = worker.metrics.registry
+                value = registry.get_sample_value(
+                    "fleet_trio_worker_job_cpu_seconds_total", {"device": dev("gpu0")}
+                )
+                return value or 0.0
+
+            await wait_until(lambda: counted() > 0, timeout=20)
+            assert counted() >= 0.3
+            ended = worker.bus.get(job)
+            assert ended is not None and ended.ended is not None
+            assert (ended.ended.cpu_seconds or 0) >= 0.3  # the tail's end frame
+    assert any(
+        re.match(rf"job {job}: used cpu \d+\.\d\d s \(user ", r.getMessage())
+        for r in caplog.records
+    ), caplog.text
