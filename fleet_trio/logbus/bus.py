@@ -78,6 +78,8 @@ class End:
     exit_code: int | None
     reason: str
     offset: int
+    cpu_seconds: float | None = None
+    """The job's CPU time from its cgroup (cgroup backend; ``None``: not known)."""
 
 
 Event: TypeAlias = Output | Skipped | End
@@ -452,11 +454,18 @@ class JobLog:
         else:
             await trio.lowlevel.checkpoint()
 
-    def end(self, state: str, exit_code: int | None = None, reason: str = "") -> None:
+    def end(
+        self,
+        state: str,
+        exit_code: int | None = None,
+        reason: str = "",
+        *,
+        cpu_seconds: float | None = None,
+    ) -> None:
         """Record the end (first call wins), wake subscribers; later writes are ignored."""
         if self._end is not None:
             return
-        self._end = End(state, exit_code, reason, self._history.total)
+        self._end = End(state, exit_code, reason, self._history.total, cpu_seconds)
         self._ended_wall = time.time()
         self._ended_mono = trio.current_time()
         self._wake()

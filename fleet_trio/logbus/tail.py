@@ -204,7 +204,10 @@ def encode_event(event: TailEvent) -> list[dict[str, Any]]:
     if isinstance(event, Skipped):
         return [{"type": "skipped", "offset": event.offset, "bytes": event.nbytes}]
     if isinstance(event, End):  # its fields are in wire order: state, exit_code, reason, offset
-        return [{"type": "end", **attrs.asdict(event)}]
+        frame = {"type": "end", **attrs.asdict(event)}
+        if event.cpu_seconds is None:
+            del frame["cpu_seconds"]  # present only where the job's cgroup measured it
+        return [frame]
     return [error_message(event.message)]
 
 
@@ -318,10 +321,20 @@ def decode_message(msg: Mapping[str, Any]) -> TailEvent:
             state=_str(msg, "state"),
             exit_code=None if msg.get("exit_code") is None else _int(msg, "exit_code"),
             reason=_str(msg, "reason", ""),
+            cpu_seconds=_cpu_seconds(msg),
         )
     if kind == "error":
         return TailError(_str(msg, "message", "error"))
     raise TailProtocolError(f"unknown message type {_cut(kind)}")
+
+
+def _cpu_seconds(msg: Mapping[str, Any]) -> float | None:
+    value = msg.get("cpu_seconds")
+    if value is None:
+        return None
+    if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value):
+        raise TailProtocolError(f"end message: bad 'cpu_seconds': {_cut(value)}")
+    return float(value)
 
 
 def loads(text: str | bytes) -> TailEvent:

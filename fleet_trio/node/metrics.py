@@ -65,6 +65,13 @@ class NodeMetrics(BaseMetrics):
             buckets=JOB_BUCKETS,
             registry=r,
         )
+        self.job_cpu_seconds = Counter(
+            "fleet_trio_node_job_cpu_seconds_total",
+            "CPU time of finished jobs, read from their cgroups (cgroup backend only), by task"
+            " type (docs/containment.md).",
+            ["task_type"],
+            registry=r,
+        )
 
     def attach(self, ctx: NodeContext) -> None:
         """Read the node's state at scrape time: job table, VRAM sampler, footprints, bus."""
@@ -82,6 +89,10 @@ class NodeMetrics(BaseMetrics):
 
     def job_started(self, task_type: str) -> None:
         self.jobs_started.labels(task_type=task_type).inc()
+
+    def job_cpu(self, task_type: str, seconds: float) -> None:
+        """A job's CPU time, read from its cgroup (cgroup backend only)."""
+        self.job_cpu_seconds.labels(task_type=task_type).inc(seconds)
 
     def job_finished(self, task_type: str, state: str, seconds: float) -> None:
         self.jobs_finished.labels(task_type=task_type, state=state).inc()

@@ -533,6 +533,7 @@ class JobTee:
         self.job_log = job_log
         self.broken = False
         self.exit_code: int | None = None
+        self.cpu_seconds: float | None = None
         self.stdout: Sink = _BusSink(self, job_log.sink("stdout"))
         self.stderr: Sink = _BusSink(self, job_log.sink("stderr"))
 
@@ -564,6 +565,7 @@ class JobTee:
 
     def seen(self, result: Result) -> None:
         self.exit_code = result.exit_code if result.exit_code >= 0 else None
+        self.cpu_seconds = None if result.usage is None else result.usage.cpu_seconds
 
     def finish(self, outcome: Outcome | None, failure: BaseException | None) -> None:
         """End the log with the job's terminal state (sync; never raises an ``Exception``)."""
@@ -577,7 +579,7 @@ class JobTee:
             state, reason = "error", f"internal error: {failure}" if failure else "internal error"
         try:
             if not self.job_log.ended:
-                self.job_log.end(state, self.exit_code, reason)
+                self.job_log.end(state, self.exit_code, reason, cpu_seconds=self.cpu_seconds)
         except Exception:
             self.broke("end")
 
@@ -870,6 +872,15 @@ class TaskRunner:
                 finally:
                     stop.set()
         _log_sweep(job, result)
+        if result.usage is not None:
+            log.info(
+                "job %s: used %s",
+                job.job_id,
+                result.usage.text(),
+                extra=job_context(job_id=job.job_id, task=job.task.name),
+            )
+            if self.metrics is not None:
+                self.metrics.job_cpu(job.task.name, result.usage.cpu_seconds)
         if tee is not None:
             tee.seen(result)
         outcome = outcome_of(job.task, result, stdout, stderr)

@@ -39,6 +39,7 @@ import re
 import select
 import shlex
 import signal
+import stat
 from collections.abc import Mapping
 from typing import Literal, Protocol
 
@@ -144,6 +145,68 @@ def cgroup_name(key: str) -> str:
     return name or "job"
 
 
+# -- accounting -----------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class CgroupUsage:
+    """What a job used, read from its cgroup at its end (docs/containment.md, "Accounting").
+    ``cpu.stat`` is there without any controller; ``memory.peak`` and ``memory.events``
+    only where the memory controller is enabled for the job's cgroup (else ``None``)."""
+
+    cpu_usec: int
+    user_usec: int
+    system_usec: int
+    memory_peak: int | None = None
+    oom_kills: int | None = None
+
+    @property
+    def cpu_seconds(self) -> float:
+        return self.cpu_usec / 1e6
+
+    def text(self) -> str:
+        """One line for a job log: ``cpu 1.50 s (user 1.00 s, system 0.50 s)`` and, where
+        known, ``, memory peak N bytes, oom kills N``."""
+        text = (
+            f"cpu {self.cpu_usec / 1e6:.2f} s (user {self.user_usec / 1e6:.2f} s,"
+            f" system {self.system_usec / 1e6:.2f} s)"
+        )
+        if self.memory_peak is not None:
+            text += f", memory peak {self.memory_peak} bytes"
+        if self.oom_kills is not None:
+            text += f", oom kills {self.oom_kills}"
+        return text
+
+
+def read_usage(path: str) -> CgroupUsage | None:
+    """The usage of the cgroup at ``path`` (``None``: its ``cpu.stat`` cannot be read)."""
+    try:
+        stats = _keyed(os.path.join(path, "cpu.stat"))
+    except (OSError, ValueError):
+        return None
+    try:
+        with open(os.path.join(path, "memory.peak"), "rb") as f:
+            peak: int | None = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        peak = None
+    try:
+        oom: int | None = _keyed(os.path.join(path, "memory.events")).get("oom_kill", 0)
+    except (OSError, ValueError):
+        oom = None
+    return CgroupUsage(
+        cpu_usec=stats.get("usage_usec", 0),
+        user_usec=stats.get("user_usec", 0),
+        system_usec=stats.get("system_usec", 0),
+        memory_peak=peak,
+        oom_kills=oom,
+    )
+
+
+def _keyed(path: str) -> dict[str, int]:
+    with open(path, "rb") as f:
+        return {k.decode(): int(v) for k, v in (line.split()[:2] for line in f if line.strip())}
+
+
 # -- one job's cgroup ---------------------------------------------------------------------------
 
 
@@ -157,6 +220,43 @@ class JobCgroup:
     def __init__(self, path: str) -> None:
         self.path = path
         self.escaped: dict[int, None] = {}
+        self._report: tuple[int, int] | None = None
+        self.usage: CgroupUsage | None = None
+        """What the job used, read just before the cgroup was removed (:meth:`remove`)."""
+
+    # The shim's report: a pipe that only a shim which could not enter the cgroup writes to
+    # (the shell's own error line, by the path /proc/<our pid>/fd/<write end>, so the job never
+    # inherits it). Empty: the shim entered, whatever the job's exit status is.
+    def report_path(self) -> str:
+        """The path a failing shim writes its error to (the pipe is made on first use)."""
+        if self._report is None:
+            self._report = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+        return f"/proc/{os.getpid()}/fd/{self._report[1]}"
+
+    def entry_error(self) -> str | None:
+        """The errno text of a shim that could not enter the cgroup (``None``: it entered, or
+        there was no shim); the report pipe is closed. Call once the shim has exited."""
+        if self._report is None:
+            return None
+        r, w = self._report
+        self._report = None
+        try:
+            data = os.read(r, 4096)
+        except OSError:
+            data = b""
+        finally:
+            os.close(r)
+            os.close(w)
+        if not data:
+            return None
+        return shell_errno_text(data.decode("utf-8", "replace"))
+
+    def close_report(self) -> None:
+        """Close the report pipe unread (the spawn failed)."""
+        if self._report is not None:
+            for fd in self._report:
+                os.close(fd)
+            self._report = None
 
     @property
     def procs_file(self) -> str:
@@ -237,7 +337,11 @@ class JobCgroup:
             os.close(fd)
 
     def remove(self) -> bool:
-        """``rmdir`` the cgroup (it must be empty); True when it is gone."""
+        """``rmdir`` the cgroup (it must be empty); True when it is gone. Its usage is read
+        first (:attr:`usage`), while it can be."""
+        usage = read_usage(self.path)
+        if usage is not None:
+            self.usage = usage
         try:
             os.rmdir(self.path)
         except FileNotFoundError:
@@ -246,6 +350,18 @@ class JobCgroup:
             log.warning("cgroup %s not removed: %s", self.path, errno_text(exc.errno or 0))
             return False
         return True
+
+
+def shell_errno_text(line: str) -> str:
+    """The errno text (Go's lower case) in a shell's ``cannot create FILE: TEXT`` line; the
+    line's last part as it is when the text is no ``strerror`` (another locale)."""
+    text = line.strip().rsplit(": ", 1)[-1]
+    if text == "Directory nonexistent":  # dash's own words for ENOENT on a redirection
+        return errno_text(errno.ENOENT)
+    for number in errno.errorcode:
+        if os.strerror(number) == text:
+            return errno_text(number)
+    return text
 
 
 def _populated(events: bytes) -> bool:
@@ -428,26 +544,61 @@ def shim_argv(cgroup: JobCgroup, argv: list[str], env: Mapping[str, str] | None)
         fixups.append("unset PWD")
     if "IFS" in environ:
         fixups.append(f"IFS={shlex.quote(environ['IFS'])}")
-    script = f'echo 0 >"$0" || exit {EXIT_SHIM}; ' + "; ".join(fixups) + '; exec "$@"'
+    # On failure, the write is tried once more with the shell's error line into the report
+    # pipe (JobCgroup.entry_error); the common path opens nothing but cgroup.procs.
+    enter = (
+        f'echo 0 2>/dev/null >"$0" || '
+        f'{{ echo 0 2>{shlex.quote(cgroup.report_path())} >"$0" || exit {EXIT_SHIM}; }}'
+    )
+    script = f"{enter}; " + "; ".join(fixups) + '; exec "$@"'
     if all(_IDENT.match(name) for name in environ):
         return [SH, "-c", script, cgroup.procs_file, *argv]
     # names a shell drops: the environment goes through env -i, on the command line
     assignments = [f"{k}={v}" for k, v in environ.items()]
-    script = f'echo 0 >"$0" || exit {EXIT_SHIM}; exec "$@"'
+    script = f'{enter}; exec "$@"'
     return [SH, "-c", script, cgroup.procs_file, ENV, "-i", "--", *assignments, *argv]
+
+
+BINFMT_MISC = "/proc/sys/fs/binfmt_misc"
 
 
 def exec_check(path: str) -> OSError | None:
     """What ``execve(path)`` would refuse before running anything (the shim would otherwise
-    report it as an exit status): missing, a directory, not executable."""
+    report it as an exit status, or run it differently): missing, not a regular file, not
+    executable, and a file whose first bytes are neither ``#!`` nor an ELF header (the kernel's
+    ``ENOEXEC``, which the shim's ``exec`` would answer by running it as a shell script).
+    Unless :func:`binfmt_misc_active`: a format registered there may run it."""
     try:
         st = os.stat(path)
     except OSError as exc:
         return exc
-    if os.path.isdir(path) or not os.access(path, os.X_OK):
+    if not stat.S_ISREG(st.st_mode) or not os.access(path, os.X_OK):
         return PermissionError(errno.EACCES, os.strerror(errno.EACCES), path)
-    del st
-    return None
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError:
+        return None  # execute-only: the kernel alone may read it
+    try:
+        head = os.read(fd, 4)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    if head[:2] == b"#!" or head == b"\x7fELF" or binfmt_misc_active():
+        return None
+    return OSError(errno.ENOEXEC, os.strerror(errno.ENOEXEC), path)
+
+
+def binfmt_misc_active() -> bool:
+    """Are extra executable formats registered (``binfmt_misc`` enabled, an entry present)?
+    Then a file without ``#!`` or ELF header is left to the kernel."""
+    try:
+        with open(os.path.join(BINFMT_MISC, "status"), "rb") as f:
+            if f.read().strip() != b"enabled":
+                return False
+        return any(n not in ("status", "register") for n in os.listdir(BINFMT_MISC))
+    except OSError:
+        return False
 
 
 # -- the sweep under the cgroup backend ---------------------------------------------------------
@@ -518,6 +669,7 @@ __all__ = [
     "AnyContainment",
     "CgroupContainment",
     "CgroupTarget",
+    "CgroupUsage",
     "Containment",
     "ContainmentError",
     "JobCgroup",
@@ -530,7 +682,9 @@ __all__ = [
     "exec_check",
     "own_cgroup",
     "own_cgroup_dir",
+    "read_usage",
     "recover_leftovers",
+    "shell_errno_text",
     "shim_argv",
     "sweep_cgroup",
 ]

@@ -151,6 +151,7 @@ async def start_pty(
                 proc, master = await _spawn(shimmed, spec.cwd, env, rows, cols, shown=argv[0])
             except BaseException:
                 if cgroup is not None:
+                    cgroup.close_report()
                     cgroup.remove()
                 raise
     finally:
@@ -222,7 +223,13 @@ class PtySession(trio.abc.AsyncResource):
         if cgroup is not None:
             target = CgroupTarget(target, cgroup, proc.pid, session=True)
         self._sup = Supervisor(
-            spec, proc, target, started=spawned, idle_from=created, cgroup=cgroup
+            spec,
+            proc,
+            target,
+            started=spawned,
+            idle_from=created,
+            cgroup=cgroup,
+            start_label="start pty",
         )
         self._supervising = False
         self._closed = False

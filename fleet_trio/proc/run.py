@@ -271,6 +271,7 @@ async def _spawn(
             )
         except OSError as exc:
             if cgroup is not None:
+                cgroup.close_report()
                 cgroup.remove()
             return spawn_error_text(exc, argv[0], spec.cwd)
     return proc, forks_before, cgroup

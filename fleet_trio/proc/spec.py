@@ -16,7 +16,7 @@ import trio
 from fleet_trio.proc.sinks import Sink
 
 if TYPE_CHECKING:
-    from fleet_trio.proc.containment import CgroupContainment, MarkerContainment
+    from fleet_trio.proc.containment import CgroupContainment, CgroupUsage, MarkerContainment
 
 DEFAULT_GRACE = 10.0
 """SIGTERM → SIGKILL window when ``grace_ceiling <= 0``."""
@@ -113,6 +113,8 @@ class Result:
     reason: str = ""
     err: str | None = None
     sweep: SweepReport = NO_SWEEP
+    usage: CgroupUsage | None = None
+    """What the job used, from its cgroup (cgroup backend only; docs/containment.md)."""
 
     def to_json(self) -> dict[str, Any]:
         return {

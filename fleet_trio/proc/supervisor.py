@@ -61,7 +61,7 @@ import trio
 
 from fleet_trio.backoff import Backoff
 from fleet_trio.durations import signal_text
-from fleet_trio.proc.containment import JobCgroup, sweep_cgroup
+from fleet_trio.proc.containment import EXIT_SHIM, JobCgroup, read_usage, sweep_cgroup
 from fleet_trio.proc.sinks import Sink
 from fleet_trio.proc.spec import JobSpec, Result, SweepReport
 from fleet_trio.proc.stop import StopToken
@@ -161,10 +161,14 @@ class Supervisor:
         forks_before: int | None = None,
         stoppable: bool = True,
         cgroup: JobCgroup | None = None,
+        start_label: str = "start",
     ) -> None:
         self.spec = spec
         self.cgroup = cgroup
         """The job's cgroup (cgroup backend): swept and removed at the end, always."""
+        self.start_label = start_label
+        """How a start error begins (``start``; a PTY session's ``start pty``): a shim that
+        could not enter the job's cgroup is one."""
         self.stoppable = stoppable
         """False: the owner will never call :meth:`request_stop` nor :meth:`link`; with no
         ``stop`` token and no limit, only a shutdown can then end the wait early, and the
@@ -301,6 +305,7 @@ class Supervisor:
             if self.cgroup is not None and self.spec.sweep_job_id:
                 sweep = SweepReport(scanned=True, scope="cgroup")
                 self.result = attrs.evolve(self.result, sweep=sweep)
+            self.result = self._cgroup_result(self.result)
             rest = self._release()
             if rest:
                 with trio.CancelScope(shield=True):
@@ -308,8 +313,23 @@ class Supervisor:
                         await stream.aclose()
             return None
         with trio.CancelScope(shield=True):
-            self.result = await self._conclude()
+            self.result = self._cgroup_result(await self._conclude())
         return shutdown
+
+    def _cgroup_result(self, result: Result) -> Result:
+        """A shim that could not enter the job's cgroup (it exits :data:`EXIT_SHIM` and says
+        why in its report pipe, which nothing else writes to) is a start error: the job never
+        ran. A job that exits 125 itself is not one (its shim entered: the pipe is empty)."""
+        cgroup = self.cgroup
+        if cgroup is None:
+            return result
+        entry = cgroup.entry_error()
+        if entry is None or self.proc.returncode != EXIT_SHIM:
+            usage = cgroup.usage or read_usage(cgroup.path)
+            return result if usage is None else attrs.evolve(result, usage=usage)
+        return Result(
+            exit_code=-1, err=f"{self.start_label}: cgroup {cgroup.path}: cannot enter: {entry}"
+        )
 
     def _cgroup_emptied(self) -> bool:
         """True without a job cgroup; with one: True iff it is empty (the leader reaped,

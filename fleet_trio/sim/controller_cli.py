@@ -493,9 +493,7 @@ async def _submit(args: argparse.Namespace) -> int:
             try:
                 async with (
                     httpx.AsyncClient(timeout=httpx.Timeout(10.0, read=None)) as client,
-                    client.stream(
-                        "GET", follow, headers={"Authorization": f"Bearer {token}"}
-                    ) as r,
+                    client.stream("GET", follow, headers={"Authorization": f"Bearer {token}"}) as r,
                 ):
                     async for chunk in r.aiter_bytes():  # a slow terminal: not on the loop
                         await trio.to_thread.run_sync(_write_stdout, chunk, limiter=out_limiter)

@@ -118,11 +118,17 @@ def _log_feed(joblog: JobLog | None, a: Assignment, shipper: LogShipper) -> LogF
     return LogFeed(joblog, frozenset({stream}), shipper)
 
 
-def _end_log(joblog: JobLog | None, state: str, exit_code: int | None, reason: str) -> None:
+def _end_log(
+    joblog: JobLog | None,
+    state: str,
+    exit_code: int | None,
+    reason: str,
+    cpu_seconds: float | None = None,
+) -> None:
     if joblog is None:
         return
     try:
-        joblog.end(state, exit_code, reason)
+        joblog.end(state, exit_code, reason, cpu_seconds=cpu_seconds)
     except Exception:
         log.exception("job %s: could not end its live log", joblog.job_id)
 
@@ -416,6 +422,9 @@ async def _report(
                 a.job_id,
                 extra=worker.log_context(a),
             )
+    if result.usage is not None:
+        worker.metrics.job_cpu(a.device_id, result.usage.cpu_seconds)
+        log.info("job %s: used %s", a.job_id, result.usage.text(), extra=worker.log_context(a))
     log.info(
         "job %s: %s (exit %s) %s",
         a.job_id,
@@ -424,7 +433,8 @@ async def _report(
         report.reason,
         extra=worker.log_context(a),
     )
-    _end_log(joblog, report.state, report.exit_code, report.reason)
+    cpu = None if result.usage is None else result.usage.cpu_seconds
+    _end_log(joblog, report.state, report.exit_code, report.reason, cpu)
     if not cleared:
         log.error(
             "job %s: terminal report %s WITHHELD: device %s failed its verify pass (or the "

@@ -92,6 +92,13 @@ class WorkerMetrics(BaseMetrics):
             buckets=JOB_BUCKETS,
             registry=r,
         )
+        self.job_cpu_seconds = Counter(
+            "fleet_trio_worker_job_cpu_seconds_total",
+            "CPU time of finished jobs, read from their cgroups (cgroup backend only), by"
+            " device (docs/containment.md).",
+            ["device"],
+            registry=r,
+        )
         self.hooks = Counter(
             "fleet_trio_hook_runs_total",
             "on_acquire / on_release hook runs by device, event and outcome (ok, failed).",
@@ -194,6 +201,10 @@ class WorkerMetrics(BaseMetrics):
             self.sweep_remaining.inc(len(sweep.remaining))
             if sweep.blind:
                 self.sweep_blind.inc()
+
+    def job_cpu(self, device: str, seconds: float) -> None:
+        """A job's CPU time, read from its cgroup (cgroup backend only)."""
+        self.job_cpu_seconds.labels(device=device).inc(seconds)
 
     def hook_ran(self, device: str, event: str, ok: bool, seconds: float) -> None:
         outcome = "ok" if ok else "failed"

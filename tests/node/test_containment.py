@@ -4,12 +4,16 @@ crashed run's job cgroups are killed and removed at the next start, and the log 
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import re
+import sys
 from pathlib import Path
 
 import pytest
 import trio
+from trio_websocket import open_websocket_url
 
 from fleet_trio.errors import NodeStartError
 from fleet_trio.node.jobs import JobTable
@@ -110,3 +114,34 @@ async def test_the_cgroup_recovery_replaces_the_journals_marker_sweep(
         marked.kill()
         with trio.fail_after(10):
             await marked.wait()
+
+
+async def test_a_node_jobs_cpu_time_is_logged_sent_and_counted(
+    cgroup_parent: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """At the job's end its cgroup's ``cpu.stat`` is read: the node's log line, the tail's
+    ``end`` frame (``cpu_seconds``) and ``fleet_trio_node_job_cpu_seconds_total``."""
+    burn = (
+        "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass\n"
+        "print('{}')\n"
+    )
+    task = {"command": [sys.executable, "-c", burn]}
+    config = node_config(tmp_path, {"burn": task}, containment="cgroup", cgroup_base=cgroup_parent)
+    caplog.set_level(logging.INFO, logger="fleet_trio.node")
+    async with running_node(tmp_path, config) as h:
+        assert (await h.dispatch("c1", "burn", {})).status_code == 202
+        final = await h.wait_terminal("c1")
+        assert final["state"] == "done", final
+        url = h.node.url.replace("http://", "ws://") + "/fleet/jobs/c1/tail"
+        async with open_websocket_url(url) as ws:
+            frames = [json.loads(await ws.get_message())]
+            while frames[-1]["type"] != "end":
+                frames.append(json.loads(await ws.get_message()))
+        end = frames[-1]
+        assert end["cpu_seconds"] >= 0.3, end
+        assert re.search(r"job c1: used cpu \d+\.\d\d s \(user ", caplog.text), caplog.text
+        metrics = (await h.client.get("/metrics")).text
+        counted = re.search(
+            r'fleet_trio_node_job_cpu_seconds_total\{task_type="burn"\} (\S+)', metrics
+        )
+        assert counted and float(counted.group(1)) >= 0.3, metrics

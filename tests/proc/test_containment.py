@@ -8,17 +8,20 @@ import os
 import sys
 from pathlib import Path
 
+import attrs
 import pytest
 import trio
 
 from fleet_trio.proc.containment import (
     CgroupContainment,
     ContainmentError,
+    JobCgroup,
     MarkerContainment,
     cgroup2_mount,
     cgroup_name,
     choose_for_agent,
     own_cgroup,
+    read_usage,
     recover_leftovers,
 )
 from fleet_trio.proc.procfs import pid_alive
@@ -181,6 +184,77 @@ async def test_start_errors_are_the_same(cgroup_parent: str, tmp_path: Path) -> 
         assert errs[0] == errs[1] and errs[0], errs
 
 
+async def test_a_file_the_kernel_refuses_is_the_same_start_error(
+    cgroup_parent: str, tmp_path: Path
+) -> None:
+    """A command file without ``#!`` that is no binary: ``execve`` refuses it (ENOEXEC). The
+    shim's ``exec`` (dash) would run it as a shell script; the cgroup backend refuses it too."""
+    ran = tmp_path / "ran"
+    for name, text in (("script", f"touch {ran}\n"), ("empty", "")):
+        path = tmp_path / name
+        path.write_text(text)
+        path.chmod(0o755)
+        results = []
+        for containment in (None, CgroupContainment(jobs_dir=cgroup_parent)):
+            with trio.fail_after(20):
+                results.append(
+                    await run(
+                        JobSpec(command=(str(path),), containment=containment), CappedBuffer(1024)
+                    )
+                )
+        assert results[0] == results[1], results
+        assert results[0].exit_code == -1
+        assert results[0].err == f"start: fork/exec {path}: exec format error"
+        assert not ran.exists()
+    for command in ((sys.executable, "-c", "pass"), ("sh", "-c", "exit 0")):
+        with trio.fail_after(20):
+            ok = await run(
+                JobSpec(command=command, containment=CgroupContainment(jobs_dir=cgroup_parent)),
+                CappedBuffer(1024),
+            )
+        assert ok.exit_code == 0 and ok.err is None, ok
+
+
+class VanishingCgroups(CgroupContainment):
+    """Makes the job's cgroup, then removes it before the spawn: the shim cannot enter it."""
+
+    def create(self, key: str) -> JobCgroup:
+        cg = super().create(key)
+        os.rmdir(cg.path)
+        return cg
+
+
+async def test_a_shim_that_cannot_enter_its_cgroup_is_a_start_error(cgroup_parent: str) -> None:
+    backend = VanishingCgroups(jobs_dir=cgroup_parent)
+    path = os.path.join(cgroup_parent, "gone")
+    with trio.fail_after(20):
+        result = await run(
+            JobSpec(command=("true",), containment=backend, cgroup_key="gone"), CappedBuffer(1024)
+        )
+    assert result.exit_code == -1 and not result.killed, result
+    assert result.err == f"start: cgroup {path}: cannot enter: no such file or directory"
+    with trio.fail_after(20):
+        async with await start_pty(
+            JobSpec(command=("true",), containment=backend, cgroup_key="gone")
+        ) as session:
+            while await session.read():
+                pass
+            pty_result = await session.wait()
+    assert pty_result.err == f"start pty: cgroup {path}: cannot enter: no such file or directory"
+
+
+async def test_a_job_that_exits_125_itself_is_no_start_error(cgroup_parent: str) -> None:
+    job = JobSpec(
+        command=("sh", "-c", "echo 'cannot create x: No such file or directory' >&2; exit 125"),
+        containment=CgroupContainment(jobs_dir=cgroup_parent),
+    )
+    out = CappedBuffer(1024)
+    with trio.fail_after(20):
+        result = await run(job, out)
+    assert result.exit_code == 125 and result.err is None, result
+    assert b"cannot create" in out.getvalue()
+
+
 async def test_recovery_kills_and_removes_a_crashed_runs_cgroups(cgroup_parent: str) -> None:
     backend = CgroupContainment(jobs_dir=cgroup_parent)
     cg = backend.create("crashed")
@@ -218,3 +292,63 @@ def test_cgroup_mode_names_what_is_missing(tmp_path: Path) -> None:
         choose_for_agent("cgroup", base=str(tmp_path))
     fallback = choose_for_agent("auto", base=str(tmp_path))
     assert fallback.name == "marker" and "not a cgroup v2 directory" in fallback.reason
+
+
+async def test_a_jobs_cpu_time_is_read_from_its_cgroup(cgroup_parent: str) -> None:
+    """``cpu.stat`` needs no controller: a job that burns CPU reports its seconds."""
+    burn = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass\n"
+    job = JobSpec(
+        command=(sys.executable, "-c", burn),
+        containment=CgroupContainment(jobs_dir=cgroup_parent),
+        sweep_job_id="cpu1",
+    )
+    with trio.fail_after(30):
+        result = await run(job, CappedBuffer(1024))
+    assert result.exit_code == 0, result
+    usage = result.usage
+    assert usage is not None and usage.cpu_seconds >= 0.3, usage
+    assert usage.user_usec + usage.system_usec <= usage.cpu_usec + 1000
+    assert usage.text().startswith("cpu ") and " s (user " in usage.text()
+    with trio.fail_after(30):
+        marker = await run(attrs.evolve(job, containment=None), CappedBuffer(1024))
+    assert marker.usage is None
+
+
+def test_usage_is_parsed_from_the_cgroup_files(tmp_path: Path) -> None:
+    (tmp_path / "cpu.stat").write_text(
+        "usage_usec 1500000\nuser_usec 1000000\nsystem_usec 500000\n"
+    )
+    usage = read_usage(str(tmp_path))
+    assert usage is not None and usage.cpu_seconds == 1.5 and usage.memory_peak is None
+    assert usage.text() == "cpu 1.50 s (user 1.00 s, system 0.50 s)"
+    (tmp_path / "memory.peak").write_text("1048576\n")
+    (tmp_path / "memory.events").write_text("low 0\nhigh 0\nmax 3\noom 1\noom_kill 1\n")
+    usage = read_usage(str(tmp_path))
+    assert usage is not None and usage.memory_peak == 1 << 20 and usage.oom_kills == 1
+    assert usage.text().endswith(", memory peak 1048576 bytes, oom kills 1")
+    assert read_usage(str(tmp_path / "gone")) is None
+
+
+@pytest.fixture
+def memory_parent(cgroup_parent: str) -> str:
+    """``cgroup_parent`` with the memory controller enabled for its children; skips (saying
+    so) where the cgroup v2 subtree does not offer it."""
+    controllers = Path(cgroup_parent, "cgroup.controllers").read_text().split()
+    if "memory" not in controllers:
+        pytest.skip(f"no memory controller in the cgroup v2 subtree (only: {controllers})")
+    Path(cgroup_parent, "cgroup.subtree_control").write_text("+memory")
+    return cgroup_parent
+
+
+async def test_a_jobs_memory_peak_is_read_where_the_memory_controller_is(
+    memory_parent: str,
+) -> None:
+    cgroup_parent = memory_parent
+    job = JobSpec(
+        command=(sys.executable, "-c", "b = bytearray(64 << 20)"),
+        containment=CgroupContainment(jobs_dir=cgroup_parent),
+    )
+    with trio.fail_after(30):
+        result = await run(job, CappedBuffer(1024))
+    assert result.usage is not None and (result.usage.memory_peak or 0) >= 64 << 20, result
+    assert result.usage.oom_kills == 0

@@ -5,6 +5,10 @@ removed; ``--check`` and the config say which backend."""
 from __future__ import annotations
 
 import os
+import re
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import attrs
@@ -12,15 +16,25 @@ import pytest
 import trio
 
 from fleet_trio.errors import ConfigError
-from fleet_trio.proc.containment import JOBS_DIR, CgroupContainment
+from fleet_trio.proc.containment import AGENT_LEAF, JOBS_DIR, CgroupContainment
+from fleet_trio.proc.procfs import pid_alive
 from fleet_trio.proc.scripts import ScriptKind, run_scripts
+from fleet_trio.sim import serve_controller
 from fleet_trio.worker.config import hook_env
 from fleet_trio.worker.config.loader import config_from_mapping
 from fleet_trio.worker.hooks import run_hook
 from fleet_trio.worker.verify import run_verify
 from fleet_trio.worker.worker import Worker
-from tests.helpers import dev, gone_within, running, until_terminal
-from tests.proc.test_containment import VARIANTS, escape_command
+from tests.helpers import (
+    dev,
+    gone_within,
+    running,
+    sim,
+    until_terminal,
+    wait_until,
+    write_worker_yaml,
+)
+from tests.proc.test_containment import STRIP, VARIANTS, escape_command
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -150,3 +164,103 @@ async def test_the_worker_hands_its_containment_to_hooks_and_probes(cgroup_paren
     assert isinstance(worker.containment, CgroupContainment)
     assert worker.hooks.containment is worker.containment  # type: ignore[attr-defined]
     assert worker.prober.containment is worker.containment
+
+
+@pytest.mark.slow
+async def test_kill_9_of_the_worker_then_restart_kills_the_contained_survivors(
+    cgroup_parent: str, tmp_path: Path
+) -> None:
+    """A real ``fleet-trio worker`` started inside a delegated cgroup runs a job that leaves a
+    stripped-environment ``setsid`` escapee; after ``kill -9`` of the worker both live on in
+    the job's cgroup; the restarted worker kills them, removes the cgroup and logs it."""
+    pidfile = tmp_path / "escapee"
+    escaper = (
+        f"setsid {STRIP} sh -c 'echo $$ > {pidfile}; exec sleep 4321' </dev/null >/dev/null 2>&1 &"
+        "\nexec sleep 600"
+    )
+    procs = os.path.join(cgroup_parent, "cgroup.procs")
+    ctrl = sim()
+    logs = [tmp_path / "first.log", tmp_path / "second.log"]
+    workers: list[trio.Process] = []
+
+    async def start(log: Path) -> trio.Process:
+        env = {k: v for k, v in os.environ.items() if k != "RC_REQUIRE_MANUAL_CLEAR"}
+        with log.open("wb") as out:
+            proc = await trio.lowlevel.open_process(
+                ["sh", "-c", 'echo 0 > "$0" && exec "$@"', procs, sys.executable, "-m",
+                 "fleet_trio", "worker", "-c", str(cfg)],
+                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
+            )  # fmt: skip
+        workers.append(proc)
+        return proc
+
+    try:
+        with trio.fail_after(90):
+            async with trio.open_nursery() as nursery:
+                url = await nursery.start(serve_controller, ctrl)
+                cfg = write_worker_yaml(tmp_path, url)
+                first = await start(logs[0])
+                await ctrl.wait_for(lambda: ctrl.polls(), timeout=30)
+                agent = Path(cgroup_parent, AGENT_LEAF, "cgroup.procs").read_text().split()
+                assert str(first.pid) in agent  # the worker moved itself into agent/
+                job = ctrl.submit(dev("gpu0"), ["sh", "-c", escaper])
+                await wait_until(
+                    lambda: pidfile.exists() and pidfile.read_text().strip(), timeout=30
+                )
+                escapee = int(pidfile.read_text())
+                job_cgroup = Path(cgroup_parent, JOBS_DIR, job)
+                assert str(escapee) in (job_cgroup / "cgroup.procs").read_text().split()
+                first.send_signal(signal.SIGKILL)  # no shutdown path: the job outlives it
+                await first.wait()
+                assert pid_alive(escapee)  # the crash left it behind
+
+                before = len(ctrl.registrations())
+                second = await start(logs[1])
+                await ctrl.wait_for(lambda: len(ctrl.registrations()) > before, timeout=30)
+                assert await gone_within(escapee, 10)
+                assert not job_cgroup.exists()
+                log = logs[1].read_text()
+                line = rf"recovery: job cgroup {job}: killed 2 process\(es\) \[\d+, \d+\], removed"
+                assert re.search(line, log) and str(escapee) in log, log
+                second.send_signal(signal.SIGTERM)
+                with trio.move_on_after(20):
+                    await second.wait()
+                nursery.cancel_scope.cancel()
+    finally:
+        for proc in workers:
+            if proc.returncode is None:
+                proc.kill()
+                with trio.move_on_after(10):
+                    await proc.wait()
+
+
+async def test_a_worker_jobs_cpu_time_is_logged_and_counted(
+    cgroup_parent: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level("INFO", logger="fleet_trio.worker")
+    burn = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass\n"
+
+    def contained(c):  # type: ignore[no-untyped-def]
+        return attrs.evolve(c, containment="cgroup", cgroup_base=cgroup_parent)
+
+    with trio.fail_after(60):
+        async with running(configure=contained) as (ctrl, worker):
+            job = ctrl.submit(dev("gpu0"), [sys.executable, "-c", burn])
+            assert await until_terminal(ctrl, job) == ["running", "succeeded"]
+
+            def counted() -> float:
+                registry = worker.metrics.registry
+                value = registry.get_sample_value(
+                    "fleet_trio_worker_job_cpu_seconds_total", {"device": dev("gpu0")}
+                )
+                return value or 0.0
+
+            await wait_until(lambda: counted() > 0, timeout=20)
+            assert counted() >= 0.3
+            ended = worker.bus.get(job)
+            assert ended is not None and ended.ended is not None
+            assert (ended.ended.cpu_seconds or 0) >= 0.3  # the tail's end frame
+    assert any(
+        re.match(rf"job {job}: used cpu \d+\.\d\d s \(user ", r.getMessage())
+        for r in caplog.records
+    ), caplog.text
