@@ -30,6 +30,7 @@ unwritable one refuses the start) and the previous run's jobs are recovered
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import math
@@ -415,7 +416,7 @@ async def open_containment(mode: str, base: str, say: Callable[[str], None]) -> 
         containment = choose_for_agent(mode, base=base)
     except ContainmentError as exc:
         raise NodeStartError(str(exc)) from None
-    say(describe(containment))
+    log.info("%s", describe(containment))  # the serving line names the backend
     if isinstance(containment, CgroupContainment):
         for line in await recover_leftovers(containment):
             say(f"recovery: {line}")
@@ -500,7 +501,7 @@ async def serve_node(
             ctx.bus.end_all("error", None, INTERRUPTED)
             await ctx.bus.wait_streams_done()
 
-    async with open_task_tree(
+    async with contextlib.AsyncExitStack() as tree_exit, open_task_tree(
         drain=t.drain_timeout,
         kill_grace=t.kill_grace,
         on_stop_accepting=stop_accepting,
@@ -528,6 +529,8 @@ async def serve_node(
                         )
             sample, record = footprint_hooks(gpu)
             containment = await open_containment(node.containment, node.cgroup_base, say)
+            if isinstance(containment, CgroupContainment):  # held to the tree's very end
+                tree_exit.callback(containment.release)
             runner = TaskRunner(
                 containment=containment,
                 kill_grace=t.kill_grace,
@@ -587,7 +590,8 @@ async def serve_node(
             say(
                 f"node {node_id} serving on {bound} "
                 f"(vram total {snap.total_gb:.1f} GiB{devices}; "
-                f"tasks: {', '.join(registry.supported)})"
+                f"tasks: {', '.join(registry.supported)}; "
+                f"containment: {containment.name})"
             )
             serving = True
             task_status.started(RunningNode(tree=tree, context=ctx, listen=listen, urls=urls))

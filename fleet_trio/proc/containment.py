@@ -33,6 +33,7 @@ system (no disk), made inline like the supervisor's ``/proc`` reads.
 from __future__ import annotations
 
 import errno
+import fcntl
 import logging
 import os
 import re
@@ -439,6 +440,14 @@ class CgroupContainment:
     """``jobs_dir`` was there before this start: a previous run used the cgroup backend here
     (its job cgroups are what :func:`recover_leftovers` kills)."""
     name: str = "cgroup"
+    lock_fd: int = attrs.field(default=-1, eq=False, repr=False)
+    """node and worker: ``jobs_dir`` open with an exclusive ``flock`` for the process's
+    life, so no second agent uses (and recovers, killing its jobs) the same ``jobs/``."""
+
+    def release(self) -> None:
+        """Give ``jobs_dir`` up (the process's end does; tests that start twice call it)."""
+        if self.lock_fd >= 0:
+            os.close(self.lock_fd)
 
     def create(self, key: str) -> JobCgroup:
         """Make the job's cgroup (``<jobs_dir>/<prefix><key>``; ``~N`` appended while the
@@ -492,20 +501,41 @@ def choose_for_agent(
         check_writable(directory)
         jobs = os.path.join(directory, JOBS_DIR)
         previous = os.path.isdir(jobs)
+        lock_fd = -1
+        if not dry_run:
+            os.makedirs(jobs, exist_ok=True)
+            lock_fd = _lock_jobs_dir(jobs)  # before the recovery could touch another's jobs
         if not dry_run and (move_self if move_self is not None else not base):
             leaf = os.path.join(directory, AGENT_LEAF)
             os.makedirs(leaf, exist_ok=True)
             with open(os.path.join(leaf, "cgroup.procs"), "w") as f:
                 f.write("0")
-        if not dry_run:
-            os.makedirs(jobs, exist_ok=True)
     except (ContainmentError, OSError) as exc:
         text = str(exc) if isinstance(exc, ContainmentError) else _oserror_text(exc)
         if mode == "cgroup":
             raise ContainmentError(f"containment: cgroup: {text}") from None
         return MarkerContainment(reason=f"auto: no cgroup ({text})")
     why = "configured" if mode == "cgroup" else f"auto: {directory} is delegated to us"
-    return CgroupContainment(jobs_dir=jobs, reason=why, previous=previous)
+    return CgroupContainment(jobs_dir=jobs, reason=why, previous=previous, lock_fd=lock_fd)
+
+
+def _lock_jobs_dir(jobs: str) -> int:
+    """``jobs`` open with an exclusive ``flock`` (held until the process ends: a ``kill -9``
+    gives it back). Another node or worker holding it: :class:`ContainmentError` — two agents
+    in one delegated cgroup would each take the other's job cgroups for a crashed run's."""
+    fd = os.open(jobs, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise ContainmentError(
+            f"{jobs} is in use by another fleet-trio node or worker (give each its own "
+            "delegated cgroup: its own systemd unit, or cgroup_base)"
+        ) from None
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
 
 
 def choose_for_exec(mode: str, *, base: str = "") -> AnyContainment:

@@ -679,7 +679,7 @@ async def serve_worker(
     """
     t = worker.timings
     check_tail_listen(worker.config, worker.tail_trusted_network)
-    async with open_task_tree(
+    async with contextlib.AsyncExitStack() as tree_exit, open_task_tree(
         drain=t.shutdown_drain,
         kill_grace=t.kill_grace,
         on_stop_accepting=worker.stop_accepting,
@@ -694,6 +694,8 @@ async def serve_worker(
         with trio.CancelScope() as body:
             tree.cancel_on_shutdown(body)
             await worker.open_containment()
+            if isinstance(worker.containment, CgroupContainment):  # held to the tree's end
+                tree_exit.callback(worker.containment.release)
             await tree.services.start(worker.serve_client, name="controller-client")
             for line in await trio.to_thread.run_sync(missing_dirs, worker.config):
                 log.warning("%s", line)

@@ -24,7 +24,7 @@ from fleet_trio.proc.containment import AGENT_LEAF, JOBS_DIR
 from fleet_trio.proc.procfs import pid_alive
 from tests.helpers import fleet, gone_within, state_in, wait_until
 from tests.node.harness import Node
-from tests.proc.test_containment import STRIP, VARIANTS, escape_command
+from tests.proc.escapes import STRIP, VARIANTS, escape_command
 
 ISSUE_EXAMPLE = (
     "setsid env -u RC_JOB_ID -u FLEET_JOB_ID -u FLEET_TRIO_SWEEP sleep 4321 >/dev/null 2>&1 & "

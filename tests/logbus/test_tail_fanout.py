@@ -14,7 +14,7 @@ import trio.testing
 from fleet_trio.logbus.bus import MAX_LAG, LogBus
 from fleet_trio.logbus.fanout import SENDING_PER_JOB, TailLimits, Tails
 from fleet_trio.logbus.tail import CLOSE_NORMAL, output_bytes, serve_tail
-from tests.helpers import wait_until
+from tests.helpers import elapse, wait_until
 
 
 def test_caps_per_job_and_in_all_and_slots_come_back() -> None:
@@ -178,7 +178,7 @@ async def test_a_tail_that_stops_reading_costs_the_job_and_the_other_tails_nothi
             await wait_until(lambda: all(stuck_frames), what="the stuck sends")
             for _ in range(256):  # the writer never waits for a tail
                 await log.write("stderr", b"y" * (64 << 10))
-                await trio.sleep(0.01)
+                await elapse(0.01)  # 64 KiB per 10 ms of virtual time
             log.end("done", 0)
             await wait_until(lambda: fast and fast[-1]["type"] == "end", what="the fast end")
             assert [len(f) for f in stuck_frames] == [1] * stuck  # still in their first send
@@ -209,7 +209,7 @@ async def test_a_jobs_tails_send_in_turns(autojump_clock: trio.testing.MockClock
             sending += 1
             most = max(most, sending)
             sent[i] += 1
-            await trio.sleep(0.001)  # a send that takes a while
+            await elapse(0.001)  # a send that takes a while
             sending -= 1
 
         return send_text
@@ -230,7 +230,7 @@ async def test_a_jobs_tails_send_in_turns(autojump_clock: trio.testing.MockClock
             await wait_until(lambda: tails.count("job-turns") == 10, what="all tails")
             for k in range(20):
                 await log.write("stdout", b"line %d\n" % k)
-                await trio.sleep(0.05)
+                await elapse(0.05)
             log.end("done", 0)
     assert most == SENDING_PER_JOB
     assert sent == [21] * 10  # every line and the end, to every tail

@@ -21,10 +21,15 @@ from fleet_trio.node.journal import Journal
 from fleet_trio.node.recovery import recover
 from fleet_trio.node.server import cgroup_recovered, open_containment
 from fleet_trio.node.tasks import SWEEP_MARKER
-from fleet_trio.proc.containment import JOBS_DIR, CgroupContainment, choose_for_agent
+from fleet_trio.proc.containment import (
+    JOBS_DIR,
+    CgroupContainment,
+    ContainmentError,
+    choose_for_agent,
+)
 from tests.helpers import gone_within, wait_until
 from tests.node.harness import node_config, running_node
-from tests.proc.test_containment import VARIANTS, escape_command
+from tests.proc.escapes import VARIANTS, escape_command
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -92,7 +97,9 @@ async def test_the_cgroup_recovery_replaces_the_journals_marker_sweep(
     first = choose_for_agent("cgroup", base=cgroup_parent)
     assert isinstance(first, CgroupContainment) and not first.previous
     assert not cgroup_recovered(first)
+    first.release()  # as the first run's end does
     again = choose_for_agent("cgroup", base=cgroup_parent)
+    again.release()
     assert isinstance(again, CgroupContainment) and again.previous and cgroup_recovered(again)
     journal = Journal(str(tmp_path / "j.sqlite"))
     journal.open()
@@ -145,3 +152,20 @@ async def test_a_node_jobs_cpu_time_is_logged_sent_and_counted(
             r'fleet_trio_node_job_cpu_seconds_total\{task_type="burn"\} (\S+)', metrics
         )
         assert counted and float(counted.group(1)) >= 0.3, metrics
+
+
+def test_a_second_agent_never_takes_the_first_ones_jobs_cgroups(cgroup_parent: str) -> None:
+    """Two nodes (or workers) in one delegated cgroup would share its ``jobs/``: the second's
+    recovery would take the first's running jobs for a crashed run's and kill them. The first
+    holds ``jobs/``; the second cannot have the cgroup backend there (``auto``: the marker
+    backend, saying why)."""
+    first = choose_for_agent("cgroup", base=cgroup_parent)
+    try:
+        with pytest.raises(ContainmentError, match="in use by another fleet-trio node or worker"):
+            choose_for_agent("cgroup", base=cgroup_parent)
+        fallback = choose_for_agent("auto", base=cgroup_parent)
+        assert fallback.name == "marker" and "in use by another" in fallback.reason
+    finally:
+        first.release()
+    after = choose_for_agent("cgroup", base=cgroup_parent)  # the first gone: free again
+    after.release()

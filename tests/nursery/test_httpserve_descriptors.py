@@ -169,7 +169,7 @@ async def test_the_next_request_head_has_the_header_timeout_from_its_first_byte(
             assert conns.header_timeouts == 1
 
 
-async def _until_eof(stream: trio.SocketStream) -> bytes:
+async def _read_to_eof(stream: trio.SocketStream) -> bytes:
     data = b""
     while chunk := await stream.receive_some(65536):
         data += chunk
@@ -199,7 +199,7 @@ async def test_a_client_that_half_closes_after_its_requests_still_gets_every_ans
                     lambda: conn.reading_done, what="the server seeing the client's EOF"
                 )
                 release.set()
-                data = await _until_eof(stream)  # the server closes after the answers
+                data = await _read_to_eof(stream)  # the server closes after the answers
             assert data.count(b"HTTP/1.1 200") == requests, data
             assert data.count(b"pong") == requests, data
             await wait_until(lambda: not conns.live, timeout=10, what="the connection ended")
@@ -283,8 +283,10 @@ async def test_accept_out_of_descriptors_backs_off_with_one_warning_per_interval
         tries = listener.tries
         listener.full = False
         conns.connection_closed()
-        await trio.sleep(0.001)
+        closed_at = trio.current_time()
+        await trio.testing.wait_all_tasks_blocked()
         assert listener.tries == tries + 1
+        assert trio.current_time() == closed_at  # at once, not after the back-off
         nursery.cancel_scope.cancel()
 
 

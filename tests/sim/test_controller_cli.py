@@ -16,6 +16,7 @@ import pytest
 import trio
 
 from fleet_trio.sim import SimController, serve_controller
+from tests.helpers import wait_until
 
 FLEET_TRIO = [sys.executable, "-m", "fleet_trio"]
 
@@ -221,15 +222,15 @@ async def test_ctrl_c_on_sim_submit_kills_the_job_and_says_so(tmp_path: Path) ->
             assert await submit.wait() == 130
             err = (await submit.stderr.receive_some()).decode()
             assert "interrupted: job " in err and "killed (Ctrl-C)" in err, err
-            jobs = await trio.run_process(
-                [*FLEET_TRIO, "sim", "jobs", "--json"], env=env, capture_stdout=True
-            )
-            while json.loads(jobs.stdout)[0]["state"] not in ("killed", "failed"):
-                await trio.sleep(0.2)
+
+            async def final_state() -> str | None:
                 jobs = await trio.run_process(
                     [*FLEET_TRIO, "sim", "jobs", "--json"], env=env, capture_stdout=True
                 )
-            assert json.loads(jobs.stdout)[0]["state"] == "killed"
+                state = json.loads(jobs.stdout)[0]["state"]
+                return state if state in ("killed", "failed", "succeeded") else None
+
+            assert await wait_until(final_state, timeout=30, what="the job's end") == "killed"
         finally:
             for proc in (submit, worker, ctrl):
                 if proc is not None and proc.returncode is None:

@@ -34,7 +34,7 @@ from tests.helpers import (
     wait_until,
     write_worker_yaml,
 )
-from tests.proc.test_containment import STRIP, VARIANTS, escape_command
+from tests.proc.escapes import STRIP, VARIANTS, escape_command
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
