@@ -124,8 +124,9 @@ def _add_exec(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
             "SIGTERM -> grace -> SIGKILL on a stop, the max-runtime/idle watchdog, and (with "
             "--job-id) the RC_JOB_ID sweep of escaped processes. The child's stdout and stderr "
             "stream live to ours; the exit status is the job's (128+n for a death by signal n; "
-            "127 when it could not start; 2 for a bad command line). SIGINT/SIGTERM/SIGHUP stop "
-            "the job the way `rc kill` does."
+            "127 when it could not start; 2 for a bad command line); without --json, why a "
+            "stopped job ended is one line on stderr ('killed: max_runtime exceeded (1s)'). "
+            "SIGINT/SIGTERM/SIGHUP stop the job the way `rc kill` does."
         ),
         epilog="Durations are Go-style: 300ms, 10s, 1m30s, 2h. See docs/exec.md.",
     )
@@ -525,6 +526,8 @@ async def _exec(args: argparse.Namespace) -> int:
         return EXIT_INTERNAL
     if result.err is not None:
         await err.write(f"{PROG} exec: {result.err}\n".encode())
+    elif result.reason and not args.json:  # 143 alone does not say "timed out"
+        await err.write(f"{PROG} exec: killed: {result.reason}\n".encode())
     if args.json:
         report = result.to_json()
         if not args.job_id:  # no sweep was asked for: nothing to call clean or dirty

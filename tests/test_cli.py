@@ -122,6 +122,17 @@ async def test_max_runtime_kills_the_job() -> None:
     assert res["error"] is None
 
 
+async def test_a_stopped_job_says_why_without_json() -> None:
+    """Without --json the exit status alone (143) does not tell a timeout from a job that
+    died of SIGTERM: the reason is one line on stderr."""
+    done = await fleet("exec", "--max-runtime", "300ms", "--", "sleep", "60")
+    assert done.returncode == 143
+    assert done.stdout == b""
+    assert one_line(done.stderr) == "fleet-trio exec: killed: max_runtime exceeded (300ms)"
+    done = await fleet("exec", "--json", "--max-runtime", "300ms", "--", "sleep", "60")
+    assert done.stderr == b""  # with --json the reason is in the JSON line only
+
+
 async def test_idle_timeout_kills_the_job() -> None:
     done = await fleet("exec", "--json", "--idle-timeout", "300ms", "--", "sleep", "60")
     assert done.returncode == 143

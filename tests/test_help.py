@@ -151,7 +151,8 @@ def _no_help_text(parser: argparse.ArgumentParser) -> list[str]:
 
 
 def _wide_usage(parser: argparse.ArgumentParser) -> list[str]:
-    return [line for line in parser.format_usage().splitlines() if len(line) > 88]
+    """Usage lines wider than an 80-column terminal (argparse wraps its own at 78)."""
+    return [line for line in parser.format_usage().splitlines() if len(line) > 80]
 
 
 @pytest.mark.parametrize("path", PATHS, ids=lambda p: " ".join(p) or "top")

@@ -125,9 +125,9 @@ def add_to_sim(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
             "which kills the job). --detach prints the job id and returns."
         ),
         usage=(
-            "%(prog)s [-h] [--device ID] [--max-runtime SECONDS] [--detach]\n"
-            "       [--url URL] [--token TOKEN] [--log-level LEVEL] [--log-format FORMAT]\n"
-            "       -- CMD [ARG...]"
+            "%(prog)s [-h] [--device ID] [--max-runtime SECONDS]\n"
+            "       [--detach] [--url URL] [--token TOKEN]\n"
+            "       [--log-level LEVEL] [--log-format FORMAT] -- CMD [ARG...]"
         ),
     )
     q.add_argument("--device", metavar="ID", default="", help="host:gpuN (default: any ready)")

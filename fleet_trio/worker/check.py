@@ -55,7 +55,14 @@ def check_paths(config: WorkerConfig) -> list[Problem]:
         try:
             names = sorted(os.listdir(directory))
         except FileNotFoundError:
-            problems.append(Problem(key, f"{directory}: does not exist (none run)", error=False))
+            if os.path.isabs(directory):
+                why = f"{directory}: does not exist (none run)"
+            else:  # name the folder it was looked up in: the working directory
+                why = (
+                    f"{directory} ({os.path.abspath(directory)}): does not exist "
+                    "(none run; a relative path is taken from the working directory)"
+                )
+            problems.append(Problem(key, why, error=False))
             continue
         except OSError as exc:
             problems.append(Problem(key, f"{directory}: {exc.strerror or exc}"))

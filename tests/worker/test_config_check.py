@@ -81,3 +81,28 @@ def test_check_verifies_hook_probe_and_verify_paths(tmp_path: Path) -> None:
         f"warning: {cfg}: verify_dir: {verify}/10-not-executable: not executable (chmod +x); "
         "skipped",
     ]
+
+
+def test_check_names_the_folder_a_relative_directory_was_looked_up_in(tmp_path: Path) -> None:
+    """A relative verify_dir is taken from the working directory, not the file's folder:
+    --check says where it looked, as the worker's start warning does."""
+    (tmp_path / "conf").mkdir()
+    (tmp_path / "conf" / "verify.d").mkdir()  # beside the file: not where the worker looks
+    cfg = tmp_path / "conf" / "worker.yaml"
+    cfg.write_text(
+        "controller_url: http://127.0.0.1:1\ntoken: t\ndevices: [gpu0]\n"
+        f"probe_dir: {tmp_path}\nverify_dir: verify.d\n"
+    )
+    done = subprocess.run(
+        [*FLEET_TRIO, "worker", "-c", str(cfg), "--check"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr
+    assert (
+        f"warning: {cfg}: verify_dir: verify.d ({tmp_path}/verify.d): does not exist "
+        "(none run; a relative path is taken from the working directory)"
+    ) in done.stderr
