@@ -23,13 +23,15 @@ import signal
 import stat
 import sys
 import uuid
-from typing import Any
+from collections.abc import Awaitable
+from typing import Any, TypeVar
 
 import trio
 
 from fleet_trio.statedir import state_dir
 
 PROG = "fleet-trio sim"
+T = TypeVar("T")
 DEFAULT_LISTEN = "127.0.0.1:18810"
 SESSION_FILE = "sim-controller.json"
 EXIT_FAILED = 1
@@ -467,43 +469,21 @@ async def _submit(args: argparse.Namespace) -> int:
         body["device_id"] = args.device
     if args.max_runtime:
         body["max_runtime_seconds"] = args.max_runtime
-    job = await _submit_waiting(url, token, body)
+    job, interrupted = await _unless_ctrl_c(_submit_waiting(url, token, body))
+    if job is None:  # Ctrl-C before the controller answered: the POST may have reached it
+        job = await _job_with_key(url, token, body["idempotency_key"])
+        if job is None:
+            print(f"{PROG}: interrupted: nothing was submitted (Ctrl-C)", file=sys.stderr)
+            return 130
     job_id = job["id"]
     print(f"{PROG}: job {job_id} on {job['device_id']} ({job['state']})", file=sys.stderr)
-    if args.detach:
+    if args.detach and not interrupted:
         print(job_id)
         return 0
-    import httpx
-
-    follow = f"{url}/v1/jobs/{job_id}/logs?follow=1"
-    out_limiter = trio.CapacityLimiter(1)  # one write at a time: chunks keep their order
-    interrupted = False
-    lost: str | None = None  # raised after the nursery: a group of one is not a SimCliError
-    with trio.open_signal_receiver(signal.SIGINT) as sigint:
-        async with trio.open_nursery() as nursery:
-
-            async def on_sigint() -> None:
-                nonlocal interrupted
-                async for _ in sigint:
-                    interrupted = True
-                    nursery.cancel_scope.cancel()
-                    return
-
-            nursery.start_soon(on_sigint)
-            try:
-                async with (
-                    httpx.AsyncClient(timeout=httpx.Timeout(10.0, read=None)) as client,
-                    client.stream("GET", follow, headers={"Authorization": f"Bearer {token}"}) as r,
-                ):
-                    async for chunk in r.aiter_bytes():  # a slow terminal: not on the loop
-                        await trio.to_thread.run_sync(_write_stdout, chunk, limiter=out_limiter)
-            except httpx.HTTPError as exc:
-                lost = f"lost the job's log stream: {exc}"
-            nursery.cancel_scope.cancel()
-    if lost is not None and not interrupted:
-        raise SimCliError(lost)
+    if not interrupted:
+        _, interrupted = await _unless_ctrl_c(_follow(url, token, job_id))
     if interrupted:
-        # Ctrl-C while following: the job is not left running behind the user's back
+        # Ctrl-C: the job is not left running behind the user's back
         killed = (await _request("POST", f"{url}/v1/jobs/{job_id}/kill", token))["killed"]
         what = "killed" if killed else "had already ended"
         print(f"{PROG}: interrupted: job {job_id} {what} (Ctrl-C)", file=sys.stderr)
@@ -516,6 +496,56 @@ async def _submit(args: argparse.Namespace) -> int:
     if isinstance(code, int) and 0 <= code <= 255 and (code or state == "succeeded"):
         return code
     return 0 if state == "succeeded" else 1
+
+
+async def _unless_ctrl_c(work: Awaitable[T]) -> tuple[T | None, bool]:
+    """``work``'s result, or ``(None, True)`` when SIGINT came first (``work`` is cancelled).
+    Its :class:`SimCliError` is raised as itself, never inside a group."""
+    result: T | None = None
+    interrupted = False
+    failed: SimCliError | None = None
+    with trio.open_signal_receiver(signal.SIGINT) as sigint:
+        async with trio.open_nursery() as nursery:
+
+            async def on_sigint() -> None:
+                nonlocal interrupted
+                async for _ in sigint:
+                    interrupted = True
+                    nursery.cancel_scope.cancel()
+                    return
+
+            nursery.start_soon(on_sigint)
+            try:
+                result = await work
+            except SimCliError as exc:
+                failed = exc
+            nursery.cancel_scope.cancel()
+    if failed is not None and not interrupted:
+        raise failed
+    return result, interrupted
+
+
+async def _follow(url: str, token: str, job_id: str) -> None:
+    """Print the job's output as the worker uploads it, until the job ends."""
+    import httpx
+
+    follow = f"{url}/v1/jobs/{job_id}/logs?follow=1"
+    out_limiter = trio.CapacityLimiter(1)  # one write at a time: chunks keep their order
+    try:
+        async with (
+            httpx.AsyncClient(timeout=httpx.Timeout(10.0, read=None)) as client,
+            client.stream("GET", follow, headers={"Authorization": f"Bearer {token}"}) as r,
+        ):
+            async for chunk in r.aiter_bytes():  # a slow terminal: not on the loop
+                await trio.to_thread.run_sync(_write_stdout, chunk, limiter=out_limiter)
+    except httpx.HTTPError as exc:
+        raise SimCliError(f"lost the job's log stream: {exc}") from None
+
+
+async def _job_with_key(url: str, token: str, key: str) -> Any:
+    """The controller's job submitted with idempotency ``key``, or ``None``."""
+    jobs = (await _request("GET", f"{url}/v1/state", token)).get("jobs", [])
+    return next((j for j in jobs if j.get("idempotency_key") == key), None)
 
 
 def _write_stdout(data: bytes) -> None:

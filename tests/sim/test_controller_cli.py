@@ -342,3 +342,39 @@ async def test_sim_submit_says_the_log_stream_was_lost_when_the_controller_dies(
                 if proc is not None and proc.returncode is None:
                     proc.kill()
                     await proc.wait()
+
+
+@pytest.mark.slow
+async def test_ctrl_c_before_anything_was_submitted_says_so(tmp_path: Path) -> None:
+    """Ctrl-C while ``sim submit`` waits for a worker: nothing was submitted, and it says so
+    (exit 130); the controller has no job."""
+    env = _shell_env(tmp_path)
+    with trio.fail_after(90):
+        ctrl = await trio.lowlevel.open_process(
+            [*FLEET_TRIO, "sim", "controller", "--listen", "127.0.0.1:0"],
+            env=env,
+            stdout=subprocess.PIPE,
+        )
+        submit = None
+        try:
+            out = bytearray()
+            await _read_until(ctrl.stdout, b"worker config: ", out)
+            submit = await trio.lowlevel.open_process(
+                [*FLEET_TRIO, "sim", "submit", "--", "true"], env=env, stderr=subprocess.PIPE
+            )
+            said = bytearray()
+            await _read_until(submit.stderr, b"waiting for a worker to register", said)
+            submit.send_signal(signal.SIGINT)
+            assert await submit.wait() == 130
+            while chunk := await submit.stderr.receive_some():
+                said += chunk
+            assert "interrupted: nothing was submitted (Ctrl-C)" in said.decode(), said
+            jobs = await trio.run_process(
+                [*FLEET_TRIO, "sim", "jobs", "--json"], env=env, capture_stdout=True
+            )
+            assert json.loads(jobs.stdout) == []
+        finally:
+            for proc in (submit, ctrl):
+                if proc is not None and proc.returncode is None:
+                    proc.send_signal(signal.SIGTERM)
+                    await proc.wait()
