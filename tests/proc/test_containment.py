@@ -476,7 +476,7 @@ async def test_a_supervised_jobs_oom_kill_becomes_its_reason(
 
 async def test_a_real_oom_kill_is_the_jobs_reason(memory_parent: str) -> None:
     job = JobSpec(
-        command=(sys.executable, "-c", "b = b\"x\" * (256 << 20)"),
+        command=(sys.executable, "-c", 'b = b"x" * (256 << 20)'),
         containment=CgroupContainment(jobs_dir=memory_parent),
         limits=JobLimits(memory_max=32 << 20, memory_max_text="32MiB"),
     )
