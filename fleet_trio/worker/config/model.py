@@ -106,7 +106,7 @@ class DeviceConfig:
     """Per-device linger, ns; 0 = the host ``hooks.release_linger``."""
     labels: dict[str, str] = attrs.Factory(dict)
     """Declared labels, sent as this device's ``declared_labels``."""
-    memory_max: str = attrs.field(default="", metadata={FILE_TYPE: Size})
+    memory_max: str = ""
     """fleet-trio only: the job cgroup's ``memory.max``, a size as written (checked by the
     loader; docs/containment.md, "Limits"); "" = none."""
     pids_max: int | None = None
