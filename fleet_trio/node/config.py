@@ -31,6 +31,7 @@ from fleet_trio.inputs import first_control, id_problem, printable
 from fleet_trio.logbus.fanout import DEFAULT_MAX_TAILS, DEFAULT_MAX_TAILS_PER_JOB
 from fleet_trio.memory import DEFAULT_BUDGET, check_budget, parse_size
 from fleet_trio.node.wire import go_quote
+from fleet_trio.proc.limits import JobLimits, check_cpu_weight, check_pids_max, parse_memory_max
 
 DEFAULT_LISTEN = "127.0.0.1:18811"
 FALLBACK_NODE_ID = "fleet-node"
@@ -40,6 +41,8 @@ FIELD_TYPES = ("string", "integer", "number", "boolean", "object", "array", "any
 Duration = NewType("Duration", float)
 """Float seconds, written in YAML as a Go duration string."""
 MemorySize = NewType("MemorySize", int)
+LimitSize = NewType("LimitSize", str)
+"""A task's ``memory_max`` as written (a size, checked by :func:`parse_memory_max`)."""
 """Bytes, written in YAML as a size string (``1GiB``, ``512MiB``) or a whole number of bytes."""
 
 
@@ -201,6 +204,12 @@ class TaskDef:
     materialize: dict[str, str] = attrs.Factory(dict)
     probe: dict[str, Any] | None = None
     enabled: bool = True
+    memory_max: LimitSize | None = None
+    """fleet-trio only: the job cgroup's ``memory.max`` (docs/containment.md, "Limits")."""
+    pids_max: int | None = None
+    """fleet-trio only: the job cgroup's ``pids.max``."""
+    cpu_weight: int | None = None
+    """fleet-trio only: the job cgroup's ``cpu.weight`` (1..10000)."""
 
 
 @attrs.frozen
@@ -211,6 +220,17 @@ class NodeConfig:
     """The file it came from ("" when built in code)."""
     base_dir: str = ""
     """Where relative paths in ``command`` and ``cwd`` resolve (the YAML file's folder)."""
+
+
+def task_limits(task: TaskDef) -> JobLimits:
+    """The job cgroup limits of ``task`` (checked at load)."""
+    memory = parse_memory_max(task.memory_max) if task.memory_max is not None else None
+    return JobLimits(
+        memory_max=memory[0] if memory else None,
+        memory_max_text=memory[1] if memory else "",
+        pids_max=task.pids_max,
+        cpu_weight=task.cpu_weight,
+    )
 
 
 def task_gpus(task: TaskDef) -> int:
@@ -242,6 +262,10 @@ def _structure_size(value: object, _: type) -> MemorySize:
         return MemorySize(check_budget(parse_size(str(value))))
     except ValueError as exc:
         raise ValueError(str(exc)) from None
+
+
+def _structure_limit_size(value: object, _: type) -> LimitSize:
+    return LimitSize(parse_memory_max(value)[1])
 
 
 _STRICT: dict[type, tuple[type | tuple[type, ...], str]] = {
@@ -283,6 +307,7 @@ def register_hooks(converter: cattrs.Converter) -> None:
     """The YAML config edge: Go durations, strict scalars, ``footprint: false``, families."""
     converter.register_structure_hook(Duration, _structure_duration)
     converter.register_structure_hook(MemorySize, _structure_size)
+    converter.register_structure_hook(LimitSize, _structure_limit_size)
     for kind in _STRICT:
         converter.register_structure_hook(kind, _strict(kind))
 
@@ -381,6 +406,12 @@ def _check_task(task: TaskDef, key: str) -> None:
                 )
     if task.gpus < 0:
         raise _KeyedError(f"must be >= 0, got {task.gpus}", f"{key}.gpus")
+    for name, check in (("pids_max", check_pids_max), ("cpu_weight", check_cpu_weight)):
+        if getattr(task, name) is not None:
+            try:
+                check(getattr(task, name))
+            except ValueError as exc:
+                raise _KeyedError(str(exc), f"{key}.{name}") from None
     for name in task.env:
         if not name or "=" in name:  # no process could get it: every job would fail to start
             raise _KeyedError(

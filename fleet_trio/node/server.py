@@ -59,6 +59,7 @@ from fleet_trio.node.config import (
     resolve_listen,
     resolve_node_id,
     task_gpus,
+    task_limits,
 )
 from fleet_trio.node.jobs import INTERRUPTED, JobStore
 from fleet_trio.node.journal import (
@@ -84,6 +85,7 @@ from fleet_trio.proc.containment import (
     describe,
     recover_leftovers,
 )
+from fleet_trio.proc.limits import JobLimits, check_limits
 from fleet_trio.statedir import symlink_problem
 
 log = logging.getLogger(__name__)
@@ -401,6 +403,12 @@ def need_hook(gpu: GpuServices) -> Callable[[PreparedJob], float | None] | None:
     return need
 
 
+def configured_limits(config: NodeConfig) -> list[tuple[str, JobLimits]]:
+    """``(where, limits)`` of every enabled task: where names the task and the file."""
+    where = f" in {config.path}" if config.path else ""
+    return [(f"tasks.{t.name}{where}", task_limits(t)) for t in config.tasks if t.enabled]
+
+
 def cgroup_recovered(containment: AnyContainment) -> bool:
     """Was the previous run contained by cgroups here (its ``jobs/`` was there at this start,
     so its job cgroups have been killed and removed)? Then the journal recovery's marker sweep
@@ -408,14 +416,26 @@ def cgroup_recovered(containment: AnyContainment) -> bool:
     return isinstance(containment, CgroupContainment) and containment.previous
 
 
-async def open_containment(mode: str, base: str, say: Callable[[str], None]) -> AnyContainment:
+async def open_containment(
+    mode: str,
+    base: str,
+    say: Callable[[str], None],
+    limits: Sequence[tuple[str, JobLimits]] = (),
+) -> AnyContainment:
     """The jobs' containment (docs/containment.md), said once; a crashed run's job cgroups are
     killed and removed (the recovery log says so). Raises :class:`NodeStartError` (one line)
-    when ``containment: cgroup`` cannot be had."""
+    when ``containment: cgroup`` cannot be had, or a task's limit (``limits``: ``(where,
+    limits)``) cannot: no cgroup backend, or its controller is not enabled for the jobs."""
     try:
         containment = choose_for_agent(mode, base=base)
     except ContainmentError as exc:
         raise NodeStartError(str(exc)) from None
+    jobs_dir = containment.jobs_dir if isinstance(containment, CgroupContainment) else None
+    problem = check_limits(jobs_dir, limits)
+    if problem is not None:
+        if isinstance(containment, CgroupContainment):
+            containment.release()
+        raise NodeStartError(problem)
     log.info("%s", describe(containment))  # the serving line names the backend
     if isinstance(containment, CgroupContainment):
         for line in await recover_leftovers(containment):
@@ -528,7 +548,9 @@ async def serve_node(
                             f"{len(gpu.placement.uuids)} device(s); its jobs will fail"
                         )
             sample, record = footprint_hooks(gpu)
-            containment = await open_containment(node.containment, node.cgroup_base, say)
+            containment = await open_containment(
+                node.containment, node.cgroup_base, say, configured_limits(config)
+            )
             if isinstance(containment, CgroupContainment):  # held to the tree's very end
                 tree_exit.callback(containment.release)
             runner = TaskRunner(

@@ -46,7 +46,14 @@ from fleet_trio.durations import go_duration_seconds
 from fleet_trio.errors import WireError
 from fleet_trio.logs import ENV_SECRETS, job_context
 from fleet_trio.memory import format_size
-from fleet_trio.node.config import FamilyRule, FieldSpec, QuantRule, TaskDef, task_gpus
+from fleet_trio.node.config import (
+    FamilyRule,
+    FieldSpec,
+    QuantRule,
+    TaskDef,
+    task_gpus,
+    task_limits,
+)
 from fleet_trio.node.jobs import Done, Failed, Outcome
 from fleet_trio.node.placement import AllocationError, Placement, pin_env
 from fleet_trio.node.wire import JsonSyntaxError, msg_unsupported, scan_members, scan_object
@@ -841,6 +848,7 @@ class TaskRunner:
             env_unset=ENV_SECRETS,  # the node's token is not the job's
             containment=self.containment,
             cgroup_key=job.job_id,
+            limits=task_limits(job.task),
         )
         sampler = self.sample_peak if job.task.footprint is not None else None
         peaks: list[float | None] = []

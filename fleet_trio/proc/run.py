@@ -235,9 +235,17 @@ def open_job_cgroup(spec: JobSpec) -> JobCgroup | str | None:
     if backend is None:
         return None
     try:
-        return backend.create(spec.cgroup_key or spec.sweep_job_id or "run")
+        cgroup = backend.create(spec.cgroup_key or spec.sweep_job_id or "run")
     except OSError as exc:
         return f"cgroup {backend.jobs_dir}: {errno_text(exc.errno) if exc.errno else exc}"
+    if spec.limits is not None and not spec.limits.empty:
+        try:
+            spec.limits.write(cgroup.path)  # before the shim enters it
+        except OSError as exc:
+            cgroup.remove()
+            text = errno_text(exc.errno) if exc.errno else str(exc)
+            return f"cgroup {exc.filename or cgroup.path}: cannot set limit: {text}"
+    return cgroup
 
 
 async def _spawn(

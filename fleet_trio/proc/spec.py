@@ -17,6 +17,7 @@ from fleet_trio.proc.sinks import Sink
 
 if TYPE_CHECKING:
     from fleet_trio.proc.containment import CgroupContainment, CgroupUsage, MarkerContainment
+    from fleet_trio.proc.limits import JobLimits
 
 DEFAULT_GRACE = 10.0
 """SIGTERM → SIGKILL window when ``grace_ceiling <= 0``."""
@@ -54,6 +55,9 @@ class JobSpec:
     named after ``cgroup_key`` (or ``sweep_job_id``), and is swept by it."""
     cgroup_key: str = ""
     """The job cgroup's name (default: ``sweep_job_id``; a node's job id, a worker's hold)."""
+    limits: JobLimits | None = None
+    """The job cgroup's ``memory.max`` / ``pids.max`` / ``cpu.weight``, written before the job
+    enters it (cgroup backend only; the start checked their controllers; docs/containment.md)."""
 
     def environment(self) -> dict[str, str] | None:
         """The child's environment: the parent's less ``env_unset``, overlaid with ``env``;

@@ -62,6 +62,7 @@ import trio
 from fleet_trio.backoff import Backoff
 from fleet_trio.durations import signal_text
 from fleet_trio.proc.containment import EXIT_SHIM, JobCgroup, read_usage, sweep_cgroup
+from fleet_trio.proc.limits import oom_result
 from fleet_trio.proc.sinks import Sink
 from fleet_trio.proc.spec import JobSpec, Result, SweepReport
 from fleet_trio.proc.stop import StopToken
@@ -326,7 +327,7 @@ class Supervisor:
         entry = cgroup.entry_error()
         if entry is None or self.proc.returncode != EXIT_SHIM:
             usage = cgroup.usage or read_usage(cgroup.path)
-            return result if usage is None else attrs.evolve(result, usage=usage)
+            return result if usage is None else oom_result(result, usage, self.spec.limits)
         return Result(
             exit_code=-1, err=f"{self.start_label}: cgroup {cgroup.path}: cannot enter: {entry}"
         )

@@ -53,10 +53,12 @@ from fleet_trio.nursery.tree import SHUTDOWN_SLACK
 from fleet_trio.proc.containment import (
     AnyContainment,
     CgroupContainment,
+    ContainmentError,
     choose_for_agent,
     describe,
     recover_leftovers,
 )
+from fleet_trio.proc.limits import JobLimits, check_limits
 from fleet_trio.proc.recovery import gather_recovery_proof
 from fleet_trio.worker import job as job_lifecycle
 from fleet_trio.worker.check import missing_dirs
@@ -523,17 +525,34 @@ class Worker:
             env_unset=ENV_SECRETS,  # the worker's token is not the job's (an assignment may set it)
             containment=self.containment,
             cgroup_key=f"hold-{a.job_id}" if a.is_hold else a.job_id,
+            limits=device.limits if device is not None else None,
         )
+
+    def configured_limits(self) -> list[tuple[str, JobLimits]]:
+        """``(where, limits)`` of every device: where names the device and the file."""
+        where = f" in {self.config.path}" if self.config.path else ""
+        return [
+            (f"devices[{i}] ({d.name}){where}", d.limits) for i, d in enumerate(self.config.devices)
+        ]
 
     async def open_containment(self) -> None:
         """Choose the jobs' containment (docs/containment.md), say it once, and kill and
         remove a crashed run's job cgroups (the recovery log says so). Raises
         :class:`~fleet_trio.proc.containment.ContainmentError` (one line) when
         ``containment: cgroup`` cannot be had."""
+        chosen = self.containment is None
         if self.containment is None:
             self.containment = choose_for_agent(
                 self.config.containment, base=self.config.cgroup_base
             )
+        problem = check_limits(
+            self.containment.jobs_dir if isinstance(self.containment, CgroupContainment) else None,
+            self.configured_limits(),
+        )
+        if problem is not None:
+            if chosen and isinstance(self.containment, CgroupContainment):
+                self.containment.release()
+            raise ContainmentError(problem)
         log.info("%s", describe(self.containment))
         self.metrics.set_containment(self.containment.name)
         # hooks, verify scripts and probes are contained like the jobs (fakes in tests may

@@ -170,3 +170,63 @@ def test_a_second_agent_never_takes_the_first_ones_jobs_cgroups(cgroup_parent: s
         first.release()
     after = choose_for_agent("cgroup", base=cgroup_parent)  # the first gone: free again
     after.release()
+
+
+def test_a_tasks_limits_are_checked_at_load(tmp_path: Path) -> None:
+    from fleet_trio.errors import ConfigError
+    from fleet_trio.node.config import task_limits
+
+    task = {"command": ["true"], "memory_max": "8G", "pids_max": 64, "cpu_weight": 200}
+    config = node_config(tmp_path, {"t": task})
+    limits = task_limits(config.tasks[0])
+    assert (limits.memory_max, limits.memory_max_text) == (8 * 10**9, "8G")
+    assert (limits.pids_max, limits.cpu_weight) == (64, 200)
+    for key, bad in (("memory_max", "lots"), ("pids_max", 0), ("cpu_weight", 10001)):
+        with pytest.raises(ConfigError) as caught:
+            node_config(tmp_path, {"t": {"command": ["true"], key: bad}})
+        assert caught.value.key == f"tasks.t.{key}"
+        assert str(tmp_path / "node.yaml") in str(caught.value)
+
+
+async def test_a_tasks_limit_under_the_marker_backend_fails_the_start(tmp_path: Path) -> None:
+    from fleet_trio.node.server import configured_limits
+
+    config = node_config(tmp_path, {"t": {"command": ["true"], "pids_max": 5}})
+    with pytest.raises(NodeStartError) as caught:
+        await open_containment("marker", "", lambda line: None, configured_limits(config))
+    assert str(caught.value) == (
+        f"tasks.t in {tmp_path / 'node.yaml'}: pids_max needs the cgroup backend"
+        " (containment is marker; docs/containment.md)"
+    )
+
+
+async def test_a_tasks_limit_without_its_controller_fails_the_start(
+    cgroup_parent: str, tmp_path: Path
+) -> None:
+    """Real: this cgroup v2 subtree lacks the controller (skipped where it has them all)."""
+    from fleet_trio.node.server import configured_limits
+
+    offered = Path(cgroup_parent, "cgroup.controllers").read_text().split()
+    missing = [
+        (k, c)
+        for k, c in (("memory_max", "memory"), ("pids_max", "pids"), ("cpu_weight", "cpu"))
+        if c not in offered
+    ]
+    if not missing:
+        pytest.skip(f"the cgroup v2 subtree offers every limit's controller ({offered})")
+    key, controller = missing[0]
+    value: object = "1GiB" if key == "memory_max" else 64
+    config = node_config(tmp_path, {"t": {"command": ["true"], key: value}})
+    with pytest.raises(NodeStartError) as caught:
+        await open_containment(
+            "cgroup", cgroup_parent, lambda line: None, configured_limits(config)
+        )
+    text = str(caught.value)
+    assert text.startswith(
+        f"tasks.t in {tmp_path / 'node.yaml'}: {key} needs the {controller} controller,"
+        " which is not enabled for the job cgroups ("
+    ), text
+    assert "\n" not in text
+    again = await open_containment("cgroup", cgroup_parent, lambda line: None)
+    assert isinstance(again, CgroupContainment)  # the failed start gave jobs/ back
+    again.release()

@@ -14,6 +14,7 @@ import trio
 
 from fleet_trio.proc.containment import (
     CgroupContainment,
+    CgroupUsage,
     ContainmentError,
     JobCgroup,
     MarkerContainment,
@@ -24,11 +25,19 @@ from fleet_trio.proc.containment import (
     read_usage,
     recover_leftovers,
 )
+from fleet_trio.proc.limits import (
+    JobLimits,
+    check_cpu_weight,
+    check_limits,
+    check_pids_max,
+    oom_result,
+    parse_memory_max,
+)
 from fleet_trio.proc.procfs import pid_alive
 from fleet_trio.proc.pty import start_pty
 from fleet_trio.proc.run import run
 from fleet_trio.proc.sinks import CappedBuffer
-from fleet_trio.proc.spec import JobSpec
+from fleet_trio.proc.spec import JobSpec, Result
 from fleet_trio.proc.stop import StopToken
 from tests.helpers import gone_within, wait_until
 from tests.proc.escapes import VARIANTS, escape_command
@@ -322,3 +331,155 @@ async def test_a_jobs_memory_peak_is_read_where_the_memory_controller_is(
         result = await run(job, CappedBuffer(1024))
     assert result.usage is not None and (result.usage.memory_peak or 0) >= 64 << 20, result
     assert result.usage.oom_kills == 0
+
+
+# -- limits (docs/containment.md, "Limits") -----------------------------------------------------
+
+
+def test_limit_values_are_checked() -> None:
+    assert parse_memory_max("8GiB") == (8 << 30, "8GiB")
+    assert parse_memory_max("8G") == (8 * 10**9, "8G")  # the project's one size notation
+    assert parse_memory_max(1 << 30) == (1 << 30, str(1 << 30))
+    for bad in ("1K", "lots", True, -5, 1.5):
+        with pytest.raises(ValueError):
+            parse_memory_max(bad)
+    assert check_pids_max(64) == 64 and check_cpu_weight(10000) == 10000
+    for value in (0, -1, True, "5", 1 << 23):
+        with pytest.raises(ValueError):
+            check_pids_max(value)
+    for value in (0, 10001, True, "100"):
+        with pytest.raises(ValueError):
+            check_cpu_weight(value)
+
+
+def _limits() -> JobLimits:
+    return JobLimits(memory_max=8 * 10**9, memory_max_text="8G", pids_max=64, cpu_weight=200)
+
+
+def test_the_limit_files_are_written(tmp_path: Path) -> None:
+    """A fake cgroup directory: each limit lands in its cgroup file, as cgroup v2 reads it."""
+    _limits().write(str(tmp_path))
+    assert (tmp_path / "memory.max").read_text() == "8000000000"
+    assert (tmp_path / "memory.oom.group").read_text() == "1"
+    assert (tmp_path / "pids.max").read_text() == "64"
+    assert (tmp_path / "cpu.weight").read_text() == "200"
+    with pytest.raises(OSError) as caught:
+        _limits().write(str(tmp_path / "gone"))
+    assert caught.value.filename == str(tmp_path / "gone" / "memory.max")
+    JobLimits().write(str(tmp_path / "gone"))  # nothing configured: nothing written
+
+
+def test_a_missing_controller_is_named_with_its_key_and_where(tmp_path: Path) -> None:
+    """A fake delegated cgroup offering memory and pids only: cpu_weight cannot be had."""
+    (tmp_path / "cgroup.controllers").write_text("memory pids\n")
+    (tmp_path / "cgroup.subtree_control").write_text("")
+    jobs = tmp_path / "jobs"
+    jobs.mkdir()
+    (jobs / "cgroup.subtree_control").write_text("")
+    only_memory = [("tasks.t in /n.yaml", JobLimits(memory_max=1 << 30, memory_max_text="1GiB"))]
+    assert check_limits(str(jobs), only_memory) is None
+    assert (tmp_path / "cgroup.subtree_control").read_text() == "+memory"
+    assert (jobs / "cgroup.subtree_control").read_text() == "+memory"
+    problem = check_limits(str(jobs), [*only_memory, ("tasks.u in /n.yaml", _limits())])
+    assert problem == (
+        "tasks.u in /n.yaml: cpu_weight needs the cpu controller, which is not enabled for the"
+        f" job cgroups ({tmp_path}/cgroup.controllers offers memory pids)"
+    )
+    assert check_limits(str(jobs), [("tasks.v", JobLimits())]) is None  # none configured
+
+
+def test_a_limit_under_the_marker_backend_is_a_start_error() -> None:
+    problem = check_limits(None, [("devices[0] (gpu0) in /w.yaml", JobLimits(pids_max=5))])
+    assert problem == (
+        "devices[0] (gpu0) in /w.yaml: pids_max needs the cgroup backend (containment is"
+        " marker; docs/containment.md)"
+    )
+    assert check_limits(None, [("devices[0] (gpu0)", JobLimits())]) is None
+
+
+def _missing_controller(cgroup_parent: str) -> str:
+    offered = Path(cgroup_parent, "cgroup.controllers").read_text().split()
+    for key, name in (("memory_max", "memory"), ("pids_max", "pids"), ("cpu_weight", "cpu")):
+        if name not in offered:
+            return key
+    pytest.skip(f"the cgroup v2 subtree offers every limit's controller ({offered})")
+
+
+def _one_limit(key: str) -> JobLimits:
+    values = {"memory_max": 1 << 30, "pids_max": 64, "cpu_weight": 200}
+    return JobLimits(**{key: values[key]}, memory_max_text="1GiB")  # type: ignore[arg-type]
+
+
+def test_a_real_cgroup_without_the_controller_fails_the_check(cgroup_parent: str) -> None:
+    key = _missing_controller(cgroup_parent)
+    jobs = os.path.join(cgroup_parent, "jobs")
+    os.mkdir(jobs)
+    try:
+        problem = check_limits(jobs, [("tasks.t in /n.yaml", _one_limit(key))])
+    finally:
+        os.rmdir(jobs)
+    assert problem is not None and problem.startswith(f"tasks.t in /n.yaml: {key} needs the ")
+    assert "controller, which is not enabled for the job cgroups" in problem
+
+
+async def test_a_limit_the_cgroup_refuses_is_a_start_error(cgroup_parent: str) -> None:
+    """Without the controller the limit file is not there: the job never runs, and its cgroup
+    is removed."""
+    key = _missing_controller(cgroup_parent)
+    job = attrs.evolve(spec("echo ran", cgroup_parent), limits=_one_limit(key))
+    out = CappedBuffer(1024)
+    with trio.fail_after(30):
+        result = await run(job, out)
+    assert result.exit_code == -1 and result.err is not None, result
+    assert "cannot set limit" in result.err and cgroup_parent in result.err, result.err
+    assert out.getvalue() == b""
+    assert [n for n in os.listdir(cgroup_parent) if os.path.isdir(Path(cgroup_parent, n))] == []
+
+
+def test_an_oom_kill_is_the_jobs_reason() -> None:
+    usage = CgroupUsage(cpu_usec=1, user_usec=1, system_usec=0, memory_peak=1, oom_kills=1)
+    killed = Result(exit_code=137, killed=True, reason="signal: killed")
+    result = oom_result(killed, usage, _limits())
+    assert result.reason == "killed: out of memory (memory_max 8G)" and result.killed
+    assert result.exit_code == 137 and result.usage == usage
+    assert oom_result(killed, usage, None).reason == "killed: out of memory"
+    clean = attrs.evolve(usage, oom_kills=0)
+    assert oom_result(Result(exit_code=0), clean, _limits()).reason == ""
+    assert oom_result(Result(exit_code=0), attrs.evolve(usage, oom_kills=None), None).reason == ""
+    start = Result(exit_code=-1, err="start: no such file")
+    assert oom_result(start, usage, _limits()).reason == ""
+
+
+async def test_a_supervised_jobs_oom_kill_becomes_its_reason(
+    cgroup_parent: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The supervisor's end, with the memory controller faked: the limits are written
+    nowhere and the cgroup's ``memory.events`` says ``oom_kill 1``."""
+    import fleet_trio.proc.containment as containment
+    import fleet_trio.proc.supervisor as supervisor
+
+    real = containment.read_usage
+
+    def with_oom(path: str) -> CgroupUsage | None:
+        usage = real(path)
+        return None if usage is None else attrs.evolve(usage, memory_peak=1, oom_kills=1)
+
+    monkeypatch.setattr(containment, "read_usage", with_oom)
+    monkeypatch.setattr(supervisor, "read_usage", with_oom)
+    monkeypatch.setattr(JobLimits, "write", lambda self, path: None)
+    job = attrs.evolve(spec("kill -9 $$", cgroup_parent), limits=_limits())
+    with trio.fail_after(30):
+        result = await run(job, CappedBuffer(1024))
+    assert result.reason == "killed: out of memory (memory_max 8G)", result
+    assert result.killed and result.exit_code == 137
+
+
+async def test_a_real_oom_kill_is_the_jobs_reason(memory_parent: str) -> None:
+    job = JobSpec(
+        command=(sys.executable, "-c", 'b = b"x" * (256 << 20)'),
+        containment=CgroupContainment(jobs_dir=memory_parent),
+        limits=JobLimits(memory_max=32 << 20, memory_max_text="32MiB"),
+    )
+    with trio.fail_after(30):
+        result = await run(job, CappedBuffer(1024))
+    assert result.reason == "killed: out of memory (memory_max 32MiB)", result

@@ -16,7 +16,7 @@ import pytest
 import trio
 
 from fleet_trio.errors import ConfigError
-from fleet_trio.proc.containment import AGENT_LEAF, JOBS_DIR, CgroupContainment
+from fleet_trio.proc.containment import AGENT_LEAF, JOBS_DIR, CgroupContainment, ContainmentError
 from fleet_trio.proc.procfs import pid_alive
 from fleet_trio.proc.scripts import ScriptKind, run_scripts
 from fleet_trio.sim import serve_controller
@@ -264,3 +264,71 @@ async def test_a_worker_jobs_cpu_time_is_logged_and_counted(
         re.match(rf"job {job}: used cpu \d+\.\d\d s \(user ", r.getMessage())
         for r in caplog.records
     ), caplog.text
+
+
+def test_a_devices_limits_are_its_own_keys_checked_at_load(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """fleet-trio's own device keys: read (not "unknown key ignored"), and checked."""
+    device = {"name": "gpu0", "memory_max": "8GiB", "pids_max": 64, "cpu_weight": 200}
+    raw = {"controller_url": "http://c:1", "devices": [device]}
+    cfg = config_from_mapping(raw, path="/etc/rc/worker.yaml")
+    assert cfg.ignored_keys == () and "unknown key" not in caplog.text
+    limits = cfg.devices[0].limits
+    assert (limits.memory_max, limits.memory_max_text) == (8 << 30, "8GiB")
+    assert (limits.pids_max, limits.cpu_weight) == (64, 200)
+    for key, bad in (("memory_max", "1K"), ("pids_max", 0), ("cpu_weight", 0), ("pids_max", "x")):
+        bad_raw = {**raw, "devices": [{"name": "gpu0", key: bad}]}
+        with pytest.raises(ConfigError) as caught:
+            config_from_mapping(bad_raw, path="/etc/rc/worker.yaml")
+        assert caught.value.key == f"devices[0].{key}"
+        assert "/etc/rc/worker.yaml" in str(caught.value)
+
+
+async def test_a_devices_limit_under_the_marker_backend_fails_the_start() -> None:
+    raw = {"controller_url": "http://c:1", "devices": [{"name": "gpu0", "cpu_weight": 50}]}
+    cfg = config_from_mapping({**raw, "containment": "marker"}, path="/w.yaml")
+    with pytest.raises(ContainmentError) as caught:
+        await Worker(cfg).open_containment()
+    assert str(caught.value) == (
+        "devices[0] (gpu0) in /w.yaml: cpu_weight needs the cgroup backend (containment is"
+        " marker; docs/containment.md)"
+    )
+
+
+async def test_a_devices_limit_without_its_controller_fails_the_start(cgroup_parent: str) -> None:
+    """Real: this cgroup v2 subtree lacks the controller (skipped where it has them all)."""
+    offered = Path(cgroup_parent, "cgroup.controllers").read_text().split()
+    missing = [
+        (k, c)
+        for k, c in (("memory_max", "memory"), ("pids_max", "pids"), ("cpu_weight", "cpu"))
+        if c not in offered
+    ]
+    if not missing:
+        pytest.skip(f"the cgroup v2 subtree offers every limit's controller ({offered})")
+    key, controller = missing[0]
+    value: object = "1GiB" if key == "memory_max" else 64
+    device = {"name": "gpu0", key: value}
+    raw = {"controller_url": "http://c:1", "devices": ["gpu1", device], "containment": "cgroup"}
+    cfg = attrs.evolve(config_from_mapping(raw, path="/w.yaml"), cgroup_base=cgroup_parent)
+    with pytest.raises(ContainmentError) as caught:
+        await Worker(cfg).open_containment()
+    assert str(caught.value).startswith(
+        f"devices[1] (gpu0) in /w.yaml: {key} needs the {controller} controller, which is not"
+        " enabled for the job cgroups ("
+    ), str(caught.value)
+
+
+def test_a_devices_limits_reach_its_jobs_spec() -> None:
+    from fleet_trio.worker.client import Assignment
+
+    raw = {"controller_url": "http://c:1", "devices": [{"name": "gpu0", "pids_max": 7}, "gpu1"]}
+    worker = Worker(config_from_mapping(raw))
+    spec = worker.job_spec(
+        Assignment(job_id="j", device_id=worker.config.device_id("gpu0"), command=("x",))
+    )
+    assert spec.limits is not None and spec.limits.pids_max == 7
+    other = worker.job_spec(
+        Assignment(job_id="k", device_id=worker.config.device_id("gpu1"), command=("x",))
+    )
+    assert other.limits is not None and other.limits.empty

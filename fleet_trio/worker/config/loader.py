@@ -45,6 +45,7 @@ from fleet_trio.durations import SECOND, go_duration, parse_duration
 from fleet_trio.errors import ConfigError, DurationError
 from fleet_trio.inputs import first_control, printable, token_problem
 from fleet_trio.memory import DEFAULT_BUDGET, check_budget, parse_size
+from fleet_trio.proc.limits import check_cpu_weight, check_pids_max, parse_memory_max
 from fleet_trio.worker.config.model import (
     CONTROLLER_MAX_POLL_WAIT,
     DEFAULT_CONFIG_PATH,
@@ -395,6 +396,19 @@ def _check_device(device: DeviceConfig, key: str) -> None:
         value: str = getattr(device, hook)
         if value and not value.strip():
             raise _KeyedError(f"device {q}: {hook} must not be blank", f"{key}.{hook}")
+    # fleet-trio's own limits (docs/containment.md, "Limits")
+    checks: tuple[tuple[str, Callable[[Any], object]], ...] = (
+        ("memory_max", parse_memory_max),
+        ("pids_max", check_pids_max),
+        ("cpu_weight", check_cpu_weight),
+    )
+    for name, check in checks:
+        limit = getattr(device, name)
+        if limit is not None and limit != "":
+            try:
+                check(limit)
+            except ValueError as exc:
+                raise _KeyedError(f"device {q}: {exc}", f"{key}.{name}") from None
 
 
 def _refuse_controls(values: Mapping[str, Any], token: str, host: str) -> None:

@@ -17,6 +17,7 @@ from fleet_trio.edge import is_loopback_host, split_host_port
 from fleet_trio.errors import ConfigError
 from fleet_trio.logbus.fanout import DEFAULT_MAX_TAILS, DEFAULT_MAX_TAILS_PER_JOB
 from fleet_trio.memory import DEFAULT_BUDGET, format_size
+from fleet_trio.proc.limits import JobLimits, parse_memory_max
 
 DEFAULT_CONFIG_PATH = "/etc/rc/worker.yaml"
 
@@ -105,6 +106,13 @@ class DeviceConfig:
     """Per-device linger, ns; 0 = the host ``hooks.release_linger``."""
     labels: dict[str, str] = attrs.Factory(dict)
     """Declared labels, sent as this device's ``declared_labels``."""
+    memory_max: str = ""
+    """fleet-trio only: the job cgroup's ``memory.max``, a size as written (checked by the
+    loader; docs/containment.md, "Limits"); "" = none."""
+    pids_max: int | None = None
+    """fleet-trio only: the job cgroup's ``pids.max``."""
+    cpu_weight: int | None = None
+    """fleet-trio only: the job cgroup's ``cpu.weight`` (1..10000)."""
 
     def __attrs_post_init__(self) -> None:
         for name in ("timeout", "release_linger"):
@@ -115,6 +123,17 @@ class DeviceConfig:
     def max_runtime_seconds(self) -> int:
         """The ceiling as registered: whole seconds, truncated; 0 = none."""
         return max(self.max_runtime, 0) // SECOND
+
+    @property
+    def limits(self) -> JobLimits:
+        """The limits of this device's job cgroups (checked at load)."""
+        memory = parse_memory_max(self.memory_max) if self.memory_max else None
+        return JobLimits(
+            memory_max=memory[0] if memory else None,
+            memory_max_text=memory[1] if memory else "",
+            pids_max=self.pids_max,
+            cpu_weight=self.cpu_weight,
+        )
 
     @property
     def has_hooks(self) -> bool:
