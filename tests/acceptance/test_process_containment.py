@@ -104,7 +104,7 @@ async def test_kill_9_of_the_node_then_restart_kills_the_contained_survivors(
             assert not job_cgroup.exists()
             log = node.log.read_text()
             assert "recovery: job cgroup k1: killed 2 process(es)" in log, log
-            assert "containment: cgroup (auto:" in log, log
+            assert "; containment: cgroup)" in log, log  # named in the serving line
             async with httpx.AsyncClient(base_url=node.url) as c:
                 assert await state_in(c, "k1", "error")
     finally:
