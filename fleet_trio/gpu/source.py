@@ -146,12 +146,18 @@ async def open_devices(
     ``fake`` with ``fake_gpus == 1`` is today's single device at ``fake_dir``; with more, the
     devices are ``fake_dir/gpu0`` … ``gpu{N-1}`` (made when missing, each with its own UUID).
     """
+    # A limiter of its own: an enumeration that hangs (and is abandoned on cancel: it cannot
+    # hold a shutdown) keeps this token, never one of trio's default limiter.
+    limiter = trio.CapacityLimiter(1)
     if kind == "fake":
         from fleet_trio.gpu.fake import open_fake_devices
 
-        # abandon_on_cancel: a probe that never returns cannot hold a shutdown
         return await trio.to_thread.run_sync(
-            open_fake_devices, _fake_dir(fake_dir), fake_gpus, abandon_on_cancel=True
+            open_fake_devices,
+            _fake_dir(fake_dir),
+            fake_gpus,
+            limiter=limiter,
+            abandon_on_cancel=True,
         )
     if kind == "smi":
         from fleet_trio.gpu.smi import open_smi_devices
@@ -161,7 +167,9 @@ async def open_devices(
         from fleet_trio.gpu.nvml import open_nvml_devices
 
         try:
-            return await trio.to_thread.run_sync(open_nvml_devices, abandon_on_cancel=True)
+            return await trio.to_thread.run_sync(
+                open_nvml_devices, limiter=limiter, abandon_on_cancel=True
+            )
         except GpuError as nvml_error:
             if kind == "nvml":
                 raise

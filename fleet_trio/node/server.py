@@ -264,7 +264,7 @@ async def open_journal(config: NodeConfig, options: NodeOptions, node_id: str) -
     )
     journal = Journal(path, inline_max=settings.inline_max, sync=settings.sync, node_id=node_id)
     try:
-        await trio.to_thread.run_sync(journal.open)
+        await trio.to_thread.run_sync(journal.open, limiter=trio.CapacityLimiter(1))
     except JournalError as exc:
         raise NodeStartError(str(exc)) from None
     return journal

@@ -249,7 +249,8 @@ async def run_scripts(
     ``env`` goes on top of the worker's environment (``JobSpec.env``). Each script gets its own
     process group, default grace, no sweep, stdin ``/dev/null``, and 64 KiB (``cap``) of
     stdout and of stderr. Blocking listing/stat calls run in a thread (``limiter``: trio's
-    default when ``None``). ``containment``: each script runs in its own job cgroup
+    default when ``None``), abandoned at the deadline (a hung listing is a ``list_error``).
+    ``containment``: each script runs in its own job cgroup
     ``<cgroup_prefix>-<name>`` under the cgroup backend (what it leaves behind is killed with
     it and named in a WARN: :func:`report_escapees`).
 
@@ -261,18 +262,27 @@ async def run_scripts(
     pass_deadline = min(deadline, trio.current_time() + budget if bounded else math.inf)
     env_dict = dict(env or {})
 
-    try:
-        names, first = await trio.to_thread.run_sync(
-            _list_and_stat_first, directory, limiter=limiter
-        )
-    except FileNotFoundError:
-        return ScriptPass(directory=directory, budget=pass_budget, missing=True)
-    except OSError as exc:
+    listed: tuple[list[str], os.stat_result | OSError | None] | None = None
+    with trio.move_on_at(pass_deadline):  # a hung directory is abandoned in its thread
+        try:
+            listed = await trio.to_thread.run_sync(
+                _list_and_stat_first, directory, limiter=limiter, abandon_on_cancel=True
+            )
+        except FileNotFoundError:
+            return ScriptPass(directory=directory, budget=pass_budget, missing=True)
+        except OSError as exc:
+            return ScriptPass(
+                directory=directory,
+                budget=pass_budget,
+                list_error=go_os_error("open", directory, exc),
+            )
+    if listed is None:
         return ScriptPass(
             directory=directory,
             budget=pass_budget,
-            list_error=go_os_error("open", directory, exc),
+            list_error=f"open {directory}: no answer within the pass budget",
         )
+    names, first = listed
 
     outcomes: list[ScriptOutcome] = []
     reached = 0
@@ -290,7 +300,9 @@ async def run_scripts(
                     if isinstance(st, OSError):
                         raise st
                 else:
-                    st = await trio.to_thread.run_sync(os.stat, path, limiter=limiter)
+                    st = await trio.to_thread.run_sync(
+                        os.stat, path, limiter=limiter, abandon_on_cancel=True
+                    )
             except OSError as exc:
                 reached += 1
                 outcomes.append(

@@ -203,13 +203,22 @@ def find_nvidia_smi(path: str | None = None) -> str | None:
     return look_path("nvidia-smi", path if path is not None else os.environ.get("PATH", os.defpath))
 
 
-async def nvml_labels(max_runtime: float, nvml: Any | None = None) -> dict[str, str] | None:
+async def nvml_labels(
+    max_runtime: float, nvml: Any | None = None, *, limiter: trio.CapacityLimiter | None = None
+) -> dict[str, str] | None:
     """The GPU facts from NVML (the driver library, no subprocess), or ``None`` when NVML is
-    not usable here (no driver, no library, a hung call past ``max_runtime``)."""
+    not usable here (no driver, no library, a hung call past ``max_runtime``).
+
+    The call runs in a thread of ``limiter`` (the prober's own; a fresh one when ``None``),
+    abandoned at ``max_runtime``: a hung driver keeps that one token, so the next calls time
+    out waiting for it and nothing else is starved."""
     rows: list[tuple[str, int, int, str]] | None = None
+    lim = limiter if limiter is not None else trio.CapacityLimiter(1)
     with trio.move_on_after(max_runtime):
         try:
-            rows = await trio.to_thread.run_sync(gpu_rows_sync, nvml, abandon_on_cancel=True)
+            rows = await trio.to_thread.run_sync(
+                gpu_rows_sync, nvml, limiter=lim, abandon_on_cancel=True
+            )
         except GpuError as exc:
             log.debug("NVML unavailable for labels (%s); trying nvidia-smi", exc)
             return None
@@ -231,6 +240,7 @@ async def nvidia_labels(
     nvml_lib: Any | None = None,
     deadline: float = math.inf,
     containment: AnyContainment | None = None,
+    nvml_limiter: trio.CapacityLimiter | None = None,
 ) -> NvidiaFacts:
     """The GPU facts: from NVML first when ``nvml`` (the same rows, without a subprocess),
     else — or when NVML is not usable — from nvidia-smi, queried once through the supervisor
@@ -245,7 +255,7 @@ async def nvidia_labels(
     Cancellation: a trio cancellation tears nvidia-smi down (shielded) and propagates.
     """
     if nvml:
-        facts = await nvml_labels(max_runtime, nvml_lib)
+        facts = await nvml_labels(max_runtime, nvml_lib, limiter=nvml_limiter)
         if facts is not None:
             return NvidiaFacts(facts=facts, found=True, broken=False)
     exe = find_nvidia_smi(path)
@@ -594,6 +604,11 @@ class Prober:
         self.nvml = path is None if nvml is None else nvml
         self.tracker = UnconfirmedTracker(self.devices)
         self.lock = trio.Lock()
+        # Each blocking resource has a limiter of its own (docs/task-tree.md, "Threads"):
+        # a hung one keeps its token, and only its own later calls time out waiting for it.
+        self.nvml_limiter = trio.CapacityLimiter(1)
+        self.host_limiter = trio.CapacityLimiter(1)
+        self.probe_dir_limiter = trio.CapacityLimiter(1)
         self.preserving: set[str] = set()
         """Devices whose "preserving" warning was given in the current omission episode."""
         self.containment: AnyContainment | None = None
@@ -622,7 +637,11 @@ class Prober:
         host: dict[str, str] = {}
         device: dict[str, dict[str, str]] = {d: {} for d in self.devices}
 
-        builtin = await trio.to_thread.run_sync(builtin_host_facts)
+        builtin = {"cpus": str(len(os.sched_getaffinity(0)))}  # if the reads hang: the rest unread
+        with trio.move_on_at(pass_deadline):
+            builtin = await trio.to_thread.run_sync(
+                builtin_host_facts, limiter=self.host_limiter, abandon_on_cancel=True
+            )
         tracker.merge(BUILTIN, merge_facts(BUILTIN, builtin, host, device))
 
         nv = await nvidia_labels(
@@ -631,6 +650,7 @@ class Prober:
             nvml=self.nvml,
             deadline=pass_deadline,
             containment=self.containment,
+            nvml_limiter=self.nvml_limiter,
         )
         if nv.facts is not None:
             tracker.nvidia(
@@ -645,6 +665,7 @@ class Prober:
             budget=0,
             deadline=pass_deadline,
             cap=OUTPUT_CAP,
+            limiter=self.probe_dir_limiter,
             containment=self.containment,
             cgroup_prefix="probe",
         )

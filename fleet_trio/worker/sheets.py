@@ -15,6 +15,9 @@ from fleet_trio.worker.config import WorkerConfig
 log = logging.getLogger("fleet_trio.worker.worker")
 
 MAX_SHEET = 65536
+SHEET_TIMEOUT = 5.0
+"""Seconds one sheet read may take; past it the read is abandoned in its thread (which keeps
+its limiter's token until it returns) and the sheet is unreadable."""
 SHEET_MARKER = "\n...(truncated: sheet exceeds 64KB)\n"
 
 
@@ -53,18 +56,33 @@ def read_sheet_head(path: str) -> bytes:
         os.close(fd)
 
 
-async def read_sheets(cfg: WorkerConfig) -> tuple[str | None, dict[str, str]]:
+async def read_sheets(
+    cfg: WorkerConfig, *, limiter: trio.CapacityLimiter | None = None
+) -> tuple[str | None, dict[str, str]]:
     """``host.md`` (missing ⇒ ``""``, unreadable ⇒ ``None``) and ``host.d/<dev>.md``.
 
-    Cancellation: safe at any point (file reads in worker threads, each bounded)."""
+    Each read runs in a thread of ``limiter`` (the sheet directory's own, held by the worker;
+    a fresh one of one token when ``None``) under :data:`SHEET_TIMEOUT`: a read that hangs (a
+    dead network mount) is abandoned and that sheet is unreadable; while its thread lives, the
+    next reads time out waiting for its token, and nothing else is starved.
+
+    Cancellation: safe at any point (file reads in worker threads, abandoned on cancel)."""
+    lim = limiter if limiter is not None else trio.CapacityLimiter(1)
 
     async def one(path: str) -> str | None:
         try:
-            return truncate_sheet(await trio.to_thread.run_sync(read_sheet_head, path))
+            with trio.fail_after(SHEET_TIMEOUT):
+                data = await trio.to_thread.run_sync(
+                    read_sheet_head, path, limiter=lim, abandon_on_cancel=True
+                )
+            return truncate_sheet(data)
         except FileNotFoundError:
             return ""
         except OSError as exc:
             log.warning("usage sheet %s unreadable: %s", path, exc.strerror or exc)
+            return None
+        except trio.TooSlowError:
+            log.warning("usage sheet %s unreadable: no answer within %gs", path, SHEET_TIMEOUT)
             return None
 
     sheet = await one(os.path.join(cfg.sheet_dir, "host.md"))
@@ -76,4 +94,4 @@ async def read_sheets(cfg: WorkerConfig) -> tuple[str | None, dict[str, str]]:
     return sheet, devices
 
 
-__all__ = ["MAX_SHEET", "SHEET_MARKER", "read_sheets", "truncate_sheet"]
+__all__ = ["MAX_SHEET", "SHEET_MARKER", "SHEET_TIMEOUT", "read_sheets", "truncate_sheet"]

@@ -210,6 +210,10 @@ class Worker:
         self._tree: TaskTree | None = None
         self._client: ControllerClient | None = None
         self._register_lock = trio.Lock()
+        self.sheet_limiter = trio.CapacityLimiter(1)
+        """The sheet directory's reads (a hung mount holds only this one token)."""
+        self.host_limiter = trio.CapacityLimiter(1)
+        """The ``/proc`` walk of the recovery proof and the startup directory checks."""
         self.register_failures = 0
         """Failed startup registration attempts (the log tells only a few of them)."""
 
@@ -261,9 +265,11 @@ class Worker:
         recovery = proc.RecoveryProof()
         if with_proof:
             recovery = await gather_recovery_proof(
-                os.getpid(), require_manual_clear=cfg.require_manual_clear
+                os.getpid(),
+                require_manual_clear=cfg.require_manual_clear,
+                limiter=self.host_limiter,
             )
-        sheet, device_sheets = await read_sheets(cfg)
+        sheet, device_sheets = await read_sheets(cfg, limiter=self.sheet_limiter)
         probe_started = trio.current_time()
         probed = await self.prober.run_pass()
         self.metrics.probe_pass(probed, trio.current_time() - probe_started)
@@ -716,7 +722,9 @@ async def serve_worker(
             if isinstance(worker.containment, CgroupContainment):  # held to the tree's end
                 tree_exit.callback(worker.containment.release)
             await tree.services.start(worker.serve_client, name="controller-client")
-            for line in await trio.to_thread.run_sync(missing_dirs, worker.config):
+            for line in await trio.to_thread.run_sync(
+                missing_dirs, worker.config, limiter=worker.host_limiter
+            ):
                 log.warning("%s", line)
             await worker.register_at_startup()
             await tree.role.start(worker.heartbeat_loop, name="heartbeat")
