@@ -263,13 +263,28 @@ class JobCgroup:
     def procs_file(self) -> str:
         return os.path.join(self.path, "cgroup.procs")
 
+    def subtree(self) -> list[str]:
+        """The cgroup and every cgroup the job made inside it, deepest first (a job owns its
+        subtree and may make cgroups there: ``cgroup.procs`` lists a cgroup's own processes
+        only, ``rmdir`` needs the children gone)."""
+        found: list[str] = []
+        for directory, subdirs, _files in os.walk(self.path):
+            found.extend(os.path.join(directory, d) for d in subdirs)
+        found.sort(key=lambda p: p.count("/"), reverse=True)
+        return [*found, self.path]
+
     def procs(self) -> list[int] | None:
-        """The pids in the cgroup (zombies not yet reaped included); ``None``: unreadable."""
-        try:
-            with open(self.procs_file, "rb") as f:
-                return [int(x) for x in f.read().split()]
-        except (OSError, ValueError):
-            return None
+        """The pids in the cgroup and in every cgroup below it (zombies not yet reaped
+        included); ``None``: the job's own ``cgroup.procs`` is unreadable."""
+        pids: list[int] = []
+        for directory in reversed(self.subtree()):
+            try:
+                with open(os.path.join(directory, "cgroup.procs"), "rb") as f:
+                    pids.extend(int(x) for x in f.read().split())
+            except (OSError, ValueError):
+                if directory == self.path:
+                    return None
+        return pids
 
     def populated(self) -> bool | None:
         """``cgroup.events``' ``populated``; ``None`` when it cannot be read."""
@@ -343,13 +358,14 @@ class JobCgroup:
         usage = read_usage(self.path)
         if usage is not None:
             self.usage = usage
-        try:
-            os.rmdir(self.path)
-        except FileNotFoundError:
-            return True
-        except OSError as exc:
-            log.warning("cgroup %s not removed: %s", self.path, errno_text(exc.errno or 0))
-            return False
+        for directory in self.subtree():  # the job's own sub-cgroups first
+            try:
+                os.rmdir(directory)
+            except FileNotFoundError:
+                continue
+            except OSError as exc:
+                log.warning("cgroup %s not removed: %s", directory, errno_text(exc.errno or 0))
+                return False
         return True
 
 

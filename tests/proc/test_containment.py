@@ -483,3 +483,48 @@ async def test_a_real_oom_kill_is_the_jobs_reason(memory_parent: str) -> None:
     with trio.fail_after(30):
         result = await run(job, CappedBuffer(1024))
     assert result.reason == "killed: out of memory (memory_max 32MiB)", result
+
+
+async def test_an_escapee_in_a_sub_cgroup_of_its_job_is_killed_listed_and_removed(
+    cgroup_parent: str, tmp_path: Path
+) -> None:
+    """A job may make cgroups inside its own (it owns that subtree): an escapee moved into one
+    is still the job's. ``cgroup.procs`` lists only the cgroup's own processes, so the sweep
+    must read the whole subtree, kill it (``cgroup.kill`` does) and remove it deepest first."""
+    pidfile = tmp_path / "pid"
+    sub = os.path.join(cgroup_parent, "j1", "inner", "deeper")
+    command = (
+        f"mkdir -p {sub} && mkdir {cgroup_parent}/j1/empty-sibling && "
+        f"setsid sh -c 'echo 0 > {sub}/cgroup.procs; echo $$ > {pidfile}; exec sleep 4321' "
+        "</dev/null >/dev/null 2>&1 &\n"
+        f"while [ ! -s {pidfile} ]; do sleep 0.01; done; exit 0"
+    )
+    with trio.fail_after(30):
+        result = await run(spec(command, cgroup_parent), CappedBuffer(1 << 16))
+    pid = int(pidfile.read_text())
+    try:
+        assert result.exit_code == 0, result
+        assert pid in result.sweep.found, result.sweep.to_json()
+        assert result.sweep.clean(), result.sweep.to_json()
+        assert await gone_within(pid, 10)
+        assert not os.path.exists(os.path.join(cgroup_parent, "j1"))
+    finally:
+        if pid_alive(pid):
+            os.kill(pid, 9)
+
+
+async def test_recovery_kills_and_removes_a_crashed_jobs_sub_cgroups(cgroup_parent: str) -> None:
+    backend = CgroupContainment(jobs_dir=cgroup_parent)
+    cg = backend.create("crashed")
+    sub = os.path.join(cg.path, "sub")
+    os.mkdir(sub)
+    os.mkdir(os.path.join(cg.path, "empty"))
+    proc = await trio.lowlevel.open_process(
+        ["sh", "-c", f"echo 0 > {sub}/cgroup.procs; exec sleep 600"]
+    )
+    await wait_until(lambda: JobCgroup(sub).procs() == [proc.pid], timeout=10)
+    with trio.fail_after(20):
+        lines = await recover_leftovers(backend)
+        await proc.wait()
+    assert lines == [f"job cgroup crashed: killed 1 process(es) [{proc.pid}], removed"]
+    assert not os.path.exists(cg.path)
