@@ -605,6 +605,16 @@ def shim_argv(cgroup: JobCgroup, argv: list[str], env: Mapping[str, str] | None)
     return [SH, "-c", script, cgroup.procs_file, ENV, "-i", "--", *assignments, *argv]
 
 
+def shim_env(env: Mapping[str, str] | None) -> dict[str, str] | None:
+    """The environment to spawn :func:`shim_argv`'s argv with: ``env`` itself, or none at all
+    when the shim passes it on ``env -i``'s command line (names a shell drops): passed twice,
+    an environment that fits ``ARG_MAX`` once would fail the start with ``E2BIG``."""
+    environ = os.environ if env is None else env
+    if all(_IDENT.match(name) for name in environ):
+        return None if env is None else dict(env)
+    return {}
+
+
 BINFMT_MISC = "/proc/sys/fs/binfmt_misc"
 
 
@@ -732,5 +742,6 @@ __all__ = [
     "recover_leftovers",
     "shell_errno_text",
     "shim_argv",
+    "shim_env",
     "sweep_cgroup",
 ]
