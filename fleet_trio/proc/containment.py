@@ -263,13 +263,28 @@ class JobCgroup:
     def procs_file(self) -> str:
         return os.path.join(self.path, "cgroup.procs")
 
+    def subtree(self) -> list[str]:
+        """The cgroup and every cgroup the job made inside it, deepest first (a job owns its
+        subtree and may make cgroups there: ``cgroup.procs`` lists a cgroup's own processes
+        only, ``rmdir`` needs the children gone)."""
+        found: list[str] = []
+        for directory, subdirs, _files in os.walk(self.path):
+            found.extend(os.path.join(directory, d) for d in subdirs)
+        found.sort(key=lambda p: p.count("/"), reverse=True)
+        return [*found, self.path]
+
     def procs(self) -> list[int] | None:
-        """The pids in the cgroup (zombies not yet reaped included); ``None``: unreadable."""
-        try:
-            with open(self.procs_file, "rb") as f:
-                return [int(x) for x in f.read().split()]
-        except (OSError, ValueError):
-            return None
+        """The pids in the cgroup and in every cgroup below it (zombies not yet reaped
+        included); ``None``: the job's own ``cgroup.procs`` is unreadable."""
+        pids: list[int] = []
+        for directory in reversed(self.subtree()):
+            try:
+                with open(os.path.join(directory, "cgroup.procs"), "rb") as f:
+                    pids.extend(int(x) for x in f.read().split())
+            except (OSError, ValueError):
+                if directory == self.path:
+                    return None
+        return pids
 
     def populated(self) -> bool | None:
         """``cgroup.events``' ``populated``; ``None`` when it cannot be read."""
@@ -343,13 +358,14 @@ class JobCgroup:
         usage = read_usage(self.path)
         if usage is not None:
             self.usage = usage
-        try:
-            os.rmdir(self.path)
-        except FileNotFoundError:
-            return True
-        except OSError as exc:
-            log.warning("cgroup %s not removed: %s", self.path, errno_text(exc.errno or 0))
-            return False
+        for directory in self.subtree():  # the job's own sub-cgroups first
+            try:
+                os.rmdir(directory)
+            except FileNotFoundError:
+                continue
+            except OSError as exc:
+                log.warning("cgroup %s not removed: %s", directory, errno_text(exc.errno or 0))
+                return False
         return True
 
 
@@ -589,6 +605,16 @@ def shim_argv(cgroup: JobCgroup, argv: list[str], env: Mapping[str, str] | None)
     return [SH, "-c", script, cgroup.procs_file, ENV, "-i", "--", *assignments, *argv]
 
 
+def shim_env(env: Mapping[str, str] | None) -> dict[str, str] | None:
+    """The environment to spawn :func:`shim_argv`'s argv with: ``env`` itself, or none at all
+    when the shim passes it on ``env -i``'s command line (names a shell drops): passed twice,
+    an environment that fits ``ARG_MAX`` once would fail the start with ``E2BIG``."""
+    environ = os.environ if env is None else env
+    if all(_IDENT.match(name) for name in environ):
+        return None if env is None else dict(env)
+    return {}
+
+
 BINFMT_MISC = "/proc/sys/fs/binfmt_misc"
 
 
@@ -716,5 +742,6 @@ __all__ = [
     "recover_leftovers",
     "shell_errno_text",
     "shim_argv",
+    "shim_env",
     "sweep_cgroup",
 ]

@@ -66,7 +66,7 @@ import termios
 
 import trio
 
-from fleet_trio.proc.containment import CgroupTarget, JobCgroup, shim_argv
+from fleet_trio.proc.containment import CgroupTarget, JobCgroup, shim_argv, shim_env
 from fleet_trio.proc.run import (
     argument_error,
     open_job_cgroup,
@@ -148,7 +148,8 @@ async def start_pty(
             cgroup = opened
             try:
                 shimmed = argv if cgroup is None else shim_argv(cgroup, argv, env)
-                proc, master = await _spawn(shimmed, spec.cwd, env, rows, cols, shown=argv[0])
+                spawn_env = env if cgroup is None else shim_env(env)
+                proc, master = await _spawn(shimmed, spec.cwd, spawn_env, rows, cols, shown=argv[0])
             except BaseException:
                 if cgroup is not None:
                     cgroup.close_report()

@@ -40,6 +40,7 @@ from fleet_trio.proc.containment import (
     JobCgroup,
     exec_check,
     shim_argv,
+    shim_env,
 )
 from fleet_trio.proc.procfs import forks_since_boot
 from fleet_trio.proc.sinks import Sink
@@ -273,7 +274,7 @@ async def _spawn(
                 stderr=subprocess.PIPE if spec.stderr_sink is not None else subprocess.STDOUT,
                 process_group=0,
                 cwd=spec.cwd or None,
-                env=env,
+                env=env if cgroup is None else shim_env(env),
                 close_fds=True,
                 restore_signals=True,
             )

@@ -483,3 +483,148 @@ async def test_a_real_oom_kill_is_the_jobs_reason(memory_parent: str) -> None:
     with trio.fail_after(30):
         result = await run(job, CappedBuffer(1024))
     assert result.reason == "killed: out of memory (memory_max 32MiB)", result
+
+
+async def test_an_escapee_in_a_sub_cgroup_of_its_job_is_killed_listed_and_removed(
+    cgroup_parent: str, tmp_path: Path
+) -> None:
+    """A job may make cgroups inside its own (it owns that subtree): an escapee moved into one
+    is still the job's. ``cgroup.procs`` lists only the cgroup's own processes, so the sweep
+    must read the whole subtree, kill it (``cgroup.kill`` does) and remove it deepest first."""
+    pidfile = tmp_path / "pid"
+    sub = os.path.join(cgroup_parent, "j1", "inner", "deeper")
+    command = (
+        f"mkdir -p {sub} && mkdir {cgroup_parent}/j1/empty-sibling && "
+        f"setsid sh -c 'echo 0 > {sub}/cgroup.procs; echo $$ > {pidfile}; exec sleep 4321' "
+        "</dev/null >/dev/null 2>&1 &\n"
+        f"while [ ! -s {pidfile} ]; do sleep 0.01; done; exit 0"
+    )
+    with trio.fail_after(30):
+        result = await run(spec(command, cgroup_parent), CappedBuffer(1 << 16))
+    pid = int(pidfile.read_text())
+    try:
+        assert result.exit_code == 0, result
+        assert pid in result.sweep.found, result.sweep.to_json()
+        assert result.sweep.clean(), result.sweep.to_json()
+        assert await gone_within(pid, 10)
+        assert not os.path.exists(os.path.join(cgroup_parent, "j1"))
+    finally:
+        if pid_alive(pid):
+            os.kill(pid, 9)
+
+
+async def test_recovery_kills_and_removes_a_crashed_jobs_sub_cgroups(cgroup_parent: str) -> None:
+    backend = CgroupContainment(jobs_dir=cgroup_parent)
+    cg = backend.create("crashed")
+    sub = os.path.join(cg.path, "sub")
+    os.mkdir(sub)
+    os.mkdir(os.path.join(cg.path, "empty"))
+    proc = await trio.lowlevel.open_process(
+        ["sh", "-c", f"echo 0 > {sub}/cgroup.procs; exec sleep 600"]
+    )
+    await wait_until(lambda: JobCgroup(sub).procs() == [proc.pid], timeout=10)
+    with trio.fail_after(20):
+        lines = await recover_leftovers(backend)
+        await proc.wait()
+    assert lines == [f"job cgroup crashed: killed 1 process(es) [{proc.pid}], removed"]
+    assert not os.path.exists(cg.path)
+
+
+@pytest.mark.parametrize("how", ["frozen_sub_cgroup", "sigstopped"])
+async def test_a_frozen_or_stopped_escapee_is_killed(
+    how: str, cgroup_parent: str, tmp_path: Path
+) -> None:
+    """SIGTERM does nothing to a frozen or stopped process; the kill that follows does."""
+    pidfile = tmp_path / "pid"
+    sub = os.path.join(cgroup_parent, "j1", "ice")
+    if how == "frozen_sub_cgroup":
+        start = (
+            f"mkdir {sub} && setsid sh -c 'echo 0 > {sub}/cgroup.procs; echo $$ > {pidfile};"
+            " exec sleep 4321' </dev/null >/dev/null 2>&1 &\n"
+            f"while [ ! -s {pidfile} ]; do sleep 0.01; done; echo 1 > {sub}/cgroup.freeze\n"
+            f"until grep -q 'frozen 1' {sub}/cgroup.events; do sleep 0.01; done; exit 0"
+        )
+    else:
+        start = (
+            f"setsid sh -c 'echo $$ > {pidfile}; kill -STOP $$; exec sleep 4321' "
+            "</dev/null >/dev/null 2>&1 &\n"
+            f"while [ ! -s {pidfile} ]; do sleep 0.01; done\n"
+            f"until grep -q '^State:.*T' /proc/$(cat {pidfile})/status; do sleep 0.01; done; exit 0"
+        )
+    with trio.fail_after(40):
+        result = await run(spec(start, cgroup_parent), CappedBuffer(1 << 16))
+    pid = int(pidfile.read_text())
+    try:
+        assert result.exit_code == 0, result
+        assert pid in result.sweep.found and result.sweep.clean(), result.sweep.to_json()
+        assert await gone_within(pid, 10)
+        assert not os.path.exists(os.path.join(cgroup_parent, "j1"))
+    finally:
+        if pid_alive(pid):
+            os.kill(pid, 9)
+
+
+ODD_ARGS = (
+    "a\nb",
+    "'",
+    '"',
+    "$(touch /tmp/x)",
+    "`id`",
+    "\\",
+    "",
+    " lead",
+    "*",
+    "-",
+    "--",
+    "é\udcff",
+)
+ODD_ENV = {"Q": 'it\'s "$(x)"\n`y`', "A-B": "1", "1X": "2", "E": ""}
+
+
+@pytest.mark.parametrize("env", [{"Q": ODD_ENV["Q"]}, ODD_ENV], ids=["names_ok", "names_dropped"])
+async def test_odd_argv_and_env_reach_the_program_byte_for_byte(
+    env: dict[str, str], cgroup_parent: str, tmp_path: Path
+) -> None:
+    """The shim's shell must not reinterpret anything: the same bytes as the marker backend."""
+    code = (
+        "import os, sys; sys.stdout.buffer.write(repr((sys.argv[1:], "
+        "sorted((k, v) for k, v in os.environb.items() if k != b'PWD'))).encode())"
+    )
+    outs = []
+    for containment in (MarkerContainment(), CgroupContainment(jobs_dir=cgroup_parent)):
+        job = JobSpec(
+            command=(sys.executable, "-c", code, *ODD_ARGS),
+            env=env,
+            containment=containment,
+            cgroup_key="odd",
+        )
+        out = CappedBuffer(1 << 20)
+        with trio.fail_after(20):
+            result = await run(job, out)
+        assert result.exit_code == 0, (result, out.getvalue())
+        outs.append(out.getvalue())
+    assert outs[0] == outs[1]
+    assert not os.path.exists("/tmp/x")
+
+
+@pytest.mark.parametrize("odd_name", [False, True], ids=["names_ok", "names_dropped"])
+async def test_a_huge_environment_starts_as_under_the_marker_backend(
+    odd_name: bool, cgroup_parent: str
+) -> None:
+    """An environment near ARG_MAX that starts without the shim starts with it: the shim must
+    not pass it twice (in its environment and again on ``env -i``'s command line)."""
+    limit = os.sysconf("SC_ARG_MAX")
+    count = limit * 6 // 10 // 24  # each "Vnnnnnn=xxxxxxxx" + its pointer: 24 bytes
+    env = {f"V{i:07d}": "x" * 7 for i in range(count)}
+    if odd_name:
+        env["A-B"] = "1"
+    for containment in (MarkerContainment(), CgroupContainment(jobs_dir=cgroup_parent)):
+        job = JobSpec(
+            command=("/bin/sh", "-c", "exit 0"),
+            env=env,
+            containment=containment,
+            cgroup_key="huge",
+        )
+        with trio.fail_after(30):
+            result = await run(job, CappedBuffer(1 << 16))
+        assert result.exit_code == 0 and result.err is None, (containment.name, result)
