@@ -501,12 +501,23 @@ async def _exec_job(spec: JobSpec, sink: FdWriter, stop: StopToken, box: _JobBox
         box.done.set()
 
 
+async def _reap_stale_exec_cgroups(backend: object) -> None:
+    """An ``exec`` killed with ``kill -9`` left its job cgroup (and what ran in it): the next
+    exec in the same cgroup kills and removes it, and says so (docs/containment.md)."""
+    from fleet_trio.proc.containment import CgroupContainment, reap_stale_exec_cgroups
+
+    if isinstance(backend, CgroupContainment):
+        for line in await reap_stale_exec_cgroups(backend):
+            logging.getLogger("fleet_trio.proc").warning("exec: %s", line)
+
+
 async def _exec(args: argparse.Namespace) -> int:
     out = FdWriter(sys.stdout.fileno(), "stdout")
     err = FdWriter(sys.stderr.fileno(), "stderr")
     spec = exec_spec(args, stderr_sink=err)
     stop = StopToken()
     box = _JobBox()
+    await _reap_stale_exec_cgroups(args.containment_backend)
     # SIGINT/SIGTERM/SIGHUP → request_shutdown → on_stop_accepting sets the job's stop token, so the
     # job takes run()'s cancellation path and still ends in an honest "cancelled" Result.
     async with open_task_tree(

@@ -220,6 +220,9 @@ class JobCgroup:
 
     def __init__(self, path: str) -> None:
         self.path = path
+        self.lock_fd = -1
+        """``exec``'s job cgroups: the cgroup open with an exclusive ``flock`` while its exec
+        lives (:func:`reap_stale_exec_cgroups` takes only a cgroup whose lock is free)."""
         self.escaped: dict[int, None] = {}
         self._report: tuple[int, int] | None = None
         self.usage: CgroupUsage | None = None
@@ -365,8 +368,30 @@ class JobCgroup:
                 continue
             except OSError as exc:
                 log.warning("cgroup %s not removed: %s", directory, errno_text(exc.errno or 0))
+                self.unlock()
                 return False
+        self.unlock()
         return True
+
+    def lock(self) -> bool:
+        """Take the cgroup's ``flock`` (held until :meth:`unlock` or the process's end, a
+        ``kill -9`` included); False when another process holds it."""
+        try:
+            fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            return False
+        self.lock_fd = fd
+        return True
+
+    def unlock(self) -> None:
+        if self.lock_fd >= 0:
+            os.close(self.lock_fd)
+            self.lock_fd = -1
 
 
 def shell_errno_text(line: str) -> str:
@@ -475,7 +500,10 @@ class CgroupContainment:
                 os.mkdir(path)
             except FileExistsError:
                 continue
-            return JobCgroup(path)
+            cg = JobCgroup(path)
+            if self.prefix:  # exec's: held while this exec lives (reap_stale_exec_cgroups)
+                cg.lock()
+            return cg
         raise OSError(errno.EEXIST, f"no free cgroup name for {key}")
 
     def leftovers(self) -> list[JobCgroup]:
@@ -568,7 +596,7 @@ def choose_for_exec(mode: str, *, base: str = "") -> AnyContainment:
             raise ContainmentError(f"--containment cgroup: {exc}") from None
         return MarkerContainment(reason=f"auto: no cgroup ({exc})")
     why = "configured" if mode == "cgroup" else f"auto: {directory} is writable"
-    prefix = f"fleet-trio-exec-{os.getpid()}-"
+    prefix = f"{EXEC_PREFIX}{os.getpid()}-"
     return CgroupContainment(jobs_dir=directory, reason=why, prefix=prefix)
 
 
@@ -713,6 +741,52 @@ async def recover_leftovers(containment: CgroupContainment) -> list[str]:
     return lines
 
 
+EXEC_PREFIX = "fleet-trio-exec-"
+
+
+def stale_exec_cgroups(jobs_dir: str) -> list[JobCgroup]:
+    """``exec``'s job cgroups in ``jobs_dir`` whose exec is gone, each locked for the caller.
+    Stale only when its exec's pid is gone from this pid namespace *and* nobody holds its lock
+    (an exec in another pid namespace, or one that reused the pid, holds it). Only cgroupfs is
+    read (memory, no disk)."""
+    try:
+        names = sorted(os.listdir(jobs_dir))
+    except OSError:
+        return []
+    found = []
+    for name in names:
+        pid_text = name[len(EXEC_PREFIX) :].split("-", 1)[0]
+        if not name.startswith(EXEC_PREFIX) or not pid_text.isdigit():
+            continue
+        if int(pid_text) == os.getpid() or os.path.exists(f"/proc/{pid_text}"):
+            continue
+        cg = JobCgroup(os.path.join(jobs_dir, name))
+        if os.path.isfile(cg.procs_file) and cg.lock():
+            found.append(cg)
+    return found
+
+
+async def reap_stale_exec_cgroups(containment: CgroupContainment) -> list[str]:
+    """The cgroups of ``exec`` runs killed with ``kill -9`` (nothing else removes them),
+    with what still ran in them: killed and removed; one text per cgroup."""
+    lines: list[str] = []
+    for cg in stale_exec_cgroups(containment.jobs_dir):
+        pids = cg.procs() or []
+        if pids:
+            cg.kill()
+            if not await cg.wait_empty(KILL_WAIT):
+                cg.kill()
+                await cg.wait_empty(KILL_WAIT)
+        removed = cg.remove()
+        killed = f"killed {len(pids)} process(es) {pids}" if pids else "empty"
+        name = os.path.basename(cg.path)
+        lines.append(
+            f"cgroup {name} of an exec that is gone: {killed}, "
+            f"{'removed' if removed else 'NOT removed'}"
+        )
+    return lines
+
+
 def describe(containment: AnyContainment) -> str:
     """One line for the startup log and ``--check``."""
     if isinstance(containment, CgroupContainment):
@@ -721,6 +795,7 @@ def describe(containment: AnyContainment) -> str:
 
 
 __all__ = [
+    "EXEC_PREFIX",
     "MODES",
     "AnyContainment",
     "CgroupContainment",
@@ -739,9 +814,11 @@ __all__ = [
     "own_cgroup",
     "own_cgroup_dir",
     "read_usage",
+    "reap_stale_exec_cgroups",
     "recover_leftovers",
     "shell_errno_text",
     "shim_argv",
     "shim_env",
+    "stale_exec_cgroups",
     "sweep_cgroup",
 ]

@@ -22,7 +22,7 @@ import trio
 
 from fleet_trio.proc.containment import AGENT_LEAF, JOBS_DIR
 from fleet_trio.proc.procfs import pid_alive
-from tests.helpers import fleet, gone_within, state_in, wait_until
+from tests.helpers import CLI, fleet, gone_within, state_in, wait_until
 from tests.node.harness import Node
 from tests.proc.escapes import STRIP, VARIANTS, escape_command
 
@@ -109,3 +109,42 @@ async def test_kill_9_of_the_node_then_restart_kills_the_contained_survivors(
                 assert await state_in(c, "k1", "error")
     finally:
         await node.close()
+
+
+async def test_an_exec_killed_with_kill_9_is_cleaned_up_by_the_next_exec(
+    cgroup_parent: str, tmp_path: Path
+) -> None:
+    """``fleet-trio exec`` killed with ``kill -9`` cannot remove its job cgroup; what ran in
+    it lives on. The next exec with the cgroup backend in the same cgroup kills and removes
+    it, and says so; a live exec's cgroup (its lock held) is never taken."""
+    pidfile = tmp_path / "pid"
+    flags = ("--containment", "cgroup", "--cgroup-base", cgroup_parent)
+    script = f"echo $$ > {pidfile}; exec sleep 600"
+    with trio.fail_after(60):
+        victim = await trio.lowlevel.open_process(
+            [*CLI, "exec", "--job-id", "k9", *flags, "--", "sh", "-c", script]
+        )
+        live = await trio.lowlevel.open_process(
+            [*CLI, "exec", "--job-id", "alive", *flags, "--", "sleep", "600"]
+        )
+        try:
+            job_pid = int(await wait_until(lambda: pidfile.exists() and pidfile.read_text()))
+            left = Path(cgroup_parent, f"fleet-trio-exec-{victim.pid}-k9")
+            mine = Path(cgroup_parent, f"fleet-trio-exec-{live.pid}-alive")
+            await wait_until(lambda: mine.is_dir() and (mine / "cgroup.procs").read_text())
+            victim.kill()
+            await victim.wait()
+            assert pid_alive(job_pid) and left.is_dir()  # left behind, with its job
+            done = await fleet("exec", *flags, "--", "true")
+            assert done.returncode == 0, done.stderr
+            said = done.stderr.decode()
+            assert f"cgroup fleet-trio-exec-{victim.pid}-k9 of an exec that is gone" in said
+            assert "killed 1 process(es)" in said and "removed" in said, said
+            assert await gone_within(job_pid, 10)
+            assert not left.exists()
+            assert mine.is_dir() and live.poll() is None  # the live exec's is not touched
+        finally:
+            for proc in (victim, live):
+                if proc.poll() is None:
+                    proc.terminate()
+                    await proc.wait()
