@@ -434,6 +434,15 @@ class Journal:
         for own in (self.path, *(self.path + s for s in SQLITE_SIBLINGS), self.results_dir):
             if own and (problem := symlink_problem(own)):
                 raise JournalError(f"journal {self.path}: {problem}")
+        # SQLite's own files: a FIFO or a folder there fails later as "database is locked"
+        # or "disk I/O error" (or a read that never returns): a start error naming the file
+        for sibling in (self.path + s for s in SQLITE_SIBLINGS):
+            try:
+                mode = os.lstat(sibling).st_mode
+            except OSError:
+                continue
+            if not stat.S_ISREG(mode):
+                raise JournalError(f"journal {self.path}: {sibling} is not a regular file")
         try:
             st = os.stat(self.path)
         except FileNotFoundError:

@@ -171,3 +171,22 @@ def test_symlink_problem_names_the_path_and_leaves_real_paths_and_missing_ones_a
     assert problem is not None and problem.startswith(f"{tmp_path / 'link'} is a symbolic link")
     # a link above the path is fine: only the node's own last component is checked
     assert symlink_problem(os.path.join(tmp_path / "link", "journal.sqlite")) is None
+
+
+@pytest.mark.parametrize("sibling", ["-wal", "-shm", "-journal"])
+def test_a_fifo_beside_an_existing_journal_is_a_clear_open_error(
+    tmp_path: Path, sibling: str
+) -> None:
+    """A FIFO (or any non-file) where SQLite keeps its own file: one line naming that file,
+    not 'database is locked (another node?)', a 'disk I/O error' at the first ack, or a hang."""
+    path = tmp_path / "journal.sqlite"
+    journal = Journal(str(path))
+    journal.open()
+    journal.close()
+    fifo = Path(str(path) + sibling)
+    fifo.unlink(missing_ok=True)
+    os.mkfifo(fifo)
+    with pytest.raises(JournalError, match="not a regular file") as err:
+        Journal(str(path)).open()
+    assert str(fifo) in str(err.value)
+    assert stat.S_ISFIFO(fifo.lstat().st_mode)  # left as it was
