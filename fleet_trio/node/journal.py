@@ -649,28 +649,38 @@ class Journal:
         self.verify(undo=[rec.job_id for rec in records if isinstance(rec, Accept)])
         for rec in records:
             if isinstance(rec, Evict) and rec.data_file:
-                _unlink(rec.data_file)
+                _unlink_own(rec.data_file)
 
     @staticmethod
     def _write_file(path: str, data: bytes, *, durable: bool = False) -> None:
         """Write ``data`` to ``path`` whole or not at all: a ``.tmp`` beside it, renamed over
         it; a failure removes the ``.tmp``. ``durable`` (``sync: full``): the file and then
         its folder are ``fsync``ed before this returns, so the row that the commit after it
-        writes never names a file a power cut can take back."""
-        tmp = path + ".tmp"
+        writes never names a file a power cut can take back. The folder is opened without
+        following a link (a link swapped in for the results folder while the node runs fails
+        with ``ELOOP``: nothing is written into its target)."""
+        folder, name = os.path.split(path)
+        tmp = name + ".tmp"
+        dfd = _open_own_dir(folder)
         try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-            with open(fd, "wb") as f:
-                f.write(data)
-                if durable:
-                    f.flush()
-                    os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            _unlink(tmp)
-            raise
-        if durable:
-            _fsync_dir(os.path.dirname(path))
+            try:
+                fd = os.open(
+                    tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600, dir_fd=dfd
+                )
+                with open(fd, "wb") as f:
+                    f.write(data)
+                    if durable:
+                        f.flush()
+                        os.fsync(f.fileno())
+                os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp, dir_fd=dfd)
+                raise
+            if durable:
+                os.fsync(dfd)
+        finally:
+            os.close(dfd)
 
     @classmethod
     def _statements(cls, run: Sequence[Record]) -> list[Statement]:
@@ -801,6 +811,22 @@ def _ident(path: str) -> tuple[int, int] | None:
 def _unlink(path: str) -> None:
     with contextlib.suppress(OSError):
         os.unlink(path)
+
+
+def _open_own_dir(folder: str) -> int:
+    """A descriptor of a folder of ours, opened without following a link (``ELOOP``)."""
+    return os.open(folder or ".", os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+
+
+def _unlink_own(path: str) -> None:
+    """Remove a file of ours in a folder of ours; nothing when that folder is now a link."""
+    folder, name = os.path.split(path)
+    with contextlib.suppress(OSError):
+        dfd = _open_own_dir(folder)
+        try:
+            os.unlink(name, dir_fd=dfd)
+        finally:
+            os.close(dfd)
 
 
 def _fsync_dir(folder: str) -> None:

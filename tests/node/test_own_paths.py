@@ -190,3 +190,33 @@ def test_a_fifo_beside_an_existing_journal_is_a_clear_open_error(
         Journal(str(path)).open()
     assert str(fifo) in str(err.value)
     assert stat.S_ISFIFO(fifo.lstat().st_mode)  # left as it was
+
+
+def test_a_results_folder_made_a_link_after_the_start_gets_no_write_and_no_unlink(
+    tmp_path: Path,
+) -> None:
+    """Swapped in while the node runs: a large result is not written through the link (the
+    write fails: the outcome stays in memory, logged) and an eviction removes nothing there."""
+    from fleet_trio.node.journal import Accept, Evict, Finish, Start
+
+    path = tmp_path / "journal.sqlite"
+    journal = Journal(str(path))
+    journal.open()
+    try:
+        results = Path(journal.results_dir)
+        name = journal.result_file("big")
+        assert name is not None
+        journal.apply([Accept("big", 1.0), Start("big")])
+        results.rmdir()
+        target = _someone_elses_folder(tmp_path)
+        results.symlink_to(target)
+        with pytest.raises(JournalError, match="write failed"):
+            journal.apply([Finish("big", "done", 2.0, data_file=name, file_data=b'{"v": 1}')])
+        _untouched(target)
+        planted = target / os.path.basename(name)  # a file of that name, not the node's
+        planted.write_text("{}")
+        journal.apply([Accept("e", 1.0), Finish("e", "error", 2.0, error="x")])
+        journal.apply([Evict("e", data_file=name)])
+        assert planted.read_text() == "{}"
+    finally:
+        journal.close()
