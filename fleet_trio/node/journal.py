@@ -296,9 +296,11 @@ class Journal:
         """Open (creating it if needed), take the exclusive lock, check it. Raises
         :class:`JournalError` with a one-line reason: not a regular file, unwritable folder,
         corrupt file, another process holding it."""
+        opened: tuple[int, int] | None = None
         if self.path != ":memory:":
             self._check_path()
             self._private_file()
+            opened = _ident(self.path)  # what SQLite opens next; compared once it is open
         try:
             db = sqlite3.connect(
                 self.path, timeout=0, isolation_level=None, check_same_thread=False
@@ -360,9 +362,10 @@ class Journal:
         if self.path != ":memory:":
             self._main = _ident(self.path)
             self._wal = _ident(self.path + "-wal")
-            if self._main is None:
+            if self._main is None or self._main != opened:
                 db.close()
-                raise JournalError(f"journal {self.path}: gone while it was opened")
+                what = "gone" if self._main is None else "replaced by another file"
+                raise JournalError(f"journal {self.path}: {what} while it was opened")
         self._db = db
 
     def where(self) -> str:
