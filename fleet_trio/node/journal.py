@@ -296,9 +296,11 @@ class Journal:
         """Open (creating it if needed), take the exclusive lock, check it. Raises
         :class:`JournalError` with a one-line reason: not a regular file, unwritable folder,
         corrupt file, another process holding it."""
+        opened: tuple[int, int] | None = None
         if self.path != ":memory:":
             self._check_path()
             self._private_file()
+            opened = _ident(self.path)  # what SQLite opens next; compared once it is open
         try:
             db = sqlite3.connect(
                 self.path, timeout=0, isolation_level=None, check_same_thread=False
@@ -360,9 +362,10 @@ class Journal:
         if self.path != ":memory:":
             self._main = _ident(self.path)
             self._wal = _ident(self.path + "-wal")
-            if self._main is None:
+            if self._main is None or self._main != opened:
                 db.close()
-                raise JournalError(f"journal {self.path}: gone while it was opened")
+                what = "gone" if self._main is None else "replaced by another file"
+                raise JournalError(f"journal {self.path}: {what} while it was opened")
         self._db = db
 
     def where(self) -> str:
@@ -434,6 +437,15 @@ class Journal:
         for own in (self.path, *(self.path + s for s in SQLITE_SIBLINGS), self.results_dir):
             if own and (problem := symlink_problem(own)):
                 raise JournalError(f"journal {self.path}: {problem}")
+        # SQLite's own files: a FIFO or a folder there fails later as "database is locked"
+        # or "disk I/O error" (or a read that never returns): a start error naming the file
+        for sibling in (self.path + s for s in SQLITE_SIBLINGS):
+            try:
+                mode = os.lstat(sibling).st_mode
+            except OSError:
+                continue
+            if not stat.S_ISREG(mode):
+                raise JournalError(f"journal {self.path}: {sibling} is not a regular file")
         try:
             st = os.stat(self.path)
         except FileNotFoundError:
@@ -640,28 +652,38 @@ class Journal:
         self.verify(undo=[rec.job_id for rec in records if isinstance(rec, Accept)])
         for rec in records:
             if isinstance(rec, Evict) and rec.data_file:
-                _unlink(rec.data_file)
+                _unlink_own(rec.data_file)
 
     @staticmethod
     def _write_file(path: str, data: bytes, *, durable: bool = False) -> None:
         """Write ``data`` to ``path`` whole or not at all: a ``.tmp`` beside it, renamed over
         it; a failure removes the ``.tmp``. ``durable`` (``sync: full``): the file and then
         its folder are ``fsync``ed before this returns, so the row that the commit after it
-        writes never names a file a power cut can take back."""
-        tmp = path + ".tmp"
+        writes never names a file a power cut can take back. The folder is opened without
+        following a link (a link swapped in for the results folder while the node runs fails
+        with ``ELOOP``: nothing is written into its target)."""
+        folder, name = os.path.split(path)
+        tmp = name + ".tmp"
+        dfd = _open_own_dir(folder)
         try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-            with open(fd, "wb") as f:
-                f.write(data)
-                if durable:
-                    f.flush()
-                    os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            _unlink(tmp)
-            raise
-        if durable:
-            _fsync_dir(os.path.dirname(path))
+            try:
+                fd = os.open(
+                    tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600, dir_fd=dfd
+                )
+                with open(fd, "wb") as f:
+                    f.write(data)
+                    if durable:
+                        f.flush()
+                        os.fsync(f.fileno())
+                os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp, dir_fd=dfd)
+                raise
+            if durable:
+                os.fsync(dfd)
+        finally:
+            os.close(dfd)
 
     @classmethod
     def _statements(cls, run: Sequence[Record]) -> list[Statement]:
@@ -792,6 +814,22 @@ def _ident(path: str) -> tuple[int, int] | None:
 def _unlink(path: str) -> None:
     with contextlib.suppress(OSError):
         os.unlink(path)
+
+
+def _open_own_dir(folder: str) -> int:
+    """A descriptor of a folder of ours, opened without following a link (``ELOOP``)."""
+    return os.open(folder or ".", os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+
+
+def _unlink_own(path: str) -> None:
+    """Remove a file of ours in a folder of ours; nothing when that folder is now a link."""
+    folder, name = os.path.split(path)
+    with contextlib.suppress(OSError):
+        dfd = _open_own_dir(folder)
+        try:
+            os.unlink(name, dir_fd=dfd)
+        finally:
+            os.close(dfd)
 
 
 def _fsync_dir(folder: str) -> None:

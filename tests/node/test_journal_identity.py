@@ -19,6 +19,7 @@ from fleet_trio.node.journal import (
     Accept,
     Finish,
     Journal,
+    JournalError,
     JournalLost,
     JournalWriter,
     Record,
@@ -258,3 +259,31 @@ async def test_the_writer_finds_a_loss_on_its_timer_and_logs_one_error(
     lines = [r for r in caplog.records if r.levelno >= logging.WARNING]
     assert len(lines) == 1 and lines[0].levelno == logging.ERROR, caplog.text
     assert ids(path) == ["a1"]
+
+
+def test_a_journal_replaced_while_it_is_opened_is_never_taken_for_ours(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Replaced between SQLite's open and the node taking its device and inode (the open's
+    checks can take seconds on a large journal): the open fails (a start error), so no ack is
+    ever written into the unlinked file as if it were the journal."""
+    import fleet_trio.node.journal as journal_module
+
+    path = tmp_path / "journal.sqlite"
+    first = Journal(str(path))
+    first.open()
+    first.close()
+    real = journal_module._chmod_own_dir
+
+    def swap(folder: str, mode: int) -> None:  # runs after the connection is open
+        other = tmp_path / "other.sqlite"
+        other.write_bytes(b"")
+        os.replace(other, path)
+        real(folder, mode)
+
+    monkeypatch.setattr(journal_module, "_chmod_own_dir", swap)
+    journal = Journal(str(path))
+    with pytest.raises(JournalError, match="replaced by another file while it was opened"):
+        journal.open()
+    monkeypatch.undo()
+    assert path.read_bytes() == b""  # the file put there is left alone

@@ -75,7 +75,7 @@ def test_a_failed_result_write_leaves_no_tmp_and_no_row(
 ) -> None:
     journal = opened(tmp_path / "j.sqlite", inline_max=64, sync="full")
 
-    def broken(*args: Any) -> None:
+    def broken(*args: Any, **kwargs: Any) -> None:
         raise OSError(errno.EIO, "Input/output error")
 
     journal.apply([Accept("big", time.time())])

@@ -171,3 +171,52 @@ def test_symlink_problem_names_the_path_and_leaves_real_paths_and_missing_ones_a
     assert problem is not None and problem.startswith(f"{tmp_path / 'link'} is a symbolic link")
     # a link above the path is fine: only the node's own last component is checked
     assert symlink_problem(os.path.join(tmp_path / "link", "journal.sqlite")) is None
+
+
+@pytest.mark.parametrize("sibling", ["-wal", "-shm", "-journal"])
+def test_a_fifo_beside_an_existing_journal_is_a_clear_open_error(
+    tmp_path: Path, sibling: str
+) -> None:
+    """A FIFO (or any non-file) where SQLite keeps its own file: one line naming that file,
+    not 'database is locked (another node?)', a 'disk I/O error' at the first ack, or a hang."""
+    path = tmp_path / "journal.sqlite"
+    journal = Journal(str(path))
+    journal.open()
+    journal.close()
+    fifo = Path(str(path) + sibling)
+    fifo.unlink(missing_ok=True)
+    os.mkfifo(fifo)
+    with pytest.raises(JournalError, match="not a regular file") as err:
+        Journal(str(path)).open()
+    assert str(fifo) in str(err.value)
+    assert stat.S_ISFIFO(fifo.lstat().st_mode)  # left as it was
+
+
+def test_a_results_folder_made_a_link_after_the_start_gets_no_write_and_no_unlink(
+    tmp_path: Path,
+) -> None:
+    """Swapped in while the node runs: a large result is not written through the link (the
+    write fails: the outcome stays in memory, logged) and an eviction removes nothing there."""
+    from fleet_trio.node.journal import Accept, Evict, Finish, Start
+
+    path = tmp_path / "journal.sqlite"
+    journal = Journal(str(path))
+    journal.open()
+    try:
+        results = Path(journal.results_dir)
+        name = journal.result_file("big")
+        assert name is not None
+        journal.apply([Accept("big", 1.0), Start("big")])
+        results.rmdir()
+        target = _someone_elses_folder(tmp_path)
+        results.symlink_to(target)
+        with pytest.raises(JournalError, match="write failed"):
+            journal.apply([Finish("big", "done", 2.0, data_file=name, file_data=b'{"v": 1}')])
+        _untouched(target)
+        planted = target / os.path.basename(name)  # a file of that name, not the node's
+        planted.write_text("{}")
+        journal.apply([Accept("e", 1.0), Finish("e", "error", 2.0, error="x")])
+        journal.apply([Evict("e", data_file=name)])
+        assert planted.read_text() == "{}"
+    finally:
+        journal.close()
