@@ -299,6 +299,13 @@ def _add_node(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         action="store_true",
         help="keep jobs in memory only: a restart forgets every acked job",
     )
+    p.add_argument(
+        "--journal-moved",
+        action="store_true",
+        help="the journal was moved here (its state folder, with the node stopped): keep its "
+        "jobs though it was created at another path (without it, such a journal is a copy and "
+        "its jobs are dropped; docs/node.md)",
+    )
     p.set_defaults(handler=_cmd_node, serves_signals=True)
 
 
@@ -618,6 +625,7 @@ def _cmd_node(args: argparse.Namespace, **serve_kw: Any) -> int:
             allow_origins=tuple(args.allow_origin),
             journal=args.journal,
             no_journal=args.no_journal,
+            journal_moved=args.journal_moved,
         )
         redact_secrets(options.token)
         serve = functools.partial(

@@ -131,7 +131,8 @@ class Copied:
             f"journal {path}: a copy of journal {self.original.journal_id} "
             f"(created at {self.original.path}{node}): its {self.jobs} job(s) were another "
             f"node's and are dropped, and it takes a new work tag {tag}; no process or work "
-            "dir of the original is swept or removed"
+            "dir of the original is swept or removed (a state folder moved here with the node "
+            "stopped is no copy: start its node with --journal-moved the first time)"
         )
 
 
@@ -261,6 +262,7 @@ class Journal:
         sync: str = "normal",
         max_pages: int | None = None,
         node_id: str | None = None,
+        moved: bool = False,
     ) -> None:
         if sync not in SYNC_MODES:
             raise ValueError(f"sync must be one of {', '.join(SYNC_MODES)}, got {sync!r}")
@@ -285,6 +287,11 @@ class Journal:
         """Set by :meth:`open` when an older journal got its identity record now."""
         self.renamed_from: str | None = None
         """Set by :meth:`open` when the journal was recorded under another node id."""
+        self.moved = moved
+        """``--journal-moved``: a journal recorded at another path was *moved* here by its
+        operator (the node stopped), not copied: it stays this node's, jobs and tag."""
+        self.moved_from: str | None = None
+        """Set by :meth:`open` when a moved journal's recorded path was updated."""
         self.lost: str | None = None
         """Why the journal is lost (the ERROR line), once :meth:`verify` found it so."""
         self._main: tuple[int, int] | None = None
@@ -388,6 +395,10 @@ class Journal:
             original = Identity(
                 str(recorded), str(meta.get("node_id") or ""), str(meta.get("path") or "")
             )
+            if original.path != here and self.moved:  # the operator's word: a move
+                self.moved_from = original.path
+                original = attrs.evolve(original, path=here)
+                db.execute("INSERT OR REPLACE INTO meta VALUES ('path', ?)", (here,))
             if original.path == here:
                 self.identity = attrs.evolve(original, node_id=node)
                 if node and original.node_id and node != original.node_id:

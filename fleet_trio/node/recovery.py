@@ -355,6 +355,13 @@ async def recover(
     identity = journal.identity
     if journal.copied is not None:
         log.warning("%s", journal.copied.describe(journal.path, journal.work_tag))
+    elif journal.moved_from is not None:
+        log.warning(
+            "journal %s: moved from %s (--journal-moved): its jobs and work tag are this "
+            "node's",
+            journal.path,
+            journal.moved_from,
+        )
     elif journal.migrated and identity is not None:
         log.info("journal %s: identity recorded (journal id %s)", journal.path, identity.journal_id)
     if journal.renamed_from is not None and identity is not None:

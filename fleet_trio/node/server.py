@@ -114,6 +114,8 @@ class NodeOptions:
     """``--journal PATH``: the job journal's file (overrides ``node.journal.path``)."""
     no_journal: bool = False
     """``--no-journal``: keep jobs in memory only (a restart loses them)."""
+    journal_moved: bool = False
+    """``--journal-moved``: a journal recorded at another path was moved here, not copied."""
 
 
 class SamplerService(VramStatus, Protocol):
@@ -262,7 +264,13 @@ async def open_journal(config: NodeConfig, options: NodeOptions, node_id: str) -
         options.footprints or config.node.footprints.path,
         config.base_dir,
     )
-    journal = Journal(path, inline_max=settings.inline_max, sync=settings.sync, node_id=node_id)
+    journal = Journal(
+        path,
+        inline_max=settings.inline_max,
+        sync=settings.sync,
+        node_id=node_id,
+        moved=options.journal_moved,
+    )
     try:
         await trio.to_thread.run_sync(journal.open, limiter=trio.CapacityLimiter(1))
     except JournalError as exc:

@@ -107,6 +107,36 @@ def test_a_copied_journal_drops_its_jobs_and_takes_a_new_tag(tmp_path: Path) -> 
     assert opened(b / "j.sqlite", node_id="gpu0").copied is None  # the copy is its own now
 
 
+def test_a_journal_moved_with_journal_moved_keeps_its_jobs_and_tag(tmp_path: Path) -> None:
+    """A state folder moved (the node stopped) to a bigger disk is no copy when its operator
+    says so (``--journal-moved``): its jobs and work tag stay the node's, and the recorded
+    path is the new one (a later start needs no flag)."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    journal = opened(a / "j.sqlite", node_id="gpu0")
+    journal.apply([Accept("a1", 1.0), Accept("a2", 2.0)])
+    journal.apply([Finish("a2", "done", 3.0, data=b"{}")])
+    original, tag = journal.identity, journal.work_tag
+    journal.close()
+    shutil.move(str(a), str(b))
+    moved = opened(b / "j.sqlite", node_id="gpu0", moved=True)
+    assert moved.copied is None and moved.moved_from == str(a / "j.sqlite")
+    assert [r.job_id for r in moved.load()] == ["a1", "a2"] and moved.work_tag == tag
+    assert moved.identity is not None and original is not None
+    assert moved.identity.journal_id == original.journal_id
+    assert moved.identity.path == str(b / "j.sqlite")
+    moved.close()
+    again = opened(b / "j.sqlite", node_id="gpu0")  # no flag needed any more
+    assert again.copied is None and again.moved_from is None and again.work_tag == tag
+    again.close()
+    # a copy's WARN line says how to keep the jobs of a moved folder
+    shutil.copytree(b, tmp_path / "c")
+    copy = opened(tmp_path / "c" / "j.sqlite", node_id="gpu0")
+    assert copy.copied is not None
+    assert "--journal-moved" in copy.copied.describe(copy.path, copy.work_tag)
+    copy.close()
+
+
 def test_a_renamed_node_keeps_its_journal(tmp_path: Path) -> None:
     """Same path, another node id: the node's own journal (see docs/node.md)."""
     path = tmp_path / "j.sqlite"
