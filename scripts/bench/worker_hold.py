@@ -45,7 +45,7 @@ import trio
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
-from benchlib import job_bench_parser, pct
+from benchlib import describe, job_bench_parser, pct
 from rc_proxy import Stamps, serve_proxy
 
 from fleet_trio.sim import SimController, serve_controller
@@ -388,6 +388,18 @@ async def go_round(rc: pathlib.Path, side: GoSide, args: argparse.Namespace) -> 
     side.jobs += args.burst
 
 
+class Interrupted(Exception):
+    """SIGTERM or SIGHUP reached the benchmark (a Ctrl-C is trio's KeyboardInterrupt)."""
+
+
+async def interrupted_by_signal() -> None:
+    """Raise :class:`Interrupted` on SIGTERM or SIGHUP, so that the run unwinds and
+    :func:`stop_all` stops what it started instead of the process dying around them."""
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGHUP) as signals:
+        async for signum in signals:
+            raise Interrupted(signal.Signals(signum).name)
+
+
 async def go_bench(
     args: argparse.Namespace,
     rc: pathlib.Path,
@@ -397,6 +409,7 @@ async def go_bench(
     sides = [GoSide("thin"), GoSide("go"), GoSide("fleet-trio")]
     verify = verify_dir(tmp)
     async with trio.open_nursery() as nursery:
+        nursery.start_soon(interrupted_by_signal)
         for side in sides:
             host = f"bench-{side.name}"
             side.device = f"{host}:gpu0"
@@ -466,6 +479,18 @@ def go_main(args: argparse.Namespace) -> int:
         procs: list[subprocess.Popen[bytes]] = []
         try:
             sides = trio.run(go_bench, args, rc, tmp, procs)
+        except BaseException as exc:
+            leaf: BaseException = exc
+            while isinstance(leaf, BaseExceptionGroup) and leaf.exceptions:
+                leaf = leaf.exceptions[0]
+            if isinstance(leaf, KeyboardInterrupt | Interrupted):
+                why = str(leaf) or "SIGINT"
+                print(f"worker hold --go: interrupted ({why}), stopping what it started")
+                return 130
+            if not isinstance(leaf, Exception):
+                raise
+            print(f"broken run: {describe(leaf)}", file=sys.stderr)
+            return 1
         finally:
             stop_all(procs)
         load1 = os.getloadavg()
