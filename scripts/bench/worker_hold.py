@@ -20,6 +20,20 @@ device and measures the wall time per job until the last is terminal (repeated `
 
 Prints the medians and p90 of each side, the time above the thin worker (median difference;
 the issue's target: ≤ 20 ms for a ``true`` job with a verify pass) and the CPU ratio.
+
+``--go [PATH]`` measures against the real thing instead: the thin worker, the Go ``rc worker``
+and ``fleet-trio worker``, all up at once, each on its own real rc controller (``rc serve``
+on loopback, its own ``--data`` and port) behind a timestamping proxy (``rc_proxy.py``:
+``TCP_NODELAY``, each answer written in one send), ``true`` jobs submitted with the real CLI
+(``rc run -d HOST:gpu0 -- true``) round-robin across the three. Hold time is the proxy's
+(the poll answer handing the job out written → the terminal report read); CPU per job as
+above; Go and fleet-trio read the same config with the same one verify script. Defaults
+there: ``-n 100`` jobs per worker, ``--rounds 1`` in burst mode (the controller assigns on a
+1 s tick). PATH is the ``rc`` binary or its tarball (default
+``../shared/tools/rc-ref/rc-ref.tar.gz`` beside the repository); without one it prints one
+line and exits 0. Everything it starts is stopped by pid on exit, Ctrl-C and SIGTERM.
+
+    .venv/bin/python scripts/bench/worker_hold.py --go [PATH] [-n 100] [--mode burst]
 """
 
 from __future__ import annotations
