@@ -547,10 +547,15 @@ def row(xs: list[float]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     description = __doc__.split("\n\n")[0].replace("\n", " ")
-    parser = job_bench_parser(description, n=60, n_help="seq mode: timed jobs")
+    parser = job_bench_parser(
+        description, n=60, n_help="seq mode: timed jobs per worker; --go: 100 unless given"
+    )
+    parser.set_defaults(n=None)  # 60, or 100 with --go
     parser.add_argument("--mode", choices=("seq", "burst"), default="seq")
     parser.add_argument("--burst", type=int, default=30, help="burst mode: jobs at once")
-    parser.add_argument("--rounds", type=int, default=2, help="burst mode: rounds (default 2)")
+    parser.add_argument(
+        "--rounds", type=int, default=None, help="burst mode: rounds (default 2; --go: 1)"
+    )
     parser.add_argument(
         "--before",
         default="",
@@ -572,11 +577,11 @@ def main(argv: list[str] | None = None) -> int:
         f" (default ../shared/{RC_REF} beside the repository); skips when there is none",
     )
     args = parser.parse_args(argv)
+    if args.n is None:
+        args.n = 100 if args.go is not None else 60
+    if args.rounds is None:
+        args.rounds = 1 if args.go is not None else 2
     if args.go is not None:
-        if args.n == 60 and "-n" not in (argv if argv is not None else sys.argv[1:]):
-            args.n = 100
-        if args.rounds == 2 and "--rounds" not in (argv if argv is not None else sys.argv[1:]):
-            args.rounds = 1
         return go_main(args)
     sides = trio.run(bench, args)
     thin = sides[0]
