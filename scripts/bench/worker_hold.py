@@ -523,7 +523,7 @@ def go_main(args: argparse.Namespace) -> int:
         print(f"  hold  {s.name:<11} {row(s.hold_ms)}")
     if args.mode == "burst":
         for s in sides:
-            print(f"  wall/job {s.name:<8} {row(s.per_job_ms)}")
+            print(f"  wall  {s.name:<11} {row(s.per_job_ms)}   (per job)")
     for s in sides:
         print(
             f"  cpu   {s.name:<11} {s.cpu_s * 1000.0 / s.jobs:8.2f} ms/job own (user+sys),"
