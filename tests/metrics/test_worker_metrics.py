@@ -42,6 +42,10 @@ async def metrics_of(worker: Worker, **headers: str) -> Samples:
         return await scrape(client, **headers)
 
 
+async def _beats(worker: Worker) -> float:
+    return value(await metrics_of(worker), "fleet_trio_worker_heartbeats_total") or 0
+
+
 async def test_counters_follow_a_real_job_on_the_worker(tmp_path: Path) -> None:
     with trio.fail_after(30):
         async with running(configure=listening()) as (ctrl, worker):
@@ -95,8 +99,10 @@ async def test_counters_follow_a_real_job_on_the_worker(tmp_path: Path) -> None:
             assert total(after, "fleet_trio_controller_request_errors_total") == 0
             assert (value(after, "fleet_trio_log_retained_bytes") or 0) >= log_bytes + 4
             assert value(after, "fleet_trio_log_jobs", state="ended") == 1
-            assert (value(after, "fleet_trio_worker_heartbeats_total") or 0) >= 1
-            assert value(after, "fleet_trio_worker_heartbeats_missed_total") == 0
+            # heartbeats every 0.1 s: the whole job can fit before the first one, so wait for it
+            beat = await wait_until(lambda: _beats(worker), timeout=10, what="a heartbeat counted")
+            assert beat >= 1
+            assert value(await metrics_of(worker), "fleet_trio_worker_heartbeats_missed_total") == 0
 
 
 async def test_missed_heartbeats_and_request_errors_by_endpoint() -> None:
