@@ -3,11 +3,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -134,6 +136,59 @@ def _shell_env(tmp_path: Path) -> dict[str, str]:
     return env
 
 
+class _ShellFleet:
+    """A ``sim controller`` (serving) and what a test starts beside it, all stopped at the end
+    (SIGTERM, reaped) by :func:`_shell_fleet`."""
+
+    def __init__(self, env: dict[str, str], ctrl: trio.Process) -> None:
+        self.env = env
+        self.ctrl = ctrl
+        self.procs: list[trio.Process] = [ctrl]
+
+    async def start(self, *args: str, **kw: Any) -> trio.Process:
+        proc = await trio.lowlevel.open_process([*FLEET_TRIO, *args], env=self.env, **kw)
+        self.procs.append(proc)
+        return proc
+
+    async def submit_following(self, script: str) -> trio.Process:
+        """A worker, then ``sim submit -- sh -c SCRIPT`` once the job's ``started`` line is
+        out (the script prints it first)."""
+        await self.start("sim", "worker", stderr=subprocess.DEVNULL)
+        submit = await self.start(
+            "sim", "submit", "--", "sh", "-c", f"echo started; {script}",
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        )  # fmt: skip
+        await _read_until(submit.stdout, b"started\n", bytearray())
+        return submit
+
+
+@contextlib.asynccontextmanager
+async def _shell_fleet(tmp_path: Path) -> AsyncIterator[_ShellFleet]:
+    env = _shell_env(tmp_path)
+    with trio.fail_after(90):
+        ctrl = await trio.lowlevel.open_process(
+            [*FLEET_TRIO, "sim", "controller", "--listen", "127.0.0.1:0"],
+            env=env,
+            stdout=subprocess.PIPE,
+        )
+        fleet = _ShellFleet(env, ctrl)
+        try:
+            await _read_until(ctrl.stdout, b"worker config: ", bytearray())
+            yield fleet
+        finally:
+            for proc in reversed(fleet.procs):
+                if proc.returncode is None:
+                    proc.send_signal(signal.SIGTERM)
+                    await proc.wait()
+
+
+async def _read_all(stream: Any) -> str:
+    data = bytearray()
+    while chunk := await stream.receive_some():
+        data += chunk
+    return data.decode()
+
+
 async def test_a_left_behind_session_file_is_not_a_running_controller(tmp_path: Path) -> None:
     """A controller killed with SIGKILL cannot remove its session file: its dead pid says no
     controller is running (not a connection error to a dead URL)."""
@@ -196,46 +251,21 @@ async def test_sim_worker_and_submit_wait_for_a_controller_that_is_starting(
 
 @pytest.mark.slow
 async def test_ctrl_c_on_sim_submit_kills_the_job_and_says_so(tmp_path: Path) -> None:
-    env = _shell_env(tmp_path)
-    with trio.fail_after(90):
-        ctrl = await trio.lowlevel.open_process(
-            [*FLEET_TRIO, "sim", "controller", "--listen", "127.0.0.1:0"],
-            env=env,
-            stdout=subprocess.PIPE,
-        )
-        worker = submit = None
-        try:
-            out = bytearray()
-            await _read_until(ctrl.stdout, b"worker config: ", out)
-            worker = await trio.lowlevel.open_process(
-                [*FLEET_TRIO, "sim", "worker"], env=env, stderr=subprocess.DEVNULL
-            )
-            submit = await trio.lowlevel.open_process(
-                [*FLEET_TRIO, "sim", "submit", "--", "sh", "-c", "echo started; exec sleep 600"],
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-            )
-            seen = bytearray()
-            await _read_until(submit.stdout, b"started\n", seen)
-            submit.send_signal(signal.SIGINT)
-            assert await submit.wait() == 130
-            err = (await submit.stderr.receive_some()).decode()
-            assert "interrupted: job " in err and "killed (Ctrl-C)" in err, err
+    async with _shell_fleet(tmp_path) as fleet:
+        submit = await fleet.submit_following("exec sleep 600")
+        submit.send_signal(signal.SIGINT)
+        assert await submit.wait() == 130
+        err = await _read_all(submit.stderr)
+        assert "interrupted: job " in err and "killed (Ctrl-C)" in err, err
 
-            async def final_state() -> str | None:
-                jobs = await trio.run_process(
-                    [*FLEET_TRIO, "sim", "jobs", "--json"], env=env, capture_stdout=True
-                )
-                state = json.loads(jobs.stdout)[0]["state"]
-                return state if state in ("killed", "failed", "succeeded") else None
+        async def final_state() -> str | None:
+            jobs = await trio.run_process(
+                [*FLEET_TRIO, "sim", "jobs", "--json"], env=fleet.env, capture_stdout=True
+            )
+            state = json.loads(jobs.stdout)[0]["state"]
+            return state if state in ("killed", "failed", "succeeded") else None
 
-            assert await wait_until(final_state, timeout=30, what="the job's end") == "killed"
-        finally:
-            for proc in (submit, worker, ctrl):
-                if proc is not None and proc.returncode is None:
-                    proc.send_signal(signal.SIGTERM)
-                    await proc.wait()
+        assert await wait_until(final_state, timeout=30, what="the job's end") == "killed"
 
 
 def _session_file(tmp_path: Path) -> Path:
@@ -306,75 +336,29 @@ async def test_sim_submit_says_the_log_stream_was_lost_when_the_controller_dies(
     """The controller killed while ``sim submit`` follows the job's output: one ``error:``
     line and exit 1 (before: the error escaped the Ctrl-C nursery as an exception group, an
     "internal error" with a crash report)."""
-    env = _shell_env(tmp_path)
-    with trio.fail_after(90):
-        ctrl = await trio.lowlevel.open_process(
-            [*FLEET_TRIO, "sim", "controller", "--listen", "127.0.0.1:0"],
-            env=env,
-            stdout=subprocess.PIPE,
-        )
-        worker = submit = None
-        try:
-            out = bytearray()
-            await _read_until(ctrl.stdout, b"worker config: ", out)
-            worker = await trio.lowlevel.open_process(
-                [*FLEET_TRIO, "sim", "worker"], env=env, stderr=subprocess.DEVNULL
-            )
-            submit = await trio.lowlevel.open_process(
-                [*FLEET_TRIO, "sim", "submit", "--", "sh", "-c", "echo started; exec sleep 600"],
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-            )
-            seen = bytearray()
-            await _read_until(submit.stdout, b"started\n", seen)
-            ctrl.kill()
-            await ctrl.wait()
-            err = bytearray()
-            while chunk := await submit.stderr.receive_some():
-                err += chunk
-            assert await submit.wait() == 1
-            text = err.decode()
-            assert "error: lost the job's log stream: " in text, text
-            assert "internal error" not in text and "Traceback" not in text, text
-        finally:
-            for proc in (submit, worker, ctrl):
-                if proc is not None and proc.returncode is None:
-                    proc.kill()
-                    await proc.wait()
+    async with _shell_fleet(tmp_path) as fleet:
+        submit = await fleet.submit_following("exec sleep 600")
+        fleet.ctrl.kill()
+        await fleet.ctrl.wait()
+        text = await _read_all(submit.stderr)
+        assert await submit.wait() == 1
+        assert "error: lost the job's log stream: " in text, text
+        assert "internal error" not in text and "Traceback" not in text, text
 
 
 @pytest.mark.slow
 async def test_ctrl_c_before_anything_was_submitted_says_so(tmp_path: Path) -> None:
     """Ctrl-C while ``sim submit`` waits for a worker: nothing was submitted, and it says so
     (exit 130); the controller has no job."""
-    env = _shell_env(tmp_path)
-    with trio.fail_after(90):
-        ctrl = await trio.lowlevel.open_process(
-            [*FLEET_TRIO, "sim", "controller", "--listen", "127.0.0.1:0"],
-            env=env,
-            stdout=subprocess.PIPE,
+    async with _shell_fleet(tmp_path) as fleet:
+        submit = await fleet.start("sim", "submit", "--", "true", stderr=subprocess.PIPE)
+        said = bytearray()
+        await _read_until(submit.stderr, b"waiting for a worker to register", said)
+        submit.send_signal(signal.SIGINT)
+        assert await submit.wait() == 130
+        said += (await _read_all(submit.stderr)).encode()
+        assert "interrupted: nothing was submitted (Ctrl-C)" in said.decode(), said
+        jobs = await trio.run_process(
+            [*FLEET_TRIO, "sim", "jobs", "--json"], env=fleet.env, capture_stdout=True
         )
-        submit = None
-        try:
-            out = bytearray()
-            await _read_until(ctrl.stdout, b"worker config: ", out)
-            submit = await trio.lowlevel.open_process(
-                [*FLEET_TRIO, "sim", "submit", "--", "true"], env=env, stderr=subprocess.PIPE
-            )
-            said = bytearray()
-            await _read_until(submit.stderr, b"waiting for a worker to register", said)
-            submit.send_signal(signal.SIGINT)
-            assert await submit.wait() == 130
-            while chunk := await submit.stderr.receive_some():
-                said += chunk
-            assert "interrupted: nothing was submitted (Ctrl-C)" in said.decode(), said
-            jobs = await trio.run_process(
-                [*FLEET_TRIO, "sim", "jobs", "--json"], env=env, capture_stdout=True
-            )
-            assert json.loads(jobs.stdout) == []
-        finally:
-            for proc in (submit, ctrl):
-                if proc is not None and proc.returncode is None:
-                    proc.send_signal(signal.SIGTERM)
-                    await proc.wait()
+        assert json.loads(jobs.stdout) == []
